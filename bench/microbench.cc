@@ -1,0 +1,314 @@
+// bench/microbench.cc — bucketalloc_microbench: the CPU cost of bucketalloc's fast path, with
+// mimalloc as the reference for a good general-purpose host allocator.
+//
+// What is measured:
+//   BM_BucketAlloc_AllocFree/<bytes>   One Allocate(bytes, 0, stream) + Free(p, 0) pair that is a
+//                                      cache hit: the block is warmed into the cache before timing,
+//                                      so the loop never calls the backend. With ->Threads(2) both
+//                                      threads share device 0 (and so its one lock, the realistic
+//                                      contention) but each uses its own stream (thread 0 the
+//                                      default stream nullptr, the others distinct pseudo-streams),
+//                                      so they never share a free list. Counters (thread 0, taken
+//                                      outside the timed region): reserved_bytes (all pools, at the
+//                                      end) and cache_hit_rate (hits / (hits + misses) of the timed
+//                                      loops only; 1.0 means the fast path was all that ran).
+//   BM_Mimalloc_AllocFree/<bytes>      mi_malloc + mi_free of the same size; nothing else.
+//   BM_BucketAlloc_MixedSizes          Steady-state churn: 64 live blocks in a ring; each iteration
+//                                      frees the oldest and allocates the next size from a fixed,
+//                                      seeded list (log-uniform, 512 B to 64 MiB). Both pools,
+//                                      splitting, coalescing and some slow paths (new segments) run.
+//                                      Counters: reserved_bytes and external_fragmentation
+//                                      (GetFragmentation(0).all) with the 64 blocks live,
+//                                      cache_hit_rate.
+//   BM_Mimalloc_MixedSizes             The same pattern with mi_malloc / mi_free (items/s only).
+//
+// What is NOT measured:
+//   - Anything on a GPU. The sim backend runs on the CPU; in unbacked mode its memory is a reserved,
+//     never-touched address range. cudaMalloc / cudaFree latency, event record/query costs, driver
+//     locks and device-side effects of fragmentation are outside this binary.
+//   - The slow path on its own: AllocFree is cache hits only; MixedSizes mixes in backend calls at
+//     whatever rate the churn produces (see cache_hit_rate) but they are simulated (cheap) calls.
+//   - Memory traffic: neither allocator's memory is written to.
+//   - A fair "same job" comparison: mimalloc is a host heap that returns memory to its own caches; it
+//     has no streams, no stats and no device lock. It is shown as a lower bound for a CPU allocator.
+//
+// Process-wide note: libmimalloc.so (the Debian `mimalloc` target) exports malloc/free, so every
+// host allocation in this process, bucketalloc's own included, goes through mimalloc.
+//
+// One sim allocator (a function-local static: unbacked, 64 GiB card) serves every BucketAlloc
+// benchmark; each run starts from an emptied cache (EmptyCache in the Setup hook).
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <mimalloc.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "bucketalloc/allocator.h"
+#include "bucketalloc/options.h"
+#include "bucketalloc/stats.h"
+
+namespace {
+
+using bucketalloc::Allocator;
+using bucketalloc::Stream;
+
+constexpr int kDevice = 0;
+
+Allocator& SimAllocator() {
+  static Allocator* const allocator = [] {
+    absl::StatusOr<bucketalloc::Options> options =
+        bucketalloc::ParseOptions("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB");
+    if (!options.ok()) {
+      std::fprintf(stderr, "bucketalloc_microbench: %s\n", std::string(options.status().message()).c_str());
+      std::abort();
+    }
+    absl::StatusOr<std::unique_ptr<Allocator>> created = Allocator::Create(*options);
+    if (!created.ok()) {
+      std::fprintf(stderr, "bucketalloc_microbench: %s\n", std::string(created.status().message()).c_str());
+      std::abort();
+    }
+    return created->release();  // lives for the whole process
+  }();
+  return *allocator;
+}
+
+// Thread 0 uses the default stream; thread i > 0 a distinct non-null pseudo-stream (never
+// dereferenced: a cache hit makes no backend call).
+Stream StreamOf(int thread_index) {
+  return thread_index == 0 ? nullptr : reinterpret_cast<Stream>(static_cast<std::uintptr_t>(thread_index));
+}
+
+// Stats counters at the start of the timed region (written by Setup, which runs single-threaded
+// before the benchmark's threads start).
+struct Snapshot {
+  std::int64_t hits = 0;
+  std::int64_t misses = 0;
+  absl::Status status;
+};
+Snapshot g_start;
+
+Snapshot TakeSnapshot() {
+  Snapshot s;
+  absl::StatusOr<bucketalloc::DeviceStats> stats = SimAllocator().GetStats(kDevice);
+  if (!stats.ok()) {
+    s.status = stats.status();
+    return s;
+  }
+  s.hits = stats->num_cache_hits;
+  s.misses = stats->num_cache_misses;
+  return s;
+}
+
+double HitRate(const Snapshot& start, const Snapshot& end) {
+  const double hits = static_cast<double>(end.hits - start.hits);
+  const double total = hits + static_cast<double>(end.misses - start.misses);
+  return total > 0 ? hits / total : 0.0;
+}
+
+// Reports reserved_bytes and cache_hit_rate (thread 0 only, after the timed loop).
+void ReportAllocatorCounters(benchmark::State& state) {
+  absl::StatusOr<bucketalloc::DeviceStats> stats = SimAllocator().GetStats(kDevice);
+  if (!stats.ok() || !g_start.status.ok()) {
+    state.SkipWithError("GetStats failed");
+    return;
+  }
+  Snapshot end;
+  end.hits = stats->num_cache_hits;
+  end.misses = stats->num_cache_misses;
+  state.counters["reserved_bytes"] =
+      benchmark::Counter(static_cast<double>(stats->reserved_bytes[bucketalloc::kAllPools].current),
+                         benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
+  state.counters["cache_hit_rate"] = HitRate(g_start, end);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Alloc + free pairs of one size.
+
+// Setup hook: empty the cache, warm one block of the size per thread's stream, snapshot the
+// counters, so that the timed loops are cache hits and the hit rate covers them alone.
+void SetupAllocFree(const benchmark::State& state) {
+  Allocator& allocator = SimAllocator();
+  g_start = Snapshot();
+  if (absl::Status s = allocator.EmptyCache(); !s.ok()) {
+    g_start.status = s;
+    return;
+  }
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  for (int t = 0; t < state.threads(); ++t) {
+    absl::StatusOr<void*> p = allocator.Allocate(bytes, kDevice, StreamOf(t));
+    if (!p.ok()) {
+      g_start.status = p.status();
+      return;
+    }
+    if (absl::Status s = allocator.Free(*p, kDevice); !s.ok()) {
+      g_start.status = s;
+      return;
+    }
+  }
+  g_start = TakeSnapshot();
+}
+
+void BM_BucketAlloc_AllocFree(benchmark::State& state) {
+  Allocator& allocator = SimAllocator();
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const Stream stream = StreamOf(state.thread_index());
+  if (!g_start.status.ok()) {
+    state.SkipWithError("warm-up failed");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  for (auto _ : state) {
+    absl::StatusOr<void*> p = allocator.Allocate(bytes, kDevice, stream);
+    if (!p.ok()) {
+      state.SkipWithError("Allocate failed");
+      break;
+    }
+    void* ptr = *p;
+    benchmark::DoNotOptimize(ptr);
+    if (!allocator.Free(ptr, kDevice).ok()) {
+      state.SkipWithError("Free failed");
+      break;
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+  if (state.thread_index() == 0) ReportAllocatorCounters(state);
+}
+
+void BM_Mimalloc_AllocFree(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = mi_malloc(bytes);
+    benchmark::DoNotOptimize(p);
+    mi_free(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+#define BUCKETALLOC_SIZES Arg(4096)->Arg(262144)->Arg(2097152)->Arg(67108864)
+
+BENCHMARK(BM_BucketAlloc_AllocFree)->BUCKETALLOC_SIZES->Setup(SetupAllocFree)->Threads(1)->Threads(2);
+BENCHMARK(BM_Mimalloc_AllocFree)->BUCKETALLOC_SIZES->Threads(1)->Threads(2);
+
+// ---------------------------------------------------------------------------------------------
+// Mixed sizes: a ring of 64 live blocks, the oldest freed and a new one allocated per iteration.
+
+constexpr int kLiveBlocks = 64;
+constexpr std::size_t kNumSizes = 4096;
+
+// A fixed, seeded list of sizes, log-uniform between 512 B (2^9) and 64 MiB (2^26).
+const std::vector<std::size_t>& MixedSizes() {
+  static const std::vector<std::size_t> sizes = [] {
+    std::mt19937_64 rng(20240601);
+    std::uniform_real_distribution<double> log2_size(9.0, 26.0);
+    std::vector<std::size_t> v(kNumSizes);
+    for (std::size_t& s : v) {
+      s = static_cast<std::size_t>(std::exp2(log2_size(rng)));
+      if (s < 512) s = 512;
+      if (s > (std::size_t{64} << 20)) s = std::size_t{64} << 20;
+    }
+    return v;
+  }();
+  return sizes;
+}
+
+void SetupMixed(const benchmark::State&) {
+  g_start = Snapshot();
+  if (absl::Status s = SimAllocator().EmptyCache(); !s.ok()) g_start.status = s;
+}
+
+void FreeAll(Allocator& allocator, std::vector<void*>& live) {
+  for (void*& p : live) {
+    if (p != nullptr) allocator.Free(p, kDevice).IgnoreError();
+    p = nullptr;
+  }
+}
+
+void BM_BucketAlloc_MixedSizes(benchmark::State& state) {
+  Allocator& allocator = SimAllocator();
+  const std::vector<std::size_t>& sizes = MixedSizes();
+  std::vector<void*> live(kLiveBlocks, nullptr);
+  if (!g_start.status.ok()) {
+    state.SkipWithError("EmptyCache failed");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  // Fill the ring (untimed), then snapshot: the timed loop is the steady state.
+  std::size_t next = 0;
+  for (void*& p : live) {
+    absl::StatusOr<void*> r = allocator.Allocate(sizes[next++ % kNumSizes], kDevice);
+    if (!r.ok()) {
+      state.SkipWithError("Allocate failed while filling the ring");
+      FreeAll(allocator, live);
+      for (auto _ : state) {
+      }
+      return;
+    }
+    p = *r;
+  }
+  g_start = TakeSnapshot();
+  std::size_t oldest = 0;
+  for (auto _ : state) {
+    if (!allocator.Free(live[oldest], kDevice).ok()) {
+      live[oldest] = nullptr;
+      state.SkipWithError("Free failed");
+      break;
+    }
+    live[oldest] = nullptr;
+    absl::StatusOr<void*> r = allocator.Allocate(sizes[next], kDevice);
+    if (!r.ok()) {
+      state.SkipWithError("Allocate failed");
+      break;
+    }
+    live[oldest] = *r;
+    benchmark::DoNotOptimize(live[oldest]);
+    if (++next == kNumSizes) next = 0;
+    if (++oldest == kLiveBlocks) oldest = 0;
+  }
+  state.SetItemsProcessed(state.iterations());
+  // Counters with the 64 blocks still live (the steady state), then clean up.
+  if (!state.error_occurred()) {
+    ReportAllocatorCounters(state);
+    absl::StatusOr<bucketalloc::FragmentationReport> frag = allocator.GetFragmentation(kDevice);
+    if (frag.ok()) {
+      state.counters["external_fragmentation"] = frag->all.external_fragmentation();
+    } else {
+      state.SkipWithError("GetFragmentation failed");
+    }
+  }
+  FreeAll(allocator, live);
+}
+
+void BM_Mimalloc_MixedSizes(benchmark::State& state) {
+  const std::vector<std::size_t>& sizes = MixedSizes();
+  std::vector<void*> live(kLiveBlocks, nullptr);
+  std::size_t next = 0;
+  for (void*& p : live) p = mi_malloc(sizes[next++ % kNumSizes]);
+  std::size_t oldest = 0;
+  for (auto _ : state) {
+    mi_free(live[oldest]);
+    live[oldest] = mi_malloc(sizes[next]);
+    benchmark::DoNotOptimize(live[oldest]);
+    if (++next == kNumSizes) next = 0;
+    if (++oldest == kLiveBlocks) oldest = 0;
+  }
+  state.SetItemsProcessed(state.iterations());
+  for (void* p : live) mi_free(p);
+}
+
+BENCHMARK(BM_BucketAlloc_MixedSizes)->Setup(SetupMixed);
+BENCHMARK(BM_Mimalloc_MixedSizes);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,103 @@
+// bucketalloc/allocator.h — the allocator front end (layer L4): the public C++ API.
+//
+// Owns: routing by size to the small pool (size classes packed in 2 MiB slabs) or the large pool
+// (tiers, binned best fit, split below max_split_size, coalescing), one state per device, stream
+// ordering and RecordStream, the capacity cap, garbage collection, release-and-retry, stats, the
+// fragmentation report and the OOM report.
+// Thread-safety: every method may be called from any thread. Each device has one lock; a cache hit
+// takes that lock once and makes no heap allocation, no log and no backend (CUDA) call.
+//
+// Example:
+//   auto options = bucketalloc::ParseOptions("backend:sim,capacity:4GiB");
+//   auto allocator = bucketalloc::Allocator::Create(*options);
+//   absl::StatusOr<void*> p = (*allocator)->Allocate(3 << 20, /*device=*/0, stream);
+//   ...
+//   (*allocator)->Free(*p, /*device=*/0).IgnoreError();
+#ifndef BUCKETALLOC_ALLOCATOR_H_
+#define BUCKETALLOC_ALLOCATOR_H_
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "bucketalloc/backend.h"
+#include "bucketalloc/options.h"
+#include "bucketalloc/stats.h"
+
+namespace bucketalloc {
+
+namespace internal {
+class DeviceAllocator;
+}
+
+// The largest request accepted (2^46 bytes = 64 TiB); anything larger is an invalid size (this also
+// catches a negative ssize_t converted to size_t).
+inline constexpr std::size_t kMaxRequestBytes = std::size_t{1} << 46;
+
+class Allocator {
+ public:
+  // Creates an allocator with `options` (validated). Device states are created on first use.
+  static absl::StatusOr<std::unique_ptr<Allocator>> Create(const Options& options);
+  // Creates an allocator whose device 0 uses `backend` (tests and embedders).
+  static absl::StatusOr<std::unique_ptr<Allocator>> CreateWithBackend(
+      const Options& options, std::unique_ptr<Backend> backend);
+  ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // Allocates `size` bytes on `device` for use on `stream`. Size 0 returns nullptr (OK).
+  // The block is reusable on `stream` as soon as it is freed, and on other streams only after the
+  // events of RecordStream have completed.
+  // Errors: InvalidArgument for size > kMaxRequestBytes or a bad device; ResourceExhausted with the
+  // OOM report's diagnosis when the memory cannot be had after releasing the cache and retrying.
+  absl::StatusOr<void*> Allocate(std::size_t size, int device = 0, Stream stream = nullptr);
+
+  // Frees `ptr` (nullptr is a no-op). When `size` is given it must equal the requested size.
+  // Errors (the state is left untouched): InvalidArgument for an unknown pointer, a double free, a
+  // pointer of another device, or a size mismatch.
+  absl::Status Free(void* ptr, int device = 0, std::optional<std::size_t> size = std::nullopt);
+
+  // Marks `ptr` as used on `stream`: its reuse after Free waits for the work queued on `stream`.
+  absl::Status RecordStream(void* ptr, int device, Stream stream);
+
+  // Releases every cached block that can be released (whole free segments and empty slabs) on
+  // every device, after synchronizing pending stream events.
+  absl::Status EmptyCache();
+
+  // Sets the cap of `device` to fraction x device memory (fraction in (0, 1]).
+  absl::Status SetMemoryFraction(double fraction, int device);
+
+  absl::StatusOr<DeviceStats> GetStats(int device) const;
+  absl::Status ResetPeakStats(int device);
+  absl::StatusOr<FragmentationReport> GetFragmentation(int device) const;
+  // The readable summary table (stats, then the fragmentation table).
+  absl::StatusOr<std::string> Summary(int device) const;
+  // The report of the last out-of-memory error on `device`, if any.
+  absl::StatusOr<std::optional<OomReport>> LastOomReport(int device) const;
+
+  // Checks every invariant of `device`'s state (see docs/architecture.md); Internal error naming
+  // the first violation.
+  absl::Status CheckInvariants(int device) const;
+
+  // The backend of `device` (created on demand); for tests and tools (e.g. sim stream control).
+  absl::StatusOr<Backend*> backend(int device);
+
+  int device_count() const;
+  const Options& options() const { return options_; }
+
+ private:
+  Allocator(const Options& options, int device_count);
+  absl::StatusOr<internal::DeviceAllocator*> Device(int device) const;
+
+  Options options_;
+  struct Devices;
+  std::unique_ptr<Devices> devices_;
+};
+
+}  // namespace bucketalloc
+
+#endif  // BUCKETALLOC_ALLOCATOR_H_

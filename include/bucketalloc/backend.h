@@ -1,0 +1,158 @@
+// bucketalloc/backend.h — the memory source (layer L1).
+//
+// Owns: the type-erased `Backend` interface through which every layer above obtains device memory,
+// stream events and (for the virtual-memory backend) address ranges and physical granules.
+// Layer: L1. Included by the pools and the front end; implemented by `sim` (src/backend) and `cuda`
+// (cuda/). Nothing here includes a CUDA header: streams and events are opaque pointers.
+// Thread-safety: a Backend is used by one device state at a time, under that device's lock; the sim
+// backend's test controls (streams, fault injection) are additionally safe to call from any thread.
+// Cost: every call is a slow-path call. The fast path (a cache hit) never calls the backend.
+//
+// Example:
+//   auto backend = bucketalloc::MakeSimBackend({.total_memory = 1ull << 30});
+//   absl::StatusOr<void*> p = (*backend)->Allocate(2 << 20);
+//   (*backend)->Free(*p, 2 << 20).IgnoreError();
+#ifndef BUCKETALLOC_BACKEND_H_
+#define BUCKETALLOC_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace bucketalloc {
+
+// A CUDA stream (`cudaStream_t`) as an opaque handle; nullptr is the legacy default stream.
+using Stream = void*;
+// A backend event recorded on a stream; opaque, owned by the backend that made it.
+using Event = void*;
+// A physical memory granule (virtual-memory backends only); opaque.
+using PhysicalHandle = std::uint64_t;
+
+// Free and total bytes of the device as the backend sees them.
+struct DeviceMemInfo {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+};
+
+// Call counters every backend keeps (reported in stats as num_device_alloc / num_device_free).
+struct BackendCounters {
+  std::int64_t allocs = 0;         // successful Allocate calls
+  std::int64_t frees = 0;          // successful Free calls
+  std::int64_t failed_allocs = 0;  // Allocate calls that returned an error
+  std::int64_t events_recorded = 0;
+};
+
+// The memory source of one device. Implementations: sim (CPU), cuda (cudaMalloc), and later vmm.
+//
+// Errors: Allocate returns `absl::ResourceExhaustedError` when the device is out of memory (the
+// allocator then releases its cache and retries), and another code for anything else (a missing
+// driver is `absl::FailedPreconditionError`).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Returns a short name ("sim", "cuda").
+  virtual absl::string_view Name() const = 0;
+  // Returns the device ordinal this backend serves.
+  virtual int device() const = 0;
+  // Returns the allocation granularity; Allocate sizes are multiples of it.
+  virtual std::size_t Granularity() const = 0;
+
+  // Allocates `bytes` (a positive multiple of Granularity()) of device memory.
+  virtual absl::StatusOr<void*> Allocate(std::size_t bytes) = 0;
+  // Frees memory returned by Allocate; `bytes` is the size passed to Allocate.
+  virtual absl::Status Free(void* ptr, std::size_t bytes) = 0;
+  // Reports the device's free and total memory.
+  virtual absl::StatusOr<DeviceMemInfo> GetMemInfo() = 0;
+
+  // Records an event on `stream` that completes when the work queued on it so far completes.
+  virtual absl::StatusOr<Event> RecordEvent(Stream stream) = 0;
+  // Returns true when `event` has completed. Does not block.
+  virtual absl::StatusOr<bool> QueryEvent(Event event) = 0;
+  // Blocks until `event` has completed.
+  virtual absl::Status SynchronizeEvent(Event event) = 0;
+  // Destroys (or recycles) `event`.
+  virtual void DestroyEvent(Event event) = 0;
+
+  // Virtual memory (for the stitching backend). The default implementation reports Unimplemented.
+  // Returns true when the Reserve/Create/Map family below is available.
+  virtual bool SupportsVirtualMemory() const { return false; }
+  // Reserves `bytes` of device virtual address space aligned to `alignment`.
+  virtual absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t bytes,
+                                                             std::size_t alignment);
+  // Releases a range from ReserveAddressRange (nothing may be mapped in it).
+  virtual absl::Status ReleaseAddressRange(std::uintptr_t va, std::size_t bytes);
+  // Creates a physical granule of `bytes` (a multiple of Granularity()).
+  virtual absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes);
+  // Releases a physical granule (it must no longer be mapped).
+  virtual absl::Status ReleasePhysical(PhysicalHandle handle);
+  // Maps `handle` at `va` (inside a reserved range) and makes it accessible to the device.
+  virtual absl::Status Map(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle);
+  // Unmaps `[va, va + bytes)`.
+  virtual absl::Status Unmap(std::uintptr_t va, std::size_t bytes);
+
+  // Returns the counters (a copy).
+  virtual BackendCounters counters() const = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The simulated device.
+
+enum class SimMemoryMode {
+  kBacked,    // real host memory: the caller may write and read every allocated byte
+  kUnbacked,  // addresses from a reserved, never-touched range: simulates an 80-141 GB card
+};
+
+struct SimBackendOptions {
+  int device = 0;
+  std::size_t total_memory = std::size_t{16} << 30;  // the simulated card's memory
+  std::size_t granularity = std::size_t{2} << 20;    // the driver's allocation granularity
+  SimMemoryMode memory = SimMemoryMode::kBacked;
+  // Fault injection: fail the Nth Allocate call (1-based; 0 = never) ...
+  std::int64_t fail_nth_alloc = 0;
+  // ... and/or a seeded fraction of Allocate calls (0 = never).
+  double fail_fraction = 0.0;
+  std::uint64_t seed = 1;
+};
+
+// The sim backend's test controls, reached through `AsSim(backend)`.
+// Streams are simulated: work "queued" on a stream completes only when a test says so, so that
+// stream-ordered reuse and RecordStream are testable without a GPU.
+class SimBackend : public Backend {
+ public:
+  // Queues one unit of simulated work on `stream` (an event recorded now waits for it).
+  virtual void EnqueueWork(Stream stream) = 0;
+  // Completes all work queued on `stream` so far.
+  virtual void CompleteWork(Stream stream) = 0;
+  // Makes SynchronizeEvent fail (simulates a lost context) until called with false.
+  virtual void SetSynchronizeFails(bool fails) = 0;
+  // Fails the Nth Allocate call from now on (1 = the next one; 0 = never).
+  virtual void FailNthAlloc(std::int64_t n) = 0;
+  // Returns the bytes currently allocated from the simulated device.
+  virtual std::size_t used_bytes() const = 0;
+  virtual SimMemoryMode memory_mode() const = 0;
+};
+
+// Creates a simulated device. Fails with InvalidArgument on a bad option (zero memory, a
+// granularity that is not a power of two, a fraction outside [0, 1]).
+absl::StatusOr<std::unique_ptr<SimBackend>> MakeSimBackend(const SimBackendOptions& options);
+
+// Creates the cudaMalloc backend for `device`. On a machine without a usable driver or device it
+// returns FailedPreconditionError naming the CUDA error (e.g. error 35, "driver version is
+// insufficient"). Implemented in cuda/; always compiled.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+
+// Returns the number of CUDA devices, or the CUDA error as FailedPrecondition.
+absl::StatusOr<int> CudaDeviceCount();
+
+// Returns `backend` as a SimBackend, or nullptr when it is not one.
+SimBackend* AsSim(Backend* backend);
+
+}  // namespace bucketalloc
+
+#endif  // BUCKETALLOC_BACKEND_H_

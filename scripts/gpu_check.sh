@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh — the one prepared command for a lent GPU machine.
+#
+# Owns: the list of checks run on a real GPU, each a step with its own timeout inside one overall
+# budget, and the summary ("step <name>: PASS|FAIL (seconds)" per step, then
+# "gpu_check: N passed, M failed"). Exits non-zero when any step failed.
+# Needs bundle/ (made here by scripts/make_gpu_bundle.sh, carried as ["bundle"]): the binaries in
+# bundle/bin and their libraries in bundle/lib. BUCKETALLOC_EXPECT_GPU=1 makes a missing GPU a
+# failure in the tests, never a skip.
+#
+# Usage, from the repo root on the GPU machine:
+#   bash scripts/gpu_check.sh
+# Environment: GPU_CHECK_BUDGET_S (overall budget, default 360 s), BUNDLE (default bundle),
+# GPU_CHECK_LOG_DIR (where gpu_check.log, every step's output, and cuda_backend_test.xml go; default
+# $OUT/gpu_check when $OUT is set, so they come back from the device tool, else /tmp/gpu_check).
+#
+# Adding a check: append a `run_step <name> <timeout_s> <command...>` line in the steps section.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2  # the repo root (also when run as bundle/gpu_check.sh)
+BUNDLE=${BUNDLE:-bundle}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-360}
+
+if [[ ! -d $BUNDLE/bin ]]; then
+  echo "gpu_check: $PWD/$BUNDLE/bin is missing."
+  echo "  Make it on the build machine with: bash scripts/make_gpu_bundle.sh"
+  echo "  and carry it to the GPU machine (the device tool's carry: [\"$BUNDLE\"])."
+  exit 2
+fi
+
+export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export BUCKETALLOC_EXPECT_GPU=1
+unset BUCKETALLOC_CONF
+if [[ -n ${OUT:-} ]]; then LOG_DIR=${GPU_CHECK_LOG_DIR:-$OUT/gpu_check}; else LOG_DIR=${GPU_CHECK_LOG_DIR:-/tmp/gpu_check}; fi
+mkdir -p "$LOG_DIR"
+LOG=$LOG_DIR/gpu_check.log
+: >"$LOG"
+
+START_S=$SECONDS
+STEP_LINES=()
+PASSED=0
+FAILED=0
+
+# run_step NAME TIMEOUT_S CMD...: runs CMD with a timeout (cut to what is left of the budget),
+# appends its output to $LOG and records PASS (exit 0) or FAIL.
+run_step() {
+  local name=$1 timeout_s=$2
+  shift 2
+  local left=$((BUDGET_S - (SECONDS - START_S)))
+  echo | tee -a "$LOG"
+  echo "=== step $name (timeout ${timeout_s}s, ${left}s of the budget left): $*" | tee -a "$LOG"
+  if ((left < 5)); then
+    echo "gpu_check: no time left in the ${BUDGET_S}s budget; $name not run"
+    STEP_LINES+=("step $name: FAIL (0s, not run: budget spent)")
+    FAILED=$((FAILED + 1))
+    return
+  fi
+  ((timeout_s > left)) && timeout_s=$left
+  local t0=$SECONDS rc
+  timeout --kill-after=10 "$timeout_s" "$@" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  local took=$((SECONDS - t0)) note=""
+  if ((rc == 124 || rc == 137)); then note=", timed out after ${timeout_s}s"; fi
+  if ((rc == 0)); then
+    STEP_LINES+=("step $name: PASS (${took}s)")
+    PASSED=$((PASSED + 1))
+  else
+    STEP_LINES+=("step $name: FAIL (${took}s, exit $rc$note)")
+    FAILED=$((FAILED + 1))
+  fi
+}
+
+# ---- the machine
+echo "gpu_check: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n); budget ${BUDGET_S}s; logs in $LOG_DIR"
+[[ -f $BUNDLE/MANIFEST ]] && head -n 4 "$BUNDLE/MANIFEST"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  timeout 20 nvidia-smi -L
+  timeout 20 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+else
+  echo "gpu_check: nvidia-smi not found"
+fi
+
+# ---- the steps
+# 1. The cudaMalloc backend and the allocator on the device (a missing GPU fails it).
+if [[ -x $BUNDLE/bin/cuda_backend_test ]]; then
+  run_step cuda_backend_test 120 "$BUNDLE/bin/cuda_backend_test" --gtest_brief=1 \
+    "--gtest_output=xml:$LOG_DIR/cuda_backend_test.xml"
+else
+  STEP_LINES+=("step cuda_backend_test: FAIL (0s, $BUNDLE/bin/cuda_backend_test missing)")
+  FAILED=$((FAILED + 1))
+fi
+
+# 2. The core tests (sim backend), on this machine's CPUs and libraries, with default options.
+for test_bin in "$BUNDLE"/bin/*_test; do
+  [[ -x $test_bin ]] || continue
+  name=$(basename "$test_bin")
+  [[ $name == cuda_backend_test ]] && continue
+  run_step "$name" 60 "$test_bin" --gtest_brief=1
+done
+
+# 3. A short run of the micro-benchmarks.
+if [[ -x $BUNDLE/bin/bucketalloc_microbench ]]; then
+  run_step bucketalloc_microbench 90 "$BUNDLE/bin/bucketalloc_microbench" \
+    --benchmark_min_time=0.05
+fi
+
+# ---- the summary
+{
+  echo
+  echo "=== gpu_check summary ($((SECONDS - START_S))s)"
+  for line in "${STEP_LINES[@]}"; do echo "$line"; done
+  echo "gpu_check: $PASSED passed, $FAILED failed"
+} | tee -a "$LOG"
+((FAILED == 0))

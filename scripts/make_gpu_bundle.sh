@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# scripts/make_gpu_bundle.sh — builds the test binaries here and packs bundle/ for a lent GPU machine.
+#
+# Owns: the bundle that scripts/gpu_check.sh runs on the GPU machine, whose image has no Abseil,
+# GoogleTest or Google Benchmark: bundle/bin (cuda_backend_test, every core *_test, and
+# bucketalloc_microbench when built), bundle/lib (the non-system shared libraries they load:
+# Abseil, GoogleTest/GoogleMock, Google Benchmark, mimalloc, and any shared library of this
+# build), bundle/gpu_check.sh and bundle/MANIFEST. cudart is linked statically, so no CUDA library
+# travels; the system's libc/libstdc++ are not copied (the GPU image is newer, which is compatible).
+# The bundle must stay within the device tool's 64 MiB carry limit; binaries and libraries are
+# stripped when it would not.
+#
+# Usage (from anywhere; it works in the repo root):
+#   bash scripts/make_gpu_bundle.sh           # build-gpu/, Release, -j2
+#   BUILD_DIR=build-x JOBS=4 bash scripts/make_gpu_bundle.sh
+# Then run on the GPU machine with carry ["bundle"]:  bash scripts/gpu_check.sh
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+JOBS=${JOBS:-2}
+BUNDLE=${BUNDLE:-bundle}
+LIMIT_BYTES=$((64 * 1024 * 1024))
+# Leave headroom under the 64 MiB carry limit for the rest of the working tree.
+STRIP_ABOVE_BYTES=${STRIP_ABOVE_BYTES:-$((40 * 1024 * 1024))}
+
+if command -v ninja >/dev/null 2>&1; then GENERATOR=Ninja; else GENERATOR="Unix Makefiles"; fi
+if [[ -f $BUILD_DIR/CMakeCache.txt ]]; then
+  # Keep the generator of an existing build directory (cmake refuses to switch it).
+  GENERATOR=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$BUILD_DIR/CMakeCache.txt")
+fi
+
+echo "== configure $BUILD_DIR ($GENERATOR, Release)"
+cmake -S . -B "$BUILD_DIR" -G "$GENERATOR" -DCMAKE_BUILD_TYPE=Release \
+  -DBUCKETALLOC_BUILD_TESTS=ON -DBUCKETALLOC_BUILD_BENCH=ON
+echo "== build (-j$JOBS)"
+cmake --build "$BUILD_DIR" -j "$JOBS"
+
+# ---- the binaries
+CUDA_TEST=$BUILD_DIR/tests/cuda/cuda_backend_test
+if [[ ! -x $CUDA_TEST ]]; then
+  echo "make_gpu_bundle: $CUDA_TEST was not built" >&2
+  exit 1
+fi
+mapfile -t TESTS < <(find "$BUILD_DIR/tests" -type f -name '*_test' -perm -u+x | sort)
+BINARIES=("${TESTS[@]}")
+mapfile -t BENCH < <(find "$BUILD_DIR" -type f -name bucketalloc_microbench -perm -u+x | head -n 1)
+BINARIES+=("${BENCH[@]}")
+
+rm -rf "$BUNDLE"
+mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
+declare -A SEEN=()
+for bin in "${BINARIES[@]}"; do
+  name=$(basename "$bin")
+  if [[ -n ${SEEN[$name]:-} ]]; then
+    echo "make_gpu_bundle: two binaries named $name (${SEEN[$name]} and $bin)" >&2
+    exit 1
+  fi
+  SEEN[$name]=$bin
+  cp "$bin" "$BUNDLE/bin/$name"
+done
+
+# ---- the shared libraries they need that the GPU image lacks
+# ldd lines look like "libabsl_status.so.20220623 => /lib/x86_64-linux-gnu/libabsl_... (0x...)";
+# copy under the soname (the left side), following symlinks.
+wanted_lib() {
+  local soname=$1 path=$2
+  [[ $soname =~ absl|gtest|gmock|benchmark|mimalloc|bucketalloc ]] && return 0
+  [[ $path == "$ROOT"/* ]] && return 0  # a shared library of this build
+  return 1
+}
+missing=0
+for bin in "$BUNDLE"/bin/*; do
+  while read -r soname arrow path _; do
+    [[ $arrow == "=>" ]] || continue
+    if [[ $path == "not" ]]; then
+      echo "make_gpu_bundle: $(basename "$bin") needs $soname, which is not found here" >&2
+      missing=1
+      continue
+    fi
+    if wanted_lib "$soname" "$path" && [[ ! -e $BUNDLE/lib/$soname ]]; then
+      cp -L "$path" "$BUNDLE/lib/$soname"
+    fi
+  done < <(ldd "$bin")
+done
+((missing == 0)) || exit 1
+
+cp scripts/gpu_check.sh "$BUNDLE/gpu_check.sh"
+
+bundle_bytes() { du -sb "$BUNDLE" | cut -f1; }
+if (($(bundle_bytes) > STRIP_ABOVE_BYTES)); then
+  echo "== stripping (bundle is $(($(bundle_bytes) / 1024 / 1024)) MiB)"
+  strip --strip-unneeded "$BUNDLE"/bin/* "$BUNDLE"/lib/* 2>/dev/null || true
+fi
+
+{
+  echo "bucketalloc GPU bundle"
+  echo "made: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo none)$(git diff --quiet 2>/dev/null || echo ' (+ local changes)')"
+  echo "build: $BUILD_DIR (Release)"
+  echo
+  (cd "$BUNDLE" && find . -type f ! -name MANIFEST -printf '%s\t%p\n' | sort -k2)
+} >"$BUNDLE/MANIFEST"
+
+size=$(bundle_bytes)
+echo "== $BUNDLE/: ${#BINARIES[@]} binaries, $(find "$BUNDLE/lib" -type f | wc -l) libraries," \
+  "$((size / 1024)) KiB ($((size / 1024 / 1024)) MiB; limit 64 MiB)"
+ls "$BUNDLE/bin"
+if ((size > LIMIT_BYTES)); then
+  echo "make_gpu_bundle: $BUNDLE/ is over the 64 MiB carry limit" >&2
+  exit 1
+fi
+echo "run on the GPU machine with carry [\"$BUNDLE\"]:  bash scripts/gpu_check.sh"

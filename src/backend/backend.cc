@@ -1,0 +1,35 @@
+// The defaults of the optional (virtual-memory) part of the Backend interface.
+#include "bucketalloc/backend.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace bucketalloc {
+namespace {
+
+absl::Status NoVirtualMemory(const Backend& backend, const char* call) {
+  return absl::UnimplementedError(absl::StrCat(call, ": backend '", backend.Name(),
+                                               "' does not support virtual memory"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::uintptr_t> Backend::ReserveAddressRange(std::size_t, std::size_t) {
+  return NoVirtualMemory(*this, "ReserveAddressRange");
+}
+absl::Status Backend::ReleaseAddressRange(std::uintptr_t, std::size_t) {
+  return NoVirtualMemory(*this, "ReleaseAddressRange");
+}
+absl::StatusOr<PhysicalHandle> Backend::CreatePhysical(std::size_t) {
+  return NoVirtualMemory(*this, "CreatePhysical");
+}
+absl::Status Backend::ReleasePhysical(PhysicalHandle) {
+  return NoVirtualMemory(*this, "ReleasePhysical");
+}
+absl::Status Backend::Map(std::uintptr_t, std::size_t, PhysicalHandle) {
+  return NoVirtualMemory(*this, "Map");
+}
+absl::Status Backend::Unmap(std::uintptr_t, std::size_t) { return NoVirtualMemory(*this, "Unmap"); }
+
+SimBackend* AsSim(Backend* backend) { return dynamic_cast<SimBackend*>(backend); }
+
+}  // namespace bucketalloc

@@ -1,0 +1,184 @@
+// src/frontend/allocator.cc — the public Allocator: one DeviceAllocator per device, created on
+// first use, and the backend factory.
+#include "bucketalloc/allocator.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "frontend/device_allocator.h"
+
+namespace bucketalloc {
+
+using internal::DeviceAllocator;
+
+struct Allocator::Devices {
+  explicit Devices(int n) : ptrs(n), owned(n) {}
+  std::vector<std::atomic<DeviceAllocator*>> ptrs;  // published once, read without a lock
+  std::mutex create_mu;
+  std::vector<std::unique_ptr<DeviceAllocator>> owned;
+  std::unique_ptr<Backend> preset_backend;  // CreateWithBackend: device 0's backend
+};
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Options& o, int device) {
+  if (o.backend == BackendKind::kCuda) return MakeCudaBackend(device);
+  SimBackendOptions so;
+  so.device = device;
+  so.total_memory = o.sim_total_memory;
+  so.memory = o.sim_unbacked ? SimMemoryMode::kUnbacked : SimMemoryMode::kBacked;
+  so.fail_nth_alloc = o.sim_fail_nth_alloc;
+  so.fail_fraction = o.sim_fail_fraction;
+  so.seed = o.sim_seed + static_cast<std::uint64_t>(device);
+  absl::StatusOr<std::unique_ptr<SimBackend>> sim = MakeSimBackend(so);
+  if (!sim.ok()) return sim.status();
+  return std::unique_ptr<Backend>(std::move(*sim));
+}
+
+}  // namespace
+
+Allocator::Allocator(const Options& options, int device_count)
+    : options_(options), devices_(std::make_unique<Devices>(device_count)) {}
+
+Allocator::~Allocator() = default;
+
+absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Create(const Options& options) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  int count = options.sim_devices;
+  if (options.backend == BackendKind::kCuda) {
+    absl::StatusOr<int> n = CudaDeviceCount();
+    if (!n.ok()) return n.status();
+    if (*n <= 0) return absl::FailedPreconditionError("bucketalloc: backend:cuda but no CUDA device is present");
+    count = *n;
+  }
+  return std::unique_ptr<Allocator>(new Allocator(options, count));
+}
+
+absl::StatusOr<std::unique_ptr<Allocator>> Allocator::CreateWithBackend(const Options& options,
+                                                                        std::unique_ptr<Backend> backend) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  if (backend == nullptr) return absl::InvalidArgumentError("bucketalloc: CreateWithBackend needs a backend");
+  std::unique_ptr<Allocator> a(new Allocator(options, 1));
+  a->devices_->preset_backend = std::move(backend);
+  return a;
+}
+
+int Allocator::device_count() const { return static_cast<int>(devices_->ptrs.size()); }
+
+absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
+  if (device < 0 || device >= device_count()) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: device ", device, " is invalid; accepted: 0 to ",
+                                                   device_count() - 1));
+  }
+  DeviceAllocator* d = devices_->ptrs[device].load(std::memory_order_acquire);
+  if (d != nullptr) return d;
+  std::lock_guard<std::mutex> lock(devices_->create_mu);
+  d = devices_->ptrs[device].load(std::memory_order_relaxed);
+  if (d != nullptr) return d;
+  std::unique_ptr<Backend> backend;
+  if (devices_->preset_backend != nullptr) {
+    backend = std::move(devices_->preset_backend);
+  } else {
+    absl::StatusOr<std::unique_ptr<Backend>> b = MakeBackend(options_, device);
+    if (!b.ok()) return b.status();
+    backend = std::move(*b);
+  }
+  absl::StatusOr<std::unique_ptr<DeviceAllocator>> created =
+      DeviceAllocator::Create(options_, std::move(backend), device);
+  if (!created.ok()) return created.status();
+  devices_->owned[device] = std::move(*created);
+  d = devices_->owned[device].get();
+  devices_->ptrs[device].store(d, std::memory_order_release);
+  return d;
+}
+
+absl::StatusOr<void*> Allocator::Allocate(std::size_t size, int device, Stream stream) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->Allocate(size, stream);
+}
+
+absl::Status Allocator::Free(void* ptr, int device, std::optional<std::size_t> size) {
+  if (ptr == nullptr) return absl::OkStatus();
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  absl::Status s = (*d)->Free(ptr, size);
+  if (absl::IsInvalidArgument(s)) {
+    // A pointer of another device: say so, so that the caller's device bookkeeping is fixed.
+    for (int other = 0; other < device_count(); ++other) {
+      DeviceAllocator* o = devices_->ptrs[other].load(std::memory_order_acquire);
+      if (other != device && o != nullptr && o->OwnsLive(ptr)) {
+        return absl::InvalidArgumentError(absl::StrCat(s.message(), " (it is a live allocation of device ", other,
+                                                       "; free it with that device)"));
+      }
+    }
+  }
+  return s;
+}
+
+absl::Status Allocator::RecordStream(void* ptr, int device, Stream stream) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->RecordStream(ptr, stream);
+}
+
+absl::Status Allocator::EmptyCache() {
+  for (int device = 0; device < device_count(); ++device) {
+    DeviceAllocator* d = devices_->ptrs[device].load(std::memory_order_acquire);
+    if (d == nullptr) continue;
+    if (absl::Status s = d->EmptyCache(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Allocator::SetMemoryFraction(double fraction, int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->SetMemoryFraction(fraction);
+}
+
+absl::StatusOr<DeviceStats> Allocator::GetStats(int device) const {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->GetStats();
+}
+
+absl::Status Allocator::ResetPeakStats(int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  (*d)->ResetPeakStats();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FragmentationReport> Allocator::GetFragmentation(int device) const {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->GetFragmentation();
+}
+
+absl::StatusOr<std::string> Allocator::Summary(int device) const {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return absl::StrCat(StatsSummary((*d)->GetStats(), device), FragmentationToTable((*d)->GetFragmentation()));
+}
+
+absl::StatusOr<std::optional<OomReport>> Allocator::LastOomReport(int device) const {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->LastOom();
+}
+
+absl::Status Allocator::CheckInvariants(int device) const {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->CheckInvariants();
+}
+
+absl::StatusOr<Backend*> Allocator::backend(int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->backend();
+}
+
+}  // namespace bucketalloc

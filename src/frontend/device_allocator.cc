@@ -1,0 +1,642 @@
+#include "frontend/device_allocator.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bucketalloc/allocator.h"
+#include "internal/check.h"
+#include "memory/size_classes.h"
+
+namespace bucketalloc::internal {
+namespace {
+
+std::string PtrStr(const void* p) { return absl::StrCat("0x", absl::Hex(reinterpret_cast<std::uintptr_t>(p))); }
+
+LargePoolConfig MakeLargeConfig(const Options& o, std::size_t granularity) {
+  LargePoolConfig c;
+  c.max_split_size = o.max_split_size;
+  c.max_non_split_rounding = o.max_non_split_rounding;
+  c.large_segment_size = o.large_segment_size;
+  c.roundup_power2_divisions = o.roundup_power2_divisions;
+  c.tiers = o.ResolvedTiers(granularity);
+  c.tier_min_fill = o.tier_min_fill;
+  c.small_pool_limit = o.small_pool_limit;
+  return c;
+}
+
+std::size_t ComputeCap(std::size_t capacity, double fraction, std::size_t total, std::size_t granularity) {
+  std::size_t cap = capacity == 0 ? total : std::min(capacity, total);
+  const auto by_fraction = static_cast<std::size_t>(fraction * static_cast<double>(total));
+  cap = std::min(cap, by_fraction);
+  return cap / granularity * granularity;
+}
+
+}  // namespace
+
+std::size_t DeviceAllocator::LiveEntry::allocated_size() const {
+  return small ? static_cast<const Slab*>(owner)->slot_size : static_cast<const Block*>(owner)->size;
+}
+
+Stream DeviceAllocator::LiveEntry::stream() const {
+  return small ? static_cast<const Slab*>(owner)->stream : static_cast<const Block*>(owner)->segment->stream;
+}
+
+DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device)
+    : options_(options),
+      device_(device),
+      backend_(std::move(backend)),
+      small_(PoolContext{&stats_, this, &clock_}),
+      large_(PoolContext{&stats_, this, &clock_}, MakeLargeConfig(options, backend_->Granularity())),
+      small_limit_(options.small_pool_limit) {}
+
+absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const Options& options,
+                                                                         std::unique_ptr<Backend> backend,
+                                                                         int device) {
+  absl::StatusOr<DeviceMemInfo> info = backend->GetMemInfo();
+  if (!info.ok()) return info.status();
+  std::unique_ptr<DeviceAllocator> d(new DeviceAllocator(options, std::move(backend), device));
+  d->device_total_ = info->total_bytes;
+  MutexLock lock(d->mu_);
+  d->cap_ = ComputeCap(options.capacity, options.memory_fraction, info->total_bytes,
+                       d->backend_->Granularity());
+  d->stats_.max_split_size =
+      options.max_split_size == kUnlimited ? -1 : static_cast<std::int64_t>(options.max_split_size);
+  d->stats_.capacity_bytes = static_cast<std::int64_t>(d->cap_);
+  return d;
+}
+
+DeviceAllocator::~DeviceAllocator() {
+  MutexLock lock(mu_);
+  // Give back everything that is cached; live allocations still held by callers are reported.
+  SyncAndReleaseAll();
+  for (PendingFree& p : pending_) {
+    for (Event e : p.events) backend_->DestroyEvent(e);
+  }
+  if (!live_.empty() || !pending_.empty()) {
+    std::fprintf(stderr, "bucketalloc: device %d destroyed with %zu live allocations (%s) still held\n",
+                 device_, live_.size() + pending_.size(),
+                 FormatBytes(static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current)).c_str());
+  }
+}
+
+DeviceAllocator::StreamPools& DeviceAllocator::PoolsFor(Stream stream) {
+  if (last_pools_ != nullptr && stream == last_stream_) return *last_pools_;
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) {
+    it = streams_.emplace(stream, std::make_unique<StreamPools>(large_.num_tiers())).first;
+  }
+  last_stream_ = stream;
+  last_pools_ = it->second.get();
+  return *last_pools_;
+}
+
+void DeviceAllocator::CommitLive(std::uintptr_t ptr, const LiveEntry& entry) {
+  const PoolIndex pool = entry.small ? kSmallPool : kLargePool;
+  const auto requested = static_cast<std::int64_t>(entry.requested);
+  StatAdd(stats_.requested_bytes, pool, requested);
+  StatAdd(stats_.allocated_bytes, pool, static_cast<std::int64_t>(entry.allocated_size()));
+  StatAdd(stats_.allocation, pool, 1);
+  live_.emplace(ptr, entry);
+}
+
+absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream) {
+  if (size == 0) return nullptr;
+  if (size > kMaxRequestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucketalloc: allocation size ", size, " on device ", device_, " is invalid: accepted sizes are 0 to ",
+        kMaxRequestBytes, " bytes (a negative ssize_t converted to size_t is this large)"));
+  }
+  MutexLock lock(mu_);
+  StreamPools& sp = PoolsFor(stream);
+  if (size <= small_limit_) {
+    const int cls = SmallSizeClasses::ClassOf(size);
+    SmallPool::Slot slot;
+    if (small_.TryAllocate(sp.small, cls, &slot)) {
+      ++stats_.num_cache_hits;
+    } else if (absl::Status s = AllocateSmallSlow(sp, stream, size, cls, &slot); !s.ok()) {
+      return s;
+    }
+    const std::uintptr_t ptr = slot.address();
+    CommitLive(ptr, LiveEntry{slot.slab, size, slot.slot, true});
+    return reinterpret_cast<void*>(ptr);
+  }
+  const int tier = large_.TierOf(size);
+  const std::size_t rounded = tier >= 0 ? large_.tier_bytes(tier) : large_.RoundSize(size);
+  Block* block = large_.TryAllocate(sp.large, rounded, tier);
+  if (block != nullptr) {
+    ++stats_.num_cache_hits;
+  } else {
+    absl::StatusOr<Block*> b = AllocateLargeSlow(sp, stream, size, tier);
+    if (!b.ok()) return b.status();
+    block = *b;
+  }
+  block->requested = size;
+  CommitLive(block->ptr, LiveEntry{block, size, 0, false});
+  return reinterpret_cast<void*>(block->ptr);
+}
+
+absl::Status DeviceAllocator::AllocateSmallSlow(StreamPools& sp, Stream stream, std::size_t size, int cls,
+                                                SmallPool::Slot* slot) {
+  ProcessEvents();
+  if (small_.TryAllocate(sp.small, cls, slot)) {
+    ++stats_.num_cache_hits;
+    return absl::OkStatus();
+  }
+  bool from_cache = false;
+  absl::Status s = small_.AllocateSlow(sp.small, stream, cls, slot, &from_cache);
+  if (absl::IsResourceExhausted(s)) {
+    SyncAndReleaseAll();
+    ++stats_.num_alloc_retries;
+    s = small_.AllocateSlow(sp.small, stream, cls, slot, &from_cache);
+  }
+  if (!s.ok()) {
+    if (!absl::IsResourceExhausted(s)) return s;
+    return OutOfMemory(size, SmallSizeClasses::ClassSize(cls), kSlabBytes, s);
+  }
+  ++(from_cache ? stats_.num_cache_hits : stats_.num_cache_misses);
+  MaybeCheckInvariants();
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::GrowLarge(StreamPools& sp, Stream stream, std::size_t rounded, int tier,
+                                        bool* released) {
+  const std::size_t minimal = RoundUp(rounded, backend_->Granularity());
+  const std::size_t preferred = tier >= 0 ? minimal : large_.SegmentSizeFor(rounded);
+  absl::Status s = large_.Grow(sp.large, stream, preferred, tier);
+  if (absl::IsResourceExhausted(s) && preferred != minimal) {
+    s = large_.Grow(sp.large, stream, minimal, tier);
+  }
+  if (absl::IsResourceExhausted(s) && !*released) {
+    SyncAndReleaseAll();
+    *released = true;
+    ++stats_.num_alloc_retries;
+    s = large_.Grow(sp.large, stream, minimal, tier);
+  }
+  return s;
+}
+
+absl::StatusOr<Block*> DeviceAllocator::AllocateLargeSlow(StreamPools& sp, Stream stream, std::size_t size,
+                                                          int tier) {
+  ProcessEvents();
+  bool released = false;
+  absl::Status grow_status;
+  if (tier >= 0) {
+    const std::size_t tier_bytes = large_.tier_bytes(tier);
+    Block* block = large_.TryAllocate(sp.large, tier_bytes, tier);
+    if (block != nullptr) {
+      ++stats_.num_cache_hits;
+      return block;
+    }
+    grow_status = GrowLarge(sp, stream, tier_bytes, tier, &released);
+    if (grow_status.ok()) {
+      ++stats_.num_cache_misses;
+      block = large_.TryAllocate(sp.large, tier_bytes, tier);
+      BA_CHECK(block != nullptr, "a new tier segment did not serve its tier");
+      MaybeCheckInvariants();
+      return block;
+    }
+    if (!absl::IsResourceExhausted(grow_status)) return grow_status;
+    // Rounding to the tier is a preference: fall back to the exact rounded size.
+    ++stats_.num_tier_fallbacks;
+  }
+  const std::size_t rounded = large_.RoundSize(size);
+  Block* block = large_.TryAllocate(sp.large, rounded, -1);
+  if (block != nullptr) {
+    ++stats_.num_cache_hits;
+    return block;
+  }
+  grow_status = GrowLarge(sp, stream, rounded, -1, &released);
+  if (!grow_status.ok()) {
+    if (!absl::IsResourceExhausted(grow_status)) return grow_status;
+    return OutOfMemory(size, rounded, RoundUp(rounded, backend_->Granularity()), grow_status);
+  }
+  ++stats_.num_cache_misses;
+  block = large_.TryAllocate(sp.large, rounded, -1);
+  BA_CHECK(block != nullptr, "a new segment did not serve the request it was made for");
+  MaybeCheckInvariants();
+  return block;
+}
+
+absl::StatusOr<std::uintptr_t> DeviceAllocator::AllocateSegment(std::size_t bytes, PoolIndex pool) {
+  CollectGarbage(bytes);
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
+  if (reserved + bytes > cap_) {
+    return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: reserving ", bytes, " more bytes would exceed the cap of ",
+                                                     cap_, " bytes (", reserved, " reserved)"));
+  }
+  absl::StatusOr<void*> p = backend_->Allocate(bytes);
+  if (!p.ok()) return p.status();
+  const auto base = reinterpret_cast<std::uintptr_t>(*p);
+  registry_.emplace(base, SegmentInfo{bytes, pool});
+  StatAdd(stats_.reserved_bytes, pool, static_cast<std::int64_t>(bytes));
+  StatAdd(stats_.segment, pool, 1);
+  ++stats_.num_device_alloc;
+  return base;
+}
+
+void DeviceAllocator::ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) {
+  absl::Status s = backend_->Free(reinterpret_cast<void*>(base), bytes);
+  BA_CHECK(s.ok(), "the backend refused to free a segment it allocated");
+  registry_.erase(base);
+  StatAdd(stats_.reserved_bytes, pool, -static_cast<std::int64_t>(bytes));
+  StatAdd(stats_.segment, pool, -1);
+  ++stats_.num_device_free;
+}
+
+void DeviceAllocator::CollectGarbage(std::size_t incoming) {
+  if (options_.garbage_collection_threshold <= 0.0) return;
+  const auto limit = static_cast<std::size_t>(options_.garbage_collection_threshold * static_cast<double>(cap_));
+  auto reserved = [&] { return static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current); };
+  while (reserved() + incoming > limit) {
+    // Oldest first across both pools.
+    const std::size_t released = small_.OldestEmpty() <= large_.OldestFree() ? small_.ReleaseOldest()
+                                                                             : large_.ReleaseOldest();
+    if (released == 0) break;
+    ++stats_.num_gc_releases;
+  }
+}
+
+void DeviceAllocator::ReturnEntry(const LiveEntry& entry) {
+  if (entry.small) {
+    small_.Return(static_cast<Slab*>(entry.owner), entry.slot);
+  } else {
+    large_.Return(static_cast<Block*>(entry.owner));
+  }
+}
+
+absl::Status DeviceAllocator::InvalidFree(void* ptr, absl::string_view what) {
+  ++stats_.num_invalid_frees;
+  return absl::InvalidArgumentError(absl::StrCat("bucketalloc: invalid free of ", PtrStr(ptr), " on device ", device_, ": ", what));
+}
+
+bool DeviceAllocator::OwnsLive(void* ptr) const {
+  MutexLock lock(mu_);
+  return live_.contains(reinterpret_cast<std::uintptr_t>(ptr));
+}
+
+absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
+  if (ptr == nullptr) return absl::OkStatus();
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  MutexLock lock(mu_);
+  auto it = live_.find(addr);
+  if (it == live_.end()) {
+    for (const PendingFree& p : pending_) {
+      if (p.ptr == addr) return InvalidFree(ptr, "double free (it is already freed and awaiting stream events)");
+    }
+    auto seg = registry_.upper_bound(addr);
+    if (seg != registry_.begin() && addr < std::prev(seg)->first + std::prev(seg)->second.bytes) {
+      return InvalidFree(ptr, "double free, or a pointer into a block rather than its start: no live "
+                              "allocation starts at this address inside bucketalloc's memory");
+    }
+    return InvalidFree(ptr, "the pointer was not allocated by bucketalloc on this device");
+  }
+  const LiveEntry entry = it->second;
+  if (size.has_value() && *size != entry.requested) {
+    return InvalidFree(ptr, absl::StrCat("size mismatch: allocated with ", entry.requested, " bytes, freed with ",
+                                         *size, " bytes"));
+  }
+  absl::InlinedVector<Event, 2> events;
+  if (!stream_uses_.empty()) {
+    if (auto uses = stream_uses_.find(addr); uses != stream_uses_.end()) {
+      for (Stream s : uses->second) {
+        absl::StatusOr<Event> e = backend_->RecordEvent(s);
+        if (!e.ok()) {
+          for (Event done : events) backend_->DestroyEvent(done);
+          return absl::Status(e.status().code(),
+                              absl::StrCat("bucketalloc: free of ", PtrStr(ptr), " could not record a stream event (the "
+                                           "allocation stays live): ",
+                                           e.status().message()));
+        }
+        events.push_back(*e);
+      }
+      stream_uses_.erase(uses);
+    }
+  }
+  live_.erase(it);
+  const PoolIndex pool = entry.small ? kSmallPool : kLargePool;
+  StatAdd(stats_.requested_bytes, pool, -static_cast<std::int64_t>(entry.requested));
+  StatAdd(stats_.allocated_bytes, pool, -static_cast<std::int64_t>(entry.allocated_size()));
+  StatAdd(stats_.allocation, pool, -1);
+  ++clock_;
+  if (!events.empty()) {
+    if (!entry.small) static_cast<Block*>(entry.owner)->state = BlockState::kPendingFree;
+    pending_.push_back(PendingFree{addr, entry, std::move(events)});
+    return absl::OkStatus();
+  }
+  ReturnEntry(entry);
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
+  MutexLock lock(mu_);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = live_.find(addr);
+  if (it == live_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: record_stream(", PtrStr(ptr), ") on device ", device_,
+                                                   ": no live allocation starts at this address"));
+  }
+  if (stream == it->second.stream()) return absl::OkStatus();  // uses on the allocation stream are ordered
+  auto& uses = stream_uses_[addr];
+  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+  return absl::OkStatus();
+}
+
+void DeviceAllocator::ProcessEvents() {
+  if (pending_.empty()) return;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    PendingFree& p = pending_[i];
+    bool done = true;
+    for (Event e : p.events) {
+      absl::StatusOr<bool> q = backend_->QueryEvent(e);
+      if (!q.ok() || !*q) {
+        done = false;
+        break;
+      }
+    }
+    if (done) {
+      for (Event e : p.events) backend_->DestroyEvent(e);
+      ReturnEntry(p.entry);
+    } else {
+      if (kept != i) pending_[kept] = std::move(p);
+      ++kept;
+    }
+  }
+  pending_.resize(kept);
+}
+
+void DeviceAllocator::SyncAndReleaseAll() {
+  if (!pending_.empty()) {
+    ++stats_.num_sync_all_streams;
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < pending_.size(); ++i) {
+      PendingFree& p = pending_[i];
+      bool done = true;
+      for (Event e : p.events) done = done && backend_->SynchronizeEvent(e).ok();
+      if (done) {
+        for (Event e : p.events) backend_->DestroyEvent(e);
+        ReturnEntry(p.entry);
+      } else {
+        if (kept != i) pending_[kept] = std::move(p);
+        ++kept;
+      }
+    }
+    pending_.resize(kept);
+  }
+  small_.ReleaseEmpty(std::numeric_limits<std::size_t>::max());
+  large_.ReleaseFree(std::numeric_limits<std::size_t>::max());
+}
+
+absl::Status DeviceAllocator::OutOfMemory(std::size_t size, std::size_t rounded, std::size_t minimal_segment,
+                                          const absl::Status& cause) {
+  ++stats_.num_ooms;
+  OomReport r;
+  r.device = device_;
+  r.requested = size;
+  r.rounded = rounded;
+  r.capacity = cap_;
+  r.reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
+  r.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current);
+  r.active = static_cast<std::size_t>(stats_.active_bytes[kAllPools].current);
+  r.cached = r.reserved - r.active;
+  r.fragmentation = FragmentationLocked();
+  r.largest_free = static_cast<std::size_t>(r.fragmentation.all.largest_free);
+  if (absl::StatusOr<DeviceMemInfo> info = backend_->GetMemInfo(); info.ok()) r.device_free = info->free_bytes;
+  const std::size_t headroom = cap_ > r.reserved ? cap_ - r.reserved : 0;
+  const std::size_t pending = r.active - r.allocated;
+  if (r.allocated + rounded > cap_) {
+    r.cause = OomCause::kCapacity;
+    r.diagnosis = absl::StrFormat(
+        "capacity: live allocations (%s) plus this request (%s) exceed the cap (%s); the working set "
+        "needs more memory than the device allows (reduce batch, context or concurrency, or raise the cap)",
+        FormatBytes(r.allocated), FormatBytes(rounded), FormatBytes(cap_));
+  } else if (headroom >= minimal_segment) {
+    r.cause = OomCause::kDeviceExhausted;
+    r.diagnosis = absl::StrFormat(
+        "device exhausted: the cap leaves %s for this request but the device refused %s (device free %s): "
+        "memory is used outside this allocator (%s)",
+        FormatBytes(headroom), FormatBytes(minimal_segment), FormatBytes(r.device_free), cause.message());
+  } else if (headroom + r.cached >= rounded) {
+    r.cause = OomCause::kFragmentation;
+    r.diagnosis = absl::StrFormat(
+        "fragmentation: %s is free in total (%s cached in pieces of partly used segments, the largest %s, "
+        "plus %s under the cap) but no free block fits %s",
+        FormatBytes(headroom + r.cached), FormatBytes(r.cached), FormatBytes(r.largest_free),
+        FormatBytes(headroom), FormatBytes(rounded));
+  } else {
+    r.cause = OomCause::kCacheHeld;
+    r.diagnosis = absl::StrFormat(
+        "cache held: %s is held by freed blocks awaiting stream events that could not be synchronized "
+        "(reserved %s, allocated %s); release did not help",
+        FormatBytes(pending), FormatBytes(r.reserved), FormatBytes(r.allocated));
+  }
+  std::string message = r.ToString();
+  last_oom_ = std::move(r);
+  MaybeCheckInvariants();
+  return absl::ResourceExhaustedError(message);
+}
+
+absl::Status DeviceAllocator::EmptyCache() {
+  MutexLock lock(mu_);
+  SyncAndReleaseAll();
+  MaybeCheckInvariants();
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::SetMemoryFraction(double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: memory fraction ", fraction, " for device ", device_,
+                                                   " is invalid; accepted: a number in (0, 1]"));
+  }
+  MutexLock lock(mu_);
+  cap_ = ComputeCap(options_.capacity, fraction, device_total_, backend_->Granularity());
+  stats_.capacity_bytes = static_cast<std::int64_t>(cap_);
+  return absl::OkStatus();
+}
+
+DeviceStats DeviceAllocator::GetStats() const {
+  MutexLock lock(mu_);
+  return stats_;
+}
+
+void DeviceAllocator::ResetPeakStats() {
+  MutexLock lock(mu_);
+  stats_.ResetPeaks();
+}
+
+std::optional<OomReport> DeviceAllocator::LastOom() const {
+  MutexLock lock(mu_);
+  return last_oom_;
+}
+
+FragmentationReport DeviceAllocator::GetFragmentation() const {
+  MutexLock lock(mu_);
+  return FragmentationLocked();
+}
+
+FragmentationReport DeviceAllocator::FragmentationLocked() const {
+  FragmentationReport r;
+  small_.Fragmentation(&r.small_pool);
+  large_.Fragmentation(&r.large_pool, &r.tiers);
+  for (auto [pool, out] : {std::pair{kSmallPool, &r.small_pool}, std::pair{kLargePool, &r.large_pool}}) {
+    out->requested = stats_.requested_bytes[pool].current;
+    out->allocated = stats_.allocated_bytes[pool].current;
+    out->reserved = stats_.reserved_bytes[pool].current;
+  }
+  PoolFragmentation& all = r.all;
+  for (const PoolFragmentation* p : {&r.small_pool, &r.large_pool}) {
+    for (int i = 0; i < kHistogramBins; ++i) {
+      all.free_count[i] += p->free_count[i];
+      all.free_bytes[i] += p->free_bytes[i];
+    }
+    all.total_free += p->total_free;
+    all.largest_free = std::max(all.largest_free, p->largest_free);
+    all.requested += p->requested;
+    all.allocated += p->allocated;
+    all.reserved += p->reserved;
+  }
+  return r;
+}
+
+void DeviceAllocator::MaybeCheckInvariants() const {
+  if (!options_.debug_check_invariants) return;
+  absl::Status s = CheckInvariantsLocked();
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    BA_CHECK(false, "bucketalloc invariant violated (debug_check_invariants)");
+  }
+}
+
+absl::Status DeviceAllocator::CheckInvariants() const {
+  MutexLock lock(mu_);
+  return CheckInvariantsLocked();
+}
+
+absl::Status DeviceAllocator::CheckInvariantsLocked() const {
+  auto fail = [&](absl::string_view what) {
+    return absl::InternalError(absl::StrCat("bucketalloc invariant violated on device ", device_, ": ", what));
+  };
+  // Stat gauges are self-consistent.
+#define BUCKETALLOC_CHECK_GAUGE(name, doc)                                                         \
+  for (int p = 0; p < kNumPoolIndices; ++p) {                                                      \
+    const Stat& st = stats_.name[p];                                                               \
+    if (st.current != st.allocated - st.freed || st.peak < st.current || st.current < 0)           \
+      return fail(absl::StrCat(#name, "[", p, "] is inconsistent: current ", st.current, ", peak ", \
+                               st.peak, ", allocated ", st.allocated, ", freed ", st.freed));      \
+  }                                                                                                \
+  if (stats_.name[kAllPools].current !=                                                            \
+      stats_.name[kSmallPool].current + stats_.name[kLargePool].current)                          \
+    return fail(absl::StrCat(#name, ".all is not the sum of the pools"));
+  BUCKETALLOC_POOL_STATS(BUCKETALLOC_CHECK_GAUGE)
+#undef BUCKETALLOC_CHECK_GAUGE
+
+  // Live and pending blocks: sums per pool, no overlap, each inside one registered segment.
+  std::int64_t requested[kNumPoolIndices] = {}, allocated[kNumPoolIndices] = {}, count[kNumPoolIndices] = {};
+  std::int64_t active_bytes[kNumPoolIndices] = {}, active_count[kNumPoolIndices] = {};
+  std::vector<std::pair<std::uintptr_t, std::size_t>> ranges;
+  ranges.reserve(live_.size() + pending_.size());
+  auto visit = [&](std::uintptr_t ptr, const LiveEntry& e, bool live) -> absl::Status {
+    const int pool = e.small ? kSmallPool : kLargePool;
+    const std::size_t size = e.allocated_size();
+    if (live) {
+      requested[pool] += static_cast<std::int64_t>(e.requested);
+      allocated[pool] += static_cast<std::int64_t>(size);
+      count[pool] += 1;
+    }
+    active_bytes[pool] += static_cast<std::int64_t>(size);
+    active_count[pool] += 1;
+    if (!e.small) {
+      const Block* b = static_cast<const Block*>(e.owner);
+      if (b->ptr != ptr) return fail("a live entry's block starts elsewhere");
+      if (b->state != (live ? BlockState::kAllocated : BlockState::kPendingFree)) {
+        return fail(absl::StrCat("block ", absl::Hex(ptr), " has the wrong state"));
+      }
+      if (e.requested > size) return fail("a block is smaller than its request");
+    }
+    ranges.emplace_back(ptr, size);
+    return absl::OkStatus();
+  };
+  for (const auto& [ptr, e] : live_) {
+    if (absl::Status s = visit(ptr, e, true); !s.ok()) return s;
+  }
+  for (const PendingFree& p : pending_) {
+    if (absl::Status s = visit(p.ptr, p.entry, false); !s.ok()) return s;
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const auto [ptr, size] = ranges[i];
+    if (i + 1 < ranges.size() && ptr + size > ranges[i + 1].first) {
+      return fail(absl::StrCat("live blocks overlap at ", absl::Hex(ptr), " and ", absl::Hex(ranges[i + 1].first)));
+    }
+    auto seg = registry_.upper_bound(ptr);
+    if (seg == registry_.begin()) return fail(absl::StrCat("block ", absl::Hex(ptr), " lies in no segment"));
+    --seg;
+    if (ptr + size > seg->first + seg->second.bytes) {
+      return fail(absl::StrCat("block ", absl::Hex(ptr), " is not inside one segment"));
+    }
+  }
+  std::int64_t reserved[kNumPoolIndices] = {}, segments[kNumPoolIndices] = {};
+  std::uintptr_t end = 0;
+  for (const auto& [base, info] : registry_) {
+    if (base < end) return fail("registered segments overlap");
+    end = base + info.bytes;
+    reserved[info.pool] += static_cast<std::int64_t>(info.bytes);
+    segments[info.pool] += 1;
+  }
+  const BackendCounters bc = backend_->counters();
+  if (bc.allocs - bc.frees != static_cast<std::int64_t>(registry_.size())) {
+    return fail(absl::StrCat("the backend holds ", bc.allocs - bc.frees, " allocations but ", registry_.size(),
+                             " segments are registered"));
+  }
+  for (int p : {kSmallPool, kLargePool}) {
+    auto check = [&](const char* name, const StatArray& stat, std::int64_t want) -> absl::Status {
+      if (stat[p].current != want) {
+        return fail(absl::StrCat(name, "[", p, "] is ", stat[p].current, " but the blocks sum to ", want));
+      }
+      return absl::OkStatus();
+    };
+    for (absl::Status s : {check("requested_bytes", stats_.requested_bytes, requested[p]),
+                           check("allocated_bytes", stats_.allocated_bytes, allocated[p]),
+                           check("allocation", stats_.allocation, count[p]),
+                           check("active_bytes", stats_.active_bytes, active_bytes[p]),
+                           check("active", stats_.active, active_count[p]),
+                           check("reserved_bytes", stats_.reserved_bytes, reserved[p]),
+                           check("segment", stats_.segment, segments[p]),
+                           check("cached_bytes", stats_.cached_bytes, reserved[p] - active_bytes[p])}) {
+      if (!s.ok()) return s;
+    }
+  }
+  // inactive_split from the pools' pieces.
+  std::int64_t split_bytes[kNumPoolIndices] = {}, split_count[kNumPoolIndices] = {};
+  small_.ForEachSlab([&](const Slab& s) {
+    if (s.live == 0) return;
+    split_bytes[kSmallPool] += static_cast<std::int64_t>(s.free_slots()) * s.slot_size;
+    split_count[kSmallPool] += s.free_slots();
+  });
+  large_.ForEachSegment([&](const Segment& s) {
+    if (s.active_blocks == 0) return;
+    split_bytes[kLargePool] += static_cast<std::int64_t>(s.free_bytes);
+    split_count[kLargePool] += s.free_blocks;
+  });
+  for (int p : {kSmallPool, kLargePool}) {
+    if (stats_.inactive_split_bytes[p].current != split_bytes[p] ||
+        stats_.inactive_split[p].current != split_count[p]) {
+      return fail(absl::StrCat("inactive_split[", p, "] does not match the free pieces of partly used memory"));
+    }
+  }
+  if (absl::Status s = small_.CheckInvariants(active_count[kSmallPool]); !s.ok()) return s;
+  if (absl::Status s = large_.CheckInvariants(active_count[kLargePool]); !s.ok()) return s;
+  for (const auto& [stream, pools] : streams_) {
+    if (absl::Status s = CheckStreamFreeLists(pools->large, large_.num_tiers()); !s.ok()) return s;
+  }
+  for (const auto& [ptr, uses] : stream_uses_) {
+    if (!live_.contains(ptr)) return fail("a recorded stream use belongs to no live allocation");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bucketalloc::internal

@@ -1,0 +1,144 @@
+// src/frontend/device_allocator.h — the state of one device (layer L4).
+//
+// Owns: the device's backend, small and large pools, per-stream free lists, the live-allocation
+// map, blocks awaiting stream events, the cap, stats and the last OOM report. It routes each
+// request (small pool up to small_pool_limit, else the large pool with its tiers), runs the slow
+// path (process stream events, garbage collection, grow, release-and-retry once, OOM report), and
+// is the pools' MemorySource (cap check, backend call, reserved stats, address registry).
+// Thread-safety: every public method takes `mu_`; a cache hit takes it exactly once, allocates no
+// heap memory (the live map and free lists reuse their storage) and calls no backend function.
+//
+// Invariants (CheckInvariants):
+//   - live blocks (allocated or awaiting events) never overlap, and each lies in exactly one
+//     registered segment or slab; the registry holds exactly the backend allocations made;
+//   - every stat equals the sum over blocks: requested/allocated/allocation over live entries,
+//     active over live + pending, reserved/segment over the registry, cached = reserved - active,
+//     inactive_split over the free pieces of partly used segments and slabs;
+//   - the pools' own invariants (segment tiling, coalescing, free lists, slab slot stacks).
+//
+// Example: see bucketalloc/allocator.h, which owns one DeviceAllocator per device.
+#ifndef BUCKETALLOC_FRONTEND_DEVICE_ALLOCATOR_H_
+#define BUCKETALLOC_FRONTEND_DEVICE_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/status/statusor.h"
+#include "bucketalloc/backend.h"
+#include "bucketalloc/options.h"
+#include "bucketalloc/stats.h"
+#include "internal/mutex.h"
+#include "pool/large_pool.h"
+#include "pool/memory_source.h"
+#include "pool/small_pool.h"
+
+namespace bucketalloc::internal {
+
+class DeviceAllocator final : public MemorySource {
+ public:
+  // Creates the state of `device` over `backend`; reads the device's memory to set the cap.
+  static absl::StatusOr<std::unique_ptr<DeviceAllocator>> Create(const Options& options,
+                                                                  std::unique_ptr<Backend> backend,
+                                                                  int device);
+  ~DeviceAllocator() override;
+
+  absl::StatusOr<void*> Allocate(std::size_t size, Stream stream);
+  absl::Status Free(void* ptr, std::optional<std::size_t> size);
+  // True when `ptr` is a live allocation of this device (for cross-device error messages).
+  bool OwnsLive(void* ptr) const;
+  absl::Status RecordStream(void* ptr, Stream stream);
+  absl::Status EmptyCache();
+  absl::Status SetMemoryFraction(double fraction);
+
+  DeviceStats GetStats() const;
+  void ResetPeakStats();
+  FragmentationReport GetFragmentation() const;
+  std::optional<OomReport> LastOom() const;
+  absl::Status CheckInvariants() const;
+  Backend* backend() const { return backend_.get(); }
+
+  // MemorySource (called by the pools under mu_).
+  absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) override;
+  void ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override;
+
+ private:
+  // One live or pending allocation.
+  struct LiveEntry {
+    void* owner = nullptr;  // Block* (large) or Slab* (small)
+    std::size_t requested = 0;
+    std::uint32_t slot = 0;  // small only
+    bool small = false;
+    std::size_t allocated_size() const;
+    Stream stream() const;
+  };
+  struct PendingFree {
+    std::uintptr_t ptr = 0;
+    LiveEntry entry;
+    absl::InlinedVector<Event, 2> events;
+  };
+  struct StreamPools {
+    explicit StreamPools(std::size_t tiers) : large(tiers) {}
+    SmallPool::StreamState small;
+    LargePool::StreamState large;
+  };
+  struct SegmentInfo {
+    std::size_t bytes = 0;
+    PoolIndex pool = kLargePool;
+  };
+
+  DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device);
+
+  StreamPools& PoolsFor(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitLive(std::uintptr_t ptr, const LiveEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReturnEntry(const LiveEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Slow paths.
+  absl::Status AllocateSmallSlow(StreamPools& sp, Stream stream, std::size_t size, int cls,
+                                 SmallPool::Slot* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Block*> AllocateLargeSlow(StreamPools& sp, Stream stream, std::size_t size, int tier)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status GrowLarge(StreamPools& sp, Stream stream, std::size_t rounded, int tier, bool* released)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ProcessEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Synchronizes pending events and releases every wholly free segment and empty slab.
+  void SyncAndReleaseAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CollectGarbage(std::size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OutOfMemory(std::size_t size, std::size_t rounded, std::size_t minimal_segment,
+                           const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InvalidFree(void* ptr, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  FragmentationReport FragmentationLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckInvariantsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCheckInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  const int device_;
+  const std::unique_ptr<Backend> backend_;
+  std::size_t device_total_ = 0;
+
+  mutable Mutex mu_;
+  std::size_t cap_ ABSL_GUARDED_BY(mu_) = 0;
+  DeviceStats stats_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+  SmallPool small_ ABSL_GUARDED_BY(mu_);
+  LargePool large_ ABSL_GUARDED_BY(mu_);
+  const std::size_t small_limit_;
+  absl::flat_hash_map<Stream, std::unique_ptr<StreamPools>> streams_ ABSL_GUARDED_BY(mu_);
+  Stream last_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  StreamPools* last_pools_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::flat_hash_map<std::uintptr_t, LiveEntry> live_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::uintptr_t, absl::InlinedVector<Stream, 2>> stream_uses_ ABSL_GUARDED_BY(mu_);
+  std::vector<PendingFree> pending_ ABSL_GUARDED_BY(mu_);
+  absl::btree_map<std::uintptr_t, SegmentInfo> registry_ ABSL_GUARDED_BY(mu_);
+  std::optional<OomReport> last_oom_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace bucketalloc::internal
+
+#endif  // BUCKETALLOC_FRONTEND_DEVICE_ALLOCATOR_H_

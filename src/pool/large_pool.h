@@ -1,0 +1,141 @@
+// src/pool/large_pool.h — the large pool: requests above small_pool_limit (layer L3).
+//
+// Owns: the segments of one device and their blocks, per stream:
+//   - tiers: a request within a configured tier rounds up to it and is served from that tier's own
+//     free list (a tier block is a whole segment, never split or merged), so a freed block is
+//     reused in O(1) by the next request of its tier;
+//   - other sizes: PyTorch's rounding, then a fit from free lists binned 4 per power of two;
+//     a block of at most max_split_size is split when the remainder exceeds 1 MiB; larger blocks
+//     serve only requests within max_non_split_rounding of their size; free neighbours coalesce;
+//   - the release order of wholly free segments (oldest first) for GC and release-and-retry.
+// Stats it keeps: active, cached, inactive_split, the split/merge counters and oversize counts.
+// Thread-safety: none; the device lock guards it.
+//
+// Example:
+//   Block* b = pool.TryAllocate(ss, rounded, tier);
+//   if (b == nullptr) { status = pool.Grow(ss, stream, segment_bytes, tier); b = pool.TryAllocate(...); }
+//   pool.Return(b);
+#ifndef BUCKETALLOC_POOL_LARGE_POOL_H_
+#define BUCKETALLOC_POOL_LARGE_POOL_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "bucketalloc/options.h"
+#include "bucketalloc/stats.h"
+#include "internal/intrusive_list.h"
+#include "internal/object_pool.h"
+#include "memory/segment.h"
+#include "memory/size_classes.h"
+#include "pool/memory_source.h"
+
+namespace bucketalloc::internal {
+
+struct LargePoolConfig {
+  std::size_t max_split_size = kUnlimited;
+  std::size_t max_non_split_rounding = 20 * kMiB;
+  std::size_t large_segment_size = 20 * kMiB;
+  std::vector<std::uint32_t> roundup_power2_divisions;
+  std::vector<std::size_t> tiers;  // ascending, multiples of the backend granularity
+  double tier_min_fill = 0.5;
+  std::size_t small_pool_limit = kMiB;
+};
+
+class LargePool {
+ public:
+  using FreeList = IntrusiveList<Block, &Block::free_node>;
+  static constexpr int kBitmapWords = (kNumBins + 63) / 64;
+  struct StreamState {
+    explicit StreamState(std::size_t num_tiers) : tier_free(new FreeList[num_tiers]) {}
+    std::array<FreeList, kNumBins> bins;
+    std::array<std::uint64_t, kBitmapWords> nonempty{};  // bit b set iff bins[b] is non-empty
+    std::unique_ptr<FreeList[]> tier_free;
+  };
+
+  LargePool(const PoolContext& ctx, LargePoolConfig config);
+  ~LargePool();
+  LargePool(const LargePool&) = delete;
+  LargePool& operator=(const LargePool&) = delete;
+
+  const LargePoolConfig& config() const { return config_; }
+  std::size_t num_tiers() const { return config_.tiers.size(); }
+  std::size_t tier_bytes(int tier) const { return config_.tiers[tier]; }
+
+  // Returns the tier `size` rounds up to, or -1 when it is outside the tier range.
+  int TierOf(std::size_t size) const {
+    for (std::size_t t = 0; t < config_.tiers.size(); ++t) {
+      if (size <= config_.tiers[t]) {
+        return static_cast<double>(size) >= config_.tier_min_fill * static_cast<double>(config_.tiers[t])
+                   ? static_cast<int>(t)
+                   : -1;
+      }
+    }
+    return -1;
+  }
+  // PyTorch's rounding of a non-tier large request.
+  std::size_t RoundSize(std::size_t size) const {
+    return RoundLargeSize(size, config_.roundup_power2_divisions);
+  }
+  // The segment size to allocate for a non-tier block of `rounded` bytes.
+  std::size_t SegmentSizeFor(std::size_t rounded) const {
+    return LargeSegmentSize(rounded, config_.large_segment_size);
+  }
+
+  // Fast path: a cached block for `rounded` bytes (tier >= 0: a block of that tier), or nullptr.
+  // The block returned is kAllocated and counted active.
+  Block* TryAllocate(StreamState& ss, std::size_t rounded, int tier);
+  // Slow path: adds a segment of `bytes` (a tier segment when tier >= 0) to this stream's free
+  // lists. ResourceExhausted from the source.
+  absl::Status Grow(StreamState& ss, Stream stream, std::size_t bytes, int tier);
+  // Returns an active block to the free lists (coalescing); it is no longer active.
+  void Return(Block* block);
+
+  // Release order of wholly free segments.
+  std::uint64_t OldestFree() const;
+  std::size_t ReleaseOldest();
+  // Releases wholly free segments, oldest first, until `target` bytes are released.
+  std::size_t ReleaseFree(std::size_t target);
+
+  std::size_t largest_free_block() const;
+  void Fragmentation(PoolFragmentation* out, std::vector<TierUsage>* tiers) const;
+  absl::Status CheckInvariants(std::int64_t active_blocks) const;
+  template <typename F>
+  void ForEachSegment(F&& f) const {
+    for (const Segment* s : segments_) f(*s);
+  }
+
+ private:
+  bool Admissible(std::size_t block_size, std::size_t rounded) const {
+    return block_size <= config_.max_split_size ||
+           block_size - rounded < config_.max_non_split_rounding;
+  }
+  bool ShouldSplit(const Block* block, std::size_t rounded) const {
+    return block->size <= config_.max_split_size && block->size - rounded > kMaxSmallSize;
+  }
+  Block* FindFree(StreamState& ss, std::size_t rounded);
+  void InsertFree(Block* block);
+  void RemoveFree(Block* block);
+  void Activate(Block* block);
+  void UpdateInactiveSplit(const Segment* seg, std::int64_t sign);
+  void ReleaseSegment(Segment* seg);
+
+  PoolContext ctx_;
+  LargePoolConfig config_;
+  BlockPool blocks_;
+  ObjectPool<Segment, 64> segment_meta_;
+  IntrusiveList<Segment, &Segment::release_node> release_order_;  // wholly free, oldest first
+  absl::flat_hash_set<Segment*> segments_;  // all segments; changes only on slow paths
+};
+
+// Checks that every list of `ss` holds only free blocks of its bin or tier and that the bitmap
+// matches the bins.
+absl::Status CheckStreamFreeLists(const LargePool::StreamState& ss, std::size_t num_tiers);
+
+}  // namespace bucketalloc::internal
+
+#endif  // BUCKETALLOC_POOL_LARGE_POOL_H_

@@ -1,0 +1,179 @@
+#include "pool/small_pool.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "internal/check.h"
+
+namespace bucketalloc::internal {
+
+SmallPool::~SmallPool() {
+  for (Slab* slab : all_) delete slab;
+}
+
+// inactive_split counts the free slots of slabs that also hold active slots.
+void SmallPool::AddInactive(const Slab* slab, std::int64_t sign) {
+  if (slab->live == 0) return;
+  const std::int64_t free_slots = slab->free_slots();
+  StatAdd(ctx_.stats->inactive_split_bytes, kSmallPool, sign * free_slots * slab->slot_size);
+  StatAdd(ctx_.stats->inactive_split, kSmallPool, sign * free_slots);
+}
+
+void SmallPool::TakeSlot(StreamState& ss, Slab* slab, Slot* out) {
+  AddInactive(slab, -1);
+  out->slab = slab;
+  out->slot = slab->PopSlot();
+  if (slab->full()) SlabList::Unlink(slab);
+  AddInactive(slab, +1);
+  const std::int64_t size = slab->slot_size;
+  DeviceStats& st = *ctx_.stats;
+  StatAdd(st.active_bytes, kSmallPool, size);
+  StatAdd(st.active, kSmallPool, 1);
+  StatAdd(st.cached_bytes, kSmallPool, -size);
+}
+
+absl::Status SmallPool::AllocateSlow(StreamState& ss, Stream stream, int cls, Slot* out,
+                                     bool* from_cache) {
+  Slab* slab = ss.empty.front();
+  *from_cache = slab != nullptr;
+  if (slab != nullptr) {
+    SlabList::Unlink(slab);
+    decltype(release_order_)::Unlink(slab);
+  } else {
+    absl::StatusOr<std::uintptr_t> base = ctx_.source->AllocateSegment(kSlabBytes, kSmallPool);
+    if (!base.ok()) return base.status();
+    slab = new Slab;
+    slab->base = *base;
+    slab->stream = stream;
+    slab->owner = &ss;
+    all_.insert(slab);
+    StatAdd(ctx_.stats->cached_bytes, kSmallPool, kSlabBytes);
+  }
+  if (slab->cls != cls) {
+    // The bytes of the slab tail that the new class cannot use stay cached but unusable.
+    slab->Assign(cls);
+  }
+  ss.partial[cls].PushFront(slab);
+  TakeSlot(ss, slab, out);
+  return absl::OkStatus();
+}
+
+void SmallPool::Return(Slab* slab, std::uint32_t slot) {
+  AddInactive(slab, -1);
+  const bool was_full = slab->full();
+  slab->PushSlot(slot);
+  const std::int64_t size = slab->slot_size;
+  DeviceStats& st = *ctx_.stats;
+  StatAdd(st.active_bytes, kSmallPool, -size);
+  StatAdd(st.active, kSmallPool, -1);
+  StatAdd(st.cached_bytes, kSmallPool, size);
+  if (slab->live == 0) {
+    if (!was_full) SlabList::Unlink(slab);
+    slab->free_since = *ctx_.clock;
+    static_cast<StreamState*>(slab->owner)->empty.PushBack(slab);
+    release_order_.PushBack(slab);
+  } else {
+    AddInactive(slab, +1);
+    if (was_full) static_cast<StreamState*>(slab->owner)->partial[slab->cls].PushBack(slab);
+  }
+}
+
+std::uint64_t SmallPool::OldestEmpty() const {
+  const Slab* s = release_order_.front();
+  return s == nullptr ? std::numeric_limits<std::uint64_t>::max() : s->free_since;
+}
+
+void SmallPool::ReleaseSlab(Slab* slab) {
+  BA_DCHECK(slab->live == 0, "releasing a slab with live slots");
+  SlabList::Unlink(slab);
+  decltype(release_order_)::Unlink(slab);
+  StatAdd(ctx_.stats->cached_bytes, kSmallPool, -static_cast<std::int64_t>(kSlabBytes));
+  ctx_.source->ReleaseSegment(slab->base, kSlabBytes, kSmallPool);
+  all_.erase(slab);
+  delete slab;
+}
+
+std::size_t SmallPool::ReleaseOldest() {
+  Slab* slab = release_order_.front();
+  if (slab == nullptr) return 0;
+  ReleaseSlab(slab);
+  return kSlabBytes;
+}
+
+std::size_t SmallPool::ReleaseEmpty(std::size_t target) {
+  std::size_t released = 0;
+  while (released < target) {
+    const std::size_t n = ReleaseOldest();
+    if (n == 0) break;
+    released += n;
+  }
+  return released;
+}
+
+void SmallPool::Fragmentation(PoolFragmentation* out) const {
+  auto add_free = [out](std::int64_t size, std::int64_t count) {
+    if (count == 0) return;
+    const int bin = std::min(Log2Floor(static_cast<std::size_t>(size)), kHistogramBins - 1);
+    out->free_count[bin] += count;
+    out->free_bytes[bin] += size * count;
+    out->total_free += size * count;
+    out->largest_free = std::max(out->largest_free, size);
+  };
+  for (const Slab* slab : all_) {
+    if (slab->live == 0) {
+      add_free(kSlabBytes, 1);  // an empty slab serves any class
+    } else {
+      add_free(slab->slot_size, slab->free_slots());
+    }
+  }
+}
+
+absl::Status SmallPool::CheckInvariants(std::int64_t live_slots) const {
+  std::int64_t live = 0;
+  std::int64_t empty_in_order = 0;
+  for (const Slab* s = release_order_.front(); s != nullptr; s = release_order_.next(s)) {
+    ++empty_in_order;
+    if (s->live != 0) return absl::InternalError("small pool: a slab with live slots is in the release order");
+  }
+  std::int64_t empty = 0;
+  for (const Slab* slab : all_) {
+    if (slab->live > slab->capacity || slab->free_top != slab->capacity - slab->live) {
+      return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base),
+                                              " has inconsistent slot counts"));
+    }
+    std::vector<bool> seen(slab->capacity, false);
+    for (std::uint32_t i = 0; i < slab->free_top; ++i) {
+      const std::uint32_t slot = slab->free_stack[i];
+      if (slot >= slab->capacity || seen[slot]) {
+        return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base),
+                                                " free stack has a bad or repeated slot ", slot));
+      }
+      seen[slot] = true;
+    }
+    const bool listed = slab->list_node.linked();
+    if (slab->live == 0) {
+      ++empty;
+      if (!listed || !slab->release_node.linked()) {
+        return absl::InternalError("small pool: an empty slab is not in the empty list and release order");
+      }
+    } else {
+      if (slab->release_node.linked()) {
+        return absl::InternalError("small pool: a used slab is in the release order");
+      }
+      if (listed == slab->full()) {
+        return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base),
+                                                " is ", listed ? "full but listed" : "partial but unlisted"));
+      }
+    }
+    live += slab->live;
+  }
+  if (empty != empty_in_order) return absl::InternalError("small pool: release order misses empty slabs");
+  if (live != live_slots) {
+    return absl::InternalError(absl::StrCat("small pool: slabs hold ", live, " active slots but ",
+                                            live_slots, " small blocks are active"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bucketalloc::internal

@@ -1,0 +1,168 @@
+#include "pool/large_pool.h"
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace bucketalloc::internal {
+namespace {
+
+class LargePoolTest : public ::testing::Test {
+ protected:
+  void Init(LargePoolConfig config, std::size_t limit = 1024 * kMiB) {
+    config.roundup_power2_divisions.assign(16, 0);
+    source_ = std::make_unique<bucketalloc::testing::FakeSource>(&stats_, limit);
+    pool_ = std::make_unique<LargePool>(PoolContext{&stats_, source_.get(), &clock_}, config);
+    ss_ = std::make_unique<LargePool::StreamState>(pool_->num_tiers());
+  }
+  // Allocates like the front end: cached block, else grow once and take.
+  Block* Allocate(std::size_t size) {
+    const int tier = pool_->TierOf(size);
+    const std::size_t rounded = tier >= 0 ? pool_->tier_bytes(tier) : pool_->RoundSize(size);
+    Block* b = pool_->TryAllocate(*ss_, rounded, tier);
+    if (b != nullptr) return b;
+    const std::size_t seg = tier >= 0 ? rounded : pool_->SegmentSizeFor(rounded);
+    if (!pool_->Grow(*ss_, nullptr, RoundUp(seg, 2 * kMiB), tier).ok()) return nullptr;
+    return pool_->TryAllocate(*ss_, rounded, tier);
+  }
+  void Check(std::int64_t active) {
+    ASSERT_TRUE(pool_->CheckInvariants(active).ok()) << pool_->CheckInvariants(active);
+    ASSERT_TRUE(CheckStreamFreeLists(*ss_, pool_->num_tiers()).ok());
+  }
+
+  DeviceStats stats_;
+  std::uint64_t clock_ = 0;
+  std::unique_ptr<bucketalloc::testing::FakeSource> source_;
+  std::unique_ptr<LargePool> pool_;
+  std::unique_ptr<LargePool::StreamState> ss_;
+};
+
+TEST_F(LargePoolTest, SmallLargeRequestsShareA20MiBSegmentBySplitting) {
+  Init({});
+  Block* a = Allocate(3 * kMiB);
+  Block* b = Allocate(5 * kMiB);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(source_->allocs, 1);
+  EXPECT_EQ(a->segment, b->segment);
+  EXPECT_EQ(a->segment->size, 20 * kMiB);
+  EXPECT_EQ(b->ptr, a->ptr + 3 * kMiB);
+  EXPECT_EQ(stats_.num_splits, 2);
+  EXPECT_EQ(stats_.inactive_split_bytes[kLargePool].current, static_cast<std::int64_t>(12 * kMiB));
+  Check(2);
+  pool_->Return(a);
+  pool_->Return(b);  // coalesces with both neighbours
+  EXPECT_EQ(stats_.num_merges, 2);
+  EXPECT_EQ(stats_.inactive_split_bytes[kLargePool].current, 0);
+  Check(0);
+  EXPECT_EQ(pool_->largest_free_block(), 20 * kMiB);
+  EXPECT_EQ(pool_->ReleaseFree(~std::size_t{0}), 20 * kMiB);
+  EXPECT_EQ(source_->used(), 0u);
+}
+
+TEST_F(LargePoolTest, RemainderOfAtMost1MiBIsNotSplitOff) {
+  Init({});
+  Block* a = Allocate(19 * kMiB + 512);  // remainder < 1 MiB: the whole 20 MiB block is handed out
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->size, 20 * kMiB);
+  EXPECT_EQ(stats_.num_splits, 0);
+  pool_->Return(a);
+  Check(0);
+}
+
+TEST_F(LargePoolTest, OversizeBlocksAreNotSplitAndServeOnlyCloseSizes) {
+  Init({.max_split_size = 32 * kMiB, .max_non_split_rounding = 4 * kMiB});
+  Block* big = Allocate(100 * kMiB);
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(big->size, 100 * kMiB);
+  EXPECT_EQ(stats_.oversize_segments, 1);
+  EXPECT_EQ(stats_.oversize_allocations, 1);
+  pool_->Return(big);
+  EXPECT_EQ(stats_.oversize_allocations, 0);
+  // 50 MiB may not take (or split) the cached 100 MiB block: a new segment is made.
+  Block* mid = Allocate(50 * kMiB);
+  ASSERT_NE(mid, nullptr);
+  EXPECT_NE(mid->segment->size, 100 * kMiB);
+  // 97 MiB is within 4 MiB of it: served whole, no split.
+  Block* close = Allocate(97 * kMiB);
+  ASSERT_NE(close, nullptr);
+  EXPECT_EQ(close->size, 100 * kMiB);
+  EXPECT_EQ(stats_.num_splits, 0);
+  Check(2);
+  pool_->Return(mid);
+  pool_->Return(close);
+  Check(0);
+}
+
+TEST_F(LargePoolTest, TiersAreReusedExactlyAndNeverSplit) {
+  Init({.tiers = {64 * kMiB, 128 * kMiB, 256 * kMiB}});
+  EXPECT_EQ(pool_->TierOf(40 * kMiB), 0);
+  EXPECT_EQ(pool_->TierOf(31 * kMiB), -1);  // below half of the smallest tier: exact rounding
+  EXPECT_EQ(pool_->TierOf(65 * kMiB), 1);
+  EXPECT_EQ(pool_->TierOf(256 * kMiB), 2);
+  EXPECT_EQ(pool_->TierOf(257 * kMiB), -1);  // above the largest tier
+  Block* a = Allocate(70 * kMiB);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->size, 128 * kMiB);
+  const std::uintptr_t addr = a->ptr;
+  pool_->Return(a);
+  Block* b = Allocate(100 * kMiB);  // same tier: the same block, no new segment
+  EXPECT_EQ(b->ptr, addr);
+  EXPECT_EQ(source_->allocs, 1);
+  Block* c = Allocate(40 * kMiB);  // another tier: its own segment
+  EXPECT_EQ(c->size, 64 * kMiB);
+  EXPECT_EQ(stats_.num_splits, 0);
+  Check(2);
+  std::vector<TierUsage> tiers;
+  PoolFragmentation frag;
+  pool_->Fragmentation(&frag, &tiers);
+  ASSERT_EQ(tiers.size(), 3u);
+  EXPECT_EQ(tiers[0].in_use, 1);
+  EXPECT_EQ(tiers[1].in_use, 1);
+  pool_->Return(b);
+  pool_->Return(c);
+  tiers.clear();
+  pool_->Fragmentation(&frag, &tiers);
+  EXPECT_EQ(tiers[1].cached, 1);
+  Check(0);
+}
+
+TEST_F(LargePoolTest, BestFitPrefersTheSmallestFittingBlock) {
+  Init({});
+  // Three separate segments, freed: 30, 24 and 40 MiB.
+  Block* x = Allocate(30 * kMiB);
+  Block* y = Allocate(24 * kMiB);
+  Block* z = Allocate(40 * kMiB);
+  for (Block* b : {x, y, z}) pool_->Return(b);
+  Block* got = Allocate(23 * kMiB + 1);
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->segment->size, 24 * kMiB);
+  Check(1);
+  pool_->Return(got);
+}
+
+TEST_F(LargePoolTest, ReleaseOrderIsOldestFirst) {
+  Init({});
+  Block* a = Allocate(30 * kMiB);
+  Block* b = Allocate(40 * kMiB);
+  clock_ = 5;
+  pool_->Return(b);
+  clock_ = 9;
+  pool_->Return(a);
+  EXPECT_EQ(pool_->OldestFree(), 5u);
+  EXPECT_EQ(pool_->ReleaseOldest(), 40 * kMiB);
+  EXPECT_EQ(pool_->OldestFree(), 9u);
+  Check(0);
+}
+
+TEST_F(LargePoolTest, GrowFailsCleanlyAtTheLimit) {
+  Init({}, 40 * kMiB);
+  Block* a = Allocate(30 * kMiB);
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(absl::IsResourceExhausted(pool_->Grow(*ss_, nullptr, 20 * kMiB, -1)));
+  Check(1);
+  pool_->Return(a);
+}
+
+}  // namespace
+}  // namespace bucketalloc::internal

@@ -1,0 +1,87 @@
+// tests/test_util.h — shared test helpers: the configurations the allocator suites run over, and
+// a fake MemorySource for pool tests.
+#ifndef BUCKETALLOC_TESTS_TEST_UTIL_H_
+#define BUCKETALLOC_TESTS_TEST_UTIL_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "bucketalloc/allocator.h"
+#include "bucketalloc/options.h"
+#include "pool/memory_source.h"
+
+namespace bucketalloc::testing {
+
+// One named configuration of the allocator (BUCKETALLOC_CONF syntax, on top of backend:sim).
+struct Config {
+  std::string name;
+  std::string conf;
+};
+
+inline void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
+
+// The configurations every allocator suite runs over.
+inline std::vector<Config> AllConfigs() {
+  return {
+      {"default_tiers", "tiers_tokens:[16,32,64,128],bytes_per_token:128KiB"},
+      {"no_tiers", ""},
+      {"tiny_capacity", "capacity:64MiB,sim_total_memory:128MiB"},
+      {"small_max_split", "max_split_size_mb:24,max_non_split_rounding_mb:4,roundup_power2_divisions:4"},
+  };
+}
+
+// Creates a sim allocator with `conf`, checking invariants after every slow-path event.
+inline std::unique_ptr<Allocator> MakeAllocator(const std::string& conf, bool backed = true) {
+  std::string full = absl::StrCat("backend:sim,debug_check_invariants:true,sim_memory:",
+                                  backed ? "backed" : "unbacked");
+  if (!conf.empty()) absl::StrAppend(&full, ",", conf);
+  absl::StatusOr<Options> o = ParseOptions(full);
+  if (!o.ok()) return nullptr;
+  absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::Create(*o);
+  return a.ok() ? std::move(*a) : nullptr;
+}
+
+// Streams as the sim backend sees them: any distinct pointer values.
+inline Stream TestStream(int i) { return reinterpret_cast<Stream>(static_cast<std::uintptr_t>(0x1000 + i)); }
+
+// A memory source that hands out fake, never-touched addresses, with an optional byte limit.
+class FakeSource : public internal::MemorySource {
+ public:
+  explicit FakeSource(DeviceStats* stats, std::size_t limit = ~std::size_t{0}) : stats_(stats), limit_(limit) {}
+  absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) override {
+    if (used_ + bytes > limit_) return absl::ResourceExhaustedError("fake source: limit");
+    const std::uintptr_t base = next_;
+    next_ += bytes + (2 << 20);  // a gap, so that segments are never adjacent
+    used_ += bytes;
+    live_[base] = bytes;
+    internal::StatAdd(stats_->reserved_bytes, pool, static_cast<std::int64_t>(bytes));
+    ++allocs;
+    return base;
+  }
+  void ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override {
+    live_.erase(base);
+    used_ -= bytes;
+    internal::StatAdd(stats_->reserved_bytes, pool, -static_cast<std::int64_t>(bytes));
+    ++frees;
+  }
+  std::size_t used() const { return used_; }
+  int allocs = 0;
+  int frees = 0;
+
+ private:
+  DeviceStats* stats_;
+  std::size_t limit_;
+  std::size_t used_ = 0;
+  std::uintptr_t next_ = std::uintptr_t{1} << 40;
+  std::map<std::uintptr_t, std::size_t> live_;
+};
+
+}  // namespace bucketalloc::testing
+
+#endif  // BUCKETALLOC_TESTS_TEST_UTIL_H_
