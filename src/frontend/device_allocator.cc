@@ -117,8 +117,11 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
     SmallPool::Slot slot;
     if (small_.TryAllocate(sp.small, cls, &slot)) {
       ++stats_.num_cache_hits;
-    } else if (absl::Status s = AllocateSmallSlow(sp, stream, size, cls, &slot); !s.ok()) {
-      return s;
+    } else {
+      if (absl::Status s = AllocateSmallSlow(sp, stream, size, cls, &slot); !s.ok()) return s;
+      CommitLive(slot.address(), LiveEntry{slot.slab, size, slot.slot, true});
+      MaybeCheckInvariants();
+      return reinterpret_cast<void*>(slot.address());
     }
     const std::uintptr_t ptr = slot.address();
     CommitLive(ptr, LiveEntry{slot.slab, size, slot.slot, true});
@@ -129,13 +132,16 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
   Block* block = large_.TryAllocate(sp.large, rounded, tier);
   if (block != nullptr) {
     ++stats_.num_cache_hits;
-  } else {
-    absl::StatusOr<Block*> b = AllocateLargeSlow(sp, stream, size, tier);
-    if (!b.ok()) return b.status();
-    block = *b;
+    block->requested = size;
+    CommitLive(block->ptr, LiveEntry{block, size, 0, false});
+    return reinterpret_cast<void*>(block->ptr);
   }
+  absl::StatusOr<Block*> slow = AllocateLargeSlow(sp, stream, size, tier);
+  if (!slow.ok()) return slow.status();
+  block = *slow;
   block->requested = size;
   CommitLive(block->ptr, LiveEntry{block, size, 0, false});
+  MaybeCheckInvariants();
   return reinterpret_cast<void*>(block->ptr);
 }
 
@@ -158,7 +164,6 @@ absl::Status DeviceAllocator::AllocateSmallSlow(StreamPools& sp, Stream stream, 
     return OutOfMemory(size, SmallSizeClasses::ClassSize(cls), kSlabBytes, s);
   }
   ++(from_cache ? stats_.num_cache_hits : stats_.num_cache_misses);
-  MaybeCheckInvariants();
   return absl::OkStatus();
 }
 
@@ -196,7 +201,6 @@ absl::StatusOr<Block*> DeviceAllocator::AllocateLargeSlow(StreamPools& sp, Strea
       ++stats_.num_cache_misses;
       block = large_.TryAllocate(sp.large, tier_bytes, tier);
       BA_CHECK(block != nullptr, "a new tier segment did not serve its tier");
-      MaybeCheckInvariants();
       return block;
     }
     if (!absl::IsResourceExhausted(grow_status)) return grow_status;
@@ -217,7 +221,6 @@ absl::StatusOr<Block*> DeviceAllocator::AllocateLargeSlow(StreamPools& sp, Strea
   ++stats_.num_cache_misses;
   block = large_.TryAllocate(sp.large, rounded, -1);
   BA_CHECK(block != nullptr, "a new segment did not serve the request it was made for");
-  MaybeCheckInvariants();
   return block;
 }
 
@@ -328,6 +331,8 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
     return absl::OkStatus();
   }
   ReturnEntry(entry);
+  // Blocks awaiting stream events are polled here and on every slow path, never on a cache hit.
+  ProcessEvents();
   return absl::OkStatus();
 }
 

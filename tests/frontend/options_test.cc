@@ -1,2 +1,133 @@
+#include "bucketalloc/options.h"
+
 #include <gtest/gtest.h>
-TEST(Placeholder, Builds) { SUCCEED(); }
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+
+namespace bucketalloc {
+namespace {
+
+TEST(OptionsTest, DefaultsMatchPyTorch) {
+  const Options o;
+  EXPECT_EQ(o.backend, BackendKind::kCuda);
+  EXPECT_EQ(o.small_pool_limit, kMiB);
+  EXPECT_EQ(o.max_split_size, kUnlimited);
+  EXPECT_EQ(o.max_non_split_rounding, 20 * kMiB);
+  EXPECT_EQ(o.large_segment_size, 20 * kMiB);
+  EXPECT_TRUE(o.tiers.empty());
+  EXPECT_TRUE(ValidateOptions(o).ok());
+}
+
+TEST(OptionsTest, ParsesEveryKind) {
+  absl::StatusOr<Options> o = ParseOptions(
+      " backend:sim, capacity:8GiB ,memory_fraction:0.9,garbage_collection_threshold:0.8,"
+      "small_pool_limit:512KiB,max_split_size_mb:256,max_non_split_rounding_mb:64,large_segment_size_mb:32,"
+      "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],tiers_tokens:[512,1024,2048,4096],"
+      "bytes_per_token:131072,tier_min_fill:0.25,sim_total_memory:80GiB,sim_memory:unbacked,sim_devices:2,"
+      "sim_fail_nth_alloc:3,sim_fail_fraction:0.1,sim_seed:9,debug_check_invariants:true");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->backend, BackendKind::kSim);
+  EXPECT_EQ(o->capacity, 8 * kGiB);
+  EXPECT_DOUBLE_EQ(o->memory_fraction, 0.9);
+  EXPECT_DOUBLE_EQ(o->garbage_collection_threshold, 0.8);
+  EXPECT_EQ(o->small_pool_limit, 512 * kKiB);
+  EXPECT_EQ(o->max_split_size, 256 * kMiB);
+  EXPECT_EQ(o->max_non_split_rounding, 64 * kMiB);
+  EXPECT_EQ(o->large_segment_size, 32 * kMiB);
+  // Intervals: 1 MiB..256 MiB -> 1, 512 MiB -> 2, 1 GiB -> 4, above -> 8.
+  EXPECT_EQ(o->roundup_power2_divisions[0], 1u);
+  EXPECT_EQ(o->roundup_power2_divisions[8], 1u);
+  EXPECT_EQ(o->roundup_power2_divisions[9], 2u);
+  EXPECT_EQ(o->roundup_power2_divisions[10], 4u);
+  EXPECT_EQ(o->roundup_power2_divisions[15], 8u);
+  EXPECT_EQ(o->ResolvedTiers(2 * kMiB),
+            (std::vector<std::size_t>{64 * kMiB, 128 * kMiB, 256 * kMiB, 512 * kMiB}));
+  EXPECT_DOUBLE_EQ(o->tier_min_fill, 0.25);
+  EXPECT_TRUE(o->sim_unbacked);
+  EXPECT_EQ(o->sim_devices, 2);
+  EXPECT_EQ(o->sim_fail_nth_alloc, 3);
+  EXPECT_EQ(o->sim_seed, 9u);
+  EXPECT_TRUE(o->debug_check_invariants);
+  // The dump parses back to the same options.
+  absl::StatusOr<Options> again = ParseOptions(FormatOptions(*o));
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << FormatOptions(*o);
+  EXPECT_EQ(FormatOptions(*again), FormatOptions(*o));
+}
+
+TEST(OptionsTest, SizesAndTiersInBytes) {
+  EXPECT_EQ(*ParseSize("123"), 123u);
+  EXPECT_EQ(*ParseSize("64KiB"), 64 * kKiB);
+  EXPECT_EQ(*ParseSize("20mb"), 20 * kMiB);
+  EXPECT_EQ(*ParseSize("1.5GiB"), kGiB + kGiB / 2);
+  EXPECT_FALSE(ParseSize("12 parsecs").ok());
+  EXPECT_FALSE(ParseSize("-3").ok());
+  absl::StatusOr<Options> o = ParseOptions("tiers:[100MiB,64MiB,65MiB]");
+  ASSERT_TRUE(o.ok()) << o.status();
+  // Rounded up to the 2 MiB granularity, sorted, duplicates removed.
+  EXPECT_EQ(o->ResolvedTiers(2 * kMiB), (std::vector<std::size_t>{64 * kMiB, 66 * kMiB, 100 * kMiB}));
+  EXPECT_EQ(ParseOptions("roundup_power2_divisions:4")->roundup_power2_divisions[3], 4u);
+}
+
+// Every error names the key, the value and what is accepted.
+void ExpectError(absl::string_view conf, absl::string_view key, absl::string_view value) {
+  absl::StatusOr<Options> o = ParseOptions(conf);
+  ASSERT_FALSE(o.ok()) << conf;
+  EXPECT_TRUE(absl::IsInvalidArgument(o.status()));
+  const std::string msg(o.status().message());
+  EXPECT_TRUE(absl::StrContains(msg, key)) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, value)) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "accepted")) << msg;
+}
+
+TEST(OptionsTest, BadInputIsAClearError) {
+  ExpectError("expandable_segments:True", "expandable_segments", "True");
+  ExpectError("backend:rocm", "backend", "rocm");
+  ExpectError("capacity:lots", "capacity", "lots");
+  ExpectError("memory_fraction:1.5", "memory_fraction", "1.5");
+  ExpectError("memory_fraction:0", "memory_fraction", "0");
+  ExpectError("garbage_collection_threshold:1", "garbage_collection_threshold", "1");
+  ExpectError("max_split_size_mb:10", "max_split_size_mb", "10");
+  ExpectError("max_split_size_mb:abc", "max_split_size_mb", "abc");
+  ExpectError("small_pool_limit:4MiB", "small_pool_limit", "4MiB");
+  ExpectError("large_segment_size_mb:3", "large_segment_size_mb", "3");
+  ExpectError("roundup_power2_divisions:3", "roundup_power2_divisions", "3");
+  ExpectError("roundup_power2_divisions:[512:2,256:1]", "roundup_power2_divisions", "[512:2,256:1]");
+  ExpectError("tiers:[64MiB,x]", "tiers", "x");
+  ExpectError("tiers_tokens:[512,-1]", "tiers_tokens", "-1");
+  ExpectError("tiers_tokens:[512]", "bytes_per_token", "0");
+  ExpectError("tiers:[512KiB]", "tiers", "512KiB");
+  ExpectError("tier_min_fill:0", "tier_min_fill", "0");
+  ExpectError("sim_memory:virtual", "sim_memory", "virtual");
+  ExpectError("sim_devices:0", "sim_devices", "0");
+  ExpectError("sim_total_memory:3MiB", "sim_total_memory", "3MiB");
+  ExpectError("debug_check_invariants:maybe", "debug_check_invariants", "maybe");
+  EXPECT_FALSE(ParseOptions("capacity").ok());             // no value
+  EXPECT_FALSE(ParseOptions("tiers:[64MiB,128MiB").ok());  // unbalanced
+}
+
+TEST(OptionsTest, EnvironmentVariable) {
+  setenv("BUCKETALLOC_CONF", "backend:sim,capacity:1GiB", 1);
+  absl::StatusOr<Options> o = OptionsFromEnv();
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->capacity, kGiB);
+  setenv("BUCKETALLOC_CONF", "capacity:-", 1);
+  EXPECT_FALSE(OptionsFromEnv().ok());
+  unsetenv("BUCKETALLOC_CONF");
+  EXPECT_TRUE(OptionsFromEnv().ok());
+}
+
+TEST(OptionsTest, DocsEmbedTheGeneratedTable) {
+  std::ifstream in(std::string(BUCKETALLOC_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_TRUE(in.good()) << "docs/configuration.md is missing";
+  std::stringstream doc;
+  doc << in.rdbuf();
+  EXPECT_TRUE(absl::StrContains(doc.str(), OptionsMarkdownTable()))
+      << "docs/configuration.md is out of date; regenerate the table with bucketalloc_options_doc:\n"
+      << OptionsMarkdownTable();
+}
+
+}  // namespace
+}  // namespace bucketalloc
