@@ -64,13 +64,9 @@ struct Options {
   double sim_fail_fraction = 0.0;
   std::uint64_t sim_seed = 1;
 
-  // Debugging: run CheckInvariants() after every slow-path event (defaults on in debug builds).
-  bool debug_check_invariants =
-#ifdef NDEBUG
-      false;
-#else
-      true;
-#endif
+  // Debugging: run CheckInvariants() after every slow-path event. A debug build of the library
+  // (compiled without NDEBUG) always does.
+  bool debug_check_invariants = false;
 
   // Returns the tier sizes in bytes (from `tiers` or `tiers_tokens` x `bytes_per_token`), each
   // rounded up to `granularity`, ascending and unique.

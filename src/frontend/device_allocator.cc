@@ -508,7 +508,9 @@ FragmentationReport DeviceAllocator::FragmentationLocked() const {
 }
 
 void DeviceAllocator::MaybeCheckInvariants() const {
+#ifdef NDEBUG
   if (!options_.debug_check_invariants) return;
+#endif
   absl::Status s = CheckInvariantsLocked();
   if (!s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());

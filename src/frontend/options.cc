@@ -302,7 +302,7 @@ const OptionSpec kOptionTable[] = {
     {"sim_seed", "an integer >= 0", "seed of the fault injection",
      INT_OPTION(sim_seed, "sim_seed", "an integer >= 0")},
     {"debug_check_invariants", "true or false",
-     "check every invariant after each slow-path event (default true in debug builds)",
+     "check every invariant after each slow-path event (always on in a debug build of the library)",
      BOOL_OPTION(debug_check_invariants, "debug_check_invariants")},
 };
 
@@ -487,7 +487,7 @@ std::string OptionsMarkdownTable() {
   std::string out = "| key | accepted values | default | meaning |\n|---|---|---|---|\n";
   for (const OptionSpec& spec : kOptionTable) {
     std::string def = spec.format(defaults);
-    if (absl::string_view(spec.name) == "debug_check_invariants") def = "false (true in debug builds)";
+    if (absl::string_view(spec.name) == "debug_check_invariants") def = "false (always true in a debug build)";
     absl::StrAppend(&out, "| `", spec.name, "` | ", spec.accepted, " | `", def, "` | ", spec.meaning, " |\n");
   }
   return out;

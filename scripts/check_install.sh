@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# scripts/check_install.sh — checks that the installed package works for a consumer:
+#   1. builds the library (Release; tests, benchmarks and tools off) into build-install/,
+#   2. installs it into a temporary prefix,
+#   3. configures, builds and runs examples/consumer against that prefix (find_package(bucketalloc)).
+# Prints "install check: PASS" at the end; any failure exits non-zero.
+# Environment: JOBS (parallel build jobs, default 2), KEEP_PREFIX=1 keeps the temporary prefix.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+jobs="${JOBS:-2}"
+generator=()
+if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/bucketalloc-install-check.XXXXXX")"
+prefix="$work/prefix"
+cleanup() {
+  if [[ "${KEEP_PREFIX:-0}" == 1 ]]; then
+    echo "install check: kept $work"
+  else
+    rm -rf "$work"
+  fi
+}
+trap cleanup EXIT
+
+echo "== configure and build the library (build-install/)"
+cmake -S . -B build-install "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DBUCKETALLOC_BUILD_TESTS=OFF -DBUCKETALLOC_BUILD_BENCH=OFF -DBUCKETALLOC_BUILD_TOOLS=OFF
+cmake --build build-install -j "$jobs"
+
+echo "== install into $prefix"
+cmake --install build-install --prefix "$prefix"
+
+echo "== configure and build examples/consumer against the installed package"
+cmake -S examples/consumer -B "$work/consumer-build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix"
+cmake --build "$work/consumer-build" -j "$jobs"
+
+echo "== run the consumer"
+"$work/consumer-build/bucketalloc_consumer"
+
+echo "install check: PASS"
