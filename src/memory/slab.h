@@ -8,8 +8,10 @@
 // Invariants (checked by SmallPool::CheckInvariants):
 //   - 0 <= live <= capacity; free_top == capacity - live;
 //   - free_stack[0, free_top) holds distinct slot indices < capacity, none of them live;
-//   - a slab with live > 0 has cls >= 0; in its stream's partial list iff live < capacity;
-//   - a slab with live == 0 is in its stream's empty list and in the pool's release order.
+//   - a slab is in its stream's partial list of its class iff live < capacity (an empty slab stays
+//     there, so the next request of its class is still a cache hit);
+//   - a slab with live == 0 is also in its stream's empty list (from which another class can take
+//     it) and in the pool's release order; a slab with live > 0 is in neither.
 //
 // Example:
 //   slab->Assign(cls);  std::uint32_t slot = slab->PopSlot();  ...;  slab->PushSlot(slot);
@@ -37,7 +39,8 @@ struct Slab {
   std::uint32_t free_top = 0;
   std::unique_ptr<std::uint16_t[]> free_stack =
       std::make_unique<std::uint16_t[]>(SmallSizeClasses::kMaxSlotsPerSlab);
-  ListNode list_node;     // in a partial list or the empty list of its stream
+  ListNode list_node;     // in its stream's partial list of its class while live < capacity
+  ListNode empty_node;    // in its stream's empty list while live == 0
   ListNode release_node;  // in the pool's release order while live == 0
   std::uint64_t free_since = 0;
 

@@ -20,8 +20,12 @@ void SmallPool::AddInactive(const Slab* slab, std::int64_t sign) {
   StatAdd(ctx_.stats->inactive_split, kSmallPool, sign * free_slots);
 }
 
-void SmallPool::TakeSlot(StreamState& ss, Slab* slab, Slot* out) {
+void SmallPool::TakeSlot(Slab* slab, Slot* out) {
   AddInactive(slab, -1);
+  if (slab->empty_node.linked()) {  // an empty slab comes back into use
+    EmptyList::Unlink(slab);
+    ReleaseList::Unlink(slab);
+  }
   out->slab = slab;
   out->slot = slab->PopSlot();
   if (slab->full()) SlabList::Unlink(slab);
@@ -35,11 +39,11 @@ void SmallPool::TakeSlot(StreamState& ss, Slab* slab, Slot* out) {
 
 absl::Status SmallPool::AllocateSlow(StreamState& ss, Stream stream, int cls, Slot* out,
                                      bool* from_cache) {
+  // Every empty slab of this class is in the partial list, so an empty slab here has another class.
   Slab* slab = ss.empty.front();
   *from_cache = slab != nullptr;
   if (slab != nullptr) {
-    SlabList::Unlink(slab);
-    decltype(release_order_)::Unlink(slab);
+    SlabList::Unlink(slab);  // from its old class's partial list
   } else {
     absl::StatusOr<std::uintptr_t> base = ctx_.source->AllocateSegment(kSlabBytes, kSmallPool);
     if (!base.ok()) return base.status();
@@ -55,7 +59,7 @@ absl::Status SmallPool::AllocateSlow(StreamState& ss, Stream stream, int cls, Sl
     slab->Assign(cls);
   }
   ss.partial[cls].PushFront(slab);
-  TakeSlot(ss, slab, out);
+  TakeSlot(slab, out);
   return absl::OkStatus();
 }
 
@@ -68,14 +72,14 @@ void SmallPool::Return(Slab* slab, std::uint32_t slot) {
   StatAdd(st.active_bytes, kSmallPool, -size);
   StatAdd(st.active, kSmallPool, -1);
   StatAdd(st.cached_bytes, kSmallPool, size);
+  StreamState* ss = static_cast<StreamState*>(slab->owner);
+  if (was_full) ss->partial[slab->cls].PushBack(slab);
   if (slab->live == 0) {
-    if (!was_full) SlabList::Unlink(slab);
     slab->free_since = *ctx_.clock;
-    static_cast<StreamState*>(slab->owner)->empty.PushBack(slab);
+    ss->empty.PushBack(slab);
     release_order_.PushBack(slab);
   } else {
     AddInactive(slab, +1);
-    if (was_full) static_cast<StreamState*>(slab->owner)->partial[slab->cls].PushBack(slab);
   }
 }
 
@@ -87,7 +91,8 @@ std::uint64_t SmallPool::OldestEmpty() const {
 void SmallPool::ReleaseSlab(Slab* slab) {
   BA_DCHECK(slab->live == 0, "releasing a slab with live slots");
   SlabList::Unlink(slab);
-  decltype(release_order_)::Unlink(slab);
+  EmptyList::Unlink(slab);
+  ReleaseList::Unlink(slab);
   StatAdd(ctx_.stats->cached_bytes, kSmallPool, -static_cast<std::int64_t>(kSlabBytes));
   ctx_.source->ReleaseSegment(slab->base, kSlabBytes, kSmallPool);
   all_.erase(slab);
@@ -152,20 +157,15 @@ absl::Status SmallPool::CheckInvariants(std::int64_t live_slots) const {
       seen[slot] = true;
     }
     const bool listed = slab->list_node.linked();
-    if (slab->live == 0) {
-      ++empty;
-      if (!listed || !slab->release_node.linked()) {
-        return absl::InternalError("small pool: an empty slab is not in the empty list and release order");
-      }
-    } else {
-      if (slab->release_node.linked()) {
-        return absl::InternalError("small pool: a used slab is in the release order");
-      }
-      if (listed == slab->full()) {
-        return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base),
-                                                " is ", listed ? "full but listed" : "partial but unlisted"));
-      }
+    if (listed == slab->full()) {
+      return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base), " is ",
+                                              listed ? "full but listed" : "not full but unlisted"));
     }
+    if ((slab->live == 0) != slab->empty_node.linked() || (slab->live == 0) != slab->release_node.linked()) {
+      return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base),
+                                              " is in the empty list and release order iff it is empty: violated"));
+    }
+    empty += slab->live == 0;
     live += slab->live;
   }
   if (empty != empty_in_order) return absl::InternalError("small pool: release order misses empty slabs");

@@ -32,9 +32,11 @@ namespace bucketalloc::internal {
 class SmallPool {
  public:
   using SlabList = IntrusiveList<Slab, &Slab::list_node>;
+  using EmptyList = IntrusiveList<Slab, &Slab::empty_node>;
+  using ReleaseList = IntrusiveList<Slab, &Slab::release_node>;
   struct StreamState {
-    std::array<SlabList, SmallSizeClasses::kNumClasses> partial;  // live < capacity, live > 0 or fresh
-    SlabList empty;                                                 // live == 0
+    std::array<SlabList, SmallSizeClasses::kNumClasses> partial;  // live < capacity (empty included)
+    EmptyList empty;                                                // live == 0
   };
   struct Slot {
     Slab* slab = nullptr;
@@ -50,10 +52,11 @@ class SmallPool {
   bool TryAllocate(StreamState& ss, int cls, Slot* out) {
     Slab* slab = ss.partial[cls].front();
     if (slab == nullptr) return false;
-    TakeSlot(ss, slab, out);
+    TakeSlot(slab, out);
     return true;
   }
-  // Slow path: reuses an empty slab of this stream, else allocates a new slab from the source.
+  // Slow path: re-assigns an empty slab of another class of this stream, else allocates a new slab
+  // from the source.
   // `*from_cache` tells whether memory was already cached. ResourceExhausted from the source.
   absl::Status AllocateSlow(StreamState& ss, Stream stream, int cls, Slot* out, bool* from_cache);
 
@@ -81,12 +84,12 @@ class SmallPool {
   ~SmallPool();
 
  private:
-  void TakeSlot(StreamState& ss, Slab* slab, Slot* out);
+  void TakeSlot(Slab* slab, Slot* out);
   void AddInactive(const Slab* slab, std::int64_t sign);
   void ReleaseSlab(Slab* slab);
 
   PoolContext ctx_;
-  IntrusiveList<Slab, &Slab::release_node> release_order_;  // empty slabs, oldest first
+  ReleaseList release_order_;  // empty slabs, oldest first
   // Every slab (owned), for reports and invariant checks; changes only on slow paths.
   absl::flat_hash_set<Slab*> all_;
 };
