@@ -100,7 +100,7 @@ void DeviceAllocator::CommitLive(std::uintptr_t ptr, const LiveEntry& entry) {
   StatAdd(stats_.requested_bytes, pool, requested);
   StatAdd(stats_.allocated_bytes, pool, static_cast<std::int64_t>(entry.allocated_size()));
   StatAdd(stats_.allocation, pool, 1);
-  live_.emplace(ptr, entry);
+  live_.Insert(ptr, entry);
 }
 
 absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream) {
@@ -285,8 +285,8 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   if (ptr == nullptr) return absl::OkStatus();
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   MutexLock lock(mu_);
-  auto it = live_.find(addr);
-  if (it == live_.end()) {
+  LiveEntry* found = live_.Find(addr);
+  if (found == nullptr) {
     for (const PendingFree& p : pending_) {
       if (p.ptr == addr) return InvalidFree(ptr, "double free (it is already freed and awaiting stream events)");
     }
@@ -297,7 +297,7 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
     }
     return InvalidFree(ptr, "the pointer was not allocated by bucketalloc on this device");
   }
-  const LiveEntry entry = it->second;
+  const LiveEntry entry = *found;
   if (size.has_value() && *size != entry.requested) {
     return InvalidFree(ptr, absl::StrCat("size mismatch: allocated with ", entry.requested, " bytes, freed with ",
                                          *size, " bytes"));
@@ -319,7 +319,7 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
       stream_uses_.erase(uses);
     }
   }
-  live_.erase(it);
+  live_.Erase(found);
   const PoolIndex pool = entry.small ? kSmallPool : kLargePool;
   StatAdd(stats_.requested_bytes, pool, -static_cast<std::int64_t>(entry.requested));
   StatAdd(stats_.allocated_bytes, pool, -static_cast<std::int64_t>(entry.allocated_size()));
@@ -332,19 +332,19 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   }
   ReturnEntry(entry);
   // Blocks awaiting stream events are polled here and on every slow path, never on a cache hit.
-  ProcessEvents();
+  if (!pending_.empty()) ProcessEvents();
   return absl::OkStatus();
 }
 
 absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
   MutexLock lock(mu_);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = live_.find(addr);
-  if (it == live_.end()) {
+  const LiveEntry* found = live_.Find(addr);
+  if (found == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("bucketalloc: record_stream(", PtrStr(ptr), ") on device ", device_,
                                                    ": no live allocation starts at this address"));
   }
-  if (stream == it->second.stream()) return absl::OkStatus();  // uses on the allocation stream are ordered
+  if (stream == found->stream()) return absl::OkStatus();  // uses on the allocation stream are ordered
   auto& uses = stream_uses_[addr];
   if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
   return absl::OkStatus();
@@ -567,9 +567,11 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
     ranges.emplace_back(ptr, size);
     return absl::OkStatus();
   };
-  for (const auto& [ptr, e] : live_) {
-    if (absl::Status s = visit(ptr, e, true); !s.ok()) return s;
-  }
+  absl::Status live_status;
+  live_.ForEach([&](std::uintptr_t ptr, const LiveEntry& e) {
+    if (live_status.ok()) live_status = visit(ptr, e, true);
+  });
+  if (!live_status.ok()) return live_status;
   for (const PendingFree& p : pending_) {
     if (absl::Status s = visit(p.ptr, p.entry, false); !s.ok()) return s;
   }

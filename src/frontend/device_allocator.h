@@ -34,6 +34,7 @@
 #include "bucketalloc/backend.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/stats.h"
+#include "internal/live_map.h"
 #include "internal/mutex.h"
 #include "pool/large_pool.h"
 #include "pool/memory_source.h"
@@ -132,7 +133,7 @@ class DeviceAllocator final : public MemorySource {
   absl::flat_hash_map<Stream, std::unique_ptr<StreamPools>> streams_ ABSL_GUARDED_BY(mu_);
   Stream last_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   StreamPools* last_pools_ ABSL_GUARDED_BY(mu_) = nullptr;
-  absl::flat_hash_map<std::uintptr_t, LiveEntry> live_ ABSL_GUARDED_BY(mu_);
+  LiveMap<LiveEntry> live_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::uintptr_t, absl::InlinedVector<Stream, 2>> stream_uses_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingFree> pending_ ABSL_GUARDED_BY(mu_);
   absl::btree_map<std::uintptr_t, SegmentInfo> registry_ ABSL_GUARDED_BY(mu_);

@@ -43,10 +43,15 @@ LargePool::LargePool(const PoolContext& ctx, LargePoolConfig config)
 
 LargePool::~LargePool() = default;  // metadata lives in the object pools
 
-void LargePool::UpdateInactiveSplit(const Segment* seg, std::int64_t sign) {
-  if (seg->active_blocks == 0) return;
-  StatAdd(ctx_.stats->inactive_split_bytes, kLargePool, sign * static_cast<std::int64_t>(seg->free_bytes));
-  StatAdd(ctx_.stats->inactive_split, kLargePool, sign * seg->free_blocks);
+LargePool::Inactive LargePool::InactiveOf(const Segment* seg) {
+  if (seg->active_blocks == 0) return {};
+  return {static_cast<std::int64_t>(seg->free_bytes), seg->free_blocks};
+}
+
+void LargePool::UpdateInactiveSplit(const Inactive& before, const Segment* seg) {
+  const Inactive after = InactiveOf(seg);
+  if (after.bytes != before.bytes) StatAdd(ctx_.stats->inactive_split_bytes, kLargePool, after.bytes - before.bytes);
+  if (after.count != before.count) StatAdd(ctx_.stats->inactive_split, kLargePool, after.count - before.count);
 }
 
 void LargePool::InsertFree(Block* block) {
@@ -122,14 +127,14 @@ Block* LargePool::TryAllocate(StreamState& ss, std::size_t rounded, int tier) {
   }
   if (block == nullptr) return nullptr;
   Segment* seg = block->segment;
-  UpdateInactiveSplit(seg, -1);
+  const Inactive before = InactiveOf(seg);
   RemoveFree(block);
   if (tier < 0 && ShouldSplit(block, rounded)) {
     InsertFree(SplitBlock(block, rounded, blocks_));
     ++ctx_.stats->num_splits;
   }
   Activate(block);
-  UpdateInactiveSplit(seg, +1);
+  UpdateInactiveSplit(before, seg);
   return block;
 }
 
@@ -158,7 +163,7 @@ absl::Status LargePool::Grow(StreamState& ss, Stream stream, std::size_t bytes, 
 
 void LargePool::Return(Block* block) {
   Segment* seg = block->segment;
-  UpdateInactiveSplit(seg, -1);
+  const Inactive before = InactiveOf(seg);
   DeviceStats& st = *ctx_.stats;
   const auto size = static_cast<std::int64_t>(block->size);
   StatAdd(st.active_bytes, kLargePool, -size);
@@ -179,7 +184,7 @@ void LargePool::Return(Block* block) {
     seg->free_since = *ctx_.clock;
     release_order_.PushBack(seg);
   }
-  UpdateInactiveSplit(seg, +1);
+  UpdateInactiveSplit(before, seg);
 }
 
 std::uint64_t LargePool::OldestFree() const {

@@ -121,7 +121,13 @@ class LargePool {
   void InsertFree(Block* block);
   void RemoveFree(Block* block);
   void Activate(Block* block);
-  void UpdateInactiveSplit(const Segment* seg, std::int64_t sign);
+  struct Inactive {
+    std::int64_t bytes = 0;
+    std::int64_t count = 0;
+  };
+  // A segment's share of inactive_split: its free pieces while it also holds active blocks.
+  static Inactive InactiveOf(const Segment* seg);
+  void UpdateInactiveSplit(const Inactive& before, const Segment* seg);
   void ReleaseSegment(Segment* seg);
 
   PoolContext ctx_;

@@ -12,16 +12,20 @@ SmallPool::~SmallPool() {
   for (Slab* slab : all_) delete slab;
 }
 
-// inactive_split counts the free slots of slabs that also hold active slots.
-void SmallPool::AddInactive(const Slab* slab, std::int64_t sign) {
-  if (slab->live == 0) return;
-  const std::int64_t free_slots = slab->free_slots();
-  StatAdd(ctx_.stats->inactive_split_bytes, kSmallPool, sign * free_slots * slab->slot_size);
-  StatAdd(ctx_.stats->inactive_split, kSmallPool, sign * free_slots);
+// inactive_split counts the free slots of slabs that also hold active slots. When a slab's live
+// count goes from `before` to `before + step` (step = +1 or -1) it changes by this much.
+void SmallPool::AddInactive(const Slab* slab, std::uint32_t before, int step) {
+  const std::uint32_t after = before + step;
+  auto contribution = [slab](std::uint32_t live) -> std::int64_t {
+    return live == 0 ? 0 : static_cast<std::int64_t>(slab->capacity - live);
+  };
+  const std::int64_t slots = contribution(after) - contribution(before);
+  StatAdd(ctx_.stats->inactive_split_bytes, kSmallPool, slots * slab->slot_size);
+  StatAdd(ctx_.stats->inactive_split, kSmallPool, slots);
 }
 
 void SmallPool::TakeSlot(Slab* slab, Slot* out) {
-  AddInactive(slab, -1);
+  AddInactive(slab, slab->live, +1);
   if (slab->empty_node.linked()) {  // an empty slab comes back into use
     EmptyList::Unlink(slab);
     ReleaseList::Unlink(slab);
@@ -29,7 +33,6 @@ void SmallPool::TakeSlot(Slab* slab, Slot* out) {
   out->slab = slab;
   out->slot = slab->PopSlot();
   if (slab->full()) SlabList::Unlink(slab);
-  AddInactive(slab, +1);
   const std::int64_t size = slab->slot_size;
   DeviceStats& st = *ctx_.stats;
   StatAdd(st.active_bytes, kSmallPool, size);
@@ -64,7 +67,7 @@ absl::Status SmallPool::AllocateSlow(StreamState& ss, Stream stream, int cls, Sl
 }
 
 void SmallPool::Return(Slab* slab, std::uint32_t slot) {
-  AddInactive(slab, -1);
+  AddInactive(slab, slab->live, -1);
   const bool was_full = slab->full();
   slab->PushSlot(slot);
   const std::int64_t size = slab->slot_size;
@@ -78,8 +81,6 @@ void SmallPool::Return(Slab* slab, std::uint32_t slot) {
     slab->free_since = *ctx_.clock;
     ss->empty.PushBack(slab);
     release_order_.PushBack(slab);
-  } else {
-    AddInactive(slab, +1);
   }
 }
 

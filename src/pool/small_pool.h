@@ -85,7 +85,7 @@ class SmallPool {
 
  private:
   void TakeSlot(Slab* slab, Slot* out);
-  void AddInactive(const Slab* slab, std::int64_t sign);
+  void AddInactive(const Slab* slab, std::uint32_t live_before, int step);
   void ReleaseSlab(Slab* slab);
 
   PoolContext ctx_;
