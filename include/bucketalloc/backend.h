@@ -131,9 +131,14 @@ class SimBackend : public Backend {
   virtual void CompleteWork(Stream stream) = 0;
   // Makes SynchronizeEvent fail (simulates a lost context) until called with false.
   virtual void SetSynchronizeFails(bool fails) = 0;
+  // Makes RecordEvent fail until called with false.
+  virtual void SetRecordEventFails(bool fails) = 0;
   // Fails the Nth Allocate call from now on (1 = the next one; 0 = never).
   virtual void FailNthAlloc(std::int64_t n) = 0;
-  // Returns the bytes currently allocated from the simulated device.
+  // Simulates `bytes` of the device used outside this backend (another process or library): the
+  // device's free memory shrinks by that much. 0 ends it.
+  virtual void SetExternalUsage(std::size_t bytes) = 0;
+  // Returns the bytes currently allocated from the simulated device through this backend.
   virtual std::size_t used_bytes() const = 0;
   virtual SimMemoryMode memory_mode() const = 0;
 };

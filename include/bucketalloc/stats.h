@@ -71,8 +71,11 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
   X(num_cache_misses, "allocations that needed a new segment or slab")                      \
   X(num_tier_fallbacks, "tier requests served at their exact rounded size instead")         \
   X(num_gc_releases, "segments released by garbage_collection_threshold")                   \
-  X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")      \
-  X(oversize_allocations, "live allocations larger than max_split_size")                    \
+  X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")
+
+// Device-wide gauges (no per-pool split, as in PyTorch): X(name, meaning).
+#define BUCKETALLOC_DEVICE_STATS(X)                                             \
+  X(oversize_allocations, "live allocations larger than max_split_size")      \
   X(oversize_segments, "segments larger than max_split_size")
 
 // A snapshot of one device's statistics.
@@ -83,6 +86,9 @@ struct DeviceStats {
 #define BUCKETALLOC_DECLARE_COUNTER(name, doc) std::int64_t name = 0;
   BUCKETALLOC_COUNTERS(BUCKETALLOC_DECLARE_COUNTER)
 #undef BUCKETALLOC_DECLARE_COUNTER
+#define BUCKETALLOC_DECLARE_DEVICE_STAT(name, doc) Stat name;
+  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_DECLARE_DEVICE_STAT)
+#undef BUCKETALLOC_DECLARE_DEVICE_STAT
   std::int64_t max_split_size = -1;  // PyTorch reports -1 for "unlimited"
   std::int64_t capacity_bytes = 0;   // the effective cap
 
@@ -91,7 +97,7 @@ struct DeviceStats {
 };
 
 // Returns a flat JSON object with PyTorch's dotted keys, e.g. "allocated_bytes.all.current",
-// "reserved_bytes.large_pool.peak", "num_alloc_retries".
+// "reserved_bytes.large_pool.peak", "num_alloc_retries", "oversize_allocations.current".
 std::string StatsToJson(const DeviceStats& stats);
 
 // ---------------------------------------------------------------------------------------------

@@ -78,11 +78,11 @@ class SimBackendImpl final : public SimBackend {
       return absl::ResourceExhaustedError(
           absl::StrCat("sim backend: injected allocation failure (Allocate call ", alloc_calls_, ")"));
     }
-    if (bytes > options_.total_memory - used_) {
+    if (bytes > FreeBytes()) {
       ++counters_.failed_allocs;
       return absl::ResourceExhaustedError(absl::StrCat("sim backend: out of memory: ", bytes,
-                                                       " bytes requested, ", options_.total_memory - used_,
-                                                       " of ", options_.total_memory, " free"));
+                                                       " bytes requested, ", FreeBytes(), " of ",
+                                                       options_.total_memory, " free"));
     }
     // First fit by address.
     for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
@@ -128,11 +128,12 @@ class SimBackendImpl final : public SimBackend {
 
   absl::StatusOr<DeviceMemInfo> GetMemInfo() override {
     std::lock_guard<std::mutex> lock(mu_);
-    return DeviceMemInfo{options_.total_memory - used_, options_.total_memory};
+    return DeviceMemInfo{FreeBytes(), options_.total_memory};
   }
 
   absl::StatusOr<Event> RecordEvent(Stream stream) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (record_event_fails_) return absl::InternalError("sim backend: injected RecordEvent failure");
     SimEvent* e;
     if (!event_pool_.empty()) {
       e = event_pool_.back().release();
@@ -186,9 +187,17 @@ class SimBackendImpl final : public SimBackend {
     std::lock_guard<std::mutex> lock(mu_);
     synchronize_fails_ = fails;
   }
+  void SetRecordEventFails(bool fails) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    record_event_fails_ = fails;
+  }
   void FailNthAlloc(std::int64_t n) override {
     std::lock_guard<std::mutex> lock(mu_);
     fail_nth_ = n == 0 ? 0 : alloc_calls_ + n;
+  }
+  void SetExternalUsage(std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    external_ = bytes;
   }
   std::size_t used_bytes() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -197,6 +206,11 @@ class SimBackendImpl final : public SimBackend {
   SimMemoryMode memory_mode() const override { return options_.memory; }
 
  private:
+  std::size_t FreeBytes() const {
+    const std::size_t taken = used_ + external_;
+    return taken >= options_.total_memory ? 0 : options_.total_memory - taken;
+  }
+
   bool InjectFault() {
     ++alloc_calls_;
     if (fail_nth_ != 0 && alloc_calls_ == fail_nth_) return true;
@@ -227,6 +241,7 @@ class SimBackendImpl final : public SimBackend {
   void* base_ = nullptr;
   std::size_t reserved_ = 0;
   std::size_t used_ = 0;
+  std::size_t external_ = 0;  // simulated use by others
   std::map<std::uintptr_t, std::size_t> free_ranges_;  // address -> length, coalesced
   absl::flat_hash_map<std::uintptr_t, std::size_t> live_;
   absl::flat_hash_map<Stream, SimStream> streams_;
@@ -235,6 +250,7 @@ class SimBackendImpl final : public SimBackend {
   std::int64_t alloc_calls_ = 0;
   std::int64_t fail_nth_ = 0;  // absolute Allocate call number to fail; 0 = none
   bool synchronize_fails_ = false;
+  bool record_event_fails_ = false;
   std::mt19937_64 rng_;
 };
 

@@ -56,6 +56,13 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
 absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const Options& options,
                                                                          std::unique_ptr<Backend> backend,
                                                                          int device) {
+  const std::size_t granularity = backend->Granularity();
+  if (!IsPowerOfTwo(granularity) || kSlabBytes % granularity != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: backend '", backend->Name(), "' of device ", device,
+                                                   " has granularity ", granularity,
+                                                   "; accepted: a power of two up to ", kSlabBytes,
+                                                   " (slabs and segments are 2 MiB multiples)"));
+  }
   absl::StatusOr<DeviceMemInfo> info = backend->GetMemInfo();
   if (!info.ok()) return info.status();
   std::unique_ptr<DeviceAllocator> d(new DeviceAllocator(options, std::move(backend), device));
@@ -100,6 +107,7 @@ void DeviceAllocator::CommitLive(std::uintptr_t ptr, const LiveEntry& entry) {
   StatAdd(stats_.requested_bytes, pool, requested);
   StatAdd(stats_.allocated_bytes, pool, static_cast<std::int64_t>(entry.allocated_size()));
   StatAdd(stats_.allocation, pool, 1);
+  if (!entry.small && entry.allocated_size() > options_.max_split_size) stats_.oversize_allocations.Add(1);
   live_.Insert(ptr, entry);
 }
 
@@ -148,80 +156,64 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
 absl::Status DeviceAllocator::AllocateSmallSlow(StreamPools& sp, Stream stream, std::size_t size, int cls,
                                                 SmallPool::Slot* slot) {
   ProcessEvents();
-  if (small_.TryAllocate(sp.small, cls, slot)) {
-    ++stats_.num_cache_hits;
-    return absl::OkStatus();
-  }
-  bool from_cache = false;
-  absl::Status s = small_.AllocateSlow(sp.small, stream, cls, slot, &from_cache);
-  if (absl::IsResourceExhausted(s)) {
-    SyncAndReleaseAll();
-    ++stats_.num_alloc_retries;
-    s = small_.AllocateSlow(sp.small, stream, cls, slot, &from_cache);
-  }
-  if (!s.ok()) {
+  // Two rounds: the second after synchronizing pending events and releasing the cache, which may
+  // have returned a slot of this class to a slab that is still partly used.
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) {
+      SyncAndReleaseAll();
+      ++stats_.num_alloc_retries;
+    }
+    if (small_.TryAllocate(sp.small, cls, slot)) {
+      ++stats_.num_cache_hits;
+      return absl::OkStatus();
+    }
+    bool from_cache = false;
+    absl::Status s = small_.AllocateSlow(sp.small, stream, cls, slot, &from_cache);
+    if (s.ok()) {
+      ++(from_cache ? stats_.num_cache_hits : stats_.num_cache_misses);
+      return absl::OkStatus();
+    }
     if (!absl::IsResourceExhausted(s)) return s;
-    return OutOfMemory(size, SmallSizeClasses::ClassSize(cls), kSlabBytes, s);
+    if (round == 1) return OutOfMemory(size, SmallSizeClasses::ClassSize(cls), kSlabBytes, s);
   }
-  ++(from_cache ? stats_.num_cache_hits : stats_.num_cache_misses);
-  return absl::OkStatus();
+  return absl::InternalError("unreachable");
 }
 
-absl::Status DeviceAllocator::GrowLarge(StreamPools& sp, Stream stream, std::size_t rounded, int tier,
-                                        bool* released) {
+absl::StatusOr<Block*> DeviceAllocator::ServeLarge(StreamPools& sp, Stream stream, std::size_t rounded, int tier) {
+  if (Block* block = large_.TryAllocate(sp.large, rounded, tier, /*full_scan=*/true)) {
+    ++stats_.num_cache_hits;
+    return block;
+  }
   const std::size_t minimal = RoundUp(rounded, backend_->Granularity());
   const std::size_t preferred = tier >= 0 ? minimal : large_.SegmentSizeFor(rounded);
-  absl::Status s = large_.Grow(sp.large, stream, preferred, tier);
-  if (absl::IsResourceExhausted(s) && preferred != minimal) {
-    s = large_.Grow(sp.large, stream, minimal, tier);
+  absl::StatusOr<Block*> block = large_.Grow(sp.large, stream, preferred, rounded, tier);
+  if (absl::IsResourceExhausted(block.status()) && preferred != minimal) {
+    block = large_.Grow(sp.large, stream, minimal, rounded, tier);
   }
-  if (absl::IsResourceExhausted(s) && !*released) {
-    SyncAndReleaseAll();
-    *released = true;
-    ++stats_.num_alloc_retries;
-    s = large_.Grow(sp.large, stream, minimal, tier);
-  }
-  return s;
+  if (block.ok()) ++stats_.num_cache_misses;
+  return block;
 }
 
 absl::StatusOr<Block*> DeviceAllocator::AllocateLargeSlow(StreamPools& sp, Stream stream, std::size_t size,
                                                           int tier) {
   ProcessEvents();
-  bool released = false;
-  absl::Status grow_status;
+  const std::size_t rounded = tier >= 0 ? large_.tier_bytes(tier) : large_.RoundSize(size);
+  absl::StatusOr<Block*> block = ServeLarge(sp, stream, rounded, tier);
+  if (!absl::IsResourceExhausted(block.status())) return block;
+  // Release the cache (after synchronizing pending stream events) and try once more.
+  SyncAndReleaseAll();
+  ++stats_.num_alloc_retries;
+  block = ServeLarge(sp, stream, rounded, tier);
+  if (!absl::IsResourceExhausted(block.status())) return block;
+  std::size_t needed = rounded;
   if (tier >= 0) {
-    const std::size_t tier_bytes = large_.tier_bytes(tier);
-    Block* block = large_.TryAllocate(sp.large, tier_bytes, tier);
-    if (block != nullptr) {
-      ++stats_.num_cache_hits;
-      return block;
-    }
-    grow_status = GrowLarge(sp, stream, tier_bytes, tier, &released);
-    if (grow_status.ok()) {
-      ++stats_.num_cache_misses;
-      block = large_.TryAllocate(sp.large, tier_bytes, tier);
-      BA_CHECK(block != nullptr, "a new tier segment did not serve its tier");
-      return block;
-    }
-    if (!absl::IsResourceExhausted(grow_status)) return grow_status;
     // Rounding to the tier is a preference: fall back to the exact rounded size.
-    ++stats_.num_tier_fallbacks;
+    needed = large_.RoundSize(size);
+    block = ServeLarge(sp, stream, needed, -1);
+    if (block.ok()) ++stats_.num_tier_fallbacks;
+    if (!absl::IsResourceExhausted(block.status())) return block;
   }
-  const std::size_t rounded = large_.RoundSize(size);
-  Block* block = large_.TryAllocate(sp.large, rounded, -1);
-  if (block != nullptr) {
-    ++stats_.num_cache_hits;
-    return block;
-  }
-  grow_status = GrowLarge(sp, stream, rounded, -1, &released);
-  if (!grow_status.ok()) {
-    if (!absl::IsResourceExhausted(grow_status)) return grow_status;
-    return OutOfMemory(size, rounded, RoundUp(rounded, backend_->Granularity()), grow_status);
-  }
-  ++stats_.num_cache_misses;
-  block = large_.TryAllocate(sp.large, rounded, -1);
-  BA_CHECK(block != nullptr, "a new segment did not serve the request it was made for");
-  return block;
+  return OutOfMemory(size, needed, RoundUp(needed, backend_->Granularity()), block.status());
 }
 
 absl::StatusOr<std::uintptr_t> DeviceAllocator::AllocateSegment(std::size_t bytes, PoolIndex pool) {
@@ -324,14 +316,15 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   StatAdd(stats_.requested_bytes, pool, -static_cast<std::int64_t>(entry.requested));
   StatAdd(stats_.allocated_bytes, pool, -static_cast<std::int64_t>(entry.allocated_size()));
   StatAdd(stats_.allocation, pool, -1);
+  if (!entry.small && entry.allocated_size() > options_.max_split_size) stats_.oversize_allocations.Add(-1);
   ++clock_;
   if (!events.empty()) {
     if (!entry.small) static_cast<Block*>(entry.owner)->state = BlockState::kPendingFree;
     pending_.push_back(PendingFree{addr, entry, std::move(events)});
-    return absl::OkStatus();
+  } else {
+    ReturnEntry(entry);
   }
-  ReturnEntry(entry);
-  // Blocks awaiting stream events are polled here and on every slow path, never on a cache hit.
+  // Blocks awaiting stream events are polled on every free and every slow path, never on a hit.
   if (!pending_.empty()) ProcessEvents();
   return absl::OkStatus();
 }
@@ -595,6 +588,15 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
     end = base + info.bytes;
     reserved[info.pool] += static_cast<std::int64_t>(info.bytes);
     segments[info.pool] += 1;
+  }
+  if (absl::Status s = live_.CheckInvariants(); !s.ok()) return fail(s.message());
+  if (const SimBackend* sim = AsSim(backend_.get()); sim != nullptr) {
+    std::size_t registered = 0;
+    for (const auto& [base, info] : registry_) registered += info.bytes;
+    if (sim->used_bytes() != registered) {
+      return fail(absl::StrCat("the sim device has ", sim->used_bytes(), " bytes allocated but ", registered,
+                               " are registered"));
+    }
   }
   const BackendCounters bc = backend_->counters();
   if (bc.allocs - bc.frees != static_cast<std::int64_t>(registry_.size())) {

@@ -94,6 +94,7 @@ class DeviceAllocator final : public MemorySource {
     PoolIndex pool = kLargePool;
   };
 
+  friend class DeviceAllocatorTestPeer;  // corrupts state on purpose to test CheckInvariants
   DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device);
 
   StreamPools& PoolsFor(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -105,7 +106,8 @@ class DeviceAllocator final : public MemorySource {
                                  SmallPool::Slot* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> AllocateLargeSlow(StreamPools& sp, Stream stream, std::size_t size, int tier)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status GrowLarge(StreamPools& sp, Stream stream, std::size_t rounded, int tier, bool* released)
+  // A cached block (whole bin scanned) or a new segment (preferred size, then the minimal one).
+  absl::StatusOr<Block*> ServeLarge(StreamPools& sp, Stream stream, std::size_t rounded, int tier)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ProcessEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Synchronizes pending events and releases every wholly free segment and empty slab.

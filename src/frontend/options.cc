@@ -407,6 +407,10 @@ absl::Status ValidateOptions(const Options& o) {
     return bad("max_split_size_mb", FormatMiB(o.max_split_size), "a whole number of MiB >= 20, or unlimited",
                "blocks of large segments (20 MiB) must stay splittable");
   }
+  if (o.large_segment_size > o.max_split_size) {
+    return bad("large_segment_size_mb", FormatMiB(o.large_segment_size),
+               "at most max_split_size_mb", "segments shared by requests under 10 MiB must stay splittable");
+  }
   if (o.max_non_split_rounding == kUnlimited) {
     return bad("max_non_split_rounding_mb", "unlimited", "a whole number of MiB");
   }

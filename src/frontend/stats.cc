@@ -72,6 +72,9 @@ void DeviceStats::ResetPeaks() {
   for (Stat & s : name) s.ResetPeak();
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_RESET_PEAK)
 #undef BUCKETALLOC_RESET_PEAK
+#define BUCKETALLOC_RESET_DEVICE_PEAK(name, doc) name.ResetPeak();
+  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_RESET_DEVICE_PEAK)
+#undef BUCKETALLOC_RESET_DEVICE_PEAK
 }
 
 std::string StatsToJson(const DeviceStats& stats) {
@@ -89,6 +92,13 @@ std::string StatsToJson(const DeviceStats& stats) {
 #define BUCKETALLOC_COUNTER_JSON(name, doc) j[#name] = stats.name;
   BUCKETALLOC_COUNTERS(BUCKETALLOC_COUNTER_JSON)
 #undef BUCKETALLOC_COUNTER_JSON
+#define BUCKETALLOC_DEVICE_STAT_JSON(name, doc)       \
+  j[#name ".current"] = stats.name.current;           \
+  j[#name ".peak"] = stats.name.peak;                 \
+  j[#name ".allocated"] = stats.name.allocated;       \
+  j[#name ".freed"] = stats.name.freed;
+  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_DEVICE_STAT_JSON)
+#undef BUCKETALLOC_DEVICE_STAT_JSON
   j["max_split_size"] = stats.max_split_size;
   j["capacity_bytes"] = stats.capacity_bytes;
   return j.dump();
@@ -186,6 +196,9 @@ std::string StatsSummary(const DeviceStats& s, int device) {
   }
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_SUMMARY_ROW)
 #undef BUCKETALLOC_SUMMARY_ROW
+#define BUCKETALLOC_SUMMARY_DEVICE_ROW(name, doc) row(#name, s.name, false);
+  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_SUMMARY_DEVICE_ROW)
+#undef BUCKETALLOC_SUMMARY_DEVICE_ROW
   absl::StrAppend(&out, std::string(88, '-'), "\n");
 #define BUCKETALLOC_SUMMARY_COUNTER(name, doc) absl::StrAppendFormat(&out, "| %-26s | %57d |\n", #name, s.name);
   BUCKETALLOC_COUNTERS(BUCKETALLOC_SUMMARY_COUNTER)

@@ -19,6 +19,8 @@
 #include <memory>
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "internal/check.h"
 
 namespace bucketalloc::internal {
@@ -71,6 +73,21 @@ class LiveMap {
     }
     slots_[hole].key = 0;
     --size_;
+  }
+
+  // Checks the load factor and that every key is found from its home slot.
+  absl::Status CheckInvariants() const {
+    if (size_ * 2 > capacity_) return absl::InternalError(absl::StrCat("live map: ", size_, " keys in ", capacity_, " slots"));
+    std::size_t keys = 0;
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].key == 0) continue;
+      ++keys;
+      if (Find(slots_[i].key) != &slots_[i].value) {
+        return absl::InternalError(absl::StrCat("live map: key ", absl::Hex(slots_[i].key), " is unreachable"));
+      }
+    }
+    if (keys != size_) return absl::InternalError("live map: size does not match its keys");
+    return absl::OkStatus();
   }
 
   template <typename F>

@@ -8,6 +8,14 @@
 namespace bucketalloc::internal {
 namespace {
 
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 void Futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value) {
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op | FUTEX_PRIVATE_FLAG, value, nullptr, nullptr, 0);
 }
@@ -22,7 +30,7 @@ void Mutex::LockSlow() {
         state_.compare_exchange_weak(expected, 1, std::memory_order_acquire)) {
       return;
     }
-    __builtin_ia32_pause();
+    CpuRelax();
   }
   // Mark the lock contended and sleep until it is released.
   while (state_.exchange(2, std::memory_order_acquire) != 0) Futex(&state_, FUTEX_WAIT, 2);

@@ -80,11 +80,12 @@ void LargePool::RemoveFree(Block* block) {
   if (ss.bins[bin].empty()) ss.nonempty[bin >> 6] &= ~(std::uint64_t{1} << (bin & 63));
 }
 
-Block* LargePool::FindFree(StreamState& ss, std::size_t rounded) {
+Block* LargePool::FindFree(StreamState& ss, std::size_t rounded, bool full_scan) {
   const int first = BinOf(rounded);
+  const int max_scan = full_scan ? std::numeric_limits<int>::max() : kMaxBinScan;
   Block* best = nullptr;
   int scanned = 0;
-  for (Block* b = ss.bins[first].front(); b != nullptr && scanned < kMaxBinScan;
+  for (Block* b = ss.bins[first].front(); b != nullptr && scanned < max_scan;
        b = ss.bins[first].next(b), ++scanned) {
     if (b->size < rounded || !Admissible(b->size, rounded)) continue;
     if (best == nullptr || b->size < best->size) best = b;
@@ -97,7 +98,7 @@ Block* LargePool::FindFree(StreamState& ss, std::size_t rounded) {
       return nullptr;  // every block from here on is oversize and too large for this request
     }
     scanned = 0;
-    for (Block* b = ss.bins[bin].front(); b != nullptr && scanned < kMaxBinScan;
+    for (Block* b = ss.bins[bin].front(); b != nullptr && scanned < max_scan;
          b = ss.bins[bin].next(b), ++scanned) {
       if (Admissible(b->size, rounded)) return b;
     }
@@ -115,17 +116,9 @@ void LargePool::Activate(Block* block) {
   StatAdd(st.active_bytes, kLargePool, size);
   StatAdd(st.active, kLargePool, 1);
   StatAdd(st.cached_bytes, kLargePool, -size);
-  if (block->size > config_.max_split_size) ++st.oversize_allocations;
 }
 
-Block* LargePool::TryAllocate(StreamState& ss, std::size_t rounded, int tier) {
-  Block* block;
-  if (tier >= 0) {
-    block = ss.tier_free[tier].front();
-  } else {
-    block = FindFree(ss, rounded);
-  }
-  if (block == nullptr) return nullptr;
+void LargePool::Take(Block* block, std::size_t rounded, int tier) {
   Segment* seg = block->segment;
   const Inactive before = InactiveOf(seg);
   RemoveFree(block);
@@ -135,10 +128,17 @@ Block* LargePool::TryAllocate(StreamState& ss, std::size_t rounded, int tier) {
   }
   Activate(block);
   UpdateInactiveSplit(before, seg);
+}
+
+Block* LargePool::TryAllocate(StreamState& ss, std::size_t rounded, int tier, bool full_scan) {
+  Block* block = tier >= 0 ? ss.tier_free[tier].front() : FindFree(ss, rounded, full_scan);
+  if (block != nullptr) Take(block, rounded, tier);
   return block;
 }
 
-absl::Status LargePool::Grow(StreamState& ss, Stream stream, std::size_t bytes, int tier) {
+absl::StatusOr<Block*> LargePool::Grow(StreamState& ss, Stream stream, std::size_t bytes, std::size_t rounded,
+                                       int tier) {
+  BA_DCHECK(bytes >= rounded, "a segment smaller than its request");
   absl::StatusOr<std::uintptr_t> base = ctx_.source->AllocateSegment(bytes, kLargePool);
   if (!base.ok()) return base.status();
   Segment* seg = segment_meta_.New();
@@ -157,8 +157,11 @@ absl::Status LargePool::Grow(StreamState& ss, Stream stream, std::size_t bytes, 
   seg->free_since = *ctx_.clock;
   release_order_.PushBack(seg);
   StatAdd(ctx_.stats->cached_bytes, kLargePool, static_cast<std::int64_t>(bytes));
-  if (bytes > config_.max_split_size) ++ctx_.stats->oversize_segments;
-  return absl::OkStatus();
+  if (bytes > config_.max_split_size) ctx_.stats->oversize_segments.Add(1);
+  // The new segment serves the request it was made for, whatever the admission rules for cached
+  // blocks would say.
+  Take(block, rounded, tier);
+  return block;
 }
 
 void LargePool::Return(Block* block) {
@@ -169,7 +172,6 @@ void LargePool::Return(Block* block) {
   StatAdd(st.active_bytes, kLargePool, -size);
   StatAdd(st.active, kLargePool, -1);
   StatAdd(st.cached_bytes, kLargePool, size);
-  if (block->size > config_.max_split_size) --st.oversize_allocations;
   seg->active_blocks -= 1;
   block->state = BlockState::kFree;
   for (Block* neighbour : {block->prev, block->next}) {
@@ -199,7 +201,7 @@ void LargePool::ReleaseSegment(Segment* seg) {
   RemoveFree(block);
   decltype(release_order_)::Unlink(seg);
   StatAdd(ctx_.stats->cached_bytes, kLargePool, -static_cast<std::int64_t>(seg->size));
-  if (seg->size > config_.max_split_size) --ctx_.stats->oversize_segments;
+  if (seg->size > config_.max_split_size) ctx_.stats->oversize_segments.Add(-1);
   ctx_.source->ReleaseSegment(seg->base, seg->size, kLargePool);
   segments_.erase(seg);
   blocks_.Delete(block);

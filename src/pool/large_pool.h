@@ -13,7 +13,7 @@
 //
 // Example:
 //   Block* b = pool.TryAllocate(ss, rounded, tier);
-//   if (b == nullptr) { status = pool.Grow(ss, stream, segment_bytes, tier); b = pool.TryAllocate(...); }
+//   if (b == nullptr) b = *pool.Grow(ss, stream, segment_bytes, rounded, tier);  // or ResourceExhausted
 //   pool.Return(b);
 #ifndef BUCKETALLOC_POOL_LARGE_POOL_H_
 #define BUCKETALLOC_POOL_LARGE_POOL_H_
@@ -87,11 +87,13 @@ class LargePool {
   }
 
   // Fast path: a cached block for `rounded` bytes (tier >= 0: a block of that tier), or nullptr.
-  // The block returned is kAllocated and counted active.
-  Block* TryAllocate(StreamState& ss, std::size_t rounded, int tier);
-  // Slow path: adds a segment of `bytes` (a tier segment when tier >= 0) to this stream's free
-  // lists. ResourceExhausted from the source.
-  absl::Status Grow(StreamState& ss, Stream stream, std::size_t bytes, int tier);
+  // The first size bin is scanned for a best fit up to kMaxBinScan entries, or wholly with
+  // `full_scan` (the slow path's second look). The block returned is kAllocated and counted active.
+  Block* TryAllocate(StreamState& ss, std::size_t rounded, int tier, bool full_scan = false);
+  // Slow path: allocates a segment of `bytes` (>= rounded; a tier segment when tier >= 0) from the
+  // source and returns its first `rounded` bytes as an active block (the rest, if split off, is
+  // cached). ResourceExhausted from the source.
+  absl::StatusOr<Block*> Grow(StreamState& ss, Stream stream, std::size_t bytes, std::size_t rounded, int tier);
   // Returns an active block to the free lists (coalescing); it is no longer active.
   void Return(Block* block);
 
@@ -117,7 +119,9 @@ class LargePool {
   bool ShouldSplit(const Block* block, std::size_t rounded) const {
     return block->size <= config_.max_split_size && block->size - rounded > kMaxSmallSize;
   }
-  Block* FindFree(StreamState& ss, std::size_t rounded);
+  Block* FindFree(StreamState& ss, std::size_t rounded, bool full_scan);
+  // Takes free `block` (in a free list) for `rounded` bytes: splits off the rest when allowed.
+  void Take(Block* block, std::size_t rounded, int tier);
   void InsertFree(Block* block);
   void RemoveFree(Block* block);
   void Activate(Block* block);

@@ -39,6 +39,17 @@ TEST(SimBackendTest, CapacityAndGranularity) {
   EXPECT_EQ(c.failed_allocs, 3);
 }
 
+TEST(SimBackendTest, ExternalUsageShrinksFreeMemory) {
+  auto b = Make({.total_memory = 8 * kMiB});
+  b->SetExternalUsage(6 * kMiB);
+  EXPECT_EQ(b->GetMemInfo()->free_bytes, 2 * kMiB);
+  EXPECT_TRUE(absl::IsResourceExhausted(b->Allocate(4 * kMiB).status()));
+  b->SetExternalUsage(0);
+  absl::StatusOr<void*> p = b->Allocate(4 * kMiB);
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE(b->Free(*p, 4 * kMiB).ok());
+}
+
 TEST(SimBackendTest, BackedMemoryIsWritable) {
   auto b = Make({.total_memory = 16 * kMiB, .memory = SimMemoryMode::kBacked});
   absl::StatusOr<void*> p = b->Allocate(4 * kMiB);

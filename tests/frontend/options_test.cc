@@ -93,6 +93,7 @@ TEST(OptionsTest, BadInputIsAClearError) {
   ExpectError("max_split_size_mb:abc", "max_split_size_mb", "abc");
   ExpectError("small_pool_limit:4MiB", "small_pool_limit", "4MiB");
   ExpectError("large_segment_size_mb:3", "large_segment_size_mb", "3");
+  ExpectError("max_split_size_mb:32,large_segment_size_mb:64", "large_segment_size_mb", "64");
   ExpectError("roundup_power2_divisions:3", "roundup_power2_divisions", "3");
   ExpectError("roundup_power2_divisions:[512:2,256:1]", "roundup_power2_divisions", "[512:2,256:1]");
   ExpectError("tiers:[64MiB,x]", "tiers", "x");

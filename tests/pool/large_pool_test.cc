@@ -22,8 +22,8 @@ class LargePoolTest : public ::testing::Test {
     Block* b = pool_->TryAllocate(*ss_, rounded, tier);
     if (b != nullptr) return b;
     const std::size_t seg = tier >= 0 ? rounded : pool_->SegmentSizeFor(rounded);
-    if (!pool_->Grow(*ss_, nullptr, RoundUp(seg, 2 * kMiB), tier).ok()) return nullptr;
-    return pool_->TryAllocate(*ss_, rounded, tier);
+    absl::StatusOr<Block*> grown = pool_->Grow(*ss_, nullptr, RoundUp(seg, 2 * kMiB), rounded, tier);
+    return grown.ok() ? *grown : nullptr;
   }
   void Check(std::int64_t active) {
     ASSERT_TRUE(pool_->CheckInvariants(active).ok()) << pool_->CheckInvariants(active);
@@ -75,10 +75,8 @@ TEST_F(LargePoolTest, OversizeBlocksAreNotSplitAndServeOnlyCloseSizes) {
   Block* big = Allocate(100 * kMiB);
   ASSERT_NE(big, nullptr);
   EXPECT_EQ(big->size, 100 * kMiB);
-  EXPECT_EQ(stats_.oversize_segments, 1);
-  EXPECT_EQ(stats_.oversize_allocations, 1);
+  EXPECT_EQ(stats_.oversize_segments.current, 1);
   pool_->Return(big);
-  EXPECT_EQ(stats_.oversize_allocations, 0);
   // 50 MiB may not take (or split) the cached 100 MiB block: a new segment is made.
   Block* mid = Allocate(50 * kMiB);
   ASSERT_NE(mid, nullptr);
@@ -141,6 +139,46 @@ TEST_F(LargePoolTest, BestFitPrefersTheSmallestFittingBlock) {
   pool_->Return(got);
 }
 
+TEST_F(LargePoolTest, TheSlowPathScansTheWholeFirstBin) {
+  // 33 blocks of 16.5 MiB in front of one of 18.5 MiB, all in the same bin: the bounded fast-path
+  // scan misses the fitting block, the full scan finds it.
+  Init({});
+  std::vector<Block*> keep;
+  Block* fits = Allocate(18 * kMiB + kMiB / 2);
+  Block* fits_pin = Allocate(kMiB + kMiB / 2);  // keeps its segment from being wholly free
+  ASSERT_NE(fits, nullptr);
+  std::vector<Block*> small_holes;
+  for (int i = 0; i < 33; ++i) {
+    Block* hole = Allocate(16 * kMiB + kMiB / 2);
+    keep.push_back(Allocate(kMiB + kMiB / 2));
+    small_holes.push_back(hole);
+  }
+  pool_->Return(fits);
+  for (Block* b : small_holes) pool_->Return(b);  // pushed in front of `fits` in the bin
+  ASSERT_EQ(BinOf(16 * kMiB + kMiB / 2), BinOf(18 * kMiB + kMiB / 2));
+  EXPECT_EQ(pool_->TryAllocate(*ss_, 18 * kMiB, -1), nullptr);
+  Block* found = pool_->TryAllocate(*ss_, 18 * kMiB, -1, /*full_scan=*/true);
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->ptr, fits->ptr);
+  Check(35);
+  pool_->Return(found);
+  pool_->Return(fits_pin);
+  for (Block* b : keep) pool_->Return(b);
+  Check(0);
+}
+
+TEST_F(LargePoolTest, ANewSegmentServesItsRequestEvenWhenItIsOversize) {
+  // 21 MiB + 1 rounds to a 22 MiB segment, larger than max_split_size and more than
+  // max_non_split_rounding above the request: a cached block like it would not be admitted, but
+  // the segment made for the request serves it.
+  Init({.max_split_size = 20 * kMiB, .max_non_split_rounding = 0});
+  Block* b = Allocate(21 * kMiB + 1);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->size, 22 * kMiB);
+  Check(1);
+  pool_->Return(b);
+}
+
 TEST_F(LargePoolTest, ReleaseOrderIsOldestFirst) {
   Init({});
   Block* a = Allocate(30 * kMiB);
@@ -159,7 +197,7 @@ TEST_F(LargePoolTest, GrowFailsCleanlyAtTheLimit) {
   Init({}, 40 * kMiB);
   Block* a = Allocate(30 * kMiB);
   ASSERT_NE(a, nullptr);
-  EXPECT_TRUE(absl::IsResourceExhausted(pool_->Grow(*ss_, nullptr, 20 * kMiB, -1)));
+  EXPECT_TRUE(absl::IsResourceExhausted(pool_->Grow(*ss_, nullptr, 20 * kMiB, 3 * kMiB, -1).status()));
   Check(1);
   pool_->Return(a);
 }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# scripts/setup.sh — installs what bucketalloc needs to build and test on Debian 12, when missing.
+# Debian packages: a C++20 compiler, CMake, Ninja, Abseil, GoogleTest, Google Benchmark, mimalloc
+# (benchmark baseline), nlohmann-json, CLI11. The CUDA toolkit is expected at /usr/local/cuda
+# (CUDA_HOME overrides); it is not a Debian package of the right version.
+set -euo pipefail
+
+packages=(build-essential cmake ninja-build pkg-config libabsl-dev libgtest-dev libgmock-dev
+          libbenchmark-dev libmimalloc-dev nlohmann-json3-dev libcli11-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cuda="${CUDA_HOME:-/usr/local/cuda}"
+if [[ ! -f "$cuda/include/cuda_runtime_api.h" || ! -e "$cuda/lib64/libcudart_static.a" ]]; then
+  echo "setup: the CUDA toolkit was not found at $cuda (need include/cuda_runtime_api.h and" \
+       "lib64/libcudart_static.a); install CUDA 12 or 13 there or set CUDA_HOME" >&2
+  exit 1
+fi
+echo "setup: dependencies present (CUDA toolkit at $cuda)"

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# scripts/test.sh — set up, build and run every test:
+#   1. the whole suite (RelWithDebInfo);
+#   2. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, built without
+#      NDEBUG so that invariants are checked after every slow-path event;
+#   3. the concurrency stress test under ThreadSanitizer;
+#   4. the installed package: examples/consumer built with find_package(bucketalloc).
+# Ends with "N passed, N failed". Environment: JOBS (default 2).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+scripts/setup.sh || exit 1
+jobs="${JOBS:-2}"
+cuda=(-DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}")
+passed=0
+failed=0
+step() {  # step NAME COMMAND...
+  local name="$1"; shift
+  echo "=== $name"
+  local start=$SECONDS
+  if "$@"; then
+    passed=$((passed + 1)); echo "=== $name: PASS ($((SECONDS - start)) s)"
+  else
+    failed=$((failed + 1)); echo "=== $name: FAIL ($((SECONDS - start)) s)"
+  fi
+}
+
+build_release() {
+  cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cuda[@]}" >/dev/null &&
+    ninja -C build/release -j"$jobs"
+}
+test_release() { ctest --test-dir build/release -j"$jobs" --output-on-failure; }
+
+build_asan() {
+  cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cuda[@]}" \
+    -DBUCKETALLOC_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g" \
+    -DBUCKETALLOC_BUILD_BENCH=OFF -DBUCKETALLOC_BUILD_TOOLS=OFF >/dev/null &&
+    ninja -C build/asan -j"$jobs"
+}
+test_asan() {
+  ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build/asan -j"$jobs" --output-on-failure
+}
+
+build_tsan() {
+  cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cuda[@]}" \
+    -DBUCKETALLOC_SANITIZE=thread -DBUCKETALLOC_BUILD_BENCH=OFF -DBUCKETALLOC_BUILD_TOOLS=OFF >/dev/null &&
+    ninja -C build/tsan -j"$jobs" concurrency_test
+}
+test_tsan() { TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build/tsan/tests/concurrency_test; }
+
+step "build (RelWithDebInfo)" build_release
+step "tests (RelWithDebInfo)" test_release
+step "build (ASan+UBSan, invariant checks on)" build_asan
+step "tests (ASan+UBSan)" test_asan
+step "build (TSan)" build_tsan
+step "concurrency stress (TSan)" test_tsan
+step "installed package (examples/consumer)" scripts/check_install.sh
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
