@@ -15,27 +15,37 @@
 
 namespace {
 
-int RunOne(const std::string& label, const std::string& conf, const bucketalloc::workload::KvWorkloadConfig& wl) {
+// Runs the workload once; returns false (after printing why) when the run could not be made.
+bool RunOne(const std::string& label, const std::string& conf, const bucketalloc::workload::KvWorkloadConfig& wl,
+            bucketalloc::workload::KvWorkloadResult* result) {
   std::cout << "\n=== " << label << " ===\nBUCKETALLOC_CONF=" << conf << "\n";
   absl::StatusOr<bucketalloc::Options> options = bucketalloc::ParseOptions(conf);
   if (!options.ok()) {
     std::cerr << options.status().message() << "\n";
-    return 2;
+    return false;
   }
   absl::StatusOr<std::unique_ptr<bucketalloc::Allocator>> allocator = bucketalloc::Allocator::Create(*options);
   if (!allocator.ok()) {
     std::cerr << allocator.status().message() << "\n";
-    return 2;
+    return false;
   }
-  bucketalloc::workload::KvWorkloadResult r = bucketalloc::workload::RunKvWorkload(**allocator, wl);
+  bucketalloc::workload::KvWorkloadResult& r = *result;
+  r = bucketalloc::workload::RunKvWorkload(**allocator, wl);
   std::cout << r.ToString() << "\n";
-  if (r.oom) std::cout << r.oom->ToString();
+  if (r.oom) std::cout << "\n" << r.oom->ToString();
   std::cout << "\nafter the run (everything freed, cache kept):\n" << *(*allocator)->Summary(wl.device);
   if (absl::Status s = (*allocator)->CheckInvariants(wl.device); !s.ok()) {
     std::cerr << s.message() << "\n";
-    return 3;
+    return false;
   }
-  return 0;
+  return true;
+}
+
+std::string Outcome(const bucketalloc::workload::KvWorkloadResult& r, int steps) {
+  std::string out = absl::StrCat(r.steps_completed, "/", steps, " steps, peak reserved ",
+                                 bucketalloc::FormatBytes(r.peak_reserved));
+  if (r.oom) absl::StrAppend(&out, ", out of memory: ", r.oom->diagnosis);
+  return out;
 }
 
 }  // namespace
@@ -61,10 +71,15 @@ int main(int argc, char** argv) {
   std::cout << "workload: " << wl.steps << " steps, batch 1-" << wl.max_batch << ", " << wl.min_tokens << "-"
             << wl.max_tokens << " tokens, KV " << bucketalloc::FormatBytes(wl.kv_bytes_per_token)
             << "/token, seed " << wl.seed << "\n";
-  int rc = RunOne("plain best fit with splitting (PyTorch's default policy)", base, wl);
-  if (rc == 0) {
-    rc = RunOne(absl::StrCat("tiers ", tiers, " tokens x ", bucketalloc::FormatBytes(wl.kv_bytes_per_token)),
-                absl::StrCat(base, ",tiers_tokens:", tiers, ",bytes_per_token:", wl.kv_bytes_per_token), wl);
+  bucketalloc::workload::KvWorkloadResult plain, tiered;
+  if (!RunOne("plain best fit with splitting (PyTorch's default policy)", base, wl, &plain)) return 2;
+  if (!RunOne(absl::StrCat("tiers ", tiers, " tokens x ", bucketalloc::FormatBytes(wl.kv_bytes_per_token)),
+              absl::StrCat(base, ",tiers_tokens:", tiers, ",bytes_per_token:", wl.kv_bytes_per_token), wl,
+              &tiered)) {
+    return 2;
   }
-  return rc;
+  std::cout << "\n=== outcome under a " << capacity << " cap ===\n"
+            << "plain:  " << Outcome(plain, wl.steps) << "\n"
+            << "tiered: " << Outcome(tiered, wl.steps) << "\n";
+  return 0;
 }

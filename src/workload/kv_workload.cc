@@ -26,7 +26,7 @@ std::string KvWorkloadResult::ToString() const {
       "steps completed %d, allocations %d, failures %d, peak requested %s, peak allocated %s, peak reserved %s",
       steps_completed, allocations, failures, FormatBytes(peak_requested), FormatBytes(peak_allocated),
       FormatBytes(peak_reserved));
-  if (oom) absl::StrAppend(&out, "\nfirst OOM: ", oom->diagnosis);
+  if (oom) absl::StrAppend(&out, "; first OOM: ", OomCauseName(oom->cause));
   return out;
 }
 
