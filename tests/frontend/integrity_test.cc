@@ -124,7 +124,15 @@ TEST_P(IntegrityTest, AMillionRandomOperationsWithoutCorruption) {
             << FormatBytes(static_cast<std::size_t>(stats.reserved_bytes[kAllPools].peak)) << "\n";
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, IntegrityTest, ::testing::ValuesIn(AllConfigs()),
+// Every configuration, plus one whose backend fails 5% of its allocations (seeded), so that
+// release-and-retry and the OOM path run thousands of times in between.
+std::vector<Config> IntegrityConfigs() {
+  std::vector<Config> configs = AllConfigs();
+  configs.push_back({"faulty_backend", "sim_fail_fraction:0.05,sim_seed:7,capacity:256MiB"});
+  return configs;
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, IntegrityTest, ::testing::ValuesIn(IntegrityConfigs()),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace
