@@ -70,7 +70,7 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
   X(num_cache_hits, "allocations served from cached memory without a backend call")         \
   X(num_cache_misses, "allocations that needed a new segment or slab")                      \
   X(num_tier_fallbacks, "tier requests served at their exact rounded size instead")         \
-  X(num_gc_releases, "segments released by garbage_collection_threshold")                   \
+  X(num_gc_releases, "segments and slabs released by garbage_collection_threshold")                   \
   X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")
 
 // Device-wide gauges (no per-pool split, as in PyTorch): X(name, meaning).
@@ -146,7 +146,8 @@ enum class OomCause {
   // Enough memory is free in total (cached pieces plus headroom under the cap), but no free block
   // fits and the pieces could not be released because their segments hold live blocks.
   kFragmentation,
-  // Memory is held by blocks awaiting stream events (record_stream) that could not be synchronized.
+  // Memory is held by blocks awaiting stream events (record_stream) that could not be synchronized,
+  // and without it the request's pool had too little free memory.
   kCacheHeld,
   // The cap allows the request but the device itself refused: memory is used outside this allocator.
   kDeviceExhausted,

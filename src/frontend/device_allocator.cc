@@ -86,7 +86,7 @@ DeviceAllocator::~DeviceAllocator() {
   if (!live_.empty() || !pending_.empty()) {
     std::fprintf(stderr, "bucketalloc: device %d destroyed with %zu live allocations (%s) still held\n",
                  device_, live_.size() + pending_.size(),
-                 FormatBytes(static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current)).c_str());
+                 FormatBytes(static_cast<std::size_t>(stats_.active_bytes[kAllPools].current)).c_str());
   }
 }
 
@@ -174,7 +174,7 @@ absl::Status DeviceAllocator::AllocateSmallSlow(StreamPools& sp, Stream stream, 
       return absl::OkStatus();
     }
     if (!absl::IsResourceExhausted(s)) return s;
-    if (round == 1) return OutOfMemory(size, SmallSizeClasses::ClassSize(cls), kSlabBytes, s);
+    if (round == 1) return OutOfMemory(kSmallPool, size, SmallSizeClasses::ClassSize(cls), kSlabBytes, s);
   }
   return absl::InternalError("unreachable");
 }
@@ -213,7 +213,7 @@ absl::StatusOr<Block*> DeviceAllocator::AllocateLargeSlow(StreamPools& sp, Strea
     if (block.ok()) ++stats_.num_tier_fallbacks;
     if (!absl::IsResourceExhausted(block.status())) return block;
   }
-  return OutOfMemory(size, needed, RoundUp(needed, backend_->Granularity()), block.status());
+  return OutOfMemory(kLargePool, size, needed, RoundUp(needed, backend_->Granularity()), block.status());
 }
 
 absl::StatusOr<std::uintptr_t> DeviceAllocator::AllocateSegment(std::size_t bytes, PoolIndex pool) {
@@ -325,7 +325,7 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
     ReturnEntry(entry);
   }
   // Blocks awaiting stream events are polled on every free and every slow path, never on a hit.
-  if (!pending_.empty()) ProcessEvents();
+  if (!pending_.empty()) ProcessEvents(/*stop_at_first_busy=*/true);
   return absl::OkStatus();
 }
 
@@ -343,19 +343,22 @@ absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
   return absl::OkStatus();
 }
 
-void DeviceAllocator::ProcessEvents() {
+void DeviceAllocator::ProcessEvents(bool stop_at_first_busy) {
   if (pending_.empty()) return;
   std::size_t kept = 0;
+  bool stopped = false;
   for (std::size_t i = 0; i < pending_.size(); ++i) {
-    PendingFree& p = pending_[i];
-    bool done = true;
-    for (Event e : p.events) {
-      absl::StatusOr<bool> q = backend_->QueryEvent(e);
-      if (!q.ok() || !*q) {
-        done = false;
-        break;
-      }
+    if (stopped && kept == i) {  // nothing removed so far: the rest stays where it is
+      kept = pending_.size();
+      break;
     }
+    PendingFree& p = pending_[i];
+    bool done = !stopped;
+    for (std::size_t k = 0; done && k < p.events.size(); ++k) {
+      absl::StatusOr<bool> q = backend_->QueryEvent(p.events[k]);
+      done = q.ok() && *q;
+    }
+    if (!done && stop_at_first_busy) stopped = true;  // later frees are (mostly) later in stream order
     if (done) {
       for (Event e : p.events) backend_->DestroyEvent(e);
       ReturnEntry(p.entry);
@@ -389,8 +392,8 @@ void DeviceAllocator::SyncAndReleaseAll() {
   large_.ReleaseFree(std::numeric_limits<std::size_t>::max());
 }
 
-absl::Status DeviceAllocator::OutOfMemory(std::size_t size, std::size_t rounded, std::size_t minimal_segment,
-                                          const absl::Status& cause) {
+absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std::size_t rounded,
+                                          std::size_t minimal_segment, const absl::Status& cause) {
   ++stats_.num_ooms;
   OomReport r;
   r.device = device_;
@@ -400,12 +403,15 @@ absl::Status DeviceAllocator::OutOfMemory(std::size_t size, std::size_t rounded,
   r.reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
   r.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current);
   r.active = static_cast<std::size_t>(stats_.active_bytes[kAllPools].current);
-  r.cached = r.reserved - r.active;
+  r.cached = r.reserved - r.active;  // invariant: reserved >= active >= allocated
   r.fragmentation = FragmentationLocked();
-  r.largest_free = static_cast<std::size_t>(r.fragmentation.all.largest_free);
+  const PoolFragmentation& own = pool == kSmallPool ? r.fragmentation.small_pool : r.fragmentation.large_pool;
+  r.largest_free = static_cast<std::size_t>(own.largest_free);
   if (absl::StatusOr<DeviceMemInfo> info = backend_->GetMemInfo(); info.ok()) r.device_free = info->free_bytes;
   const std::size_t headroom = cap_ > r.reserved ? cap_ - r.reserved : 0;
   const std::size_t pending = r.active - r.allocated;
+  const auto pool_cached = static_cast<std::size_t>(stats_.cached_bytes[pool].current);
+  const char* pool_name = pool == kSmallPool ? "small" : "large";
   if (r.allocated + rounded > cap_) {
     r.cause = OomCause::kCapacity;
     r.diagnosis = absl::StrFormat(
@@ -418,19 +424,19 @@ absl::Status DeviceAllocator::OutOfMemory(std::size_t size, std::size_t rounded,
         "device exhausted: the cap leaves %s for this request but the device refused %s (device free %s): "
         "memory is used outside this allocator (%s)",
         FormatBytes(headroom), FormatBytes(minimal_segment), FormatBytes(r.device_free), cause.message());
-  } else if (headroom + r.cached >= rounded) {
-    r.cause = OomCause::kFragmentation;
-    r.diagnosis = absl::StrFormat(
-        "fragmentation: %s is free in total (%s cached in pieces of partly used segments, the largest %s, "
-        "plus %s under the cap) but no free block fits %s",
-        FormatBytes(headroom + r.cached), FormatBytes(r.cached), FormatBytes(r.largest_free),
-        FormatBytes(headroom), FormatBytes(rounded));
-  } else {
+  } else if (pending > 0 && headroom + pool_cached < rounded) {
     r.cause = OomCause::kCacheHeld;
     r.diagnosis = absl::StrFormat(
         "cache held: %s is held by freed blocks awaiting stream events that could not be synchronized "
         "(reserved %s, allocated %s); release did not help",
         FormatBytes(pending), FormatBytes(r.reserved), FormatBytes(r.allocated));
+  } else {
+    r.cause = OomCause::kFragmentation;
+    r.diagnosis = absl::StrFormat(
+        "fragmentation: %s is free in total (%s cached in pieces of partly used %s-pool memory, the largest "
+        "%s; %s in the other pool; %s under the cap) but no free block fits %s",
+        FormatBytes(headroom + r.cached), FormatBytes(pool_cached), pool_name, FormatBytes(r.largest_free),
+        FormatBytes(r.cached - pool_cached), FormatBytes(headroom), FormatBytes(rounded));
   }
   std::string message = r.ToString();
   last_oom_ = std::move(r);
@@ -533,6 +539,12 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
     return fail(absl::StrCat(#name, ".all is not the sum of the pools"));
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_CHECK_GAUGE)
 #undef BUCKETALLOC_CHECK_GAUGE
+#define BUCKETALLOC_CHECK_DEVICE_GAUGE(name, doc)                                         \
+  if (stats_.name.current != stats_.name.allocated - stats_.name.freed ||                 \
+      stats_.name.peak < stats_.name.current || stats_.name.current < 0)                  \
+    return fail(absl::StrCat(#name, " is inconsistent: current ", stats_.name.current));
+  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_CHECK_DEVICE_GAUGE)
+#undef BUCKETALLOC_CHECK_DEVICE_GAUGE
 
   // Live and pending blocks: sums per pool, no overlap, each inside one registered segment.
   std::int64_t requested[kNumPoolIndices] = {}, allocated[kNumPoolIndices] = {}, count[kNumPoolIndices] = {};
@@ -582,12 +594,22 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
     }
   }
   std::int64_t reserved[kNumPoolIndices] = {}, segments[kNumPoolIndices] = {};
+  std::int64_t oversize_segments = 0;
   std::uintptr_t end = 0;
   for (const auto& [base, info] : registry_) {
     if (base < end) return fail("registered segments overlap");
     end = base + info.bytes;
     reserved[info.pool] += static_cast<std::int64_t>(info.bytes);
     segments[info.pool] += 1;
+    oversize_segments += info.pool == kLargePool && info.bytes > options_.max_split_size;
+  }
+  std::int64_t oversize_allocations = 0;
+  live_.ForEach([&](std::uintptr_t, const LiveEntry& e) {
+    oversize_allocations += !e.small && e.allocated_size() > options_.max_split_size;
+  });
+  if (stats_.oversize_segments.current != oversize_segments ||
+      stats_.oversize_allocations.current != oversize_allocations) {
+    return fail("oversize_segments or oversize_allocations does not match the blocks");
   }
   if (absl::Status s = live_.CheckInvariants(); !s.ok()) return fail(s.message());
   if (const SimBackend* sim = AsSim(backend_.get()); sim != nullptr) {

@@ -109,11 +109,16 @@ class DeviceAllocator final : public MemorySource {
   // A cached block (whole bin scanned) or a new segment (preferred size, then the minimal one).
   absl::StatusOr<Block*> ServeLarge(StreamPools& sp, Stream stream, std::size_t rounded, int tier)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ProcessEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns pending blocks whose events have completed. With `stop_at_first_busy` (the free path)
+  // polling stops at the first pending block still in use, so a free costs O(1) backend queries
+  // in the common case; the slow path polls them all.
+  void ProcessEvents(bool stop_at_first_busy = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Synchronizes pending events and releases every wholly free segment and empty slab.
   void SyncAndReleaseAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CollectGarbage(std::size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status OutOfMemory(std::size_t size, std::size_t rounded, std::size_t minimal_segment,
+  // Builds the OOM report of a `pool` request (diagnosis: see docs/architecture.md) and returns it
+  // as ResourceExhausted.
+  absl::Status OutOfMemory(PoolIndex pool, std::size_t size, std::size_t rounded, std::size_t minimal_segment,
                            const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status InvalidFree(void* ptr, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   FragmentationReport FragmentationLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

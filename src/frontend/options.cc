@@ -235,7 +235,7 @@ const OptionSpec kOptionTable[] = {
      "max_non_split_rounding_mb of their size (PyTorch's key)",
      MIB_OPTION(max_split_size, "max_split_size_mb", "a whole number of MiB >= 20, or unlimited")},
     {"max_non_split_rounding_mb", "a whole number of MiB",
-     "how much larger than a request an unsplittable block may be (PyTorch's key)",
+     "how much larger than a request an unsplittable block may be, inclusive (PyTorch's key)",
      MIB_OPTION(max_non_split_rounding, "max_non_split_rounding_mb", "a whole number of MiB")},
     {"large_segment_size_mb", "an even whole number of MiB >= 2",
      "segment size for large requests under 10 MiB, which share it by splitting (PyTorch's key)",

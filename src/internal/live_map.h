@@ -5,7 +5,7 @@
 // millions of insert/erase pairs never degrades or rehashes in place). Every allocation inserts
 // and every free erases, so this is on the fast path: neither allocates heap memory unless the
 // table must grow to a new high-water mark of live allocations (load factor 1/2).
-// Invariants: capacity is a power of two >= 16; size <= capacity / 2; every key is reachable from
+// Invariants: capacity is a power of two >= 64; size <= capacity / 2; every key is reachable from
 // its home slot without crossing an empty slot.
 // Thread-safety: none; the device lock guards it.
 //

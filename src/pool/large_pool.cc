@@ -94,7 +94,7 @@ Block* LargePool::FindFree(StreamState& ss, std::size_t rounded, bool full_scan)
   if (best != nullptr) return best;
   for (int bin = NextNonEmpty(ss, first + 1); bin >= 0; bin = NextNonEmpty(ss, bin + 1)) {
     const std::size_t lower = BinLowerBound(bin);
-    if (lower > config_.max_split_size && lower - rounded >= config_.max_non_split_rounding) {
+    if (lower > config_.max_split_size && lower - rounded > config_.max_non_split_rounding) {
       return nullptr;  // every block from here on is oversize and too large for this request
     }
     scanned = 0;

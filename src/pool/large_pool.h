@@ -114,7 +114,7 @@ class LargePool {
  private:
   bool Admissible(std::size_t block_size, std::size_t rounded) const {
     return block_size <= config_.max_split_size ||
-           block_size - rounded < config_.max_non_split_rounding;
+           block_size - rounded <= config_.max_non_split_rounding;
   }
   bool ShouldSplit(const Block* block, std::size_t rounded) const {
     return block->size <= config_.max_split_size && block->size - rounded > kMaxSmallSize;

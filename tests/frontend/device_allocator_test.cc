@@ -265,6 +265,35 @@ TEST(OptionsInteractionTest, SmallNonSplitRoundingStillServesOversizeRequests) {
   ASSERT_TRUE(a->Free(*p).ok());
   EXPECT_EQ(a->GetStats(0)->oversize_allocations.current, 0);
   EXPECT_EQ(a->GetStats(0)->oversize_allocations.peak, 1);
+  // An exact fit of a cached oversize block is reused even with a rounding allowance of 0.
+  void* q = *a->Allocate(22 * kMiB);
+  void* r = *a->Allocate(22 * kMiB);
+  ASSERT_TRUE(a->Free(r).ok());
+  void* again = *a->Allocate(22 * kMiB);
+  EXPECT_EQ(again, r);
+  EXPECT_EQ(a->GetStats(0)->num_device_alloc, 2);
+  for (void* x : {q, again}) ASSERT_TRUE(a->Free(x).ok());
+}
+
+TEST(OomDiagnosisTest, SmallRequestBlockedByPendingSlabIsCacheHeldNotFragmentation) {
+  // A 4 MiB free piece sits in the large pool, but the small request needs a slab, and the only
+  // slab is held by frees awaiting a stream that cannot be synchronized.
+  auto a = MakeAllocator("capacity:22MiB");
+  SimBackend* sim = AsSim(*a->backend(0));
+  Stream other = TestStream(6);
+  void* big = *a->Allocate(8 * kMiB);  // a 20 MiB segment: 16 MiB live, 4 MiB free
+  void* big2 = *a->Allocate(8 * kMiB);
+  std::vector<void*> slots;
+  for (int i = 0; i < 2; ++i) slots.push_back(*a->Allocate(kMiB));  // one full slab
+  for (void* s : slots) ASSERT_TRUE(a->RecordStream(s, 0, other).ok());
+  sim->EnqueueWork(other);
+  for (void* s : slots) ASSERT_TRUE(a->Free(s).ok());
+  sim->SetSynchronizeFails(true);
+  OomReport r = ExpectOom(*a, 4096, OomCause::kCacheHeld);
+  EXPECT_EQ(r.active - r.allocated, 2 * kMiB);
+  sim->SetSynchronizeFails(false);
+  sim->CompleteWork(other);
+  for (void* x : {big, big2}) ASSERT_TRUE(a->Free(x).ok());
 }
 
 TEST(BackendGranularityTest, GranularityAbove2MiBIsRefused) {
