@@ -123,33 +123,30 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
   if (size <= small_limit_) {
     const int cls = SmallSizeClasses::ClassOf(size);
     SmallPool::Slot slot;
-    if (small_.TryAllocate(sp.small, cls, &slot)) {
+    const bool hit = small_.TryAllocate(sp.small, cls, &slot);
+    if (hit) {
       ++stats_.num_cache_hits;
-    } else {
-      if (absl::Status s = AllocateSmallSlow(sp, stream, size, cls, &slot); !s.ok()) return s;
-      CommitLive(slot.address(), LiveEntry{slot.slab, size, slot.slot, true});
-      MaybeCheckInvariants();
-      return reinterpret_cast<void*>(slot.address());
+    } else if (absl::Status s = AllocateSmallSlow(sp, stream, size, cls, &slot); !s.ok()) {
+      return s;
     }
-    const std::uintptr_t ptr = slot.address();
-    CommitLive(ptr, LiveEntry{slot.slab, size, slot.slot, true});
-    return reinterpret_cast<void*>(ptr);
+    CommitLive(slot.address(), LiveEntry{slot.slab, size, slot.slot, true});
+    if (!hit) MaybeCheckInvariants();
+    return reinterpret_cast<void*>(slot.address());
   }
   const int tier = large_.TierOf(size);
   const std::size_t rounded = tier >= 0 ? large_.tier_bytes(tier) : large_.RoundSize(size);
   Block* block = large_.TryAllocate(sp.large, rounded, tier);
-  if (block != nullptr) {
+  const bool hit = block != nullptr;
+  if (hit) {
     ++stats_.num_cache_hits;
-    block->requested = size;
-    CommitLive(block->ptr, LiveEntry{block, size, 0, false});
-    return reinterpret_cast<void*>(block->ptr);
+  } else {
+    absl::StatusOr<Block*> slow = AllocateLargeSlow(sp, stream, size, tier);
+    if (!slow.ok()) return slow.status();
+    block = *slow;
   }
-  absl::StatusOr<Block*> slow = AllocateLargeSlow(sp, stream, size, tier);
-  if (!slow.ok()) return slow.status();
-  block = *slow;
   block->requested = size;
   CommitLive(block->ptr, LiveEntry{block, size, 0, false});
-  MaybeCheckInvariants();
+  if (!hit) MaybeCheckInvariants();
   return reinterpret_cast<void*>(block->ptr);
 }
 
