@@ -66,15 +66,19 @@ absl::StatusOr<std::unique_ptr<Allocator>> Allocator::CreateWithBackend(const Op
 
 int Allocator::device_count() const { return static_cast<int>(devices_->ptrs.size()); }
 
+// The device state when it already exists (the fast path: one bounds check and one load).
+inline DeviceAllocator* Published(const std::vector<std::atomic<DeviceAllocator*>>& ptrs, int device) {
+  return static_cast<std::size_t>(device) < ptrs.size() ? ptrs[device].load(std::memory_order_acquire) : nullptr;
+}
+
 absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
   if (device < 0 || device >= device_count()) {
     return absl::InvalidArgumentError(absl::StrCat("bucketalloc: device ", device, " is invalid; accepted: 0 to ",
                                                    device_count() - 1));
   }
-  DeviceAllocator* d = devices_->ptrs[device].load(std::memory_order_acquire);
-  if (d != nullptr) return d;
+  if (DeviceAllocator* d = Published(devices_->ptrs, device)) return d;
   std::lock_guard<std::mutex> lock(devices_->create_mu);
-  d = devices_->ptrs[device].load(std::memory_order_relaxed);
+  DeviceAllocator* d = devices_->ptrs[device].load(std::memory_order_relaxed);
   if (d != nullptr) return d;
   std::unique_ptr<Backend> backend;
   if (devices_->preset_backend != nullptr) {
@@ -91,11 +95,6 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
   d = devices_->owned[device].get();
   devices_->ptrs[device].store(d, std::memory_order_release);
   return d;
-}
-
-// The device state when it already exists (the fast path: one bounds check and one load).
-inline DeviceAllocator* Published(const std::vector<std::atomic<DeviceAllocator*>>& ptrs, int device) {
-  return static_cast<std::size_t>(device) < ptrs.size() ? ptrs[device].load(std::memory_order_acquire) : nullptr;
 }
 
 absl::StatusOr<void*> Allocator::Allocate(std::size_t size, int device, Stream stream) {
@@ -117,7 +116,7 @@ absl::Status Allocator::Free(void* ptr, int device, std::optional<std::size_t> s
   if (!s.ok() && absl::IsInvalidArgument(s)) {
     // A pointer of another device: say so, so that the caller's device bookkeeping is fixed.
     for (int other = 0; other < device_count(); ++other) {
-      DeviceAllocator* o = devices_->ptrs[other].load(std::memory_order_acquire);
+      DeviceAllocator* o = Published(devices_->ptrs, other);
       if (other != device && o != nullptr && o->OwnsLive(ptr)) {
         return absl::InvalidArgumentError(absl::StrCat(s.message(), " (it is a live allocation of device ", other,
                                                        "; free it with that device)"));
@@ -135,7 +134,7 @@ absl::Status Allocator::RecordStream(void* ptr, int device, Stream stream) {
 
 absl::Status Allocator::EmptyCache() {
   for (int device = 0; device < device_count(); ++device) {
-    DeviceAllocator* d = devices_->ptrs[device].load(std::memory_order_acquire);
+    DeviceAllocator* d = Published(devices_->ptrs, device);
     if (d == nullptr) continue;
     if (absl::Status s = d->EmptyCache(); !s.ok()) return s;
   }

@@ -24,7 +24,6 @@ LargePoolConfig MakeLargeConfig(const Options& o, std::size_t granularity) {
   c.roundup_power2_divisions = o.roundup_power2_divisions;
   c.tiers = o.ResolvedTiers(granularity);
   c.tier_min_fill = o.tier_min_fill;
-  c.small_pool_limit = o.small_pool_limit;
   return c;
 }
 
@@ -152,7 +151,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
 
 absl::Status DeviceAllocator::AllocateSmallSlow(StreamPools& sp, Stream stream, std::size_t size, int cls,
                                                 SmallPool::Slot* slot) {
-  ProcessEvents();
+  if (!pending_.empty()) RetirePending(RetireMode::kPollAll);
   // Two rounds: the second after synchronizing pending events and releasing the cache, which may
   // have returned a slot of this class to a slab that is still partly used.
   for (int round = 0; round < 2; ++round) {
@@ -193,7 +192,7 @@ absl::StatusOr<Block*> DeviceAllocator::ServeLarge(StreamPools& sp, Stream strea
 
 absl::StatusOr<Block*> DeviceAllocator::AllocateLargeSlow(StreamPools& sp, Stream stream, std::size_t size,
                                                           int tier) {
-  ProcessEvents();
+  if (!pending_.empty()) RetirePending(RetireMode::kPollAll);
   const std::size_t rounded = tier >= 0 ? large_.tier_bytes(tier) : large_.RoundSize(size);
   absl::StatusOr<Block*> block = ServeLarge(sp, stream, rounded, tier);
   if (!absl::IsResourceExhausted(block.status())) return block;
@@ -322,7 +321,7 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
     ReturnEntry(entry);
   }
   // Blocks awaiting stream events are polled on every free and every slow path, never on a hit.
-  if (!pending_.empty()) ProcessEvents(/*stop_at_first_busy=*/true);
+  if (!pending_.empty()) RetirePending(RetireMode::kPollUntilBusy);
   return absl::OkStatus();
 }
 
@@ -340,8 +339,7 @@ absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
   return absl::OkStatus();
 }
 
-void DeviceAllocator::ProcessEvents(bool stop_at_first_busy) {
-  if (pending_.empty()) return;
+void DeviceAllocator::RetirePending(RetireMode mode) {
   std::size_t kept = 0;
   bool stopped = false;
   for (std::size_t i = 0; i < pending_.size(); ++i) {
@@ -352,10 +350,15 @@ void DeviceAllocator::ProcessEvents(bool stop_at_first_busy) {
     PendingFree& p = pending_[i];
     bool done = !stopped;
     for (std::size_t k = 0; done && k < p.events.size(); ++k) {
-      absl::StatusOr<bool> q = backend_->QueryEvent(p.events[k]);
-      done = q.ok() && *q;
+      if (mode == RetireMode::kSynchronize) {
+        done = backend_->SynchronizeEvent(p.events[k]).ok();
+      } else {
+        absl::StatusOr<bool> q = backend_->QueryEvent(p.events[k]);
+        done = q.ok() && *q;
+      }
     }
-    if (!done && stop_at_first_busy) stopped = true;  // later frees are (mostly) later in stream order
+    // Later frees are (mostly) later in stream order.
+    if (!done && mode == RetireMode::kPollUntilBusy) stopped = true;
     if (done) {
       for (Event e : p.events) backend_->DestroyEvent(e);
       ReturnEntry(p.entry);
@@ -370,20 +373,7 @@ void DeviceAllocator::ProcessEvents(bool stop_at_first_busy) {
 void DeviceAllocator::SyncAndReleaseAll() {
   if (!pending_.empty()) {
     ++stats_.num_sync_all_streams;
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < pending_.size(); ++i) {
-      PendingFree& p = pending_[i];
-      bool done = true;
-      for (Event e : p.events) done = done && backend_->SynchronizeEvent(e).ok();
-      if (done) {
-        for (Event e : p.events) backend_->DestroyEvent(e);
-        ReturnEntry(p.entry);
-      } else {
-        if (kept != i) pending_[kept] = std::move(p);
-        ++kept;
-      }
-    }
-    pending_.resize(kept);
+    RetirePending(RetireMode::kSynchronize);
   }
   small_.ReleaseEmpty(std::numeric_limits<std::size_t>::max());
   large_.ReleaseFree(std::numeric_limits<std::size_t>::max());

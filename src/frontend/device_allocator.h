@@ -109,10 +109,11 @@ class DeviceAllocator final : public MemorySource {
   // A cached block (whole bin scanned) or a new segment (preferred size, then the minimal one).
   absl::StatusOr<Block*> ServeLarge(StreamPools& sp, Stream stream, std::size_t rounded, int tier)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns pending blocks whose events have completed. With `stop_at_first_busy` (the free path)
-  // polling stops at the first pending block still in use, so a free costs O(1) backend queries
-  // in the common case; the slow path polls them all.
-  void ProcessEvents(bool stop_at_first_busy = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns to the pools the pending blocks whose events have completed: kPollAll queries every
+  // pending block (the slow path); kPollUntilBusy stops at the first one still in use, so a free
+  // costs O(1) backend queries in the common case; kSynchronize waits for each event (release).
+  enum class RetireMode { kPollAll, kPollUntilBusy, kSynchronize };
+  void RetirePending(RetireMode mode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Synchronizes pending events and releases every wholly free segment and empty slab.
   void SyncAndReleaseAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CollectGarbage(std::size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

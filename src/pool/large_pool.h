@@ -43,7 +43,6 @@ struct LargePoolConfig {
   std::vector<std::uint32_t> roundup_power2_divisions;
   std::vector<std::size_t> tiers;  // ascending, multiples of the backend granularity
   double tier_min_fill = 0.5;
-  std::size_t small_pool_limit = kMiB;
 };
 
 class LargePool {
