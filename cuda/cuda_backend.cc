@@ -61,6 +61,19 @@ std::string CudaErrorMessage(absl::string_view what, cudaError_t error) {
                       "): ", cudaGetErrorString(error));
 }
 
+// The errors of a call CUDA forbids while a stream capture is running.
+bool IsCaptureError(cudaError_t error) {
+  switch (error) {
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorStreamCaptureWrongThread:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Maps a CUDA error to a typed status. Also resets the thread's last error, so that a non-sticky
 // error (out of memory above all) is not reported again by an unrelated later call; the error is
 // reported here instead. Sticky errors (a lost context) cannot be reset and keep failing calls.
@@ -68,7 +81,7 @@ absl::Status CudaStatus(absl::string_view what, cudaError_t error) {
   cudaGetLastError();
   std::string message = CudaErrorMessage(what, error);
   if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  if (IsMissingDriverOrDevice(error)) return absl::FailedPreconditionError(message);
+  if (IsMissingDriverOrDevice(error) || IsCaptureError(error)) return absl::FailedPreconditionError(message);
   return absl::InternalError(message);
 }
 
@@ -220,6 +233,21 @@ class CudaBackend final : public Backend {
   void DestroyEvent(Event event) override {
     if (event == nullptr) return;
     ReturnToPool(static_cast<cudaEvent_t>(event));
+  }
+
+  absl::StatusOr<bool> IsCapturing(Stream stream) override {
+    ScopedDevice guard(device_);
+    if (absl::Status status = guard.Enter("cudaStreamIsCapturing"); !status.ok()) return status;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaError_t error = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+    // The legacy default stream cannot be queried while another stream captures in global mode:
+    // that also forbids the calls the caller is about to make.
+    if (error == cudaErrorStreamCaptureImplicit) {
+      cudaGetLastError();
+      return true;
+    }
+    if (error != cudaSuccess) return Error(absl::StrCat("cudaStreamIsCapturing(stream ", Hex(stream), ")"), error);
+    return capture != cudaStreamCaptureStatusNone;
   }
 
   BackendCounters counters() const override {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/allocator.h"
@@ -46,6 +48,22 @@ inline std::unique_ptr<Allocator> MakeAllocator(const std::string& conf, bool ba
   absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::Create(*o);
   return a.ok() ? std::move(*a) : nullptr;
 }
+
+// A suite over every configuration: a fresh sim allocator per test, invariants checked after every
+// slow-path event. Instantiate with BUCKETALLOC_INSTANTIATE_OVER_CONFIGS(Suite).
+class ConfiguredAllocatorTest : public ::testing::TestWithParam<Config> {
+ protected:
+  void SetUp() override {
+    allocator_ = MakeAllocator(GetParam().conf);
+    ASSERT_NE(allocator_, nullptr) << GetParam().conf;
+  }
+  DeviceStats Stats(int device = 0) { return *allocator_->GetStats(device); }
+  std::unique_ptr<Allocator> allocator_;
+};
+
+#define BUCKETALLOC_INSTANTIATE_OVER_CONFIGS(suite)                                                  \
+  INSTANTIATE_TEST_SUITE_P(Configs, suite, ::testing::ValuesIn(::bucketalloc::testing::AllConfigs()), \
+                           [](const auto& info) { return info.param.name; })
 
 // Streams as the sim backend sees them: any distinct pointer values.
 inline Stream TestStream(int i) { return reinterpret_cast<Stream>(static_cast<std::uintptr_t>(0x1000 + i)); }

@@ -20,12 +20,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/options.h"
+#include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
 
 namespace bucketalloc {
@@ -63,6 +65,13 @@ class Allocator {
 
   // Marks `ptr` as used on `stream`: its reuse after Free waits for the work queued on `stream`.
   absl::Status RecordStream(void* ptr, int device, Stream stream);
+  // The same, for a caller that does not know the device (PyTorch's record_stream hook).
+  absl::Status RecordStream(void* ptr, Stream stream);
+
+  // The device whose live allocation starts at `ptr`; InvalidArgument when there is none.
+  absl::StatusOr<int> DeviceOf(void* ptr) const;
+  // The device allocation (segment or slab) holding the live allocation `ptr`: base and size.
+  absl::StatusOr<std::pair<void*, std::size_t>> BaseAllocation(void* ptr) const;
 
   // Releases every cached block that can be released (whole free segments and empty slabs) on
   // every device, after synchronizing pending stream events.
@@ -76,6 +85,13 @@ class Allocator {
   absl::StatusOr<FragmentationReport> GetFragmentation(int device) const;
   // The readable summary table (stats, then the fragmentation table).
   absl::StatusOr<std::string> Summary(int device) const;
+  // The segments and blocks of `device` (or every device created so far when device == -1) and
+  // their histories, in the layout of torch.cuda.memory._snapshot() (see bucketalloc/snapshot.h).
+  absl::StatusOr<MemorySnapshot> Snapshot(int device = -1) const;
+  // Turns history recording on or off for every device, present and future; see snapshot.h.
+  // max_entries (>= 1 when enabling) bounds each device's ring buffer.
+  absl::Status RecordHistory(bool enabled, std::size_t max_entries);
+
   // The report of the last out-of-memory error on `device`, if any.
   absl::StatusOr<std::optional<OomReport>> LastOomReport(int device) const;
 

@@ -45,6 +45,9 @@ struct BackendCounters {
   std::int64_t frees = 0;          // successful Free calls
   std::int64_t failed_allocs = 0;  // Allocate calls that returned an error
   std::int64_t events_recorded = 0;
+  // Calls CUDA forbids while a stream capture is running (Allocate, Free, QueryEvent,
+  // SynchronizeEvent); the sim backend refuses them and counts them here. Always 0 on CUDA.
+  std::int64_t capture_violations = 0;
 };
 
 // The memory source of one device. Implementations: sim (CPU), cuda (cudaMalloc), and later vmm.
@@ -78,6 +81,11 @@ class Backend {
   virtual absl::Status SynchronizeEvent(Event event) = 0;
   // Destroys (or recycles) `event`.
   virtual void DestroyEvent(Event event) = 0;
+  // Returns true while `stream` is being captured into a CUDA graph. While any capture runs, CUDA
+  // forbids allocating, freeing, synchronizing and querying events (cudaErrorStreamCaptureUnsupported,
+  // and the capture is invalidated), so the allocator asks this before any of them on a slow path.
+  // An event recorded on a capturing stream becomes a graph node and never completes eagerly.
+  virtual absl::StatusOr<bool> IsCapturing(Stream stream) { return false; }
 
   // Virtual memory (for the stitching backend). The default implementation reports Unimplemented.
   // Returns true when the Reserve/Create/Map family below is available.
@@ -138,6 +146,11 @@ class SimBackend : public Backend {
   // Simulates `bytes` of the device used outside this backend (another process or library): the
   // device's free memory shrinks by that much. 0 ends it.
   virtual void SetExternalUsage(std::size_t bytes) = 0;
+  // Starts (true) or ends a simulated CUDA stream capture on `stream`. While any stream captures,
+  // Allocate, Free, QueryEvent and SynchronizeEvent fail with FailedPrecondition (as CUDA's global
+  // capture mode does) and count a capture violation; an event recorded on a capturing stream is
+  // a graph node: it reports completion at once, which is what makes it unsafe to rely on.
+  virtual void SetCapturing(Stream stream, bool capturing) = 0;
   // Returns the bytes currently allocated from the simulated device through this backend.
   virtual std::size_t used_bytes() const = 0;
   virtual SimMemoryMode memory_mode() const = 0;

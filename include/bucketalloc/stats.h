@@ -71,7 +71,9 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
   X(num_cache_misses, "allocations that needed a new segment or slab")                      \
   X(num_tier_fallbacks, "tier requests served at their exact rounded size instead")         \
   X(num_gc_releases, "segments and slabs released by garbage_collection_threshold")                   \
-  X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")
+  X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")        \
+  X(num_capture_refusals, "allocations refused during CUDA stream capture (no cached block fit)") \
+  X(num_capture_deferred_frees, "cross-stream frees whose events waited for a capture to end")
 
 // Device-wide gauges (no per-pool split, as in PyTorch): X(name, meaning).
 #define BUCKETALLOC_DEVICE_STATS(X)                                             \

@@ -35,6 +35,7 @@ struct SimEvent {
 struct SimStream {
   std::uint64_t queued = 0;     // units of work enqueued so far
   std::uint64_t completed = 0;  // units completed so far; completed <= queued
+  bool capturing = false;
 };
 
 class SimBackendImpl final : public SimBackend {
@@ -67,6 +68,10 @@ class SimBackendImpl final : public SimBackend {
 
   absl::StatusOr<void*> Allocate(std::size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = RefuseDuringCapture("Allocate"); !s.ok()) {
+      ++counters_.failed_allocs;
+      return s;
+    }
     if (bytes == 0 || bytes % options_.granularity != 0) {
       ++counters_.failed_allocs;
       return absl::InvalidArgumentError(absl::StrCat("sim backend: Allocate(", bytes,
@@ -109,6 +114,7 @@ class SimBackendImpl final : public SimBackend {
 
   absl::Status Free(void* ptr, std::size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = RefuseDuringCapture("Free"); !s.ok()) return s;
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
     auto it = live_.find(addr);
     if (it == live_.end() || it->second != bytes) {
@@ -142,19 +148,22 @@ class SimBackendImpl final : public SimBackend {
       e = new SimEvent;
     }
     e->stream = stream;
-    e->ticket = streams_[stream].queued;
+    // An event recorded during capture is a graph node: nothing is recorded eagerly.
+    e->ticket = streams_[stream].capturing ? 0 : streams_[stream].queued;
     ++counters_.events_recorded;
     return static_cast<Event>(e);
   }
 
   absl::StatusOr<bool> QueryEvent(Event event) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = RefuseDuringCapture("QueryEvent"); !s.ok()) return s;
     auto* e = static_cast<SimEvent*>(event);
     return streams_[e->stream].completed >= e->ticket;
   }
 
   absl::Status SynchronizeEvent(Event event) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = RefuseDuringCapture("SynchronizeEvent"); !s.ok()) return s;
     if (synchronize_fails_) {
       return absl::InternalError("sim backend: injected SynchronizeEvent failure");
     }
@@ -167,6 +176,12 @@ class SimBackendImpl final : public SimBackend {
   void DestroyEvent(Event event) override {
     std::lock_guard<std::mutex> lock(mu_);
     event_pool_.emplace_back(static_cast<SimEvent*>(event));
+  }
+
+  absl::StatusOr<bool> IsCapturing(Stream stream) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = streams_.find(stream);
+    return it != streams_.end() && it->second.capturing;
   }
 
   BackendCounters counters() const override {
@@ -182,6 +197,12 @@ class SimBackendImpl final : public SimBackend {
     std::lock_guard<std::mutex> lock(mu_);
     SimStream& s = streams_[stream];
     s.completed = s.queued;
+  }
+  void SetCapturing(Stream stream, bool capturing) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SimStream& s = streams_[stream];
+    if (s.capturing != capturing) capturing_streams_ += capturing ? 1 : -1;
+    s.capturing = capturing;
   }
   void SetSynchronizeFails(bool fails) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -209,6 +230,13 @@ class SimBackendImpl final : public SimBackend {
   std::size_t FreeBytes() const {
     const std::size_t taken = used_ + external_;
     return taken >= options_.total_memory ? 0 : options_.total_memory - taken;
+  }
+
+  absl::Status RefuseDuringCapture(absl::string_view call) {
+    if (capturing_streams_ == 0) return absl::OkStatus();
+    ++counters_.capture_violations;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sim backend: ", call, " while a stream capture is running (cudaErrorStreamCaptureUnsupported)"));
   }
 
   bool InjectFault() {
@@ -249,6 +277,7 @@ class SimBackendImpl final : public SimBackend {
   BackendCounters counters_;
   std::int64_t alloc_calls_ = 0;
   std::int64_t fail_nth_ = 0;  // absolute Allocate call number to fail; 0 = none
+  int capturing_streams_ = 0;
   bool synchronize_fails_ = false;
   bool record_event_fails_ = false;
   std::mt19937_64 rng_;

@@ -18,6 +18,9 @@ struct Allocator::Devices {
   std::mutex create_mu;
   std::vector<std::unique_ptr<DeviceAllocator>> owned;
   std::unique_ptr<Backend> preset_backend;  // CreateWithBackend: device 0's backend
+  // History recording, applied to each device when it is created (guarded by create_mu).
+  bool history = false;
+  std::size_t history_entries = 0;
 };
 
 namespace {
@@ -91,6 +94,7 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
   absl::StatusOr<std::unique_ptr<DeviceAllocator>> created =
       DeviceAllocator::Create(options_, std::move(backend), device);
   if (!created.ok()) return created.status();
+  if (devices_->history) (*created)->SetHistory(true, devices_->history_entries);
   devices_->owned[device] = std::move(*created);
   d = devices_->owned[device].get();
   devices_->ptrs[device].store(d, std::memory_order_release);
@@ -130,6 +134,59 @@ absl::Status Allocator::RecordStream(void* ptr, int device, Stream stream) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
   return (*d)->RecordStream(ptr, stream);
+}
+
+absl::Status Allocator::RecordStream(void* ptr, Stream stream) {
+  absl::StatusOr<int> device = DeviceOf(ptr);
+  if (!device.ok()) return device.status();
+  return RecordStream(ptr, *device, stream);
+}
+
+absl::StatusOr<int> Allocator::DeviceOf(void* ptr) const {
+  for (int device = 0; device < device_count(); ++device) {
+    DeviceAllocator* d = Published(devices_->ptrs, device);
+    if (d != nullptr && d->OwnsLive(ptr)) return device;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("bucketalloc: 0x", absl::Hex(reinterpret_cast<std::uintptr_t>(ptr)),
+                                                 " is not a live allocation of bucketalloc on any device"));
+}
+
+absl::StatusOr<std::pair<void*, std::size_t>> Allocator::BaseAllocation(void* ptr) const {
+  absl::StatusOr<int> device = DeviceOf(ptr);
+  if (!device.ok()) return device.status();
+  return Published(devices_->ptrs, *device)->BaseAllocation(ptr);
+}
+
+absl::StatusOr<MemorySnapshot> Allocator::Snapshot(int device) const {
+  if (device != -1) {
+    if (absl::StatusOr<DeviceAllocator*> d = Device(device); !d.ok()) return d.status();
+  }
+  MemorySnapshot snapshot;
+  snapshot.device_traces.resize(static_cast<std::size_t>(device_count()));
+  for (int i = 0; i < device_count(); ++i) {
+    DeviceAllocator* d = Published(devices_->ptrs, i);
+    if (d == nullptr || (device != -1 && i != device)) continue;
+    snapshot.device_traces[static_cast<std::size_t>(i)] = d->AppendSnapshot(&snapshot.segments);
+  }
+  snapshot.settings = FormatOptions(options_);
+  snapshot.max_split_size = options_.max_split_size;
+  snapshot.garbage_collection_threshold = options_.garbage_collection_threshold;
+  return snapshot;
+}
+
+absl::Status Allocator::RecordHistory(bool enabled, std::size_t max_entries) {
+  if (enabled && (max_entries == 0 || max_entries > kMaxHistoryEntries)) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: record_history max_entries ", max_entries,
+                                                   " is invalid; accepted: 1 to ", kMaxHistoryEntries,
+                                                   " entries per device (the ring buffer is allocated up front)"));
+  }
+  std::lock_guard<std::mutex> lock(devices_->create_mu);
+  devices_->history = enabled;
+  devices_->history_entries = max_entries;
+  for (int device = 0; device < device_count(); ++device) {
+    if (DeviceAllocator* d = Published(devices_->ptrs, device)) d->SetHistory(enabled, max_entries);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Allocator::EmptyCache() {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_format.h"
 #include "bucketalloc/allocator.h"
 #include "internal/check.h"
@@ -129,6 +130,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
       return s;
     }
     CommitLive(slot.address(), LiveEntry{slot.slab, size, slot.slot, true});
+    Trace(TraceAction::kAlloc, slot.address(), slot.slab->slot_size, stream);
     if (!hit) MaybeCheckInvariants();
     return reinterpret_cast<void*>(slot.address());
   }
@@ -145,12 +147,23 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
   }
   block->requested = size;
   CommitLive(block->ptr, LiveEntry{block, size, 0, false});
+  Trace(TraceAction::kAlloc, block->ptr, block->size, stream);
   if (!hit) MaybeCheckInvariants();
   return reinterpret_cast<void*>(block->ptr);
 }
 
 absl::Status DeviceAllocator::AllocateSmallSlow(StreamPools& sp, Stream stream, std::size_t size, int cls,
                                                 SmallPool::Slot* slot) {
+  slow_path_stream_ = stream;
+  if (AnyCapturing({stream})) {
+    // Only cached memory: an empty slab of the stream may take this class; AllocateSegment refuses.
+    slow_path_capturing_ = true;
+    bool from_cache = false;
+    absl::Status s = small_.AllocateSlow(sp.small, stream, cls, slot, &from_cache);
+    slow_path_capturing_ = false;
+    if (s.ok()) ++stats_.num_cache_hits;
+    return s.ok() || !absl::IsFailedPrecondition(s) ? s : CaptureMiss(size, stream);
+  }
   if (!pending_.empty()) RetirePending(RetireMode::kPollAll);
   // Two rounds: the second after synchronizing pending events and releasing the cache, which may
   // have returned a slot of this class to a slab that is still partly used.
@@ -192,8 +205,22 @@ absl::StatusOr<Block*> DeviceAllocator::ServeLarge(StreamPools& sp, Stream strea
 
 absl::StatusOr<Block*> DeviceAllocator::AllocateLargeSlow(StreamPools& sp, Stream stream, std::size_t size,
                                                           int tier) {
-  if (!pending_.empty()) RetirePending(RetireMode::kPollAll);
+  slow_path_stream_ = stream;
   const std::size_t rounded = tier >= 0 ? large_.tier_bytes(tier) : large_.RoundSize(size);
+  if (AnyCapturing({stream})) {
+    // Only cached memory (the whole bin is scanned, a tier request may take an exact-size block);
+    // AllocateSegment refuses.
+    slow_path_capturing_ = true;
+    absl::StatusOr<Block*> block = ServeLarge(sp, stream, rounded, tier);
+    if (absl::IsFailedPrecondition(block.status()) && tier >= 0) {
+      block = ServeLarge(sp, stream, large_.RoundSize(size), -1);
+      if (block.ok()) ++stats_.num_tier_fallbacks;
+    }
+    slow_path_capturing_ = false;
+    if (absl::IsFailedPrecondition(block.status())) return CaptureMiss(size, stream);
+    return block;
+  }
+  if (!pending_.empty()) RetirePending(RetireMode::kPollAll);
   absl::StatusOr<Block*> block = ServeLarge(sp, stream, rounded, tier);
   if (!absl::IsResourceExhausted(block.status())) return block;
   // Release the cache (after synchronizing pending stream events) and try once more.
@@ -213,6 +240,10 @@ absl::StatusOr<Block*> DeviceAllocator::AllocateLargeSlow(StreamPools& sp, Strea
 }
 
 absl::StatusOr<std::uintptr_t> DeviceAllocator::AllocateSegment(std::size_t bytes, PoolIndex pool) {
+  if (slow_path_capturing_) {
+    // The caller turns this into CaptureMiss; no backend call (not even a release) is legal now.
+    return absl::FailedPreconditionError("bucketalloc: no device allocation during stream capture");
+  }
   CollectGarbage(bytes);
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
   if (reserved + bytes > cap_) {
@@ -226,6 +257,7 @@ absl::StatusOr<std::uintptr_t> DeviceAllocator::AllocateSegment(std::size_t byte
   StatAdd(stats_.reserved_bytes, pool, static_cast<std::int64_t>(bytes));
   StatAdd(stats_.segment, pool, 1);
   ++stats_.num_device_alloc;
+  Trace(TraceAction::kSegmentAlloc, base, bytes, slow_path_stream_);
   return base;
 }
 
@@ -236,6 +268,50 @@ void DeviceAllocator::ReleaseSegment(std::uintptr_t base, std::size_t bytes, Poo
   StatAdd(stats_.reserved_bytes, pool, -static_cast<std::int64_t>(bytes));
   StatAdd(stats_.segment, pool, -1);
   ++stats_.num_device_free;
+  Trace(TraceAction::kSegmentFree, base, bytes, nullptr);
+}
+
+bool DeviceAllocator::AnyCapturing(absl::Span<const Stream> streams) {
+  for (Stream s : streams) {
+    absl::StatusOr<bool> capturing = backend_->IsCapturing(s);
+    if (!capturing.ok() || *capturing) return true;
+  }
+  return false;
+}
+
+absl::Status DeviceAllocator::CaptureMiss(std::size_t size, Stream stream) {
+  ++stats_.num_capture_refusals;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "bucketalloc: cannot allocate ", size, " bytes on device ", device_, " during CUDA stream capture of stream ",
+      PtrStr(stream), ": no cached block fits and CUDA forbids cudaMalloc while a capture runs. Run the captured "
+      "work once before capturing (so that its blocks are cached and reused on the same stream), or allocate "
+      "the graph's buffers before the capture"));
+}
+
+absl::Status DeviceAllocator::RecordUseEvents(absl::Span<const Stream> uses, absl::InlinedVector<Event, 2>* events) {
+  for (Stream s : uses) {
+    absl::StatusOr<Event> e = backend_->RecordEvent(s);
+    if (!e.ok()) {
+      for (Event done : *events) backend_->DestroyEvent(done);
+      events->clear();
+      return e.status();
+    }
+    events->push_back(*e);
+  }
+  return absl::OkStatus();
+}
+
+void DeviceAllocator::AppendTrace(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream,
+                                  std::size_t device_free) {
+  TraceEntry& e = trace_[trace_next_];
+  e.action = action;
+  e.addr = addr;
+  e.size = size;
+  e.stream = reinterpret_cast<std::uintptr_t>(stream);
+  e.time_us = absl::GetCurrentTimeNanos() / 1000;
+  e.device_free = device_free;
+  trace_next_ = trace_next_ + 1 == trace_.size() ? 0 : trace_next_ + 1;
+  trace_count_ = std::min(trace_count_ + 1, trace_.size());
 }
 
 void DeviceAllocator::CollectGarbage(std::size_t incoming) {
@@ -290,21 +366,24 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
     return InvalidFree(ptr, absl::StrCat("size mismatch: allocated with ", entry.requested, " bytes, freed with ",
                                          *size, " bytes"));
   }
+  // Streams other than the allocation stream that used the block (RecordStream): its reuse waits for
+  // an event on each, recorded now, or once no capture runs (an event recorded during capture is a
+  // graph node and would report completion at once).
+  absl::InlinedVector<Stream, 2> uses;
   absl::InlinedVector<Event, 2> events;
   if (!stream_uses_.empty()) {
-    if (auto uses = stream_uses_.find(addr); uses != stream_uses_.end()) {
-      for (Stream s : uses->second) {
-        absl::StatusOr<Event> e = backend_->RecordEvent(s);
-        if (!e.ok()) {
-          for (Event done : events) backend_->DestroyEvent(done);
-          return absl::Status(e.status().code(),
-                              absl::StrCat("bucketalloc: free of ", PtrStr(ptr), " could not record a stream event (the "
-                                           "allocation stays live): ",
-                                           e.status().message()));
-        }
-        events.push_back(*e);
+    if (auto it = stream_uses_.find(addr); it != stream_uses_.end()) {
+      uses = it->second;
+      absl::InlinedVector<Stream, 3> involved(uses.begin(), uses.end());
+      involved.push_back(entry.stream());
+      if (AnyCapturing(involved)) {
+        ++stats_.num_capture_deferred_frees;
+      } else if (absl::Status s = RecordUseEvents(uses, &events); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("bucketalloc: free of ", PtrStr(ptr), " could not record a stream "
+                                                   "event (the allocation stays live): ",
+                                                   s.message()));
       }
-      stream_uses_.erase(uses);
+      stream_uses_.erase(it);
     }
   }
   live_.Erase(found);
@@ -314,14 +393,17 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   StatAdd(stats_.allocation, pool, -1);
   if (!entry.small && entry.allocated_size() > options_.max_split_size) stats_.oversize_allocations.Add(-1);
   ++clock_;
-  if (!events.empty()) {
+  Trace(TraceAction::kFreeRequested, addr, entry.allocated_size(), entry.stream());
+  if (!uses.empty()) {
     if (!entry.small) static_cast<Block*>(entry.owner)->state = BlockState::kPendingFree;
-    pending_.push_back(PendingFree{addr, entry, std::move(events)});
+    pending_.push_back(PendingFree{addr, entry, std::move(events), std::move(uses)});
   } else {
     ReturnEntry(entry);
+    Trace(TraceAction::kFreeCompleted, addr, entry.allocated_size(), entry.stream());
   }
-  // Blocks awaiting stream events are polled on every free and every slow path, never on a hit.
-  if (!pending_.empty()) RetirePending(RetireMode::kPollUntilBusy);
+  // Blocks awaiting stream events are polled on every free and every slow path, never on a hit;
+  // not while this stream captures (CUDA forbids event queries then).
+  if (!pending_.empty() && !AnyCapturing({entry.stream()})) RetirePending(RetireMode::kPollUntilBusy);
   return absl::OkStatus();
 }
 
@@ -349,6 +431,12 @@ void DeviceAllocator::RetirePending(RetireMode mode) {
     }
     PendingFree& p = pending_[i];
     bool done = !stopped;
+    if (done && p.events.empty()) {
+      // Deferred by a capture: record the events once none of its streams captures any more.
+      absl::InlinedVector<Stream, 3> involved(p.uses.begin(), p.uses.end());
+      involved.push_back(p.entry.stream());
+      done = !AnyCapturing(involved) && RecordUseEvents(p.uses, &p.events).ok();
+    }
     for (std::size_t k = 0; done && k < p.events.size(); ++k) {
       if (mode == RetireMode::kSynchronize) {
         done = backend_->SynchronizeEvent(p.events[k]).ok();
@@ -362,6 +450,7 @@ void DeviceAllocator::RetirePending(RetireMode mode) {
     if (done) {
       for (Event e : p.events) backend_->DestroyEvent(e);
       ReturnEntry(p.entry);
+      Trace(TraceAction::kFreeCompleted, p.ptr, p.entry.allocated_size(), p.entry.stream());
     } else {
       if (kept != i) pending_[kept] = std::move(p);
       ++kept;
@@ -425,6 +514,7 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
         FormatBytes(headroom + r.cached), FormatBytes(pool_cached), pool_name, FormatBytes(r.largest_free),
         FormatBytes(r.cached - pool_cached), FormatBytes(headroom), FormatBytes(rounded));
   }
+  Trace(TraceAction::kOom, 0, size, slow_path_stream_, r.device_free);
   std::string message = r.ToString();
   last_oom_ = std::move(r);
   MaybeCheckInvariants();
@@ -433,6 +523,14 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
 
 absl::Status DeviceAllocator::EmptyCache() {
   MutexLock lock(mu_);
+  for (const auto& [stream, pools] : streams_) {
+    if (AnyCapturing({stream})) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "bucketalloc: empty_cache on device ", device_, " during CUDA stream capture of stream ", PtrStr(stream),
+          ": CUDA forbids the synchronization and cudaFree it needs; nothing was released. Call it after the "
+          "capture ends"));
+    }
+  }
   SyncAndReleaseAll();
   MaybeCheckInvariants();
   return absl::OkStatus();
@@ -491,6 +589,101 @@ FragmentationReport DeviceAllocator::FragmentationLocked() const {
     all.reserved += p->reserved;
   }
   return r;
+}
+
+void DeviceAllocator::SetHistory(bool enabled, std::size_t max_entries) {
+  std::vector<TraceEntry> ring(enabled ? std::max<std::size_t>(max_entries, 1) : 0);
+  MutexLock lock(mu_);
+  trace_.swap(ring);
+  trace_next_ = 0;
+  trace_count_ = 0;
+}
+
+std::vector<TraceEntry> DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* segments) const {
+  MutexLock lock(mu_);
+  const std::size_t first = segments->size();
+  auto add_block = [](SegmentSnapshot& seg, std::uintptr_t address, std::size_t size, std::size_t requested,
+                      BlockSnapshotState state) {
+    if (state == BlockSnapshotState::kInactive && !seg.blocks.empty() &&
+        seg.blocks.back().state == BlockSnapshotState::kInactive) {
+      seg.blocks.back().size += size;  // adjacent free slots read as one free range
+      return;
+    }
+    seg.blocks.push_back(BlockSnapshot{address, size, requested, state});
+    if (state == BlockSnapshotState::kInactive) return;
+    seg.active_size += size;
+    seg.requested_size += requested;
+    if (state == BlockSnapshotState::kActiveAllocated) seg.allocated_size += size;
+  };
+  large_.ForEachSegment([&](const Segment& s) {
+    SegmentSnapshot& seg = segments->emplace_back();
+    seg.device = device_;
+    seg.address = s.base;
+    seg.total_size = s.size;
+    seg.stream = reinterpret_cast<std::uintptr_t>(s.stream);
+    seg.tier = s.tier;
+    for (const Block* b = s.first; b != nullptr; b = b->next) {
+      const BlockSnapshotState state = b->state == BlockState::kFree        ? BlockSnapshotState::kInactive
+                                       : b->state == BlockState::kAllocated ? BlockSnapshotState::kActiveAllocated
+                                                                            : BlockSnapshotState::kActivePendingFree;
+      add_block(seg, b->ptr, b->size, state == BlockSnapshotState::kInactive ? 0 : b->requested, state);
+    }
+  });
+  // Small slots: which are taken, and by what, is known from the live and pending entries.
+  struct Taken {
+    std::size_t requested;
+    BlockSnapshotState state;
+  };
+  absl::flat_hash_map<const Slab*, absl::flat_hash_map<std::uint32_t, Taken>> slots;
+  live_.ForEach([&](std::uintptr_t, const LiveEntry& e) {
+    if (e.small) slots[static_cast<const Slab*>(e.owner)][e.slot] = {e.requested, BlockSnapshotState::kActiveAllocated};
+  });
+  for (const PendingFree& p : pending_) {
+    if (p.entry.small) {
+      slots[static_cast<const Slab*>(p.entry.owner)][p.entry.slot] = {p.entry.requested,
+                                                                      BlockSnapshotState::kActivePendingFree};
+    }
+  }
+  small_.ForEachSlab([&](const Slab& slab) {
+    SegmentSnapshot& seg = segments->emplace_back();
+    seg.device = device_;
+    seg.address = slab.base;
+    seg.total_size = kSlabBytes;
+    seg.stream = reinterpret_cast<std::uintptr_t>(slab.stream);
+    seg.small = true;
+    const auto taken = slots.find(&slab);
+    for (std::uint32_t i = 0; i < slab.capacity; ++i) {
+      const Taken* t = nullptr;
+      if (taken != slots.end()) {
+        if (auto it = taken->second.find(i); it != taken->second.end()) t = &it->second;
+      }
+      if (t != nullptr) {
+        add_block(seg, slab.SlotAddress(i), slab.slot_size, t->requested, t->state);
+      } else {
+        add_block(seg, slab.SlotAddress(i), slab.slot_size, 0, BlockSnapshotState::kInactive);
+      }
+    }
+    const std::size_t used = std::size_t{slab.capacity} * slab.slot_size;
+    if (used < kSlabBytes) add_block(seg, slab.base + used, kSlabBytes - used, 0, BlockSnapshotState::kInactive);
+  });
+  std::sort(segments->begin() + static_cast<std::ptrdiff_t>(first), segments->end(),
+            [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
+  std::vector<TraceEntry> history;
+  history.reserve(trace_count_);
+  const std::size_t start = (trace_next_ + trace_.size() - trace_count_) % std::max<std::size_t>(trace_.size(), 1);
+  for (std::size_t i = 0; i < trace_count_; ++i) history.push_back(trace_[(start + i) % trace_.size()]);
+  return history;
+}
+
+absl::StatusOr<std::pair<void*, std::size_t>> DeviceAllocator::BaseAllocation(void* ptr) const {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  MutexLock lock(mu_);
+  if (!live_.contains(addr)) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: base allocation of ", PtrStr(ptr), " on device ",
+                                                   device_, ": no live allocation starts at this address"));
+  }
+  auto seg = std::prev(registry_.upper_bound(addr));  // invariant: a live block lies in one registered range
+  return std::pair<void*, std::size_t>{reinterpret_cast<void*>(seg->first), seg->second.bytes};
 }
 
 void DeviceAllocator::MaybeCheckInvariants() const {

@@ -31,8 +31,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/options.h"
+#include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
 #include "internal/live_map.h"
 #include "internal/mutex.h"
@@ -65,6 +67,15 @@ class DeviceAllocator final : public MemorySource {
   absl::Status CheckInvariants() const;
   Backend* backend() const { return backend_.get(); }
 
+  // Appends this device's segments and slabs, each with its blocks, to `segments`, and returns
+  // the history (oldest first; empty while recording is off).
+  std::vector<TraceEntry> AppendSnapshot(std::vector<SegmentSnapshot>* segments) const;
+  // Turns history recording on (allocating a ring of `max_entries`, clearing the old history) or
+  // off (freeing it).
+  void SetHistory(bool enabled, std::size_t max_entries);
+  // The device allocation (segment or slab) that holds the live allocation `ptr`: base and size.
+  absl::StatusOr<std::pair<void*, std::size_t>> BaseAllocation(void* ptr) const;
+
   // MemorySource (called by the pools under mu_).
   absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) override;
   void ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override;
@@ -79,10 +90,15 @@ class DeviceAllocator final : public MemorySource {
     std::size_t allocated_size() const;
     Stream stream() const;
   };
+  // A freed block that waits for the work queued on the streams it was used on. `events` is empty
+  // while the free is deferred: a stream in `uses` (or the allocation stream) was capturing when
+  // it was freed, and an event recorded during capture never completes eagerly, so the events are
+  // recorded once no capture runs.
   struct PendingFree {
     std::uintptr_t ptr = 0;
     LiveEntry entry;
     absl::InlinedVector<Event, 2> events;
+    absl::InlinedVector<Stream, 2> uses;
   };
   struct StreamPools {
     explicit StreamPools(std::size_t tiers) : large(tiers) {}
@@ -122,6 +138,21 @@ class DeviceAllocator final : public MemorySource {
   absl::Status OutOfMemory(PoolIndex pool, std::size_t size, std::size_t rounded, std::size_t minimal_segment,
                            const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status InvalidFree(void* ptr, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records one event per stream of `uses` into `events`; on failure destroys those recorded.
+  absl::Status RecordUseEvents(absl::Span<const Stream> uses, absl::InlinedVector<Event, 2>* events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when any of `streams` is capturing (a query error counts as capturing: the caller then
+  // makes no call CUDA could forbid).
+  bool AnyCapturing(absl::Span<const Stream> streams) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The error of a request that only fresh device memory could serve during capture of `stream`.
+  absl::Status CaptureMiss(std::size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends a history entry while recording (one predictable branch otherwise).
+  void Trace(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream,
+             std::size_t device_free = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!trace_.empty()) [[unlikely]] AppendTrace(action, addr, size, stream, device_free);
+  }
+  void AppendTrace(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream,
+                   std::size_t device_free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   FragmentationReport FragmentationLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckInvariantsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCheckInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -146,6 +177,15 @@ class DeviceAllocator final : public MemorySource {
   std::vector<PendingFree> pending_ ABSL_GUARDED_BY(mu_);
   absl::btree_map<std::uintptr_t, SegmentInfo> registry_ ABSL_GUARDED_BY(mu_);
   std::optional<OomReport> last_oom_ ABSL_GUARDED_BY(mu_);
+  // The stream whose slow path is running (for segment_alloc entries), and whether it captures:
+  // then AllocateSegment refuses, as CUDA forbids cudaMalloc during capture.
+  Stream slow_path_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool slow_path_capturing_ ABSL_GUARDED_BY(mu_) = false;
+  // History: a ring of trace_.size() entries (empty while recording is off); trace_next_ is the
+  // slot written next and trace_count_ the number of entries held (<= trace_.size()).
+  std::vector<TraceEntry> trace_ ABSL_GUARDED_BY(mu_);
+  std::size_t trace_next_ ABSL_GUARDED_BY(mu_) = 0;
+  std::size_t trace_count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace bucketalloc::internal

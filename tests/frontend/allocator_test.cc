@@ -13,21 +13,15 @@
 namespace bucketalloc {
 namespace {
 
-using ::bucketalloc::testing::AllConfigs;
 using ::bucketalloc::testing::Config;
 using ::bucketalloc::testing::MakeAllocator;
 using ::bucketalloc::testing::TestStream;
 
-class AllocatorTest : public ::testing::TestWithParam<Config> {
+class AllocatorTest : public ::bucketalloc::testing::ConfiguredAllocatorTest {
  protected:
-  void SetUp() override {
-    allocator_ = MakeAllocator(GetParam().conf);
-    ASSERT_NE(allocator_, nullptr) << GetParam().conf;
-  }
   void TearDown() override {
     if (HasFailure() && allocator_ != nullptr) std::cerr << *allocator_->Summary(0);
   }
-  DeviceStats Stats(int device = 0) { return *allocator_->GetStats(device); }
   void ExpectConsistent(int device = 0) {
     absl::Status s = allocator_->CheckInvariants(device);
     EXPECT_TRUE(s.ok()) << s;
@@ -36,7 +30,6 @@ class AllocatorTest : public ::testing::TestWithParam<Config> {
   static std::vector<std::size_t> Sizes() {
     return {1, 511, 512, 4097, 100000, kMiB, kMiB + 1, 3 * kMiB, 9 * kMiB + 7, 25 * kMiB};
   }
-  std::unique_ptr<Allocator> allocator_;
 };
 
 TEST_P(AllocatorTest, RoundTripAndStats) {
@@ -200,8 +193,7 @@ TEST_P(AllocatorTest, SummaryAndFragmentationReport) {
   for (void* x : {p, q}) ASSERT_TRUE(allocator_->Free(x).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, AllocatorTest, ::testing::ValuesIn(AllConfigs()),
-                         [](const auto& info) { return info.param.name; });
+BUCKETALLOC_INSTANTIATE_OVER_CONFIGS(AllocatorTest);
 
 TEST(AllocatorDevicesTest, EachDeviceHasItsOwnState) {
   auto allocator = MakeAllocator("sim_devices:2,sim_total_memory:256MiB");

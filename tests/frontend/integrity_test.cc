@@ -100,7 +100,9 @@ TEST_P(IntegrityTest, AMillionRandomOperationsWithoutCorruption) {
       }
       ASSERT_TRUE(allocator->Free(b.p, 0, b.size).ok());
       if (r > 0.995) sim->CompleteWork(streams[rng() % 3]);
-      if (r > 0.9999) ASSERT_TRUE(allocator->EmptyCache().ok());
+      if (r > 0.9999) {
+        ASSERT_TRUE(allocator->EmptyCache().ok());
+      }
     }
     // Every operation of the first 20000 is followed by a full invariant check, then every 20000th.
     if (op < 20000 || op % 20000 == 0) {

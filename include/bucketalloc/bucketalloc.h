@@ -1,0 +1,156 @@
+/* bucketalloc/bucketalloc.h — the C ABI of libbucketalloc.so (layer L5, plugins).
+ *
+ * One process-wide allocator behind plain C functions. PyTorch loads it through
+ * `torch.cuda.memory.CUDAPluggableAllocator(lib, "bucketalloc_malloc", "bucketalloc_free")` and the
+ * hook setters of its `.allocator()` object; C and C++ runtimes call it directly.
+ *
+ * Rules of the ABI:
+ *   - every symbol starts with `bucketalloc_`; nothing else is exported by the shared library;
+ *   - no C++ exception ever crosses a function of this header (except bucketalloc_malloc_or_throw,
+ *     which only C++ hosts can declare and which exists to throw);
+ *   - errors come back as a return value (NULL, -1, or 0 for "nothing written") plus a thread-local
+ *     message read with bucketalloc_last_error(); the allocator state is left consistent;
+ *   - hooks whose PyTorch signature returns void report errors through bucketalloc_last_error() and
+ *     one line on stderr (they have no other channel);
+ *   - the allocator is created on first use (or by bucketalloc_init) from the configuration given to
+ *     bucketalloc_configure(), else from the BUCKETALLOC_CONF environment variable, else defaults.
+ *     It is never destroyed: memory still held by the host at exit stays valid until the process ends.
+ *
+ * Thread-safety: every function may be called from any thread.
+ *
+ * Example (C):
+ *   bucketalloc_configure("backend:sim,capacity:4GiB");
+ *   void* p = bucketalloc_malloc(1 << 20, 0, NULL);
+ *   if (p == NULL) fprintf(stderr, "%s\n", bucketalloc_last_error());
+ *   bucketalloc_free(p, 1 << 20, 0, NULL);
+ *   char buf[1 << 16];
+ *   ssize_t n = bucketalloc_stats_json(0, buf, sizeof buf);   // n >= sizeof buf: buffer too small
+ */
+#ifndef BUCKETALLOC_BUCKETALLOC_H_
+#define BUCKETALLOC_BUCKETALLOC_H_
+
+#include <stddef.h>
+#include <sys/types.h> /* ssize_t */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The same type as CUDA's (driver_types.h declares the identical typedef), so this header needs no
+ * CUDA header and mixes with one. */
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+
+#define BUCKETALLOC_API __attribute__((visibility("default")))
+
+/* ---- Allocation: PyTorch's CUDAPluggableAllocator signatures ------------------------------- */
+
+/* Allocates `size` bytes on `device` for use on `stream` (NULL: the legacy default stream).
+ * Size 0 returns NULL with no error. On failure returns NULL and sets the last error: a negative
+ * size or bad device (invalid argument), out of memory (the OOM report with its diagnosis:
+ * capacity, fragmentation, cache held or device exhausted; also printed to stderr), or growth
+ * during CUDA stream capture of `stream`. */
+BUCKETALLOC_API void* bucketalloc_malloc(ssize_t size, int device, cudaStream_t stream);
+
+/* Frees `ptr` (NULL is a no-op). `size` is the size passed to bucketalloc_malloc (PyTorch passes the
+ * requested size; a negative size means "unknown" and is not checked); `stream` is the allocation
+ * stream and is not needed. The current CUDA device may differ from `device`. A double free, an
+ * unknown pointer, a pointer of another device or a size mismatch leaves the allocator untouched
+ * and sets the last error (and prints it to stderr). */
+BUCKETALLOC_API void bucketalloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream);
+
+#ifdef __cplusplus
+/* C++ hosts only (PyTorch): the same as bucketalloc_malloc, but a failure with size > 0 throws
+ * std::bad_alloc whose what() is the error message (the OOM report) instead of returning NULL.
+ * PyTorch does not check the pointer its pluggable allocator returns, so a NULL would become a
+ * tensor at address 0 and a later illegal-address fault; PyTorch turns this exception into a Python
+ * RuntimeError naming the cause. The allocator state is consistent when it is thrown. */
+BUCKETALLOC_API void* bucketalloc_malloc_or_throw(ssize_t size, int device, cudaStream_t stream);
+#endif
+
+/* ---- Hooks PyTorch can call (CUDAPluggableAllocator.allocator().set_*_fn) ------------------ */
+
+/* set_init_fn: creates the allocator now (it is otherwise created on first use). `device_count`
+ * is what the host sees; a count that disagrees with the backend's is reported on stderr. */
+BUCKETALLOC_API void bucketalloc_init(int device_count);
+
+/* set_reset_fn (torch.cuda.empty_cache): synchronizes pending stream events and releases every
+ * cached segment and empty slab of every device. Not allowed while a CUDA stream capture is
+ * running (CUDA forbids the synchronization and cudaFree it needs). */
+BUCKETALLOC_API void bucketalloc_empty_cache(void);
+
+/* set_memory_fraction_fn (torch.cuda.set_per_process_memory_fraction): caps `device` at
+ * fraction x device memory; fraction in (0, 1]. */
+BUCKETALLOC_API void bucketalloc_set_memory_fraction(double fraction, int device);
+
+/* set_record_stream_fn (Tensor.record_stream): the block of `ptr` is not reused after its free
+ * until the work queued on `stream` up to that free has completed (a CUDA event). */
+BUCKETALLOC_API void bucketalloc_record_stream(void* ptr, cudaStream_t stream);
+
+/* set_base_alloc_fn: the start of the device allocation (segment or slab) that holds `ptr`, and
+ * its size in *size. Returns NULL (last error set) when `ptr` is not a live allocation. */
+BUCKETALLOC_API void* bucketalloc_base_alloc(void* ptr, size_t* size);
+
+/* ---- Inspection ------------------------------------------------------------------------------
+ * Each writes NUL-terminated text into buf[0..len) (truncated when it does not fit; buf may be NULL
+ * when len is 0) and returns the length of the whole text without the NUL, as snprintf does: a
+ * return value >= len means the buffer was too small. Returns -1 on error (last error set). */
+
+/* A flat JSON object with PyTorch's torch.cuda.memory_stats() keys, e.g.
+ * "allocated_bytes.all.current", plus bucketalloc's own counters. */
+BUCKETALLOC_API ssize_t bucketalloc_stats_json(int device, char* buf, size_t len);
+/* The fragmentation report as JSON: per pool the free-block histogram (count and bytes per size
+ * bin), largest and total free, external and internal fragmentation; the per-tier table. */
+BUCKETALLOC_API ssize_t bucketalloc_fragmentation_json(int device, char* buf, size_t len);
+/* The readable memory-summary table (stats, then the fragmentation table). */
+BUCKETALLOC_API ssize_t bucketalloc_summary(int device, char* buf, size_t len);
+/* The layout of torch.cuda.memory._snapshot() as JSON: "segments" (each with its "blocks" and
+ * their states), "device_traces" (one list per device; filled while history recording is on) and
+ * "allocator_settings". `device` selects one device, or -1 for every device created so far. */
+BUCKETALLOC_API ssize_t bucketalloc_snapshot_json(int device, char* buf, size_t len);
+/* The last out-of-memory report of `device` (empty text when there has been none). */
+BUCKETALLOC_API ssize_t bucketalloc_last_oom_report(int device, char* buf, size_t len);
+/* The effective configuration, in BUCKETALLOC_CONF syntax. */
+BUCKETALLOC_API ssize_t bucketalloc_config_string(char* buf, size_t len);
+
+/* ---- Control --------------------------------------------------------------------------------
+ * Each returns 0 on success and -1 on error (last error set). */
+
+/* Resets the peaks of every gauge of `device` to its current value. */
+BUCKETALLOC_API int bucketalloc_reset_peak_stats(int device);
+/* Sets the configuration (BUCKETALLOC_CONF syntax, e.g. "backend:sim,capacity:8GiB,
+ * max_split_size_mb:512"; NULL or "" = defaults). Only before the allocator is created; the error
+ * names a bad key or value and what is accepted. */
+BUCKETALLOC_API int bucketalloc_configure(const char* conf);
+/* Turns history recording on (enabled != 0) or off for every device: alloc, free_requested,
+ * free_completed, segment_alloc, segment_free and oom entries, the last `max_entries` (>= 1) kept
+ * per device in a ring buffer. Turning it on again clears the history. */
+BUCKETALLOC_API int bucketalloc_record_history(int enabled, size_t max_entries);
+/* Checks every internal invariant of `device` (tests and debugging; takes the device lock). */
+BUCKETALLOC_API int bucketalloc_check_invariants(int device);
+
+/* The message of the last failed call on this thread ("" when none); valid until the next call on
+ * this thread. */
+BUCKETALLOC_API const char* bucketalloc_last_error(void);
+/* 1 once the allocator has been created, else 0. */
+BUCKETALLOC_API int bucketalloc_is_initialized(void);
+/* The number of devices the backend serves (creates the allocator); -1 on error. */
+BUCKETALLOC_API int bucketalloc_device_count(void);
+/* The library version, e.g. "0.1.0". */
+BUCKETALLOC_API const char* bucketalloc_version(void);
+
+/* ---- Simulated device controls (backend:sim only; -1 with an error on another backend) ------
+ * For tests of stream semantics without a GPU: streams are any distinct pointer values. */
+
+/* Queues one unit of simulated work on `stream`: events recorded from now on wait for it. */
+BUCKETALLOC_API int bucketalloc_sim_enqueue_work(int device, cudaStream_t stream);
+/* Completes all work queued on `stream` so far. */
+BUCKETALLOC_API int bucketalloc_sim_complete_work(int device, cudaStream_t stream);
+/* Starts (capturing != 0) or ends a simulated CUDA stream capture on `stream`. */
+BUCKETALLOC_API int bucketalloc_sim_set_capturing(int device, cudaStream_t stream, int capturing);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* BUCKETALLOC_BUCKETALLOC_H_ */

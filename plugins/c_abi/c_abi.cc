@@ -1,0 +1,371 @@
+// plugins/c_abi/c_abi.cc — the C ABI of libbucketalloc.so (layer L5): one process-wide Allocator
+// behind the extern "C" functions of bucketalloc/bucketalloc.h.
+//
+// The allocator is created on first use from bucketalloc_configure()'s text, else BUCKETALLOC_CONF,
+// and is never destroyed: the host (PyTorch above all) may free tensors during its own teardown,
+// after this library's static destructors would have run.
+// Every function catches every exception (a host allocation failure inside the allocator is the
+// only source) and turns it into an error; only bucketalloc_malloc_or_throw throws, by design.
+// The allocation path adds one atomic load to the C++ call it wraps.
+#include "bucketalloc/bucketalloc.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "bucketalloc/allocator.h"
+#include "bucketalloc/options.h"
+#include "bucketalloc/snapshot.h"
+#include "bucketalloc/stats.h"
+
+namespace bucketalloc {
+namespace {
+
+// Constant-initialized, so usable from any static constructor of the host; never destroyed.
+std::atomic<Allocator*> g_allocator{nullptr};
+std::mutex g_init_mu;
+std::string* g_conf = nullptr;  // bucketalloc_configure's text (guarded by g_init_mu; leaked)
+
+thread_local std::string t_last_error;
+
+void SetError(const absl::Status& status) { t_last_error.assign(status.message().data(), status.message().size()); }
+
+// For the hooks that return void: the error is also printed, as the host has no way to see it.
+void ReportError(const absl::Status& status) {
+  SetError(status);
+  std::fprintf(stderr, "%s\n", t_last_error.c_str());
+}
+
+// Runs `f` and turns an escaping exception into an error and `on_error`.
+template <typename R, typename F>
+R Guarded(R on_error, F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    SetError(absl::InternalError(absl::StrCat("bucketalloc: internal error: ", e.what())));
+  } catch (...) {
+    SetError(absl::InternalError("bucketalloc: internal error: unknown exception"));
+  }
+  return on_error;
+}
+
+// The options the allocator is created with.
+absl::StatusOr<Options> ConfiguredOptions() {
+  if (g_conf != nullptr) return ParseOptions(*g_conf);
+  return OptionsFromEnv();
+}
+
+Allocator* CreateAllocator() {
+  std::lock_guard<std::mutex> lock(g_init_mu);
+  if (Allocator* a = g_allocator.load(std::memory_order_acquire)) return a;
+  absl::StatusOr<Options> options = ConfiguredOptions();
+  if (!options.ok()) {
+    SetError(options.status());
+    return nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<Allocator>> created = Allocator::Create(*options);
+  if (!created.ok()) {
+    SetError(absl::Status(created.status().code(),
+                          absl::StrCat("bucketalloc: cannot create the allocator: ", created.status().message())));
+    return nullptr;
+  }
+  Allocator* a = created->release();  // never destroyed (see the file comment)
+  g_allocator.store(a, std::memory_order_release);
+  return a;
+}
+
+// The allocator, created on first use; nullptr with the last error set when it cannot be created.
+inline Allocator* Get() {
+  if (Allocator* a = g_allocator.load(std::memory_order_acquire)) [[likely]] return a;
+  return CreateAllocator();
+}
+
+// Writes `text` as snprintf does; see "Inspection" in bucketalloc.h.
+ssize_t WriteText(const std::string& text, char* buf, std::size_t len) {
+  if (buf == nullptr && len > 0) {
+    SetError(absl::InvalidArgumentError(
+        absl::StrCat("bucketalloc: the output buffer is NULL but its length is ", len,
+                     "; accepted: a buffer of at least len bytes, or len 0 to ask for the length")));
+    return -1;
+  }
+  if (len > 0) {
+    const std::size_t n = std::min(text.size(), len - 1);
+    std::memcpy(buf, text.data(), n);
+    buf[n] = '\0';
+  }
+  return static_cast<ssize_t>(text.size());
+}
+
+// Renders the text of `make(allocator)` (a StatusOr<std::string>) into buf.
+template <typename F>
+ssize_t TextCall(char* buf, std::size_t len, F&& make) {
+  return Guarded<ssize_t>(-1, [&]() -> ssize_t {
+    Allocator* a = Get();
+    if (a == nullptr) return -1;
+    absl::StatusOr<std::string> text = make(*a);
+    if (!text.ok()) {
+      SetError(text.status());
+      return -1;
+    }
+    return WriteText(*text, buf, len);
+  });
+}
+
+// Runs `f(allocator)` (an absl::Status) and returns 0, or -1 with the last error set.
+template <typename F>
+int StatusCall(F&& f) {
+  return Guarded<int>(-1, [&]() -> int {
+    Allocator* a = Get();
+    if (a == nullptr) return -1;
+    absl::Status s = f(*a);
+    if (s.ok()) return 0;
+    SetError(s);
+    return -1;
+  });
+}
+
+absl::StatusOr<void*> Malloc(ssize_t size, int device, cudaStream_t stream) {
+  if (size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc_malloc: size ", size, " on device ", device,
+                                                   " is negative; accepted: 0 to ", kMaxRequestBytes, " bytes"));
+  }
+  Allocator* a = Get();
+  if (a == nullptr) return absl::FailedPreconditionError(t_last_error);
+  return a->Allocate(static_cast<std::size_t>(size), device, stream);
+}
+
+// Runs `f(sim backend of device)`: 0, or -1 with the last error set (also for another backend).
+template <typename F>
+int SimCall(int device, F&& f) {
+  return StatusCall([&](Allocator& a) -> absl::Status {
+    absl::StatusOr<Backend*> backend = a.backend(device);
+    if (!backend.ok()) return backend.status();
+    SimBackend* sim = AsSim(*backend);
+    if (sim == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("bucketalloc: device ", device, " uses the '",
+                                                        (*backend)->Name(),
+                                                        "' backend; the simulated-device controls need backend:sim"));
+    }
+    f(*sim);
+    return absl::OkStatus();
+  });
+}
+
+// Thrown by bucketalloc_malloc_or_throw: a std::bad_alloc that carries the allocator's message.
+class AllocationError final : public std::bad_alloc {
+ public:
+  explicit AllocationError(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+}  // namespace
+}  // namespace bucketalloc
+
+using bucketalloc::Allocator;
+using bucketalloc::Get;
+using bucketalloc::Guarded;
+using bucketalloc::SetError;
+
+extern "C" {
+
+void* bucketalloc_malloc(ssize_t size, int device, cudaStream_t stream) {
+  return Guarded<void*>(nullptr, [&]() -> void* {
+    absl::StatusOr<void*> p = bucketalloc::Malloc(size, device, stream);
+    if (p.ok()) [[likely]] return *p;
+    if (absl::IsResourceExhausted(p.status())) {
+      bucketalloc::ReportError(p.status());  // the OOM report: the host sees only a NULL
+    } else {
+      SetError(p.status());
+    }
+    return nullptr;
+  });
+}
+
+void* bucketalloc_malloc_or_throw(ssize_t size, int device, cudaStream_t stream) {
+  absl::StatusOr<void*> p = Guarded<absl::StatusOr<void*>>(
+      absl::InternalError(""), [&]() { return bucketalloc::Malloc(size, device, stream); });
+  if (p.ok()) [[likely]] return *p;
+  std::string message = p.status().message().empty() ? bucketalloc::t_last_error : std::string(p.status().message());
+  SetError(absl::Status(p.status().code(), message));
+  throw bucketalloc::AllocationError(std::move(message));
+}
+
+void bucketalloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
+  if (ptr == nullptr) return;
+  Guarded<int>(0, [&]() -> int {
+    Allocator* a = Get();
+    if (a == nullptr) return 0;
+    std::optional<std::size_t> checked;
+    if (size >= 0) checked = static_cast<std::size_t>(size);
+    if (absl::Status s = a->Free(ptr, device, checked); !s.ok()) bucketalloc::ReportError(s);
+    return 0;
+  });
+}
+
+void bucketalloc_init(int device_count) {
+  Guarded<int>(0, [&]() -> int {
+    Allocator* a = Get();
+    if (a == nullptr) {
+      std::fprintf(stderr, "%s\n", bucketalloc::t_last_error.c_str());
+      return 0;
+    }
+    if (device_count != a->device_count()) {
+      std::fprintf(stderr, "bucketalloc: the host reports %d devices, the '%s' backend serves %d\n", device_count,
+                   a->options().backend == bucketalloc::BackendKind::kSim ? "sim" : "cuda", a->device_count());
+    }
+    return 0;
+  });
+}
+
+void bucketalloc_empty_cache(void) {
+  Guarded<int>(0, [&]() -> int {
+    Allocator* a = bucketalloc::g_allocator.load(std::memory_order_acquire);
+    if (a == nullptr) return 0;  // nothing cached yet
+    if (absl::Status s = a->EmptyCache(); !s.ok()) bucketalloc::ReportError(s);
+    return 0;
+  });
+}
+
+void bucketalloc_set_memory_fraction(double fraction, int device) {
+  if (bucketalloc::StatusCall([&](Allocator& a) { return a.SetMemoryFraction(fraction, device); }) != 0) {
+    std::fprintf(stderr, "%s\n", bucketalloc::t_last_error.c_str());
+  }
+}
+
+void bucketalloc_record_stream(void* ptr, cudaStream_t stream) {
+  if (bucketalloc::StatusCall([&](Allocator& a) { return a.RecordStream(ptr, stream); }) != 0) {
+    std::fprintf(stderr, "%s\n", bucketalloc::t_last_error.c_str());
+  }
+}
+
+void* bucketalloc_base_alloc(void* ptr, size_t* size) {
+  return Guarded<void*>(nullptr, [&]() -> void* {
+    Allocator* a = Get();
+    if (a == nullptr) return nullptr;
+    absl::StatusOr<std::pair<void*, std::size_t>> base = a->BaseAllocation(ptr);
+    if (!base.ok()) {
+      SetError(base.status());
+      return nullptr;
+    }
+    if (size != nullptr) *size = base->second;
+    return base->first;
+  });
+}
+
+ssize_t bucketalloc_stats_json(int device, char* buf, size_t len) {
+  return bucketalloc::TextCall(buf, len, [&](Allocator& a) -> absl::StatusOr<std::string> {
+    absl::StatusOr<bucketalloc::DeviceStats> stats = a.GetStats(device);
+    if (!stats.ok()) return stats.status();
+    return bucketalloc::StatsToJson(*stats);
+  });
+}
+
+ssize_t bucketalloc_fragmentation_json(int device, char* buf, size_t len) {
+  return bucketalloc::TextCall(buf, len, [&](Allocator& a) -> absl::StatusOr<std::string> {
+    absl::StatusOr<bucketalloc::FragmentationReport> report = a.GetFragmentation(device);
+    if (!report.ok()) return report.status();
+    return bucketalloc::FragmentationToJson(*report);
+  });
+}
+
+ssize_t bucketalloc_summary(int device, char* buf, size_t len) {
+  return bucketalloc::TextCall(buf, len, [&](Allocator& a) { return a.Summary(device); });
+}
+
+ssize_t bucketalloc_snapshot_json(int device, char* buf, size_t len) {
+  return bucketalloc::TextCall(buf, len, [&](Allocator& a) -> absl::StatusOr<std::string> {
+    absl::StatusOr<bucketalloc::MemorySnapshot> snapshot = a.Snapshot(device);
+    if (!snapshot.ok()) return snapshot.status();
+    return bucketalloc::SnapshotToJson(*snapshot);
+  });
+}
+
+ssize_t bucketalloc_last_oom_report(int device, char* buf, size_t len) {
+  return bucketalloc::TextCall(buf, len, [&](Allocator& a) -> absl::StatusOr<std::string> {
+    absl::StatusOr<std::optional<bucketalloc::OomReport>> report = a.LastOomReport(device);
+    if (!report.ok()) return report.status();
+    return report->has_value() ? (*report)->ToString() : std::string();
+  });
+}
+
+ssize_t bucketalloc_config_string(char* buf, size_t len) {
+  return bucketalloc::TextCall(buf, len, [&](Allocator& a) -> absl::StatusOr<std::string> {
+    return bucketalloc::FormatOptions(a.options());
+  });
+}
+
+int bucketalloc_reset_peak_stats(int device) {
+  return bucketalloc::StatusCall([&](Allocator& a) { return a.ResetPeakStats(device); });
+}
+
+int bucketalloc_configure(const char* conf) {
+  return Guarded<int>(-1, [&]() -> int {
+    const absl::string_view text = conf == nullptr ? absl::string_view() : absl::string_view(conf);
+    absl::StatusOr<bucketalloc::Options> options = bucketalloc::ParseOptions(text);
+    if (!options.ok()) {
+      SetError(options.status());
+      return -1;
+    }
+    std::lock_guard<std::mutex> lock(bucketalloc::g_init_mu);
+    if (Allocator* a = bucketalloc::g_allocator.load(std::memory_order_acquire)) {
+      const std::string current = bucketalloc::FormatOptions(a->options());
+      if (bucketalloc::FormatOptions(*options) == current) return 0;  // the same configuration again
+      SetError(absl::FailedPreconditionError(absl::StrCat(
+          "bucketalloc_configure: the allocator already exists (it is created on first use) with \"", current,
+          "\"; configure must be called before the first allocation, or set BUCKETALLOC_CONF before the process "
+          "starts")));
+      return -1;
+    }
+    if (bucketalloc::g_conf == nullptr) bucketalloc::g_conf = new std::string;
+    bucketalloc::g_conf->assign(text.data(), text.size());
+    return 0;
+  });
+}
+
+int bucketalloc_record_history(int enabled, size_t max_entries) {
+  return bucketalloc::StatusCall([&](Allocator& a) { return a.RecordHistory(enabled != 0, max_entries); });
+}
+
+int bucketalloc_check_invariants(int device) {
+  return bucketalloc::StatusCall([&](Allocator& a) { return a.CheckInvariants(device); });
+}
+
+const char* bucketalloc_last_error(void) { return bucketalloc::t_last_error.c_str(); }
+
+int bucketalloc_is_initialized(void) {
+  return bucketalloc::g_allocator.load(std::memory_order_acquire) != nullptr ? 1 : 0;
+}
+
+int bucketalloc_device_count(void) {
+  return Guarded<int>(-1, [&]() -> int {
+    Allocator* a = Get();
+    return a == nullptr ? -1 : a->device_count();
+  });
+}
+
+const char* bucketalloc_version(void) { return BUCKETALLOC_VERSION_STRING; }
+
+int bucketalloc_sim_enqueue_work(int device, cudaStream_t stream) {
+  return bucketalloc::SimCall(device, [&](bucketalloc::SimBackend& sim) { sim.EnqueueWork(stream); });
+}
+
+int bucketalloc_sim_complete_work(int device, cudaStream_t stream) {
+  return bucketalloc::SimCall(device, [&](bucketalloc::SimBackend& sim) { sim.CompleteWork(stream); });
+}
+
+int bucketalloc_sim_set_capturing(int device, cudaStream_t stream, int capturing) {
+  return bucketalloc::SimCall(device, [&](bucketalloc::SimBackend& sim) { sim.SetCapturing(stream, capturing != 0); });
+}
+
+}  // extern "C"

@@ -1,0 +1,102 @@
+// src/frontend/snapshot.cc — the memory snapshot in the JSON layout of torch.cuda.memory._snapshot().
+#include "bucketalloc/snapshot.h"
+
+#include "bucketalloc/options.h"
+#include "nlohmann/json.hpp"
+
+namespace bucketalloc {
+
+absl::string_view BlockStateName(BlockSnapshotState state) {
+  switch (state) {
+    case BlockSnapshotState::kActiveAllocated:
+      return "active_allocated";
+    case BlockSnapshotState::kActivePendingFree:
+      return "active_pending_free";
+    case BlockSnapshotState::kInactive:
+      return "inactive";
+  }
+  return "inactive";
+}
+
+absl::string_view TraceActionName(TraceAction action) {
+  switch (action) {
+    case TraceAction::kAlloc:
+      return "alloc";
+    case TraceAction::kFreeRequested:
+      return "free_requested";
+    case TraceAction::kFreeCompleted:
+      return "free_completed";
+    case TraceAction::kSegmentAlloc:
+      return "segment_alloc";
+    case TraceAction::kSegmentFree:
+      return "segment_free";
+    case TraceAction::kOom:
+      return "oom";
+  }
+  return "alloc";
+}
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string Str(absl::string_view s) { return std::string(s); }
+
+}  // namespace
+
+std::string SnapshotToJson(const MemorySnapshot& snapshot) {
+  Json segments = Json::array();
+  for (const SegmentSnapshot& s : snapshot.segments) {
+    Json blocks = Json::array();
+    for (const BlockSnapshot& b : s.blocks) {
+      blocks.push_back({{"address", b.address},
+                        {"size", b.size},
+                        {"requested_size", b.requested_size},
+                        {"state", Str(BlockStateName(b.state))},
+                        {"frames", Json::array()}});
+    }
+    segments.push_back({{"device", s.device},
+                        {"address", s.address},
+                        {"total_size", s.total_size},
+                        {"allocated_size", s.allocated_size},
+                        {"active_size", s.active_size},
+                        {"requested_size", s.requested_size},
+                        {"stream", s.stream},
+                        {"segment_type", s.small ? "small" : "large"},
+                        {"segment_pool_id", Json::array({0, 0})},
+                        {"is_expandable", false},
+                        {"tier", s.tier},
+                        {"frames", Json::array()},
+                        {"blocks", std::move(blocks)}});
+  }
+  Json traces = Json::array();
+  for (const std::vector<TraceEntry>& device : snapshot.device_traces) {
+    Json entries = Json::array();
+    for (const TraceEntry& e : device) {
+      Json j = {{"action", Str(TraceActionName(e.action))}};
+      if (e.action == TraceAction::kOom) {
+        j["device_free"] = e.device_free;
+      } else {
+        j["addr"] = e.addr;
+      }
+      j["size"] = e.size;
+      j["stream"] = e.stream;
+      j["time_us"] = e.time_us;
+      j["frames"] = Json::array();
+      entries.push_back(std::move(j));
+    }
+    traces.push_back(std::move(entries));
+  }
+  const bool unlimited = snapshot.max_split_size == kUnlimited;
+  Json settings = {{"BUCKETALLOC_CONF", snapshot.settings},
+                   {"max_split_size", unlimited ? std::int64_t{-1} : static_cast<std::int64_t>(snapshot.max_split_size)},
+                   {"garbage_collection_threshold", snapshot.garbage_collection_threshold},
+                   {"expandable_segments", false},
+                   {"release_lock_on_cudamalloc", false}};
+  return Json{{"segments", std::move(segments)},
+              {"device_traces", std::move(traces)},
+              {"allocator_settings", std::move(settings)}}
+      .dump();
+}
+
+}  // namespace bucketalloc

@@ -1,0 +1,210 @@
+// The C ABI (plugins/c_abi/c_abi.cc) in process, on the simulated device. ctest runs every test in
+// its own process, so each starts with no allocator and configures its own.
+#include "bucketalloc/bucketalloc.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+cudaStream_t StreamOf(int i) { return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(0x1000 + i)); }
+
+std::string Text(ssize_t (*fn)(int, char*, size_t), int device) {
+  std::vector<char> buf(256);
+  ssize_t n = fn(device, buf.data(), buf.size());
+  EXPECT_GE(n, 0) << bucketalloc_last_error();
+  if (n >= static_cast<ssize_t>(buf.size())) {
+    buf.resize(static_cast<std::size_t>(n) + 1);
+    EXPECT_EQ(fn(device, buf.data(), buf.size()), n);
+  }
+  return std::string(buf.data());
+}
+
+nlohmann::json Stats() { return nlohmann::json::parse(Text(bucketalloc_stats_json, 0)); }
+
+class CAbiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(bucketalloc_is_initialized(), 0) << "each test runs in a fresh process";
+    ASSERT_EQ(bucketalloc_configure("backend:sim,capacity:256MiB,debug_check_invariants:true"), 0)
+        << bucketalloc_last_error();
+  }
+  void TearDown() override { EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error(); }
+};
+
+TEST_F(CAbiTest, MallocFreeAndStatsMatchTheOperations) {
+  void* p = bucketalloc_malloc(3 << 20, 0, StreamOf(1));
+  void* q = bucketalloc_malloc(1000, 0, StreamOf(1));
+  ASSERT_NE(p, nullptr) << bucketalloc_last_error();
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(bucketalloc_is_initialized(), 1);
+  nlohmann::json s = Stats();
+  EXPECT_EQ(s["allocation.all.current"], 2);
+  EXPECT_EQ(s["requested_bytes.all.current"], (3 << 20) + 1000);
+  EXPECT_GE(s["allocated_bytes.all.current"].get<std::int64_t>(), (3 << 20) + 1000);
+  EXPECT_GT(s["reserved_bytes.all.current"].get<std::int64_t>(), 0);
+  bucketalloc_free(p, 3 << 20, 0, StreamOf(1));
+  bucketalloc_free(q, -1, 0, StreamOf(1));  // size unknown
+  s = Stats();
+  EXPECT_EQ(s["allocation.all.current"], 0);
+  EXPECT_EQ(s["allocated_bytes.all.current"], 0);
+  EXPECT_EQ(s["allocated_bytes.all.peak"].get<std::int64_t>(), (3 << 20) + 1024);
+  ASSERT_EQ(bucketalloc_reset_peak_stats(0), 0);
+  EXPECT_EQ(Stats()["allocated_bytes.all.peak"], 0);
+  bucketalloc_empty_cache();
+  EXPECT_EQ(Stats()["reserved_bytes.all.current"], 0);
+}
+
+TEST_F(CAbiTest, SizeZeroAndNegativeSizes) {
+  EXPECT_EQ(bucketalloc_malloc(0, 0, nullptr), nullptr);
+  EXPECT_EQ(bucketalloc_malloc(-5, 0, nullptr), nullptr);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "size -5 on device 0 is negative")) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_malloc(16, 7, nullptr), nullptr);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "device 7 is invalid")) << bucketalloc_last_error();
+  bucketalloc_free(nullptr, 0, 0, nullptr);  // a no-op
+}
+
+TEST_F(CAbiTest, BadFreesSetAClearErrorAndChangeNothing) {
+  void* p = bucketalloc_malloc(4096, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  const nlohmann::json before = Stats();
+  bucketalloc_free(p, 4000, 0, nullptr);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "size mismatch")) << bucketalloc_last_error();
+  int local = 0;
+  bucketalloc_free(&local, 4, 0, nullptr);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "not allocated by bucketalloc")) << bucketalloc_last_error();
+  nlohmann::json after = Stats();
+  EXPECT_EQ(after["allocated_bytes.all.current"], before["allocated_bytes.all.current"]);
+  EXPECT_EQ(after["num_invalid_frees"], 2);
+  bucketalloc_free(p, 4096, 0, nullptr);
+  bucketalloc_free(p, 4096, 0, nullptr);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "double free")) << bucketalloc_last_error();
+  EXPECT_EQ(Stats()["allocation.all.current"], 0);
+}
+
+TEST_F(CAbiTest, RecordStreamDelaysReuseUntilTheOtherStreamIsDone) {
+  void* p = bucketalloc_malloc(3 << 20, 0, StreamOf(1));
+  bucketalloc_record_stream(p, StreamOf(2));
+  ASSERT_EQ(bucketalloc_sim_enqueue_work(0, StreamOf(2)), 0);
+  bucketalloc_free(p, 3 << 20, 0, StreamOf(1));
+  void* q = bucketalloc_malloc(3 << 20, 0, StreamOf(1));
+  EXPECT_NE(q, p);
+  ASSERT_EQ(bucketalloc_sim_complete_work(0, StreamOf(2)), 0);
+  bucketalloc_free(q, 3 << 20, 0, StreamOf(1));
+  void* r = bucketalloc_malloc(3 << 20, 0, StreamOf(1));
+  void* t = bucketalloc_malloc(3 << 20, 0, StreamOf(1));
+  EXPECT_TRUE(r == p || t == p);
+  bucketalloc_free(r, 3 << 20, 0, StreamOf(1));
+  bucketalloc_free(t, 3 << 20, 0, StreamOf(1));
+  int local = 0;
+  bucketalloc_record_stream(&local, StreamOf(2));
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "not a live allocation")) << bucketalloc_last_error();
+}
+
+TEST_F(CAbiTest, MemoryFractionCapsTheDeviceAndAnOomSaysWhy) {
+  bucketalloc_set_memory_fraction(1.5, 0);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "accepted: a number in (0, 1]")) << bucketalloc_last_error();
+  bucketalloc_set_memory_fraction(0.001, 0);  // 16 GiB simulated card: ~16 MiB
+  EXPECT_EQ(bucketalloc_malloc(64 << 20, 0, nullptr), nullptr);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "capacity")) << bucketalloc_last_error();
+  EXPECT_EQ(Stats()["num_ooms"], 1);
+  EXPECT_TRUE(absl::StrContains(Text(bucketalloc_last_oom_report, 0), "capacity"));
+}
+
+TEST_F(CAbiTest, MallocOrThrowThrowsBadAllocWithTheReportAndStaysConsistent) {
+  bucketalloc_set_memory_fraction(0.001, 0);
+  try {
+    bucketalloc_malloc_or_throw(64 << 20, 0, nullptr);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::bad_alloc& e) {
+    EXPECT_TRUE(absl::StrContains(e.what(), "out of memory on device 0: capacity")) << e.what();
+  }
+  EXPECT_EQ(bucketalloc_malloc_or_throw(0, 0, nullptr), nullptr);  // size 0 is no failure
+  void* p = bucketalloc_malloc_or_throw(4096, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  bucketalloc_free(p, 4096, 0, nullptr);
+}
+
+TEST_F(CAbiTest, TextFunctionsReportTheLengthTheyNeed) {
+  char small[8];
+  const ssize_t n = bucketalloc_stats_json(0, small, sizeof small);
+  ASSERT_GT(n, static_cast<ssize_t>(sizeof small));
+  EXPECT_EQ(std::strlen(small), sizeof small - 1) << "truncated and NUL-terminated";
+  EXPECT_EQ(bucketalloc_stats_json(0, nullptr, 0), n);
+  EXPECT_EQ(bucketalloc_stats_json(0, nullptr, 10), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "buffer is NULL")) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_stats_json(3, small, sizeof small), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "device 3 is invalid")) << bucketalloc_last_error();
+  for (auto fn : {bucketalloc_fragmentation_json, bucketalloc_snapshot_json}) {
+    EXPECT_NO_THROW(nlohmann::json::parse(Text(fn, 0)));
+  }
+  EXPECT_TRUE(absl::StrContains(Text(bucketalloc_summary, 0), "allocated"));
+  EXPECT_EQ(Text(bucketalloc_last_oom_report, 0), "");
+  std::vector<char> conf(512);
+  ASSERT_GT(bucketalloc_config_string(conf.data(), conf.size()), 0);
+  EXPECT_TRUE(absl::StrContains(conf.data(), "backend:sim")) << conf.data();
+}
+
+TEST_F(CAbiTest, SnapshotAndHistoryThroughTheAbi) {
+  ASSERT_EQ(bucketalloc_record_history(1, 3), 0);
+  void* p = bucketalloc_malloc(3 << 20, 0, StreamOf(1));
+  bucketalloc_free(p, 3 << 20, 0, StreamOf(1));
+  nlohmann::json snap = nlohmann::json::parse(Text(bucketalloc_snapshot_json, -1));
+  ASSERT_EQ(snap["device_traces"].size(), 1u);
+  ASSERT_EQ(snap["device_traces"][0].size(), 3u) << "a ring of 3 keeps the last 3 of 4 entries";
+  EXPECT_EQ(snap["device_traces"][0][0]["action"], "alloc");
+  EXPECT_EQ(snap["device_traces"][0][2]["action"], "free_completed");
+  EXPECT_EQ(snap["segments"].size(), 1u);
+  EXPECT_EQ(snap["segments"][0]["blocks"][0]["state"], "inactive");
+  EXPECT_EQ(bucketalloc_record_history(1, 0), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "max_entries 0 is invalid")) << bucketalloc_last_error();
+}
+
+TEST_F(CAbiTest, BaseAllocIsTheHoldingSegment) {
+  void* p = bucketalloc_malloc(3 << 20, 0, nullptr);
+  size_t size = 0;
+  void* base = bucketalloc_base_alloc(p, &size);
+  ASSERT_NE(base, nullptr) << bucketalloc_last_error();
+  EXPECT_LE(base, p);
+  EXPECT_LT(static_cast<char*>(p), static_cast<char*>(base) + size);
+  EXPECT_EQ(bucketalloc_base_alloc(static_cast<char*>(p) + 1, &size), nullptr);
+  bucketalloc_free(p, 3 << 20, 0, nullptr);
+}
+
+TEST_F(CAbiTest, ConfigureIsRefusedOnceTheAllocatorExistsUnlessItIsTheSame) {
+  ASSERT_EQ(bucketalloc_configure("no_such_key:1"), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "no_such_key")) << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_device_count(), 1);
+  EXPECT_EQ(bucketalloc_configure("backend:sim,capacity:256MiB,debug_check_invariants:true"), 0);
+  EXPECT_EQ(bucketalloc_configure("backend:sim,capacity:1GiB"), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "already exists")) << bucketalloc_last_error();
+}
+
+TEST_F(CAbiTest, CaptureMissFailsAndEmptyCacheDuringCaptureIsRefused) {
+  void* warm = bucketalloc_malloc(3 << 20, 0, StreamOf(1));
+  bucketalloc_free(warm, 3 << 20, 0, StreamOf(1));
+  const std::int64_t reserved = Stats()["reserved_bytes.all.current"];
+  ASSERT_EQ(bucketalloc_sim_set_capturing(0, StreamOf(1), 1), 0);
+  EXPECT_EQ(bucketalloc_malloc(4096, 0, StreamOf(1)), nullptr);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "during CUDA stream capture")) << bucketalloc_last_error();
+  void* hit = bucketalloc_malloc(3 << 20, 0, StreamOf(1));
+  EXPECT_EQ(hit, warm) << "a cached block is served during capture";
+  bucketalloc_empty_cache();
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "empty_cache on device 0 during CUDA stream capture"))
+      << bucketalloc_last_error();
+  EXPECT_EQ(Stats()["reserved_bytes.all.current"], reserved) << "nothing released during capture";
+  bucketalloc_free(hit, 3 << 20, 0, StreamOf(1));
+  ASSERT_EQ(bucketalloc_sim_set_capturing(0, StreamOf(1), 0), 0);
+  EXPECT_EQ(Stats()["num_capture_refusals"], 1);
+  bucketalloc_empty_cache();
+  EXPECT_EQ(Stats()["reserved_bytes.all.current"], 0);
+}
+
+}  // namespace
