@@ -2,7 +2,8 @@
 # scripts/check_install.sh — checks that the installed package works for a consumer:
 #   1. builds the library (Release; tests, benchmarks and tools off) into build-install/,
 #   2. installs it into a temporary prefix,
-#   3. configures, builds and runs examples/consumer against that prefix (find_package(bucketalloc)).
+#   3. configures, builds and runs examples/consumer against that prefix (find_package(bucketalloc)):
+#      a C++ program on bucketalloc::bucketalloc and a C program on bucketalloc::c_abi.
 # Prints "install check: PASS" at the end; any failure exits non-zero.
 # Environment: JOBS (parallel build jobs, default 2), KEEP_PREFIX=1 keeps the temporary prefix.
 set -euo pipefail
@@ -37,7 +38,8 @@ cmake -S examples/consumer -B "$work/consumer-build" "${generator[@]}" -DCMAKE_B
   -DCMAKE_PREFIX_PATH="$prefix"
 cmake --build "$work/consumer-build" -j "$jobs"
 
-echo "== run the consumer"
+echo "== run the consumers (C++ library, C ABI)"
 "$work/consumer-build/bucketalloc_consumer"
+"$work/consumer-build/bucketalloc_c_consumer"
 
 echo "install check: PASS"

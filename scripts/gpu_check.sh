@@ -98,10 +98,24 @@ for test_bin in "$BUNDLE"/bin/*_test; do
   run_step "$name" 60 "$test_bin" --gtest_brief=1
 done
 
-# 3. A short run of the micro-benchmarks.
+# 3. A short run of the micro-benchmarks (the C ABI's cost over the C++ call it wraps included).
 if [[ -x $BUNDLE/bin/bucketalloc_microbench ]]; then
   run_step bucketalloc_microbench 90 "$BUNDLE/bin/bucketalloc_microbench" \
     --benchmark_min_time=0.05
+fi
+if [[ -x $BUNDLE/bin/bucketalloc_c_abi_bench ]]; then
+  run_step bucketalloc_c_abi_bench 30 "$BUNDLE/bin/bucketalloc_c_abi_bench" --benchmark_min_time=0.1
+fi
+
+# 4. PyTorch: bucketalloc_torch.enable() on the GPU (workload vs a CPU reference, stats,
+#    record_stream, empty_cache, CUDA graphs, the OOM error) and the torch.empty/del latency loop
+#    against PyTorch's native allocator in the same run (scripts/gpu_torch_check.py).
+if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  run_step pytorch 150 env PYTHONPATH="$PWD/python/torch_plugin${PYTHONPATH:+:$PYTHONPATH}" \
+    BUCKETALLOC_LIBRARY="$PWD/$BUNDLE/lib/libbucketalloc.so.0" python3 scripts/gpu_torch_check.py
+else
+  STEP_LINES+=("step pytorch: FAIL (0s, python3 cannot import torch with CUDA here)")
+  FAILED=$((FAILED + 1))
 fi
 
 # ---- the summary

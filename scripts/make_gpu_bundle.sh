@@ -3,7 +3,8 @@
 #
 # Owns: the bundle that scripts/gpu_check.sh runs on the GPU machine, whose image has no Abseil,
 # GoogleTest or Google Benchmark: bundle/bin (cuda_backend_test, every core *_test, and
-# bucketalloc_microbench when built), bundle/lib (the non-system shared libraries they load:
+# bucketalloc_microbench and bucketalloc_c_abi_bench when built), bundle/lib (libbucketalloc.so.0,
+# the C ABI PyTorch loads, and the non-system shared libraries all of these load:
 # Abseil, GoogleTest/GoogleMock, Google Benchmark, mimalloc, and any shared library of this
 # build), bundle/gpu_check.sh and bundle/MANIFEST. cudart is linked statically, so no CUDA library
 # travels; the system's libc/libstdc++ are not copied (the GPU image is newer, which is compatible).
@@ -45,8 +46,13 @@ if [[ ! -x $CUDA_TEST ]]; then
 fi
 mapfile -t TESTS < <(find "$BUILD_DIR/tests" -type f -name '*_test' -perm -u+x | sort)
 BINARIES=("${TESTS[@]}")
-mapfile -t BENCH < <(find "$BUILD_DIR" -type f -name bucketalloc_microbench -perm -u+x | head -n 1)
+mapfile -t BENCH < <(find "$BUILD_DIR/bench" -type f -name 'bucketalloc_*bench' -perm -u+x | sort)
 BINARIES+=("${BENCH[@]}")
+SHARED_LIB=$BUILD_DIR/lib/libbucketalloc.so.0
+if [[ ! -e $SHARED_LIB ]]; then
+  echo "make_gpu_bundle: $SHARED_LIB (the C ABI library for PyTorch) was not built" >&2
+  exit 1
+fi
 
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
@@ -71,7 +77,8 @@ wanted_lib() {
   return 1
 }
 missing=0
-for bin in "$BUNDLE"/bin/*; do
+cp -L "$SHARED_LIB" "$BUNDLE/lib/libbucketalloc.so.0"
+for bin in "$BUNDLE"/bin/* "$BUNDLE/lib/libbucketalloc.so.0"; do
   while read -r soname arrow path _; do
     [[ $arrow == "=>" ]] || continue
     if [[ $path == "not" ]]; then

@@ -4,7 +4,8 @@
 #   2. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, built without
 #      NDEBUG so that invariants are checked after every slow-path event;
 #   3. the concurrency stress test under ThreadSanitizer;
-#   4. the installed package: examples/consumer built with find_package(bucketalloc).
+#   4. the PyTorch plugin's pytest suite (python/torch_plugin) against the built libbucketalloc.so;
+#   5. the installed package: examples/consumer built with find_package(bucketalloc).
 # Ends with "N passed, N failed". Environment: JOBS (default 2).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -51,6 +52,7 @@ test_tsan() { TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build/tsan/te
 
 step "build (RelWithDebInfo)" build_release
 step "tests (RelWithDebInfo)" test_release
+step "PyTorch plugin (pytest, C ABI on the simulated device)" scripts/test_python.sh
 step "build (ASan+UBSan, invariant checks on)" build_asan
 step "tests (ASan+UBSan)" test_asan
 step "build (TSan)" build_tsan

@@ -398,8 +398,9 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
     if (!entry.small) static_cast<Block*>(entry.owner)->state = BlockState::kPendingFree;
     pending_.push_back(PendingFree{addr, entry, std::move(events), std::move(uses)});
   } else {
-    ReturnEntry(entry);
+    // Traced before ReturnEntry, which may merge the block (its size and segment change).
     Trace(TraceAction::kFreeCompleted, addr, entry.allocated_size(), entry.stream());
+    ReturnEntry(entry);
   }
   // Blocks awaiting stream events are polled on every free and every slow path, never on a hit;
   // not while this stream captures (CUDA forbids event queries then).
@@ -449,8 +450,8 @@ void DeviceAllocator::RetirePending(RetireMode mode) {
     if (!done && mode == RetireMode::kPollUntilBusy) stopped = true;
     if (done) {
       for (Event e : p.events) backend_->DestroyEvent(e);
-      ReturnEntry(p.entry);
       Trace(TraceAction::kFreeCompleted, p.ptr, p.entry.allocated_size(), p.entry.stream());
+      ReturnEntry(p.entry);
     } else {
       if (kept != i) pending_[kept] = std::move(p);
       ++kept;
@@ -848,6 +849,14 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   }
   for (const auto& [ptr, uses] : stream_uses_) {
     if (!live_.contains(ptr)) return fail("a recorded stream use belongs to no live allocation");
+  }
+  for (const PendingFree& p : pending_) {
+    if (p.uses.empty()) return fail("a pending free has no stream use to wait for");
+    if (!p.events.empty() && p.events.size() != p.uses.size()) return fail("a pending free lacks an event per stream");
+  }
+  if (trace_count_ > trace_.size() || (!trace_.empty() && trace_next_ >= trace_.size())) {
+    return fail(absl::StrCat("the history ring holds ", trace_count_, " entries at slot ", trace_next_, " of ",
+                             trace_.size()));
   }
   return absl::OkStatus();
 }

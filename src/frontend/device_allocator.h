@@ -14,7 +14,10 @@
 //   - every stat equals the sum over blocks: requested/allocated/allocation over live entries,
 //     active over live + pending, reserved/segment over the registry, cached = reserved - active,
 //     inactive_split over the free pieces of partly used segments and slabs;
-//   - the pools' own invariants (segment tiling, coalescing, free lists, slab slot stacks).
+//   - the pools' own invariants (segment tiling, coalescing, free lists, slab slot stacks);
+//   - every pending free waits for at least one stream use, with one event per use once armed
+//     (none while deferred by a capture);
+//   - the history ring holds at most trace_.size() entries.
 //
 // Example: see bucketalloc/allocator.h, which owns one DeviceAllocator per device.
 #ifndef BUCKETALLOC_FRONTEND_DEVICE_ALLOCATOR_H_

@@ -1,0 +1,485 @@
+"""bucketalloc for PyTorch: the allocator as a CUDAPluggableAllocator, and its stats and snapshots.
+
+``enable()`` makes libbucketalloc.so PyTorch's CUDA allocator (it must run before the first CUDA
+allocation); ``python -m bucketalloc_torch script.py`` does the same for an unchanged program.
+Under a pluggable allocator PyTorch's own ``torch.cuda.memory_stats()``, ``memory_summary()``,
+``_snapshot()`` and friends raise, so this module provides them with the same names, keys and
+layouts, read from the library; ``enable(patch_torch=True)`` installs them in ``torch.cuda``.
+
+The inspection functions load only the library, never torch, so they also serve the simulated
+device (``backend:sim``) in processes without PyTorch or a GPU.
+
+Example::
+
+    import bucketalloc_torch
+    bucketalloc_torch.enable("max_split_size_mb:512", patch_torch=True)
+    import torch
+    x = torch.empty(1 << 20, device="cuda")
+    print(bucketalloc_torch.memory_allocated())        # == torch.cuda.memory_allocated()
+    bucketalloc_torch.dump_snapshot("snapshot.pickle")  # for pytorch.org/memory_viz
+
+``device`` arguments accept None (the current torch device when torch is imported and CUDA is
+initialized, else 0), an int, ``"cuda"``, ``"cuda:N"`` or a ``torch.device`` of type cuda.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pickle
+import sys
+import threading
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+
+from . import _lib
+from ._lib import BucketallocError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BucketallocError",
+    "DEFAULT_HISTORY_ENTRIES",
+    "check_invariants",
+    "config",
+    "configure",
+    "dump_snapshot",
+    "empty_cache",
+    "enable",
+    "fragmentation_histogram",
+    "last_oom_report",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "record_memory_history",
+    "reset_peak_memory_stats",
+    "snapshot",
+    "unpatch_torch",
+]
+
+CONF_ENV = "BUCKETALLOC_CONF"
+
+# The default ring-buffer length of record_memory_history, per device. PyTorch's default
+# (sys.maxsize) is not accepted: the library allocates the ring when recording starts.
+DEFAULT_HISTORY_ENTRIES = 100_000
+
+Device = Any  # None, an int, "cuda", "cuda:N" or a torch.device
+
+# ---------------------------------------------------------------------------------------------
+# Devices and configuration.
+
+
+def _current_device() -> int:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return 0
+
+
+def _device_index(device: Device) -> int:
+    """Turns a device argument into an index (see the module docstring for what is accepted)."""
+    accepted = "accepted: None, an int >= 0, 'cuda', 'cuda:N' or a torch.device of type cuda"
+    if device is None:
+        return _current_device()
+    if isinstance(device, bool):
+        raise TypeError(f"device {device!r} is a bool; {accepted}")
+    if isinstance(device, int):
+        index: Optional[int] = device
+    elif isinstance(device, str):
+        kind, _, number = device.partition(":")
+        if kind != "cuda" or (number and not number.isdigit()):
+            raise ValueError(f"device {device!r} is not a CUDA device; {accepted}")
+        index = int(number) if number else None
+    elif hasattr(device, "type") and hasattr(device, "index"):  # a torch.device
+        if device.type != "cuda":
+            raise ValueError(f"device {device!r} is not a CUDA device; {accepted}")
+        index = device.index
+    else:
+        raise TypeError(f"device {device!r} has type {type(device).__name__}; {accepted}")
+    if index is None:
+        return _current_device()
+    if index < 0:
+        raise ValueError(f"device {device!r} is negative; {accepted}")
+    return index
+
+
+def _format_option(value: Any) -> str:
+    """Formats one option value in BUCKETALLOC_CONF syntax (bools True/False, lists [a,b])."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_format_option(v) for v in value) + "]"
+    return str(value)
+
+
+def _compose_conf(conf: Optional[str], options: Dict[str, Any]) -> Optional[str]:
+    """Returns `conf` (BUCKETALLOC_CONF when None) extended by `options`, or None for neither."""
+    if conf is not None and not isinstance(conf, str):
+        raise TypeError(f"conf must be a string like 'backend:sim,capacity:4GiB' or None, not {type(conf).__name__}")
+    if conf is None and not options:
+        return None
+    base = conf if conf is not None else os.environ.get(CONF_ENV, "")
+    parts = [base] if base else []
+    parts.extend(f"{key}:{_format_option(value)}" for key, value in options.items())
+    return ",".join(parts)
+
+
+def _apply_conf(conf: Optional[str]) -> None:
+    if conf is not None:
+        _lib.check(_lib.lib().bucketalloc_configure(conf.encode()), "bucketalloc_configure")
+
+
+def configure(conf: Optional[str] = None, **options: Any) -> None:
+    """Sets the configuration of the process-wide allocator, without importing torch.
+
+    Args:
+        conf: options in BUCKETALLOC_CONF syntax, e.g. ``"backend:sim,capacity:4GiB"``
+            (docs/configuration.md lists them); None: the BUCKETALLOC_CONF environment variable.
+        **options: more options, appended to `conf` and winning over it: ``capacity="4GiB"``,
+            ``debug_check_invariants=True``, ``tiers=["64MiB", "128MiB"]``.
+        With neither, nothing is set: the allocator is created from BUCKETALLOC_CONF, else defaults.
+
+    Raises:
+        BucketallocError: a bad key or value (the message names it and what is accepted), or the
+            allocator already exists with a different configuration (it is created on first use
+            and its configuration cannot change afterwards). Setting the configuration it already
+            has is accepted.
+    """
+    _apply_conf(_compose_conf(conf, options))
+
+
+def config() -> str:
+    """Returns the allocator's effective configuration in BUCKETALLOC_CONF syntax (every key)."""
+    return _lib.read_text(_lib.lib().bucketalloc_config_string)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stats, in torch.cuda.memory's names and layouts.
+
+
+def memory_stats(device: Device = None) -> "collections.OrderedDict[str, Union[int, float]]":
+    """Returns the statistics of `device`, keyed as torch.cuda.memory_stats() keys them.
+
+    Keys are ``"<stat>.<pool>.<metric>"`` with pool all|small_pool|large_pool and metric
+    current|peak|allocated|freed (e.g. ``"allocated_bytes.all.current"``), plus counters such as
+    ``"num_alloc_retries"`` and ``"num_ooms"`` and bucketalloc's own (``"cached_bytes.*"``,
+    ``"num_cache_hits"``, ``"capacity_bytes"``, ...), sorted by key like PyTorch's.
+    """
+    text = _lib.read_text(_lib.lib().bucketalloc_stats_json, _device_index(device))
+    return collections.OrderedDict(sorted(json.loads(text).items()))
+
+
+def _stat(device: Device, key: str) -> int:
+    return memory_stats(device)[key]
+
+
+def memory_allocated(device: Device = None) -> int:
+    """Returns the bytes of live allocations of `device` (block sizes, after rounding)."""
+    return _stat(device, "allocated_bytes.all.current")
+
+
+def max_memory_allocated(device: Device = None) -> int:
+    """Returns the peak of memory_allocated() since the start or the last reset_peak_memory_stats()."""
+    return _stat(device, "allocated_bytes.all.peak")
+
+
+def memory_reserved(device: Device = None) -> int:
+    """Returns the bytes that bucketalloc holds from the device (segments and slabs)."""
+    return _stat(device, "reserved_bytes.all.current")
+
+
+def max_memory_reserved(device: Device = None) -> int:
+    """Returns the peak of memory_reserved() since the start or the last reset_peak_memory_stats()."""
+    return _stat(device, "reserved_bytes.all.peak")
+
+
+def reset_peak_memory_stats(device: Device = None) -> None:
+    """Resets every ``*.peak`` stat of `device` to its current value."""
+    _lib.check(_lib.lib().bucketalloc_reset_peak_stats(_device_index(device)), "bucketalloc_reset_peak_stats")
+
+
+# The rows of the per-pool breakdown in the summary table, left out by abbreviated=True.
+_POOL_ROW_PREFIXES = ("|   from large pool", "|   from small pool")
+
+
+def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
+    """Returns the readable summary of `device`: the stats table, then the fragmentation table.
+
+    Args:
+        device: the device.
+        abbreviated: leave out the per-pool rows (large/small pool) of the stats table, as
+            torch.cuda.memory_summary(abbreviated=True) does.
+    """
+    text = _lib.read_text(_lib.lib().bucketalloc_summary, _device_index(device))
+    if not abbreviated:
+        return text
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith(_POOL_ROW_PREFIXES))
+
+
+def fragmentation_histogram(device: Device = None) -> Dict[str, Any]:
+    """Returns the fragmentation report of `device`.
+
+    The dict has ``"all"``, ``"small_pool"`` and ``"large_pool"``, each with reserved, allocated,
+    requested, total_free and largest_free bytes, external_fragmentation (1 - largest_free /
+    total_free), internal_fragmentation (1 - requested / allocated) and ``"histogram"``: the free
+    blocks in power-of-two bins, ``[{"min_bytes", "max_bytes", "count", "bytes"}, ...]``; and
+    ``"tiers"``: ``[{"tier_bytes", "in_use", "cached"}, ...]``.
+    """
+    return json.loads(_lib.read_text(_lib.lib().bucketalloc_fragmentation_json, _device_index(device)))
+
+
+def last_oom_report(device: Device = None) -> str:
+    """Returns the report of the last out-of-memory failure of `device` ("" when there was none).
+
+    Its first line names the cause: capacity, fragmentation, cache held or device exhausted.
+    """
+    return _lib.read_text(_lib.lib().bucketalloc_last_oom_report, _device_index(device))
+
+
+def check_invariants(device: Device = None) -> None:
+    """Checks every internal invariant of `device`; raises BucketallocError naming a broken one."""
+    _lib.check(_lib.lib().bucketalloc_check_invariants(_device_index(device)), "bucketalloc_check_invariants")
+
+
+def empty_cache() -> None:
+    """Releases every cached segment and empty slab of every device (torch.cuda.empty_cache()).
+
+    Waits for the stream events of blocks freed after record_stream first. Not allowed during a
+    CUDA stream capture; the library prints a failure on stderr (this hook has no error return).
+    """
+    _lib.lib().bucketalloc_empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshots and history, in the layout of torch.cuda.memory._snapshot().
+
+
+def snapshot(device: Device = None) -> Dict[str, Any]:
+    """Returns the memory snapshot in the layout of torch.cuda.memory._snapshot().
+
+    ``"segments"``: every segment (large pool) and slab (small pool) with its ``"blocks"`` and their
+    states (active_allocated, active_pending_free, inactive); ``"device_traces"``: per device, the
+    recorded history (see record_memory_history()); ``"allocator_settings"``. Frames are empty
+    (bucketalloc records no stacks).
+
+    Args:
+        device: None for every device (as PyTorch's _snapshot()), else only that device's segments.
+    """
+    index = -1 if device is None else _device_index(device)
+    data = json.loads(_lib.read_text(_lib.lib().bucketalloc_snapshot_json, index))
+    for segment in data["segments"]:
+        segment["segment_pool_id"] = tuple(segment["segment_pool_id"])
+    return data
+
+
+def dump_snapshot(filename: Union[str, "os.PathLike[str]"] = "dump_snapshot.pickle") -> None:
+    """Writes snapshot() as a pickle, as torch.cuda.memory._dump_snapshot() does.
+
+    The file opens in https://pytorch.org/memory_viz and in ``python torch/cuda/_memory_viz.py``.
+    """
+    data = snapshot()
+    with open(filename, "wb") as f:
+        pickle.dump(data, f)
+
+
+def record_memory_history(enabled: Union[None, bool, str] = "all", max_entries: int = DEFAULT_HISTORY_ENTRIES) -> None:
+    """Turns the allocation history (snapshot()["device_traces"]) on or off for every device.
+
+    Args:
+        enabled: ``"all"`` or ``"state"`` (or True) turns recording on; None (or False) turns it
+            off. Either clears the history, as PyTorch does: take the snapshot before turning it off.
+        max_entries: the number of entries kept per device, the newest ones (a ring buffer);
+            1 to 2**24.
+    """
+    if enabled is None or enabled is False:
+        on = False
+    elif enabled is True or enabled in ("all", "state"):
+        on = True
+    else:
+        raise ValueError(f"enabled={enabled!r}; accepted: 'all', 'state' or True (on), None or False (off)")
+    _lib.check(_lib.lib().bucketalloc_record_history(int(on), max_entries), "bucketalloc_record_history")
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch integration.
+
+# Hook setters of CUDAPluggableAllocator.allocator() and the library functions they get. A setter
+# that this torch version lacks is skipped.
+_HOOKS = (
+    ("set_init_fn", "bucketalloc_init"),
+    ("set_reset_fn", "bucketalloc_empty_cache"),
+    ("set_memory_fraction_fn", "bucketalloc_set_memory_fraction"),
+    ("set_record_stream_fn", "bucketalloc_record_stream"),
+    ("set_base_alloc_fn", "bucketalloc_base_alloc"),
+)
+
+
+class _Enabled(NamedTuple):
+    malloc_name: str
+    allocator: Any  # the torch.cuda.memory.CUDAPluggableAllocator
+
+
+_enable_lock = threading.Lock()
+_enabled: Optional[_Enabled] = None
+
+
+def _too_late(detail: str) -> BucketallocError:
+    return BucketallocError(
+        f"cannot make bucketalloc PyTorch's CUDA allocator: {detail}. PyTorch can swap its allocator only "
+        "before the first CUDA allocation (in practice, before CUDA is initialized). Call "
+        "bucketalloc_torch.enable() before anything touches CUDA, or run the program unchanged with "
+        "`python -m bucketalloc_torch [--conf CONF] script.py [args...]`"
+    )
+
+
+def _refuse_if_native_allocator_used(torch: Any) -> None:
+    if not torch.cuda.is_initialized():
+        return
+    try:
+        reserved = sum(torch.cuda.memory_reserved(d) for d in range(torch.cuda.device_count()))
+    except RuntimeError:
+        return  # another pluggable allocator is current; change_current_allocator decides
+    if reserved:
+        raise _too_late(f"PyTorch's native allocator already holds {reserved} bytes of CUDA memory")
+
+
+def _install(malloc_name: str) -> Any:
+    """Creates the CUDAPluggableAllocator with every hook this torch has and makes it current."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            f"bucketalloc_torch.enable() needs PyTorch ({e}); the stats and snapshot functions work without it"
+        ) from e
+    _refuse_if_native_allocator_used(torch)
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib.library_path(), malloc_name, "bucketalloc_free")
+    hooks = allocator.allocator()
+    for setter, function in _HOOKS:
+        if hasattr(hooks, setter):
+            getattr(hooks, setter)(_lib.function_address(function))
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        if "already initialized" in str(e):
+            raise _too_late(f"PyTorch says: {e}") from e
+        raise
+    return allocator
+
+
+def enable(conf: Optional[str] = None, *, patch_torch: bool = False, raise_on_oom: bool = True, **options: Any) -> Any:
+    """Makes bucketalloc PyTorch's CUDA allocator; call it before the first CUDA allocation.
+
+    Configures the library (see configure()), creates
+    ``torch.cuda.memory.CUDAPluggableAllocator(libbucketalloc.so, malloc, "bucketalloc_free")``,
+    registers the hooks this torch version has (set_init_fn, set_reset_fn for empty_cache,
+    set_memory_fraction_fn, set_record_stream_fn, set_base_alloc_fn) and calls
+    ``torch.cuda.memory.change_current_allocator``. A second call with the same raise_on_oom swaps
+    nothing again: it applies `patch_torch`, and a configuration only as configure() would (the
+    same one is accepted; another one only while the allocator has not been created yet).
+
+    Args:
+        conf: options in BUCKETALLOC_CONF syntax; None: the BUCKETALLOC_CONF environment variable.
+        patch_torch: also replace torch.cuda's memory_stats, memory_allocated,
+            max_memory_allocated, memory_reserved, max_memory_reserved, reset_peak_memory_stats,
+            memory_summary, memory_snapshot and torch.cuda.memory's _snapshot, _dump_snapshot and
+            _record_memory_history (which raise under a pluggable allocator) by this module's;
+            unpatch_torch() restores them.
+        raise_on_oom: allocate with ``bucketalloc_malloc_or_throw``, so that a failed allocation
+            raises a RuntimeError carrying the OOM report. False uses ``bucketalloc_malloc``, which
+            returns NULL, and PyTorch does not check that pointer: keep the default.
+        **options: more options, appended to `conf` (e.g. ``capacity="40GiB"``).
+
+    Returns:
+        The torch.cuda.memory.CUDAPluggableAllocator (e.g. for torch.cuda.MemPool).
+
+    Raises:
+        BucketallocError: a bad option, a configuration that differs from the one the allocator was
+            already created with, a second call with another raise_on_oom, or CUDA already in use
+            by PyTorch's native allocator (the swap is too late; the message says what to do).
+        ImportError: torch cannot be imported.
+    """
+    global _enabled
+    requested = _compose_conf(conf, options)
+    malloc_name = "bucketalloc_malloc_or_throw" if raise_on_oom else "bucketalloc_malloc"
+    with _enable_lock:
+        if _enabled is not None and _enabled.malloc_name != malloc_name:
+            raise BucketallocError(
+                f"bucketalloc is already PyTorch's allocator with raise_on_oom={not raise_on_oom}; "
+                "PyTorch cannot swap an allocator in use, so it cannot change"
+            )
+        _apply_conf(requested)  # the library accepts the configuration it already has
+        if _enabled is None:
+            _enabled = _Enabled(malloc_name, _install(malloc_name))
+        if patch_torch:
+            _patch_torch()
+        return _enabled.allocator
+
+
+# Stand-ins for torch functions whose signatures differ from this module's.
+
+
+def _memory_snapshot_as_torch(mempool_id: Any = None) -> List[Dict[str, Any]]:
+    """Stands in for torch.cuda.memory_snapshot(): the segments of every device."""
+    if mempool_id is not None:
+        raise BucketallocError(f"memory_snapshot(mempool_id={mempool_id!r}): bucketalloc has no memory pools")
+    return snapshot()["segments"]
+
+
+def _record_memory_history_as_torch(
+    enabled: Union[None, bool, str] = "all",
+    context: Optional[str] = "all",
+    stacks: str = "all",
+    max_entries: int = DEFAULT_HISTORY_ENTRIES,
+    device: Device = None,
+    clear_history: bool = False,
+    compile_context: bool = False,
+    global_record_annotations: bool = False,
+) -> None:
+    """Stands in for torch.cuda.memory._record_memory_history (same parameters, same order).
+
+    bucketalloc records no stack frames, so `context`, `stacks`, `compile_context` and
+    `global_record_annotations` change nothing; it records every device (`device` is not used);
+    turning recording on always clears the history (`clear_history` is implied).
+    """
+    del context, stacks, device, clear_history, compile_context, global_record_annotations
+    record_memory_history(enabled, max_entries)
+
+
+# torch name -> stand-in, installed on torch.cuda and torch.cuda.memory where the name exists.
+_TORCH_STAND_INS = {
+    "memory_stats": memory_stats,
+    "memory_allocated": memory_allocated,
+    "max_memory_allocated": max_memory_allocated,
+    "memory_reserved": memory_reserved,
+    "max_memory_reserved": max_memory_reserved,
+    "reset_peak_memory_stats": reset_peak_memory_stats,
+    "memory_summary": memory_summary,
+    "memory_snapshot": _memory_snapshot_as_torch,
+    "_snapshot": snapshot,
+    "_dump_snapshot": dump_snapshot,
+    "_record_memory_history": _record_memory_history_as_torch,
+}
+
+# (module, name) -> the torch function replaced, while patched.
+_originals: Dict[Tuple[Any, str], Any] = {}
+
+
+def _patch_torch() -> None:
+    import torch
+
+    for module in (torch.cuda, torch.cuda.memory):
+        for name, stand_in in _TORCH_STAND_INS.items():
+            if hasattr(module, name):
+                _originals.setdefault((module, name), getattr(module, name))
+                setattr(module, name, stand_in)
+
+
+def unpatch_torch() -> None:
+    """Restores the torch.cuda functions that enable(patch_torch=True) replaced (no-op otherwise)."""
+    with _enable_lock:
+        for (module, name), original in _originals.items():
+            setattr(module, name, original)
+        _originals.clear()

@@ -1,0 +1,120 @@
+"""The zero-code launcher: runs an unchanged program with bucketalloc as PyTorch's CUDA allocator.
+
+    python -m bucketalloc_torch [--conf CONF] [--patch-torch] script.py [args ...]
+    python -m bucketalloc_torch [--conf CONF] [--patch-torch] -m module [args ...]
+
+bucketalloc_torch.enable(CONF, patch_torch=...) runs first, then the program runs as
+``python script.py args`` or ``python -m module args`` would run it: ``__name__ == "__main__"``,
+``sys.argv == [script, *args]`` (for -m, argv[0] is the module's file), and ``sys.path[0]`` is the
+script's directory (for -m, the current directory). Without --conf, the BUCKETALLOC_CONF
+environment variable applies. Only the options before the script (or -m module) are the
+launcher's; everything after it belongs to the program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import runpy
+import sys
+from typing import List, Optional, Tuple
+
+from . import BucketallocError, enable
+
+_USAGE = "python -m bucketalloc_torch [--conf CONF] [--patch-torch] (script.py | -m module) [args ...]"
+
+# The launcher's own options: those that take a value, and flags.
+_VALUE_OPTIONS = ("--conf",)
+_FLAG_OPTIONS = ("--patch-torch", "-h", "--help")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bucketalloc_torch",
+        usage=_USAGE,
+        description="Run a Python program with bucketalloc as PyTorch's CUDA allocator "
+        "(enable() runs before the program's first line).",
+        epilog="script.py | -m module: the program, run as `python script.py args` or "
+        "`python -m module args` would run it; every argument after it is the program's.",
+    )
+    parser.add_argument(
+        "--conf",
+        help="allocator options, e.g. 'capacity:40GiB,max_split_size_mb:512' "
+        "(docs/configuration.md); default: the BUCKETALLOC_CONF environment variable",
+    )
+    parser.add_argument(
+        "--patch-torch",
+        action="store_true",
+        help="make torch.cuda.memory_stats(), memory_summary(), memory._snapshot() and the other "
+        "stats functions report bucketalloc's (they raise under a pluggable allocator)",
+    )
+    return parser
+
+
+def _split(argv: List[str]) -> Tuple[List[str], List[str]]:
+    """Splits argv into the launcher's options and the rest (the program and its arguments)."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in _VALUE_OPTIONS:
+            i += 2
+        elif arg in _FLAG_OPTIONS or arg.partition("=")[0] in _VALUE_OPTIONS:
+            i += 1
+        else:
+            break
+    return argv[:i], argv[i:]
+
+
+def _target(parser: argparse.ArgumentParser, rest: List[str]) -> Tuple[Optional[str], Optional[str], List[str]]:
+    """Returns (script, module, args) from what follows the launcher's options; exits 2 on misuse."""
+    if not rest:
+        parser.error("the script to run (or -m module) is missing")
+    if rest[0] == "-m":
+        if len(rest) < 2:
+            parser.error("-m needs a module name")
+        return None, rest[1], rest[2:]
+    if rest[0] == "--":
+        rest = rest[1:]
+        if not rest:
+            parser.error("the script to run is missing after --")
+    elif rest[0].startswith("-"):
+        parser.error(f"unknown option {rest[0]!r} (the launcher's options come before the script)")
+    return rest[0], None, rest[1:]
+
+
+def _check_target(parser: argparse.ArgumentParser, script: Optional[str], module: Optional[str]) -> None:
+    if script is not None and not os.path.isfile(script):
+        parser.error(f"can't open file {script!r}: no such file")
+    if module is not None:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # a parent package is missing
+            found = False
+        if not found:
+            parser.error(f"no module named {module!r}")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Parses the launcher's options, enables bucketalloc and runs the program."""
+    parser = _parser()
+    own, rest = _split(sys.argv[1:] if argv is None else argv)
+    options = parser.parse_args(own)
+    script, module, args = _target(parser, rest)
+    _check_target(parser, script, module)
+    try:
+        enable(options.conf, patch_torch=options.patch_torch)
+    except (BucketallocError, ImportError) as e:
+        print(f"python -m bucketalloc_torch: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    if script is not None:
+        sys.argv = [script, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        runpy.run_path(script, run_name="__main__")
+    else:
+        sys.argv = [module, *args]  # run_module replaces argv[0] by the module's file
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

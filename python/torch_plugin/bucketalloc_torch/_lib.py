@@ -1,0 +1,235 @@
+"""Locates and loads libbucketalloc.so and declares its C ABI (include/bucketalloc/bucketalloc.h).
+
+The library is searched, in order, at:
+
+1. the path in the ``BUCKETALLOC_LIBRARY`` environment variable (when set, nothing else is tried);
+2. ``bucketalloc_torch/lib/libbucketalloc.so``, a copy installed with the package;
+3. ``<repo>/build/release/lib/libbucketalloc.so`` when the package is used from its source tree;
+4. ``ctypes.util.find_library("bucketalloc")``, then plain ``libbucketalloc.so`` (the dynamic
+   loader's search: ``LD_LIBRARY_PATH``, the ldconfig cache, the system directories).
+
+The library holds one process-wide allocator, so it is loaded once per process; ``lib()`` returns
+that handle. The helpers turn the ABI's error returns (-1 or NULL plus a thread-local message)
+into :class:`BucketallocError`.
+
+Example::
+
+    from bucketalloc_torch import _lib
+    so = _lib.lib()
+    p = _lib.check_pointer(so.bucketalloc_malloc(1 << 20, 0, None), "bucketalloc_malloc")
+    so.bucketalloc_free(p, 1 << 20, 0, None)
+    print(_lib.read_text(so.bucketalloc_stats_json, 0))
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import pathlib
+import threading
+from typing import Callable, List, Optional, Tuple
+
+LIBRARY_ENV = "BUCKETALLOC_LIBRARY"
+LIBRARY_NAME = "libbucketalloc.so"
+
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+# A copy of the library shipped inside the package (may be absent).
+PACKAGE_LIBRARY = _PACKAGE_DIR / "lib" / LIBRARY_NAME
+# <repo>/python/torch_plugin/bucketalloc_torch/_lib.py -> <repo> (Path.parent stops at the root)
+_REPO_ROOT = _PACKAGE_DIR.parent.parent.parent
+# The library built in the source tree, used only when this file lies in a bucketalloc checkout.
+SOURCE_TREE_LIBRARY: Optional[pathlib.Path] = (
+    _REPO_ROOT / "build" / "release" / "lib" / LIBRARY_NAME
+    if (_REPO_ROOT / "include" / "bucketalloc" / "bucketalloc.h").is_file()
+    else None
+)
+
+_c_char_buffer = ctypes.POINTER(ctypes.c_char)
+
+# name -> (restype, argtypes), in the order of bucketalloc.h. Streams are opaque pointers
+# (cudaStream_t); ssize_t is c_ssize_t.
+_SIGNATURES = {
+    # Allocation (PyTorch's CUDAPluggableAllocator signatures).
+    "bucketalloc_malloc": (ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
+    "bucketalloc_free": (None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
+    # Declared for its address only (PyTorch calls it): never call it from Python, because the C++
+    # exception it throws on failure cannot cross ctypes and terminates the process.
+    "bucketalloc_malloc_or_throw": (ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
+    # Hooks (CUDAPluggableAllocator.allocator().set_*_fn).
+    "bucketalloc_init": (None, [ctypes.c_int]),
+    "bucketalloc_empty_cache": (None, []),
+    "bucketalloc_set_memory_fraction": (None, [ctypes.c_double, ctypes.c_int]),
+    "bucketalloc_record_stream": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+    "bucketalloc_base_alloc": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
+    # Inspection: snprintf-like text functions.
+    "bucketalloc_stats_json": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),
+    "bucketalloc_fragmentation_json": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),
+    "bucketalloc_summary": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),
+    "bucketalloc_snapshot_json": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),
+    "bucketalloc_last_oom_report": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),
+    "bucketalloc_config_string": (ctypes.c_ssize_t, [_c_char_buffer, ctypes.c_size_t]),
+    # Control: 0 on success, -1 on error.
+    "bucketalloc_reset_peak_stats": (ctypes.c_int, [ctypes.c_int]),
+    "bucketalloc_configure": (ctypes.c_int, [ctypes.c_char_p]),
+    "bucketalloc_record_history": (ctypes.c_int, [ctypes.c_int, ctypes.c_size_t]),
+    "bucketalloc_check_invariants": (ctypes.c_int, [ctypes.c_int]),
+    "bucketalloc_last_error": (ctypes.c_char_p, []),
+    "bucketalloc_is_initialized": (ctypes.c_int, []),
+    "bucketalloc_device_count": (ctypes.c_int, []),
+    "bucketalloc_version": (ctypes.c_char_p, []),
+    # Simulated-device controls (backend:sim only).
+    "bucketalloc_sim_enqueue_work": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
+    "bucketalloc_sim_complete_work": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
+    "bucketalloc_sim_set_capturing": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]),
+}
+
+# The first buffer size tried by read_text; texts that do not fit are read again at their size.
+DEFAULT_TEXT_BUFFER = 64 * 1024
+
+
+class BucketallocError(RuntimeError):
+    """A bucketalloc call failed, or the library or PyTorch cannot be used as asked.
+
+    When the C ABI reported the failure, the message is the library's last error
+    (``bucketalloc_last_error()``), which names what failed and what is accepted.
+    """
+
+
+def _candidates() -> List[Tuple[str, str]]:
+    """Returns the (origin, path or name) pairs to try, in search order (see the module docstring)."""
+    env = os.environ.get(LIBRARY_ENV)
+    if env:
+        path = os.path.abspath(env)
+        if not os.path.isfile(path):
+            raise BucketallocError(
+                f"{LIBRARY_ENV}={env!r}: no such file ({path}); set it to the path of a built "
+                f"{LIBRARY_NAME} (e.g. <repo>/build/release/lib/{LIBRARY_NAME}) or unset it to search "
+                "the package, the source tree and the dynamic loader's path"
+            )
+        return [(LIBRARY_ENV, path)]
+    candidates = [("the package's lib/ directory", str(PACKAGE_LIBRARY))]
+    if SOURCE_TREE_LIBRARY is not None:
+        candidates.append(("the source tree's release build", str(SOURCE_TREE_LIBRARY)))
+    found = ctypes.util.find_library("bucketalloc")
+    if found is not None:
+        candidates.append(('ctypes.util.find_library("bucketalloc")', found))
+    candidates.append(("the dynamic loader's search (LD_LIBRARY_PATH, ldconfig)", LIBRARY_NAME))
+    return candidates
+
+
+def _load() -> Tuple[ctypes.CDLL, str]:
+    """Loads the first library found and declares its functions; returns it and its path or name."""
+    tried = []
+    for origin, path in _candidates():
+        is_file = os.sep in path
+        if is_file and not os.path.isfile(path):
+            tried.append(f"  {path} ({origin}): not found")
+            continue
+        try:
+            library = ctypes.CDLL(path)
+        except OSError as e:
+            if origin == LIBRARY_ENV:
+                raise BucketallocError(f"{LIBRARY_ENV}={path}: cannot load it: {e}") from e
+            tried.append(f"  {path} ({origin}): {e}")
+            continue
+        _declare(library, path)
+        return library, path
+    raise BucketallocError(
+        f"cannot find {LIBRARY_NAME}. Tried:\n" + "\n".join(tried) + "\n"
+        f"Build it (cmake -S . -B build/release -G Ninja && ninja -C build/release), then set "
+        f"{LIBRARY_ENV}=/path/to/{LIBRARY_NAME}, copy it to {PACKAGE_LIBRARY.parent}/, or add its "
+        "directory to LD_LIBRARY_PATH"
+    )
+
+
+def _declare(library: ctypes.CDLL, path: str) -> None:
+    """Sets restype and argtypes of every function of the ABI; a missing one is an error."""
+    missing = [name for name in _SIGNATURES if not hasattr(library, name)]
+    if missing:
+        raise BucketallocError(
+            f"{path} does not export {', '.join(missing)}: it is not a libbucketalloc.so matching this "
+            "package (rebuild the library, or point BUCKETALLOC_LIBRARY at a current build)"
+        )
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        function = getattr(library, name)
+        function.restype = restype
+        function.argtypes = argtypes
+
+
+_lock = threading.Lock()
+_loaded: Optional[Tuple[ctypes.CDLL, str]] = None
+
+
+def _loaded_library() -> Tuple[ctypes.CDLL, str]:
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            _loaded = _load()
+        return _loaded
+
+
+def lib() -> ctypes.CDLL:
+    """Returns the process-wide libbucketalloc handle, loading it on first use.
+
+    Raises:
+        BucketallocError: the library cannot be found or loaded; the message lists every place
+            tried and how to fix it.
+    """
+    return _loaded_library()[0]
+
+
+def library_path() -> str:
+    """Returns the path (or, when found by the dynamic loader, the name) the library was loaded from."""
+    return _loaded_library()[1]
+
+
+def function_address(name: str) -> int:
+    """Returns the address of the library function `name`, as PyTorch's hook setters take it."""
+    return ctypes.cast(getattr(lib(), name), ctypes.c_void_p).value
+
+
+def last_error() -> str:
+    """Returns the message of the last failed bucketalloc call on this thread ("" when none).
+
+    The library does not clear it on success: it describes the last failure, not the last call.
+    """
+    return lib().bucketalloc_last_error().decode("utf-8", "replace")
+
+
+def _error(function: str) -> BucketallocError:
+    # The library's messages name what failed ("bucketalloc: ...", "bucketalloc_configure: ...").
+    return BucketallocError(last_error() or f"{function} failed without an error message")
+
+
+def check(result: int, function: str) -> int:
+    """Returns `result`, or raises BucketallocError with the last error when it is -1."""
+    if result == -1:
+        raise _error(function)
+    return result
+
+
+def check_pointer(pointer: Optional[int], function: str) -> int:
+    """Returns `pointer`, or raises BucketallocError with the last error when it is NULL."""
+    if not pointer:
+        raise _error(function)
+    return pointer
+
+
+def read_text(function: Callable[..., int], *args: object, initial_size: int = DEFAULT_TEXT_BUFFER) -> str:
+    """Calls an snprintf-like inspection function with `args` and returns its whole text.
+
+    The function is called with a buffer of `initial_size` bytes and, when its result says the text
+    did not fit, once more with a buffer of the reported size.
+
+    Raises:
+        BucketallocError: the function returned -1.
+    """
+    size = max(initial_size, 1)
+    while True:
+        buffer = ctypes.create_string_buffer(size)
+        needed = check(function(*args, buffer, size), function.__name__)
+        if needed < size:
+            return buffer.raw[:needed].decode("utf-8")
+        # Too small: read again at the reported size (in a loop, as the text may grow in between).
+        size = needed + 1

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""scripts/gpu_torch_check.py — the PyTorch section of scripts/gpu_check.sh (needs torch and a GPU).
+
+Runs two fresh processes in one run and compares them:
+  * bucketalloc: bucketalloc_torch.enable(patch_torch=True), then
+      - a variable-length workload (a seeded list of sequence lengths; embedding-like matmuls and a
+        softmax per step) whose results must equal a CPU reference within float tolerance;
+      - our stats: memory_allocated() grows by a tensor's size and returns after `del`; the patched
+        torch.cuda.memory_stats() is ours; snapshot() lists the live tensor as active_allocated;
+      - record_stream: a block used on a busy side stream is not handed out again while that
+        stream runs, and is after it finishes;
+      - empty_cache: torch.cuda.empty_cache() releases everything cached;
+      - CUDA graphs: warm up on a side stream, capture on that stream, replay, compare;
+      - an impossible request raises RuntimeError carrying bucketalloc's OOM report;
+      - the latency loop below.
+  * native: PyTorch's own caching allocator, the same latency loop.
+The latency loop: `torch.empty(n, dtype=uint8, device="cuda")` then `del` (a cache hit after the
+first), for n in 4 KiB, 256 KiB, 2 MiB and 64 MiB, best of 5 repetitions of 20000 pairs each,
+in nanoseconds per pair. Target (issue 3): bucketalloc within 1.1x of native.
+
+Prints one line per check ("check <name>: PASS|FAIL <detail>"), the latency table, and exits
+non-zero when a check failed. The latency target is reported, not enforced (a benchmark, not a test).
+
+Usage: python3 scripts/gpu_torch_check.py            (the driver: runs both processes)
+       python3 scripts/gpu_torch_check.py --child bucketalloc|native   (one process; prints JSON)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+SIZES = [4 << 10, 256 << 10, 2 << 20, 64 << 20]
+PAIRS = 20000
+REPEATS = 5
+
+
+def latency_ns(torch) -> dict:
+    """Best-of-REPEATS ns per torch.empty/del pair, per size (warmed: the first pair is a miss)."""
+    out = {}
+    for n in SIZES:
+        x = torch.empty(n, dtype=torch.uint8, device="cuda")
+        del x
+        best = float("inf")
+        for _ in range(REPEATS):
+            t0 = time.perf_counter_ns()
+            for _ in range(PAIRS):
+                x = torch.empty(n, dtype=torch.uint8, device="cuda")
+                del x
+            best = min(best, (time.perf_counter_ns() - t0) / PAIRS)
+        out[str(n)] = best
+    return out
+
+
+def checks_bucketalloc(torch, ba) -> list:
+    results = []
+
+    def check(name, ok, detail=""):
+        results.append({"name": name, "ok": bool(ok), "detail": detail})
+
+    # Variable-length workload against a CPU reference.
+    gen = torch.Generator().manual_seed(1234)
+    weight = torch.randn(256, 256, generator=gen)
+    weight_gpu = weight.cuda()
+    lengths = [int(v) for v in torch.randint(1, 2048, (40,), generator=gen)]
+    worst = 0.0
+    for length in lengths:
+        x = torch.randn(length, 256, generator=gen)
+        ref = torch.softmax(x @ weight, dim=-1)
+        got = torch.softmax(x.cuda() @ weight_gpu, dim=-1).cpu()
+        worst = max(worst, (got - ref).abs().max().item())
+    check("variable_length_workload_matches_cpu", worst < 1e-3, f"{len(lengths)} steps, max abs error {worst:.2e}")
+
+    # Stats follow a tensor.
+    torch.cuda.synchronize()
+    base = ba.memory_allocated()
+    t = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+    grew = ba.memory_allocated() - base
+    patched = torch.cuda.memory_stats()["allocated_bytes.all.current"] == ba.memory_allocated()
+    states = {b["address"]: b["state"] for s in ba.snapshot()["segments"] for b in s["blocks"]}
+    state = states.get(t.data_ptr())
+    del t
+    back = ba.memory_allocated() == base
+    check("stats_follow_a_tensor", grew == 3 << 20 and patched and back and state == "active_allocated",
+          f"grew {grew} B, patched memory_stats {'ours' if patched else 'NOT ours'}, back to base {back}, "
+          f"snapshot state {state}")
+
+    # record_stream: no reuse while the side stream still runs.
+    side = torch.cuda.Stream()
+    big = torch.randn(4096, 4096, device="cuda")
+    x = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    ptr = x.data_ptr()
+    torch.cuda.current_stream().synchronize()
+    with torch.cuda.stream(side):
+        for _ in range(50):  # keep the side stream busy for a while
+            big = big @ big
+            big = big / big.norm()
+        x.add_(1)
+    x.record_stream(side)
+    del x
+    busy = not side.query()
+    y = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    reused_while_busy = y.data_ptr() == ptr
+    del y
+    side.synchronize()
+    z = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    z2 = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    reused_after = ptr in (z.data_ptr(), z2.data_ptr())
+    del z, z2
+    check("record_stream_defers_reuse", busy and not reused_while_busy and reused_after,
+          f"side stream busy at free: {busy}, reused while busy: {reused_while_busy}, reused after: {reused_after}")
+
+    # empty_cache releases what is cached.
+    del big
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    stats = ba.memory_stats()
+    held = stats["reserved_bytes.all.current"] - stats["active_bytes.all.current"]
+    check("empty_cache_releases_the_cache", held == 0, f"{held} B still cached after empty_cache")
+
+    # CUDA graphs: warm up and capture on the same side stream; replay and compare.
+    try:
+        s = torch.cuda.Stream()
+        a = torch.randn(512, 512, device="cuda")
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                out = torch.relu(a @ a) + 1
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            out = torch.relu(a @ a) + 1
+        a.copy_(torch.randn(512, 512, device="cuda"))
+        g.replay()
+        torch.cuda.synchronize()
+        err = (out - (torch.relu(a @ a) + 1)).abs().max().item()
+        check("cuda_graph_capture_and_replay", err < 1e-2,
+              f"max abs error {err:.2e}; capture refusals {ba.memory_stats()['num_capture_refusals']}")
+    except Exception as e:  # noqa: BLE001 — report the failure as a check
+        check("cuda_graph_capture_and_replay", False, f"{type(e).__name__}: {str(e).splitlines()[0]}")
+
+    # An impossible request raises with our report.
+    try:
+        torch.empty(1 << 46, dtype=torch.uint8, device="cuda")
+        check("oom_raises_with_the_report", False, "a 64 TiB tensor was allocated")
+    except RuntimeError as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        check("oom_raises_with_the_report", "bucketalloc: out of memory" in str(e), first[:160])
+
+    try:
+        ba.check_invariants()
+        check("invariants_hold", True)
+    except Exception as e:  # noqa: BLE001
+        check("invariants_hold", False, str(e)[:200])
+    return results
+
+
+def child(mode: str) -> None:
+    if mode == "bucketalloc":
+        import bucketalloc_torch as ba
+        ba.enable(patch_torch=True)
+    import torch
+    torch.cuda.init()
+    result = {"mode": mode, "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    if mode == "bucketalloc":
+        result["checks"] = checks_bucketalloc(torch, ba)
+    result["latency_ns"] = latency_ns(torch)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def driver() -> int:
+    results = {}
+    for mode in ("bucketalloc", "native"):
+        proc = subprocess.run([sys.executable, __file__, "--child", mode], capture_output=True, text=True,
+                              env=os.environ.copy(), timeout=600)
+        sys.stderr.write(proc.stderr[-4000:])
+        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            print(f"check {mode}_process: FAIL exit {proc.returncode}\n{proc.stdout[-2000:]}")
+            return 1
+        results[mode] = json.loads(line[len("RESULT "):])
+    failed = 0
+    for c in results["bucketalloc"]["checks"]:
+        print(f"check {c['name']}: {'PASS' if c['ok'] else 'FAIL'} {c['detail']}")
+        failed += not c["ok"]
+    print(f"\ntorch {results['native']['torch']} on {results['native']['device']}")
+    print("torch.empty/del latency, ns per pair (best of %d x %d):" % (REPEATS, PAIRS))
+    print(f"{'bytes':>10} {'native':>10} {'bucketalloc':>12} {'ratio':>7}")
+    for n in SIZES:
+        nat = results["native"]["latency_ns"][str(n)]
+        ours = results["bucketalloc"]["latency_ns"][str(n)]
+        print(f"{n:>10} {nat:>10.1f} {ours:>12.1f} {ours / nat:>7.2f}")
+    print("target: ratio <= 1.10 (reported, not enforced)")
+    print(f"gpu_torch_check: {failed} check(s) failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", choices=["bucketalloc", "native"])
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+    else:
+        sys.exit(driver())
