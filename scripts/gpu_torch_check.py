@@ -7,10 +7,12 @@ Runs two fresh processes in one run and compares them:
         softmax per step) whose results must equal a CPU reference within float tolerance;
       - our stats: memory_allocated() grows by a tensor's size and returns after `del`; the patched
         torch.cuda.memory_stats() is ours; snapshot() lists the live tensor as active_allocated;
-      - record_stream: a block used on a busy side stream is not handed out again while that
-        stream runs, and is after it finishes;
+      - record_stream: a block used on a busy side stream is pending (snapshot state) and not handed
+        out again while that stream runs, and is free once it has finished;
       - empty_cache: torch.cuda.empty_cache() releases everything cached;
-      - CUDA graphs: warm up on a side stream, capture on that stream, replay, compare;
+      - CUDA graphs: warm up on a side stream, capture on it (CUDAGraph.capture_begin/capture_end,
+        which call bucketalloc's graph-pool hooks), replay, compare, reset;
+      - torch/cuda/_memory_viz.py reads dump_snapshot()'s pickle (stats and trace);
       - an impossible request raises RuntimeError carrying bucketalloc's OOM report;
       - the latency loop below.
   * native: PyTorch's own caching allocator, the same latency loop.
@@ -89,59 +91,97 @@ def checks_bucketalloc(torch, ba) -> list:
           f"grew {grew} B, patched memory_stats {'ours' if patched else 'NOT ours'}, back to base {back}, "
           f"snapshot state {state}")
 
-    # record_stream: no reuse while the side stream still runs.
+    # record_stream: no reuse while the side stream still runs; reusable once it is done.
+    def state_of(ptr):
+        for seg in ba.snapshot()["segments"]:
+            for b in seg["blocks"]:
+                if b["address"] == ptr:
+                    return b["state"]
+        return "released"
+
     side = torch.cuda.Stream()
     big = torch.randn(4096, 4096, device="cuda")
     x = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
     ptr = x.data_ptr()
     torch.cuda.current_stream().synchronize()
+    side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
+        work = big
         for _ in range(50):  # keep the side stream busy for a while
-            big = big @ big
-            big = big / big.norm()
+            work = work @ big
+            work = work / work.norm()
         x.add_(1)
     x.record_stream(side)
     del x
     busy = not side.query()
+    pending = state_of(ptr)
     y = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
     reused_while_busy = y.data_ptr() == ptr
-    del y
+    del y  # a free polls the pending blocks
     side.synchronize()
-    z = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
-    z2 = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
-    reused_after = ptr in (z.data_ptr(), z2.data_ptr())
-    del z, z2
-    check("record_stream_defers_reuse", busy and not reused_while_busy and reused_after,
-          f"side stream busy at free: {busy}, reused while busy: {reused_while_busy}, reused after: {reused_after}")
+    z = torch.empty(1024, device="cuda")
+    del z  # polls again: the side stream is done now
+    after = state_of(ptr)
+    check("record_stream_defers_reuse",
+          busy and pending == "active_pending_free" and not reused_while_busy and after in ("inactive", "released"),
+          f"side stream busy at free: {busy}, state while busy: {pending}, reused while busy: {reused_while_busy}, "
+          f"state after: {after}")
 
     # empty_cache releases what is cached.
-    del big
+    del big, work
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     stats = ba.memory_stats()
     held = stats["reserved_bytes.all.current"] - stats["active_bytes.all.current"]
     check("empty_cache_releases_the_cache", held == 0, f"{held} B still cached after empty_cache")
 
-    # CUDA graphs: warm up and capture on the same side stream; replay and compare.
+    # CUDA graphs: warm up and capture on the same side stream (CUDAGraph.capture_begin/capture_end:
+    # torch.cuda.graph empties the cache on entry), replay, compare, reset (releases the graph pool).
     try:
         s = torch.cuda.Stream()
         a = torch.randn(512, 512, device="cuda")
         s.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
         with torch.cuda.stream(s):
             for _ in range(3):
                 out = torch.relu(a @ a) + 1
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
+            del out
+            g.capture_begin()
             out = torch.relu(a @ a) + 1
+            g.capture_end()
+        torch.cuda.current_stream().wait_stream(s)
         a.copy_(torch.randn(512, 512, device="cuda"))
         g.replay()
         torch.cuda.synchronize()
         err = (out - (torch.relu(a @ a) + 1)).abs().max().item()
-        check("cuda_graph_capture_and_replay", err < 1e-2,
-              f"max abs error {err:.2e}; capture refusals {ba.memory_stats()['num_capture_refusals']}")
+        del out
+        g.reset()
+        refusals = ba.memory_stats()["num_capture_refusals"]
+        check("cuda_graph_capture_and_replay", err < 1e-2 and refusals == 0,
+              f"max abs error {err:.2e}; capture refusals {refusals}")
     except Exception as e:  # noqa: BLE001 — report the failure as a check
         check("cuda_graph_capture_and_replay", False, f"{type(e).__name__}: {str(e).splitlines()[0]}")
+
+    # PyTorch's memory_viz reads our snapshot.
+    import tempfile
+    keep = torch.empty(5 << 20, dtype=torch.uint8, device="cuda")
+    ba.record_memory_history("all", 10000)
+    tmp = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+    del tmp
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "snapshot.pickle")
+        ba.dump_snapshot(path)
+        outputs = []
+        ok = True
+        for command in ("stats", "trace"):
+            proc = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", command, path],
+                                  capture_output=True, text=True, timeout=120)
+            ok = ok and proc.returncode == 0
+            outputs.append(f"{command}: exit {proc.returncode} "
+                           f"{(proc.stdout or proc.stderr).strip().splitlines()[-1:] if (proc.stdout or proc.stderr) else ''}")
+    ba.record_memory_history(None)
+    del keep
+    check("memory_viz_reads_the_snapshot", ok, "; ".join(outputs))
 
     # An impossible request raises with our report.
     try:

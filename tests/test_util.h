@@ -82,11 +82,12 @@ class FakeSource : public internal::MemorySource {
     ++allocs;
     return base;
   }
-  void ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override {
+  bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override {
     live_.erase(base);
     used_ -= bytes;
     internal::StatAdd(stats_->reserved_bytes, pool, -static_cast<std::int64_t>(bytes));
     ++frees;
+    return true;
   }
   std::size_t used() const { return used_; }
   int allocs = 0;

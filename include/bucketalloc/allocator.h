@@ -17,6 +17,7 @@
 #define BUCKETALLOC_ALLOCATOR_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bucketalloc/backend.h"
+#include "bucketalloc/capture.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
@@ -85,6 +87,17 @@ class Allocator {
   absl::StatusOr<FragmentationReport> GetFragmentation(int device) const;
   // The readable summary table (stats, then the fragmentation table).
   absl::StatusOr<std::string> Summary(int device) const;
+  // CUDA graph capture (PyTorch's beginAllocateToPool / endAllocateToPool / releasePool hooks, or
+  // the C ABI's bucketalloc_capture_*). Between BeginCapture and EndCapture the device makes no
+  // backend call at all (CUDA forbids allocating, freeing, synchronizing and querying events in every
+  // thread while a global-mode capture runs): requests are served from the cache or fail. Blocks
+  // allocated for a stream that `filter` accepts belong to graph pool `pool`; when freed (during or
+  // after the capture) they are held, not reused, until ReleasePool(pool), because every replay of
+  // the graph still writes them. Captures may nest and several may run.
+  absl::Status BeginCapture(int device, GraphPoolId pool, CaptureFilter filter);
+  absl::Status EndCapture(int device, GraphPoolId pool);
+  absl::Status ReleasePool(int device, GraphPoolId pool);
+
   // The segments and blocks of `device` (or every device created so far when device == -1) and
   // their histories, in the layout of torch.cuda.memory._snapshot() (see bucketalloc/snapshot.h).
   absl::StatusOr<MemorySnapshot> Snapshot(int device = -1) const;

@@ -84,12 +84,42 @@ BUCKETALLOC_API void bucketalloc_empty_cache(void);
 BUCKETALLOC_API void bucketalloc_set_memory_fraction(double fraction, int device);
 
 /* set_record_stream_fn (Tensor.record_stream): the block of `ptr` is not reused after its free
- * until the work queued on `stream` up to that free has completed (a CUDA event). */
+ * until the work queued on `stream` up to that free has completed (a CUDA event). NULL (the
+ * storage of an empty tensor) is a no-op. */
 BUCKETALLOC_API void bucketalloc_record_stream(void* ptr, cudaStream_t stream);
 
 /* set_base_alloc_fn: the start of the device allocation (segment or slab) that holds `ptr`, and
  * its size in *size. Returns NULL (last error set) when `ptr` is not a live allocation. */
 BUCKETALLOC_API void* bucketalloc_base_alloc(void* ptr, size_t* size);
+
+/* ---- CUDA graph capture --------------------------------------------------------------------
+ * A host that captures CUDA graphs announces each capture (PyTorch does it through the hooks below,
+ * registered by bucketalloc_torch.enable()). Between begin and end the device makes no CUDA call at
+ * all (CUDA forbids allocating, freeing, synchronizing and querying events in every thread while a
+ * global-mode capture runs): requests are served from the cache or fail with an error naming the
+ * capture. Blocks allocated on `stream` during the capture belong to graph pool `pool`; freed, they
+ * are held (not reused) until bucketalloc_release_pool(pool), since every replay still writes them.
+ * Each returns 0, or -1 with the last error set. */
+BUCKETALLOC_API int bucketalloc_capture_begin(int device, unsigned long long pool, cudaStream_t stream);
+BUCKETALLOC_API int bucketalloc_capture_end(int device, unsigned long long pool);
+/* The graph of `pool` is destroyed: its held blocks become reusable. Unknown pools are a no-op. */
+BUCKETALLOC_API int bucketalloc_release_pool(int device, unsigned long long pool);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#include <functional>
+#include <utility>
+extern "C" {
+/* PyTorch's graph-pool hooks (C++ only: the begin hook takes a std::function). Register with
+ * CUDAPluggableAllocator.allocator().set_begin_allocate_to_pool, set_end_allocate_to_pool_fn and
+ * set_release_pool; PyTorch calls them from CUDAGraph.capture_begin, capture_end and reset. The pool
+ * id is PyTorch's MempoolId_t; `filter` is true for the capturing stream. Errors are printed. */
+typedef std::pair<unsigned long long, unsigned long long> bucketalloc_mempool_id;
+BUCKETALLOC_API void bucketalloc_torch_begin_allocate_to_pool(int device, bucketalloc_mempool_id pool,
+                                                              std::function<bool(cudaStream_t)> filter);
+BUCKETALLOC_API void bucketalloc_torch_end_allocate_to_pool(int device, bucketalloc_mempool_id pool);
+BUCKETALLOC_API void bucketalloc_torch_release_pool(int device, bucketalloc_mempool_id pool);
+#endif
 
 /* ---- Inspection ------------------------------------------------------------------------------
  * Each writes NUL-terminated text into buf[0..len) (truncated when it does not fit; buf may be NULL
@@ -146,7 +176,8 @@ BUCKETALLOC_API const char* bucketalloc_version(void);
 BUCKETALLOC_API int bucketalloc_sim_enqueue_work(int device, cudaStream_t stream);
 /* Completes all work queued on `stream` so far. */
 BUCKETALLOC_API int bucketalloc_sim_complete_work(int device, cudaStream_t stream);
-/* Starts (capturing != 0) or ends a simulated CUDA stream capture on `stream`. */
+/* Starts (capturing != 0) or ends a simulated CUDA stream capture on `stream`: while any stream
+ * captures, the simulated device refuses the calls CUDA forbids (and counts them). */
 BUCKETALLOC_API int bucketalloc_sim_set_capturing(int device, cudaStream_t stream, int capturing);
 
 #ifdef __cplusplus

@@ -55,9 +55,9 @@ struct SegmentSnapshot {
 };
 
 enum class TraceAction : std::uint8_t {
-  kAlloc,          // "alloc": addr, size = the block size handed out
-  kFreeRequested,  // "free_requested": the caller freed addr
-  kFreeCompleted,  // "free_completed": the block is reusable (stream events done)
+  kAlloc,          // "alloc": addr, size = the requested size (as PyTorch records it)
+  kFreeRequested,  // "free_requested": the caller freed addr (size as for alloc)
+  kFreeCompleted,  // "free_completed": the block is reusable (stream events done, graph released)
   kSegmentAlloc,   // "segment_alloc": a backend allocation (segment or slab)
   kSegmentFree,    // "segment_free": a backend free
   kOom,            // "oom": size = the request, device_free = the device's free bytes

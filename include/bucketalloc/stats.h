@@ -64,6 +64,7 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
   X(num_ooms, "allocations that failed with out-of-memory")                                 \
   X(num_device_alloc, "backend allocations (cudaMalloc calls that succeeded)")              \
   X(num_device_free, "backend frees (cudaFree calls)")                                      \
+  X(num_device_free_failures, "backend frees that failed (the memory stayed cached)")        \
   X(num_sync_all_streams, "times pending stream events were synchronized to release memory") \
   X(num_splits, "free blocks split to serve a smaller request")                             \
   X(num_merges, "adjacent free blocks coalesced")                                           \
@@ -72,8 +73,8 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
   X(num_tier_fallbacks, "tier requests served at their exact rounded size instead")         \
   X(num_gc_releases, "segments and slabs released by garbage_collection_threshold")                   \
   X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")        \
-  X(num_capture_refusals, "allocations refused during CUDA stream capture (no cached block fit)") \
-  X(num_capture_deferred_frees, "cross-stream frees whose events waited for a capture to end")
+  X(num_capture_refusals, "allocations refused during CUDA graph capture (no cached block fit)") \
+  X(num_deferred_frees, "cross-stream frees whose events were recorded later (a capture ran, or recording failed)")
 
 // Device-wide gauges (no per-pool split, as in PyTorch): X(name, meaning).
 #define BUCKETALLOC_DEVICE_STATS(X)                                             \

@@ -9,6 +9,7 @@
 // The allocation path adds one atomic load to the C++ call it wraps.
 #include "bucketalloc/bucketalloc.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -34,14 +35,25 @@ std::atomic<Allocator*> g_allocator{nullptr};
 std::mutex g_init_mu;
 std::string* g_conf = nullptr;  // bucketalloc_configure's text (guarded by g_init_mu; leaked)
 
-thread_local std::string t_last_error;
+// Trivially destructible, so that a call from a host's thread-exit or static destructor is safe;
+// a longer message (an OOM report with large histograms) is truncated.
+constexpr std::size_t kErrorCapacity = 16384;
+thread_local char t_last_error[kErrorCapacity];
 
-void SetError(const absl::Status& status) { t_last_error.assign(status.message().data(), status.message().size()); }
+void SetErrorText(absl::string_view text) {
+  const std::size_t n = std::min(text.size(), kErrorCapacity - 1);
+  std::memmove(t_last_error, text.data(), n);
+  t_last_error[n] = '\0';
+}
+void SetError(const absl::Status& status) { SetErrorText(status.message()); }
 
 // For the hooks that return void: the error is also printed, as the host has no way to see it.
 void ReportError(const absl::Status& status) {
   SetError(status);
-  std::fprintf(stderr, "%s\n", t_last_error.c_str());
+  std::fprintf(stderr, "%s\n", t_last_error);
+}
+void ReportIfFailed(int rc) {
+  if (rc != 0) std::fprintf(stderr, "%s\n", t_last_error);
 }
 
 // Runs `f` and turns an escaping exception into an error and `on_error`.
@@ -138,7 +150,7 @@ absl::StatusOr<void*> Malloc(ssize_t size, int device, cudaStream_t stream) {
                                                    " is negative; accepted: 0 to ", kMaxRequestBytes, " bytes"));
   }
   Allocator* a = Get();
-  if (a == nullptr) return absl::FailedPreconditionError(t_last_error);
+  if (a == nullptr) return absl::FailedPreconditionError(absl::string_view(t_last_error));
   return a->Allocate(static_cast<std::size_t>(size), device, stream);
 }
 
@@ -196,7 +208,8 @@ void* bucketalloc_malloc_or_throw(ssize_t size, int device, cudaStream_t stream)
   absl::StatusOr<void*> p = Guarded<absl::StatusOr<void*>>(
       absl::InternalError(""), [&]() { return bucketalloc::Malloc(size, device, stream); });
   if (p.ok()) [[likely]] return *p;
-  std::string message = p.status().message().empty() ? bucketalloc::t_last_error : std::string(p.status().message());
+  std::string message = p.status().message().empty() ? std::string(bucketalloc::t_last_error)
+                                                     : std::string(p.status().message());
   SetError(absl::Status(p.status().code(), message));
   throw bucketalloc::AllocationError(std::move(message));
 }
@@ -217,7 +230,7 @@ void bucketalloc_init(int device_count) {
   Guarded<int>(0, [&]() -> int {
     Allocator* a = Get();
     if (a == nullptr) {
-      std::fprintf(stderr, "%s\n", bucketalloc::t_last_error.c_str());
+      std::fprintf(stderr, "%s\n", bucketalloc::t_last_error);
       return 0;
     }
     if (device_count != a->device_count()) {
@@ -238,15 +251,13 @@ void bucketalloc_empty_cache(void) {
 }
 
 void bucketalloc_set_memory_fraction(double fraction, int device) {
-  if (bucketalloc::StatusCall([&](Allocator& a) { return a.SetMemoryFraction(fraction, device); }) != 0) {
-    std::fprintf(stderr, "%s\n", bucketalloc::t_last_error.c_str());
-  }
+  bucketalloc::ReportIfFailed(
+      bucketalloc::StatusCall([&](Allocator& a) { return a.SetMemoryFraction(fraction, device); }));
 }
 
 void bucketalloc_record_stream(void* ptr, cudaStream_t stream) {
-  if (bucketalloc::StatusCall([&](Allocator& a) { return a.RecordStream(ptr, stream); }) != 0) {
-    std::fprintf(stderr, "%s\n", bucketalloc::t_last_error.c_str());
-  }
+  if (ptr == nullptr) return;  // an empty tensor's storage
+  bucketalloc::ReportIfFailed(bucketalloc::StatusCall([&](Allocator& a) { return a.RecordStream(ptr, stream); }));
 }
 
 void* bucketalloc_base_alloc(void* ptr, size_t* size) {
@@ -261,6 +272,41 @@ void* bucketalloc_base_alloc(void* ptr, size_t* size) {
     if (size != nullptr) *size = base->second;
     return base->first;
   });
+}
+
+int bucketalloc_capture_begin(int device, unsigned long long pool, cudaStream_t stream) {
+  return bucketalloc::StatusCall([&](Allocator& a) {
+    return a.BeginCapture(device, bucketalloc::GraphPoolId{pool, 0},
+                          [stream](bucketalloc::Stream s) { return s == static_cast<bucketalloc::Stream>(stream); });
+  });
+}
+
+int bucketalloc_capture_end(int device, unsigned long long pool) {
+  return bucketalloc::StatusCall([&](Allocator& a) { return a.EndCapture(device, bucketalloc::GraphPoolId{pool, 0}); });
+}
+
+int bucketalloc_release_pool(int device, unsigned long long pool) {
+  return bucketalloc::StatusCall([&](Allocator& a) { return a.ReleasePool(device, bucketalloc::GraphPoolId{pool, 0}); });
+}
+
+void bucketalloc_torch_begin_allocate_to_pool(int device, bucketalloc_mempool_id pool,
+                                              std::function<bool(cudaStream_t)> filter) {
+  bucketalloc::ReportIfFailed(bucketalloc::StatusCall([&](Allocator& a) {
+    return a.BeginCapture(device, bucketalloc::GraphPoolId{pool.first, pool.second},
+                          [filter = std::move(filter)](bucketalloc::Stream s) {
+                            return filter(static_cast<cudaStream_t>(s));
+                          });
+  }));
+}
+
+void bucketalloc_torch_end_allocate_to_pool(int device, bucketalloc_mempool_id pool) {
+  bucketalloc::ReportIfFailed(bucketalloc::StatusCall(
+      [&](Allocator& a) { return a.EndCapture(device, bucketalloc::GraphPoolId{pool.first, pool.second}); }));
+}
+
+void bucketalloc_torch_release_pool(int device, bucketalloc_mempool_id pool) {
+  bucketalloc::ReportIfFailed(bucketalloc::StatusCall(
+      [&](Allocator& a) { return a.ReleasePool(device, bucketalloc::GraphPoolId{pool.first, pool.second}); }));
 }
 
 ssize_t bucketalloc_stats_json(int device, char* buf, size_t len) {
@@ -341,7 +387,7 @@ int bucketalloc_check_invariants(int device) {
   return bucketalloc::StatusCall([&](Allocator& a) { return a.CheckInvariants(device); });
 }
 
-const char* bucketalloc_last_error(void) { return bucketalloc::t_last_error.c_str(); }
+const char* bucketalloc_last_error(void) { return bucketalloc::t_last_error; }
 
 int bucketalloc_is_initialized(void) {
   return bucketalloc::g_allocator.load(std::memory_order_acquire) != nullptr ? 1 : 0;

@@ -190,12 +190,31 @@ absl::Status Allocator::RecordHistory(bool enabled, std::size_t max_entries) {
 }
 
 absl::Status Allocator::EmptyCache() {
+  absl::Status first;  // every device is emptied; the first failure is reported
   for (int device = 0; device < device_count(); ++device) {
     DeviceAllocator* d = Published(devices_->ptrs, device);
     if (d == nullptr) continue;
-    if (absl::Status s = d->EmptyCache(); !s.ok()) return s;
+    if (absl::Status s = d->EmptyCache(); !s.ok() && first.ok()) first = s;
   }
-  return absl::OkStatus();
+  return first;
+}
+
+absl::Status Allocator::BeginCapture(int device, GraphPoolId pool, CaptureFilter filter) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->BeginCapture(pool, std::move(filter));
+}
+
+absl::Status Allocator::EndCapture(int device, GraphPoolId pool) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->EndCapture(pool);
+}
+
+absl::Status Allocator::ReleasePool(int device, GraphPoolId pool) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->ReleasePool(pool);
 }
 
 absl::Status Allocator::SetMemoryFraction(double fraction, int device) {

@@ -108,6 +108,7 @@ void DeviceAllocator::CommitLive(std::uintptr_t ptr, const LiveEntry& entry) {
   StatAdd(stats_.allocated_bytes, pool, static_cast<std::int64_t>(entry.allocated_size()));
   StatAdd(stats_.allocation, pool, 1);
   if (!entry.small && entry.allocated_size() > options_.max_split_size) stats_.oversize_allocations.Add(1);
+  if (entry.graph != 0) ++graph_pools_[entry.graph].blocks;
   live_.Insert(ptr, entry);
 }
 
@@ -120,6 +121,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
   }
   MutexLock lock(mu_);
   StreamPools& sp = PoolsFor(stream);
+  const std::uint16_t graph = captures_.empty() ? 0 : GraphTagFor(stream);
   if (size <= small_limit_) {
     const int cls = SmallSizeClasses::ClassOf(size);
     SmallPool::Slot slot;
@@ -129,8 +131,8 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
     } else if (absl::Status s = AllocateSmallSlow(sp, stream, size, cls, &slot); !s.ok()) {
       return s;
     }
-    CommitLive(slot.address(), LiveEntry{slot.slab, size, slot.slot, true});
-    Trace(TraceAction::kAlloc, slot.address(), slot.slab->slot_size, stream);
+    CommitLive(slot.address(), LiveEntry{slot.slab, size, slot.slot, graph, true});
+    Trace(TraceAction::kAlloc, slot.address(), size, stream);
     if (!hit) MaybeCheckInvariants();
     return reinterpret_cast<void*>(slot.address());
   }
@@ -146,8 +148,8 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
     block = *slow;
   }
   block->requested = size;
-  CommitLive(block->ptr, LiveEntry{block, size, 0, false});
-  Trace(TraceAction::kAlloc, block->ptr, block->size, stream);
+  CommitLive(block->ptr, LiveEntry{block, size, 0, graph, false});
+  Trace(TraceAction::kAlloc, block->ptr, size, stream);
   if (!hit) MaybeCheckInvariants();
   return reinterpret_cast<void*>(block->ptr);
 }
@@ -155,7 +157,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
 absl::Status DeviceAllocator::AllocateSmallSlow(StreamPools& sp, Stream stream, std::size_t size, int cls,
                                                 SmallPool::Slot* slot) {
   slow_path_stream_ = stream;
-  if (AnyCapturing({stream})) {
+  if (CaptureRestricts(stream)) {
     // Only cached memory: an empty slab of the stream may take this class; AllocateSegment refuses.
     slow_path_capturing_ = true;
     bool from_cache = false;
@@ -207,7 +209,7 @@ absl::StatusOr<Block*> DeviceAllocator::AllocateLargeSlow(StreamPools& sp, Strea
                                                           int tier) {
   slow_path_stream_ = stream;
   const std::size_t rounded = tier >= 0 ? large_.tier_bytes(tier) : large_.RoundSize(size);
-  if (AnyCapturing({stream})) {
+  if (CaptureRestricts(stream)) {
     // Only cached memory (the whole bin is scanned, a tier request may take an exact-size block);
     // AllocateSegment refuses.
     slow_path_capturing_ = true;
@@ -261,31 +263,110 @@ absl::StatusOr<std::uintptr_t> DeviceAllocator::AllocateSegment(std::size_t byte
   return base;
 }
 
-void DeviceAllocator::ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) {
-  absl::Status s = backend_->Free(reinterpret_cast<void*>(base), bytes);
-  BA_CHECK(s.ok(), "the backend refused to free a segment it allocated");
+bool DeviceAllocator::ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) {
+  if (absl::Status s = backend_->Free(reinterpret_cast<void*>(base), bytes); !s.ok()) {
+    ++stats_.num_device_free_failures;
+    return false;
+  }
   registry_.erase(base);
   StatAdd(stats_.reserved_bytes, pool, -static_cast<std::int64_t>(bytes));
   StatAdd(stats_.segment, pool, -1);
   ++stats_.num_device_free;
   Trace(TraceAction::kSegmentFree, base, bytes, nullptr);
+  return true;
 }
 
-bool DeviceAllocator::AnyCapturing(absl::Span<const Stream> streams) {
-  for (Stream s : streams) {
-    absl::StatusOr<bool> capturing = backend_->IsCapturing(s);
-    if (!capturing.ok() || *capturing) return true;
+bool DeviceAllocator::CaptureRestricts(Stream stream) {
+  if (!captures_.empty()) return true;
+  absl::StatusOr<bool> capturing = backend_->IsCapturing(stream);
+  return capturing.ok() && *capturing;  // an error here is reported by the backend call that follows
+}
+
+std::uint16_t DeviceAllocator::GraphTagFor(Stream stream) {
+  for (auto it = captures_.rbegin(); it != captures_.rend(); ++it) {
+    if (it->filter(stream)) return it->tag;
   }
-  return false;
+  return 0;
+}
+
+void DeviceAllocator::UntagBlock(std::uint16_t tag) {
+  BA_DCHECK(graph_pools_[tag].blocks > 0, "a graph pool's block count went negative");
+  --graph_pools_[tag].blocks;
+}
+
+absl::StatusOr<std::uint16_t> DeviceAllocator::FindPool(GraphPoolId id, absl::string_view what) {
+  for (std::size_t tag = 1; tag < graph_pools_.size(); ++tag) {
+    if (!graph_pools_[tag].released && graph_pools_[tag].id == id) return static_cast<std::uint16_t>(tag);
+  }
+  return absl::NotFoundError(absl::StrCat("bucketalloc: ", what, " graph pool (", id.first, ", ", id.second,
+                                          ") on device ", device_, ": no such pool is open (no BeginCapture for it)"));
+}
+
+absl::Status DeviceAllocator::BeginCapture(GraphPoolId id, CaptureFilter filter) {
+  if (!filter) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: BeginCapture on device ", device_,
+                                                   " needs a stream filter; accepted: a callable that is true for "
+                                                   "the capturing stream(s)"));
+  }
+  MutexLock lock(mu_);
+  absl::StatusOr<std::uint16_t> tag = FindPool(id, "begin capture into");
+  if (!tag.ok()) {
+    // A new pool: reuse a forgotten slot (released, no blocks), else append one.
+    std::size_t slot = 1;
+    while (slot < graph_pools_.size() && !(graph_pools_[slot].released && graph_pools_[slot].blocks == 0)) ++slot;
+    if (slot == graph_pools_.size()) {
+      if (slot > std::numeric_limits<std::uint16_t>::max()) {
+        return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: device ", device_, " already has ", slot - 1,
+                                                         " open graph pools; release some (graph reset) first"));
+      }
+      graph_pools_.emplace_back();
+    }
+    graph_pools_[slot] = GraphPool{id, 0, false, 0};
+    tag = static_cast<std::uint16_t>(slot);
+  }
+  ++graph_pools_[*tag].captures;
+  captures_.push_back(ActiveCapture{*tag, std::move(filter)});
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::EndCapture(GraphPoolId id) {
+  MutexLock lock(mu_);
+  absl::StatusOr<std::uint16_t> tag = FindPool(id, "end capture into");
+  if (!tag.ok()) return tag.status();
+  auto it = std::find_if(captures_.rbegin(), captures_.rend(), [&](const ActiveCapture& c) { return c.tag == *tag; });
+  if (it == captures_.rend()) {
+    return absl::FailedPreconditionError(absl::StrCat("bucketalloc: end capture into graph pool (", id.first, ", ",
+                                                      id.second, ") on device ", device_,
+                                                      ": no capture into it is running"));
+  }
+  captures_.erase(std::next(it).base());
+  --graph_pools_[*tag].captures;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::ReleasePool(GraphPoolId id) {
+  MutexLock lock(mu_);
+  absl::StatusOr<std::uint16_t> tag = FindPool(id, "release");
+  if (!tag.ok()) return absl::OkStatus();  // a pool that never captured on this device
+  GraphPool& pool = graph_pools_[*tag];
+  if (pool.captures > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("bucketalloc: release of graph pool (", id.first, ", ", id.second,
+                                                      ") on device ", device_, ": a capture into it is running"));
+  }
+  pool.released = true;
+  // Its held blocks become reusable (retired now, unless another capture forbids the event calls).
+  if (captures_.empty() && !pending_.empty()) RetirePending(RetireMode::kPollAll);
+  MaybeCheckInvariants();
+  return absl::OkStatus();
 }
 
 absl::Status DeviceAllocator::CaptureMiss(std::size_t size, Stream stream) {
   ++stats_.num_capture_refusals;
   return absl::FailedPreconditionError(absl::StrCat(
-      "bucketalloc: cannot allocate ", size, " bytes on device ", device_, " during CUDA stream capture of stream ",
-      PtrStr(stream), ": no cached block fits and CUDA forbids cudaMalloc while a capture runs. Run the captured "
-      "work once before capturing (so that its blocks are cached and reused on the same stream), or allocate "
-      "the graph's buffers before the capture"));
+      "bucketalloc: cannot allocate ", size, " bytes on device ", device_, " for stream ", PtrStr(stream),
+      " during CUDA graph capture: no cached block fits, and CUDA forbids cudaMalloc while a capture runs. "
+      "Run the captured work once on the capturing stream before capturing (so that its blocks are cached on "
+      "that stream), and do not empty the cache between that warm-up and the capture"));
 }
 
 absl::Status DeviceAllocator::RecordUseEvents(absl::Span<const Stream> uses, absl::InlinedVector<Event, 2>* events) {
@@ -367,24 +448,21 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
                                          *size, " bytes"));
   }
   // Streams other than the allocation stream that used the block (RecordStream): its reuse waits for
-  // an event on each, recorded now, or once no capture runs (an event recorded during capture is a
-  // graph node and would report completion at once).
+  // an event on each. The events are recorded now, or later when a capture runs (an event recorded
+  // during capture is a graph node and would report completion at once) or recording fails: the
+  // block then waits without events (deferred) and is armed on a later free or slow path. A block of
+  // an open graph pool waits for the pool's release first.
   absl::InlinedVector<Stream, 2> uses;
   absl::InlinedVector<Event, 2> events;
   if (!stream_uses_.empty()) {
     if (auto it = stream_uses_.find(addr); it != stream_uses_.end()) {
-      uses = it->second;
-      absl::InlinedVector<Stream, 3> involved(uses.begin(), uses.end());
-      involved.push_back(entry.stream());
-      if (AnyCapturing(involved)) {
-        ++stats_.num_capture_deferred_frees;
-      } else if (absl::Status s = RecordUseEvents(uses, &events); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("bucketalloc: free of ", PtrStr(ptr), " could not record a stream "
-                                                   "event (the allocation stays live): ",
-                                                   s.message()));
-      }
+      uses = std::move(it->second);
       stream_uses_.erase(it);
     }
+  }
+  const bool held = entry.graph != 0 && !graph_pools_[entry.graph].released;
+  if (!uses.empty() && !held && (!captures_.empty() || !RecordUseEvents(uses, &events).ok())) {
+    ++stats_.num_deferred_frees;
   }
   live_.Erase(found);
   const PoolIndex pool = entry.small ? kSmallPool : kLargePool;
@@ -393,18 +471,19 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   StatAdd(stats_.allocation, pool, -1);
   if (!entry.small && entry.allocated_size() > options_.max_split_size) stats_.oversize_allocations.Add(-1);
   ++clock_;
-  Trace(TraceAction::kFreeRequested, addr, entry.allocated_size(), entry.stream());
-  if (!uses.empty()) {
+  Trace(TraceAction::kFreeRequested, addr, entry.requested, entry.stream());
+  if (!uses.empty() || held) {
     if (!entry.small) static_cast<Block*>(entry.owner)->state = BlockState::kPendingFree;
     pending_.push_back(PendingFree{addr, entry, std::move(events), std::move(uses)});
   } else {
-    // Traced before ReturnEntry, which may merge the block (its size and segment change).
-    Trace(TraceAction::kFreeCompleted, addr, entry.allocated_size(), entry.stream());
+    if (entry.graph != 0) UntagBlock(entry.graph);
+    // Traced before ReturnEntry, which may merge the block (its stream is read from its segment).
+    Trace(TraceAction::kFreeCompleted, addr, entry.requested, entry.stream());
     ReturnEntry(entry);
   }
-  // Blocks awaiting stream events are polled on every free and every slow path, never on a hit;
-  // not while this stream captures (CUDA forbids event queries then).
-  if (!pending_.empty() && !AnyCapturing({entry.stream()})) RetirePending(RetireMode::kPollUntilBusy);
+  // Blocks awaiting stream events are polled on every free and every slow path, never on a hit, and
+  // never during a capture (CUDA forbids event queries then).
+  if (!pending_.empty() && captures_.empty()) RetirePending(RetireMode::kPollUntilBusy);
   return absl::OkStatus();
 }
 
@@ -432,11 +511,15 @@ void DeviceAllocator::RetirePending(RetireMode mode) {
     }
     PendingFree& p = pending_[i];
     bool done = !stopped;
-    if (done && p.events.empty()) {
-      // Deferred by a capture: record the events once none of its streams captures any more.
-      absl::InlinedVector<Stream, 3> involved(p.uses.begin(), p.uses.end());
-      involved.push_back(p.entry.stream());
-      done = !AnyCapturing(involved) && RecordUseEvents(p.uses, &p.events).ok();
+    // A block that waits for something other than its streams' work (its graph pool's release, or
+    // events not recorded yet) does not stop the polling of the blocks after it.
+    bool waits_for_other = false;
+    if (done && HeldByGraph(p)) {
+      done = false;
+      waits_for_other = true;
+    } else if (done && p.events.empty() && !p.uses.empty()) {
+      done = captures_.empty() && RecordUseEvents(p.uses, &p.events).ok();  // arm a deferred free
+      waits_for_other = !done;
     }
     for (std::size_t k = 0; done && k < p.events.size(); ++k) {
       if (mode == RetireMode::kSynchronize) {
@@ -447,10 +530,11 @@ void DeviceAllocator::RetirePending(RetireMode mode) {
       }
     }
     // Later frees are (mostly) later in stream order.
-    if (!done && mode == RetireMode::kPollUntilBusy) stopped = true;
+    if (!done && !waits_for_other && mode == RetireMode::kPollUntilBusy) stopped = true;
     if (done) {
       for (Event e : p.events) backend_->DestroyEvent(e);
-      Trace(TraceAction::kFreeCompleted, p.ptr, p.entry.allocated_size(), p.entry.stream());
+      if (p.entry.graph != 0) UntagBlock(p.entry.graph);
+      Trace(TraceAction::kFreeCompleted, p.ptr, p.entry.requested, p.entry.stream());
       ReturnEntry(p.entry);
     } else {
       if (kept != i) pending_[kept] = std::move(p);
@@ -524,13 +608,10 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
 
 absl::Status DeviceAllocator::EmptyCache() {
   MutexLock lock(mu_);
-  for (const auto& [stream, pools] : streams_) {
-    if (AnyCapturing({stream})) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "bucketalloc: empty_cache on device ", device_, " during CUDA stream capture of stream ", PtrStr(stream),
-          ": CUDA forbids the synchronization and cudaFree it needs; nothing was released. Call it after the "
-          "capture ends"));
-    }
+  if (!captures_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucketalloc: empty_cache on device ", device_, " during CUDA graph capture: CUDA forbids the "
+        "synchronization and cudaFree it needs; nothing was released. Call it after the capture ends"));
   }
   SyncAndReleaseAll();
   MaybeCheckInvariants();
@@ -850,9 +931,27 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   for (const auto& [ptr, uses] : stream_uses_) {
     if (!live_.contains(ptr)) return fail("a recorded stream use belongs to no live allocation");
   }
+  std::vector<std::int64_t> graph_blocks(graph_pools_.size());
+  live_.ForEach([&](std::uintptr_t, const LiveEntry& e) { ++graph_blocks[e.graph]; });
   for (const PendingFree& p : pending_) {
-    if (p.uses.empty()) return fail("a pending free has no stream use to wait for");
+    if (p.uses.empty() && p.entry.graph == 0) return fail("a pending free waits for nothing");
     if (!p.events.empty() && p.events.size() != p.uses.size()) return fail("a pending free lacks an event per stream");
+    ++graph_blocks[p.entry.graph];
+  }
+  for (std::size_t tag = 1; tag < graph_pools_.size(); ++tag) {
+    const GraphPool& g = graph_pools_[tag];
+    if (g.blocks != graph_blocks[tag]) {
+      return fail(absl::StrCat("graph pool ", tag, " counts ", g.blocks, " blocks but ", graph_blocks[tag], " carry it"));
+    }
+    if (g.captures < 0 || (g.released && g.captures != 0)) return fail("a released graph pool is capturing");
+  }
+  std::vector<int> running(graph_pools_.size());
+  for (const ActiveCapture& c : captures_) {
+    if (c.tag == 0 || c.tag >= graph_pools_.size()) return fail("a capture has no graph pool");
+    ++running[c.tag];
+  }
+  for (std::size_t tag = 1; tag < graph_pools_.size(); ++tag) {
+    if (running[tag] != graph_pools_[tag].captures) return fail("a graph pool's capture count is wrong");
   }
   if (trace_count_ > trace_.size() || (!trace_.empty() && trace_next_ >= trace_.size())) {
     return fail(absl::StrCat("the history ring holds ", trace_count_, " entries at slot ", trace_next_, " of ",

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "bucketalloc/backend.h"
+#include "bucketalloc/capture.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
@@ -61,6 +62,10 @@ class DeviceAllocator final : public MemorySource {
   bool OwnsLive(void* ptr) const;
   absl::Status RecordStream(void* ptr, Stream stream);
   absl::Status EmptyCache();
+  // See Allocator::BeginCapture.
+  absl::Status BeginCapture(GraphPoolId pool, CaptureFilter filter);
+  absl::Status EndCapture(GraphPoolId pool);
+  absl::Status ReleasePool(GraphPoolId pool);
   absl::Status SetMemoryFraction(double fraction);
 
   DeviceStats GetStats() const;
@@ -81,7 +86,7 @@ class DeviceAllocator final : public MemorySource {
 
   // MemorySource (called by the pools under mu_).
   absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) override;
-  void ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override;
+  bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override;
 
  private:
   // One live or pending allocation.
@@ -89,6 +94,7 @@ class DeviceAllocator final : public MemorySource {
     void* owner = nullptr;  // Block* (large) or Slab* (small)
     std::size_t requested = 0;
     std::uint32_t slot = 0;  // small only
+    std::uint16_t graph = 0;  // the graph pool's tag (index into graph_pools_) if allocated in a capture
     bool small = false;
     std::size_t allocated_size() const;
     Stream stream() const;
@@ -97,11 +103,24 @@ class DeviceAllocator final : public MemorySource {
   // while the free is deferred: a stream in `uses` (or the allocation stream) was capturing when
   // it was freed, and an event recorded during capture never completes eagerly, so the events are
   // recorded once no capture runs.
+  // A block of a graph pool (entry.graph != 0) waits for its pool's release instead: a replay of
+  // the graph may still write it. Its stream uses are armed after that.
   struct PendingFree {
     std::uintptr_t ptr = 0;
     LiveEntry entry;
     absl::InlinedVector<Event, 2> events;
     absl::InlinedVector<Stream, 2> uses;
+  };
+  // A graph pool known to this device (tag = index in graph_pools_; tag 0 is unused).
+  struct GraphPool {
+    GraphPoolId id;
+    int captures = 0;          // running captures into it
+    bool released = false;     // ReleasePool was called: its blocks are reusable again
+    std::int64_t blocks = 0;   // live or held blocks that carry its tag
+  };
+  struct ActiveCapture {
+    std::uint16_t tag = 0;
+    CaptureFilter filter;
   };
   struct StreamPools {
     explicit StreamPools(std::size_t tiers) : large(tiers) {}
@@ -144,9 +163,19 @@ class DeviceAllocator final : public MemorySource {
   // Records one event per stream of `uses` into `events`; on failure destroys those recorded.
   absl::Status RecordUseEvents(absl::Span<const Stream> uses, absl::InlinedVector<Event, 2>* events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True when any of `streams` is capturing (a query error counts as capturing: the caller then
-  // makes no call CUDA could forbid).
-  bool AnyCapturing(absl::Span<const Stream> streams) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when the slow path for `stream` must make no backend call: a capture announced by
+  // BeginCapture runs on this device, or `stream` itself is capturing (for hosts that do not
+  // announce captures; cudaStreamIsCapturing on the live allocating stream).
+  bool CaptureRestricts(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The graph-pool tag of an allocation on `stream` now (0 outside captures).
+  std::uint16_t GraphTagFor(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True while a pending free must stay pending: its graph pool is not released.
+  bool HeldByGraph(const PendingFree& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return p.entry.graph != 0 && !graph_pools_[p.entry.graph].released;
+  }
+  // Drops one block from its graph pool's count; forgets a released pool that has none left.
+  void UntagBlock(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::uint16_t> FindPool(GraphPoolId id, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The error of a request that only fresh device memory could serve during capture of `stream`.
   absl::Status CaptureMiss(std::size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends a history entry while recording (one predictable branch otherwise).
@@ -184,6 +213,10 @@ class DeviceAllocator final : public MemorySource {
   // then AllocateSegment refuses, as CUDA forbids cudaMalloc during capture.
   Stream slow_path_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool slow_path_capturing_ ABSL_GUARDED_BY(mu_) = false;
+  // Graph capture: the running captures, and the graph pools by tag (slot 0 unused; a freed slot has
+  // blocks == 0, released == true and is reused).
+  std::vector<ActiveCapture> captures_ ABSL_GUARDED_BY(mu_);
+  std::vector<GraphPool> graph_pools_ ABSL_GUARDED_BY(mu_) = std::vector<GraphPool>(1);
   // History: a ring of trace_.size() entries (empty while recording is off); trace_next_ is the
   // slot written next and trace_count_ the number of entries held (<= trace_.size()).
   std::vector<TraceEntry> trace_ ABSL_GUARDED_BY(mu_);

@@ -194,26 +194,26 @@ std::uint64_t LargePool::OldestFree() const {
   return s == nullptr ? std::numeric_limits<std::uint64_t>::max() : s->free_since;
 }
 
-void LargePool::ReleaseSegment(Segment* seg) {
+bool LargePool::ReleaseSegment(Segment* seg) {
   Block* block = seg->first;
   BA_CHECK(seg->active_blocks == 0 && block->next == nullptr && block->state == BlockState::kFree,
            "releasing a segment that is not wholly free");
+  if (!ctx_.source->ReleaseSegment(seg->base, seg->size, kLargePool)) return false;  // stays cached
   RemoveFree(block);
   decltype(release_order_)::Unlink(seg);
   StatAdd(ctx_.stats->cached_bytes, kLargePool, -static_cast<std::int64_t>(seg->size));
   if (seg->size > config_.max_split_size) ctx_.stats->oversize_segments.Add(-1);
-  ctx_.source->ReleaseSegment(seg->base, seg->size, kLargePool);
   segments_.erase(seg);
   blocks_.Delete(block);
   segment_meta_.Delete(seg);
+  return true;
 }
 
 std::size_t LargePool::ReleaseOldest() {
   Segment* seg = release_order_.front();
   if (seg == nullptr) return 0;
   const std::size_t bytes = seg->size;
-  ReleaseSegment(seg);
-  return bytes;
+  return ReleaseSegment(seg) ? bytes : 0;
 }
 
 std::size_t LargePool::ReleaseFree(std::size_t target) {

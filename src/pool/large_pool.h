@@ -131,7 +131,8 @@ class LargePool {
   // A segment's share of inactive_split: its free pieces while it also holds active blocks.
   static Inactive InactiveOf(const Segment* seg);
   void UpdateInactiveSplit(const Inactive& before, const Segment* seg);
-  void ReleaseSegment(Segment* seg);
+  // Releases a wholly free segment; false (nothing changed) when the source refused.
+  bool ReleaseSegment(Segment* seg);
 
   PoolContext ctx_;
   LargePoolConfig config_;

@@ -24,7 +24,9 @@ class MemorySource {
   // Allocates `bytes` from the backend for `pool`, within the cap. ResourceExhausted on failure.
   virtual absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) = 0;
   // Returns a segment to the backend.
-  virtual void ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) = 0;
+  // Returns false when the backend refused (a lost context, a capture in another thread): the
+  // caller keeps the memory cached and stops releasing.
+  virtual bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) = 0;
 };
 
 // Adds `delta` to a pool's gauge and to the "all" gauge.

@@ -89,22 +89,22 @@ std::uint64_t SmallPool::OldestEmpty() const {
   return s == nullptr ? std::numeric_limits<std::uint64_t>::max() : s->free_since;
 }
 
-void SmallPool::ReleaseSlab(Slab* slab) {
+bool SmallPool::ReleaseSlab(Slab* slab) {
   BA_DCHECK(slab->live == 0, "releasing a slab with live slots");
+  if (!ctx_.source->ReleaseSegment(slab->base, kSlabBytes, kSmallPool)) return false;  // stays cached
   SlabList::Unlink(slab);
   EmptyList::Unlink(slab);
   ReleaseList::Unlink(slab);
   StatAdd(ctx_.stats->cached_bytes, kSmallPool, -static_cast<std::int64_t>(kSlabBytes));
-  ctx_.source->ReleaseSegment(slab->base, kSlabBytes, kSmallPool);
   all_.erase(slab);
   delete slab;
+  return true;
 }
 
 std::size_t SmallPool::ReleaseOldest() {
   Slab* slab = release_order_.front();
   if (slab == nullptr) return 0;
-  ReleaseSlab(slab);
-  return kSlabBytes;
+  return ReleaseSlab(slab) ? kSlabBytes : 0;
 }
 
 std::size_t SmallPool::ReleaseEmpty(std::size_t target) {

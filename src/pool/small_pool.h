@@ -86,7 +86,7 @@ class SmallPool {
  private:
   void TakeSlot(Slab* slab, Slot* out);
   void AddInactive(const Slab* slab, std::uint32_t live_before, int step);
-  void ReleaseSlab(Slab* slab);
+  bool ReleaseSlab(Slab* slab);  // false (nothing changed) when the source refused
 
   PoolContext ctx_;
   ReleaseList release_order_;  // empty slabs, oldest first

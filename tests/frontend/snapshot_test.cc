@@ -124,12 +124,12 @@ TEST_P(SnapshotTest, HistoryRecordsEachEventInOrder) {
                                                "segment_free"}));
   const std::vector<TraceEntry>& t = snap.device_traces[0];
   EXPECT_EQ(t[1].addr, reinterpret_cast<std::uintptr_t>(p));
-  EXPECT_GE(t[1].size, 3 * kMiB);
+  EXPECT_EQ(t[1].size, 3 * kMiB) << "the requested size, as PyTorch records it";
   EXPECT_EQ(t[1].stream, reinterpret_cast<std::uintptr_t>(TestStream(1)));
   EXPECT_EQ(t[0].stream, t[1].stream);
   EXPECT_EQ(t[4].addr, t[0].addr);
-  EXPECT_EQ(t[2].size, t[1].size) << "free_requested names the block allocated";
-  EXPECT_EQ(t[3].size, t[1].size) << "free_completed names the block freed, not what it merged into";
+  EXPECT_EQ(t[2].size, t[1].size) << "free_requested: the same size as alloc";
+  EXPECT_EQ(t[3].size, t[1].size) << "free_completed: the same size, not that of what the block merged into";
   EXPECT_EQ(t[3].stream, t[1].stream);
   for (std::size_t i = 1; i < t.size(); ++i) EXPECT_GE(t[i].time_us, t[i - 1].time_us);
   EXPECT_GT(t[0].time_us, 1'600'000'000'000'000) << "epoch microseconds";

@@ -275,11 +275,14 @@ def snapshot(device: Device = None) -> Dict[str, Any]:
     return data
 
 
-def dump_snapshot(filename: Union[str, "os.PathLike[str]"] = "dump_snapshot.pickle") -> None:
+def dump_snapshot(filename: Union[str, "os.PathLike[str]"] = "dump_snapshot.pickle",
+                  augment_with_fx_traces: bool = False) -> None:
     """Writes snapshot() as a pickle, as torch.cuda.memory._dump_snapshot() does.
 
     The file opens in https://pytorch.org/memory_viz and in ``python torch/cuda/_memory_viz.py``.
+    `augment_with_fx_traces` is accepted for torch's signature; bucketalloc records no FX traces.
     """
+    del augment_with_fx_traces
     data = snapshot()
     with open(filename, "wb") as f:
         pickle.dump(data, f)
@@ -314,6 +317,11 @@ _HOOKS = (
     ("set_memory_fraction_fn", "bucketalloc_set_memory_fraction"),
     ("set_record_stream_fn", "bucketalloc_record_stream"),
     ("set_base_alloc_fn", "bucketalloc_base_alloc"),
+    # CUDA graphs: CUDAGraph.capture_begin / capture_end / reset announce captures and graph pools
+    # (C++ functions: the begin hook takes a std::function; see bucketalloc.h).
+    ("set_begin_allocate_to_pool", "bucketalloc_torch_begin_allocate_to_pool"),
+    ("set_end_allocate_to_pool_fn", "bucketalloc_torch_end_allocate_to_pool"),
+    ("set_release_pool", "bucketalloc_torch_release_pool"),
 )
 
 
@@ -437,15 +445,25 @@ def _record_memory_history_as_torch(
     clear_history: bool = False,
     compile_context: bool = False,
     global_record_annotations: bool = False,
+    skip_actions: Optional[List[str]] = None,
 ) -> None:
     """Stands in for torch.cuda.memory._record_memory_history (same parameters, same order).
 
     bucketalloc records no stack frames, so `context`, `stacks`, `compile_context` and
     `global_record_annotations` change nothing; it records every device (`device` is not used);
-    turning recording on always clears the history (`clear_history` is implied).
+    turning recording on always clears the history (`clear_history` is implied); every action is
+    recorded (`skip_actions` must be empty).
     """
     del context, stacks, device, clear_history, compile_context, global_record_annotations
+    if skip_actions:
+        raise BucketallocError(f"skip_actions={skip_actions!r}: bucketalloc records every action; accepted: None or []")
     record_memory_history(enabled, max_entries)
+
+
+def _snapshot_as_torch(device: Device = None, augment_with_fx_traces: bool = False) -> Dict[str, Any]:
+    """Stands in for torch.cuda.memory._snapshot (bucketalloc records no FX traces)."""
+    del augment_with_fx_traces
+    return snapshot(device)
 
 
 # torch name -> stand-in, installed on torch.cuda and torch.cuda.memory where the name exists.
@@ -458,7 +476,7 @@ _TORCH_STAND_INS = {
     "reset_peak_memory_stats": reset_peak_memory_stats,
     "memory_summary": memory_summary,
     "memory_snapshot": _memory_snapshot_as_torch,
-    "_snapshot": snapshot,
+    "_snapshot": _snapshot_as_torch,
     "_dump_snapshot": dump_snapshot,
     "_record_memory_history": _record_memory_history_as_torch,
 }

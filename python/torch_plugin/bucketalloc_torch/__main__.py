@@ -84,15 +84,16 @@ def _target(parser: argparse.ArgumentParser, rest: List[str]) -> Tuple[Optional[
 
 
 def _check_target(parser: argparse.ArgumentParser, script: Optional[str], module: Optional[str]) -> None:
+    """Exits 2 when the script or the module's top-level package is missing.
+
+    Only the top-level name is looked up: finding `pkg.mod` would import `pkg`, and a package that
+    touches CUDA at import time must be imported after enable(). A missing submodule is reported by
+    runpy, after enable(), as `python -m` reports it.
+    """
     if script is not None and not os.path.isfile(script):
         parser.error(f"can't open file {script!r}: no such file")
-    if module is not None:
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ImportError:  # a parent package is missing
-            found = False
-        if not found:
-            parser.error(f"no module named {module!r}")
+    if module is not None and importlib.util.find_spec(module.partition(".")[0]) is None:
+        parser.error(f"no module named {module.partition('.')[0]!r}")
 
 
 def main(argv: Optional[List[str]] = None) -> None:

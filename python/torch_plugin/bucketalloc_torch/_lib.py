@@ -62,6 +62,15 @@ _SIGNATURES = {
     "bucketalloc_set_memory_fraction": (None, [ctypes.c_double, ctypes.c_int]),
     "bucketalloc_record_stream": (None, [ctypes.c_void_p, ctypes.c_void_p]),
     "bucketalloc_base_alloc": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
+    # CUDA graph capture, for C hosts: 0 on success, -1 on error.
+    "bucketalloc_capture_begin": (ctypes.c_int, [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_void_p]),
+    "bucketalloc_capture_end": (ctypes.c_int, [ctypes.c_int, ctypes.c_ulonglong]),
+    "bucketalloc_release_pool": (ctypes.c_int, [ctypes.c_int, ctypes.c_ulonglong]),
+    # PyTorch's graph-pool hooks: C++ signatures (a std::pair and a std::function by value), declared
+    # for their addresses only; never call them from Python.
+    "bucketalloc_torch_begin_allocate_to_pool": (None, None),
+    "bucketalloc_torch_end_allocate_to_pool": (None, None),
+    "bucketalloc_torch_release_pool": (None, None),
     # Inspection: snprintf-like text functions.
     "bucketalloc_stats_json": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),
     "bucketalloc_fragmentation_json": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),

@@ -226,17 +226,26 @@ def test_stream_capture_serves_only_cached_memory():
     warm = malloc(4 * MiB, STREAM_A)
     free(warm, 4 * MiB, STREAM_A)  # warm-up: a cached 20 MiB segment on stream A
     reserved = ba.memory_reserved(0)
+    _lib.check(so.bucketalloc_capture_begin(0, 9, STREAM_A), "bucketalloc_capture_begin")
     _lib.check(so.bucketalloc_sim_set_capturing(0, STREAM_A, 1), "bucketalloc_sim_set_capturing")
-    assert malloc(4 * MiB, STREAM_A) == warm  # a cache hit is allowed during capture
+    graph_block = malloc(4 * MiB, STREAM_A)
+    assert graph_block == warm  # a cache hit is allowed during capture
     assert so.bucketalloc_malloc(64 * MiB, 0, STREAM_A) is None  # a miss would need cudaMalloc
-    assert "during CUDA stream capture" in _lib.last_error()
+    assert "during CUDA graph capture" in _lib.last_error()
     so.bucketalloc_empty_cache()
-    assert "empty_cache on device 0 during CUDA stream capture" in _lib.last_error()
+    assert "empty_cache on device 0 during CUDA graph capture" in _lib.last_error()
     assert ba.memory_reserved(0) == reserved
     s = ba.memory_stats(0)
     assert s["num_capture_refusals"] == 1
     assert s["num_ooms"] == 0
+    free(graph_block, 4 * MiB, STREAM_A)
     _lib.check(so.bucketalloc_sim_set_capturing(0, STREAM_A, 0), "bucketalloc_sim_set_capturing")
+    _lib.check(so.bucketalloc_capture_end(0, 9), "bucketalloc_capture_end")
+    # The graph's block is held while the graph may replay.
+    assert malloc(4 * MiB, STREAM_A) != graph_block
+    assert ba.memory_stats(0)["active_bytes.all.current"] == 8 * MiB
+    _lib.check(so.bucketalloc_release_pool(0, 9), "bucketalloc_release_pool")
+    assert ba.memory_stats(0)["active_bytes.all.current"] == 4 * MiB
     assert malloc(64 * MiB, STREAM_A)
     ba.check_invariants(0)
 

@@ -16,23 +16,19 @@ import pytest
 
 from helpers import FAKE_TORCH, child_env, expect_success, run, run_python
 
-# What one enable() does to torch, in order.
-ENABLE_CALLS = [
-    "CUDAPluggableAllocator",
-    "set_init_fn",
-    "set_reset_fn",
-    "set_memory_fraction_fn",
-    "set_record_stream_fn",
-    "set_base_alloc_fn",
-    "change_current_allocator",
-]
+# The hook setters enable() calls, in order, and the library function each gets.
 HOOK_FUNCTIONS = {
     "set_init_fn": "bucketalloc_init",
     "set_reset_fn": "bucketalloc_empty_cache",
     "set_memory_fraction_fn": "bucketalloc_set_memory_fraction",
     "set_record_stream_fn": "bucketalloc_record_stream",
     "set_base_alloc_fn": "bucketalloc_base_alloc",
+    "set_begin_allocate_to_pool": "bucketalloc_torch_begin_allocate_to_pool",
+    "set_end_allocate_to_pool_fn": "bucketalloc_torch_end_allocate_to_pool",
+    "set_release_pool": "bucketalloc_torch_release_pool",
 }
+# What one enable() does to torch, in order.
+ENABLE_CALLS = ["CUDAPluggableAllocator", *HOOK_FUNCTIONS, "change_current_allocator"]
 
 # A program for the launcher: prints what it saw as JSON. Its first line reads the fake's log, so
 # the log shows what had happened to torch before the program started.
@@ -267,7 +263,8 @@ def test_enable_skips_setters_this_torch_lacks():
         assert calls == ["CUDAPluggableAllocator", "set_init_fn", "set_reset_fn", "set_memory_fraction_fn",
                          "change_current_allocator"], calls
         """,
-        FAKE_TORCH_MISSING_SETTERS="set_record_stream_fn,set_base_alloc_fn",
+        FAKE_TORCH_MISSING_SETTERS="set_record_stream_fn,set_base_alloc_fn,set_begin_allocate_to_pool,"
+        "set_end_allocate_to_pool_fn,set_release_pool",
     )
 
 

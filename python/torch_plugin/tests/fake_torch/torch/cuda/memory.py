@@ -7,7 +7,16 @@ import os
 
 from torch._fake import log
 
-_SETTERS = ("set_init_fn", "set_reset_fn", "set_memory_fraction_fn", "set_record_stream_fn", "set_base_alloc_fn")
+_SETTERS = (
+    "set_init_fn",
+    "set_reset_fn",
+    "set_memory_fraction_fn",
+    "set_record_stream_fn",
+    "set_base_alloc_fn",
+    "set_begin_allocate_to_pool",
+    "set_end_allocate_to_pool_fn",
+    "set_release_pool",
+)
 _current = "native"
 
 
