@@ -16,6 +16,7 @@
 #include <exception>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -205,12 +206,15 @@ void* bucketalloc_malloc(ssize_t size, int device, cudaStream_t stream) {
 }
 
 void* bucketalloc_malloc_or_throw(ssize_t size, int device, cudaStream_t stream) {
-  absl::StatusOr<void*> p = Guarded<absl::StatusOr<void*>>(
-      absl::InternalError(""), [&]() { return bucketalloc::Malloc(size, device, stream); });
-  if (p.ok()) [[likely]] return *p;
-  std::string message = p.status().message().empty() ? std::string(bucketalloc::t_last_error)
-                                                     : std::string(p.status().message());
-  SetError(absl::Status(p.status().code(), message));
+  std::optional<absl::StatusOr<void*>> p;
+  Guarded<int>(0, [&]() -> int {
+    p.emplace(bucketalloc::Malloc(size, device, stream));
+    return 0;
+  });
+  if (p.has_value() && p->ok()) [[likely]] return **p;
+  // Either the allocation failed (its status) or an exception was caught (the last error).
+  std::string message = p.has_value() ? std::string(p->status().message()) : std::string(bucketalloc::t_last_error);
+  if (p.has_value()) SetError(p->status());
   throw bucketalloc::AllocationError(std::move(message));
 }
 
