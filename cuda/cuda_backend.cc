@@ -12,7 +12,7 @@
 // the counters are guarded by a mutex, so every method is safe to call from any thread. Each call
 // makes `device()` current for its duration and restores the caller's current device afterwards.
 // The virtual-memory methods keep the base class defaults (Unimplemented).
-#include <cuda_runtime_api.h>
+#include "cuda/cuda_runtime.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +30,9 @@
 
 namespace bucketalloc {
 namespace {
+
+using internal::CudaRuntime;
+inline const CudaRuntime& Rt() { return internal::CudaRuntimeApi(); }
 
 constexpr std::size_t kGranularity = std::size_t{2} << 20;  // cudaMalloc's effective granule
 constexpr std::size_t kMaxPooledEvents = 256;               // beyond this, events are destroyed
@@ -57,8 +60,8 @@ std::string Hex(const void* ptr) {
 
 // Formats "<what> failed: <name> (<number>): <string>". `what` names the call and the device.
 std::string CudaErrorMessage(absl::string_view what, cudaError_t error) {
-  return absl::StrCat(what, " failed: ", cudaGetErrorName(error), " (", static_cast<int>(error),
-                      "): ", cudaGetErrorString(error));
+  return absl::StrCat(what, " failed: ", Rt().GetErrorName(error), " (", static_cast<int>(error),
+                      "): ", Rt().GetErrorString(error));
 }
 
 // The errors of a call CUDA forbids while a stream capture is running.
@@ -78,7 +81,7 @@ bool IsCaptureError(cudaError_t error) {
 // error (out of memory above all) is not reported again by an unrelated later call; the error is
 // reported here instead. Sticky errors (a lost context) cannot be reset and keep failing calls.
 absl::Status CudaStatus(absl::string_view what, cudaError_t error) {
-  cudaGetLastError();
+  Rt().GetLastError();
   std::string message = CudaErrorMessage(what, error);
   if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
   if (IsMissingDriverOrDevice(error) || IsCaptureError(error)) return absl::FailedPreconditionError(message);
@@ -93,17 +96,17 @@ class ScopedDevice {
   ScopedDevice(const ScopedDevice&) = delete;
   ScopedDevice& operator=(const ScopedDevice&) = delete;
   ~ScopedDevice() {
-    if (switched_) cudaSetDevice(previous_);  // best effort; nothing to report it to
+    if (switched_) Rt().SetDevice(previous_);  // best effort; nothing to report it to
   }
 
   // Switches to the device; `call` names the operation it is for (used only in an error).
   absl::Status Enter(absl::string_view call) {
-    cudaError_t error = cudaGetDevice(&previous_);
+    cudaError_t error = Rt().GetDevice(&previous_);
     if (error != cudaSuccess) {
       return CudaStatus(absl::StrCat("cudaGetDevice for ", call, " on device ", device_), error);
     }
     if (previous_ == device_) return absl::OkStatus();
-    error = cudaSetDevice(device_);
+    error = Rt().SetDevice(device_);
     if (error != cudaSuccess) {
       return CudaStatus(
           absl::StrCat("cudaSetDevice(", device_, ") for ", call, " on device ", device_), error);
@@ -129,7 +132,7 @@ class CudaBackend final : public Backend {
     if (free_events_.empty()) return;
     ScopedDevice guard(device_);
     if (!guard.Enter("cudaEventDestroy").ok()) return;  // the context is gone; nothing to free
-    for (cudaEvent_t event : free_events_) cudaEventDestroy(event);
+    for (cudaEvent_t event : free_events_) Rt().EventDestroy(event);
     free_events_.clear();
   }
 
@@ -150,7 +153,7 @@ class CudaBackend final : public Backend {
       return status;
     }
     void* ptr = nullptr;
-    if (cudaError_t error = cudaMalloc(&ptr, bytes); error != cudaSuccess) {
+    if (cudaError_t error = Rt().Malloc(&ptr, bytes); error != cudaSuccess) {
       CountFailedAlloc();
       return Error(absl::StrCat("cudaMalloc(", bytes, " bytes)"), error);
     }
@@ -162,7 +165,7 @@ class CudaBackend final : public Backend {
   absl::Status Free(void* ptr, std::size_t bytes) override {
     ScopedDevice guard(device_);
     if (absl::Status status = guard.Enter("cudaFree"); !status.ok()) return status;
-    if (cudaError_t error = cudaFree(ptr); error != cudaSuccess) {
+    if (cudaError_t error = Rt().Free(ptr); error != cudaSuccess) {
       return Error(absl::StrCat("cudaFree(", Hex(ptr), ", ", bytes, " bytes)"), error);
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -174,7 +177,7 @@ class CudaBackend final : public Backend {
     ScopedDevice guard(device_);
     if (absl::Status status = guard.Enter("cudaMemGetInfo"); !status.ok()) return status;
     DeviceMemInfo info;
-    if (cudaError_t error = cudaMemGetInfo(&info.free_bytes, &info.total_bytes);
+    if (cudaError_t error = Rt().MemGetInfo(&info.free_bytes, &info.total_bytes);
         error != cudaSuccess) {
       return Error("cudaMemGetInfo", error);
     }
@@ -193,12 +196,12 @@ class CudaBackend final : public Backend {
       }
     }
     if (event == nullptr) {
-      if (cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+      if (cudaError_t error = Rt().EventCreateWithFlags(&event, cudaEventDisableTiming);
           error != cudaSuccess) {
         return Error("cudaEventCreateWithFlags(cudaEventDisableTiming)", error);
       }
     }
-    if (cudaError_t error = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+    if (cudaError_t error = Rt().EventRecord(event, static_cast<cudaStream_t>(stream));
         error != cudaSuccess) {
       ReturnToPool(event);
       return Error(absl::StrCat("cudaEventRecord(stream ", Hex(stream), ")"), error);
@@ -211,10 +214,10 @@ class CudaBackend final : public Backend {
   absl::StatusOr<bool> QueryEvent(Event event) override {
     ScopedDevice guard(device_);
     if (absl::Status status = guard.Enter("cudaEventQuery"); !status.ok()) return status;
-    cudaError_t error = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    cudaError_t error = Rt().EventQuery(static_cast<cudaEvent_t>(event));
     if (error == cudaSuccess) return true;
     if (error == cudaErrorNotReady) {
-      cudaGetLastError();  // "not ready" is no error; do not leave it as the last error
+      Rt().GetLastError();  // "not ready" is no error; do not leave it as the last error
       return false;
     }
     return Error(absl::StrCat("cudaEventQuery(", Hex(event), ")"), error);
@@ -223,7 +226,7 @@ class CudaBackend final : public Backend {
   absl::Status SynchronizeEvent(Event event) override {
     ScopedDevice guard(device_);
     if (absl::Status status = guard.Enter("cudaEventSynchronize"); !status.ok()) return status;
-    if (cudaError_t error = cudaEventSynchronize(static_cast<cudaEvent_t>(event));
+    if (cudaError_t error = Rt().EventSynchronize(static_cast<cudaEvent_t>(event));
         error != cudaSuccess) {
       return Error(absl::StrCat("cudaEventSynchronize(", Hex(event), ")"), error);
     }
@@ -235,15 +238,22 @@ class CudaBackend final : public Backend {
     ReturnToPool(static_cast<cudaEvent_t>(event));
   }
 
+  absl::Status SynchronizeDevice() override {
+    ScopedDevice guard(device_);
+    if (absl::Status status = guard.Enter("cudaDeviceSynchronize"); !status.ok()) return status;
+    if (cudaError_t error = Rt().DeviceSynchronize(); error != cudaSuccess) return Error("cudaDeviceSynchronize", error);
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<bool> IsCapturing(Stream stream) override {
     ScopedDevice guard(device_);
     if (absl::Status status = guard.Enter("cudaStreamIsCapturing"); !status.ok()) return status;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    cudaError_t error = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+    cudaError_t error = Rt().StreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
     // The legacy default stream cannot be queried while another stream captures in global mode:
     // that also forbids the calls the caller is about to make.
     if (error == cudaErrorStreamCaptureImplicit) {
-      cudaGetLastError();
+      Rt().GetLastError();
       return true;
     }
     if (error != cudaSuccess) return Error(absl::StrCat("cudaStreamIsCapturing(stream ", Hex(stream), ")"), error);
@@ -276,7 +286,7 @@ class CudaBackend final : public Backend {
       }
     }
     ScopedDevice guard(device_);
-    if (guard.Enter("cudaEventDestroy").ok()) cudaEventDestroy(event);
+    if (guard.Enter("cudaEventDestroy").ok()) Rt().EventDestroy(event);
   }
 
   const int device_;
@@ -289,8 +299,8 @@ class CudaBackend final : public Backend {
 
 absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
-  if (cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess) {
-    cudaGetLastError();  // do not leave the error for an unrelated later call
+  if (cudaError_t error = Rt().GetDeviceCount(&count); error != cudaSuccess) {
+    Rt().GetLastError();  // do not leave the error for an unrelated later call
     // A failed device query always means there is no usable driver or device.
     return absl::FailedPreconditionError(CudaErrorMessage("cudaGetDeviceCount", error));
   }
@@ -316,7 +326,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
   // prohibited compute mode) fails here rather than on the first allocation.
   ScopedDevice guard(device);
   if (absl::Status status = guard.Enter("cuda backend init"); !status.ok()) return status;
-  if (cudaError_t error = cudaFree(nullptr); error != cudaSuccess) {  // creates the context
+  if (cudaError_t error = Rt().Free(nullptr); error != cudaSuccess) {  // creates the context
     return CudaStatus(absl::StrCat("cudaFree(nullptr) (context init) on device ", device), error);
   }
   return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(device));

@@ -123,7 +123,23 @@ if [[ -x $BUNDLE/bin/bucketalloc_c_abi_bench ]]; then
   run_step bucketalloc_c_abi_bench 30 "$BUNDLE/bin/bucketalloc_c_abi_bench" --benchmark_min_time=0.1
 fi
 
-# 4. PyTorch: bucketalloc_torch.enable() on the GPU (workload vs a CPU reference, stats,
+# 4. The LD_PRELOAD drop-in on the GPU: a CUDA program whose kernels write and check every buffer
+#    it gets from cudaMalloc/cudaMallocAsync (freed with cudaFree/cudaFreeAsync on two streams),
+#    served by bucketalloc; its exit stats must show the allocations. Then the five-call probe.
+if [[ -x $BUNDLE/bin/preload_kernel_check && -f $BUNDLE/lib/libbucketalloc_preload.so ]]; then
+  run_step preload_kernel_check 90 bash -c '
+    out=$(LD_PRELOAD="$0" BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_STATS_ON_EXIT=stderr "$1" 2>&1); rc=$?
+    echo "$out"
+    ((rc == 0)) && grep -q "allocation" <<<"$out" && grep -q "bad words" <<<"$out"' \
+    "$PWD/$BUNDLE/lib/libbucketalloc_preload.so" "$BUNDLE/bin/preload_kernel_check"
+  run_step preload_probe 60 env LD_PRELOAD="$PWD/$BUNDLE/lib/libbucketalloc_preload.so" \
+    BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_VERBOSE=1 "$BUNDLE/bin/preload_probe"
+else
+  STEP_LINES+=("step preload_kernel_check: FAIL (0s, $BUNDLE/bin/preload_kernel_check or the preload library missing)")
+  FAILED=$((FAILED + 1))
+fi
+
+# 5. PyTorch: bucketalloc_torch.enable() on the GPU (workload vs a CPU reference, stats,
 #    record_stream, empty_cache, CUDA graphs, the OOM error) and the torch.empty/del latency loop
 #    against PyTorch's native allocator in the same run (scripts/gpu_torch_check.py).
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then

@@ -3,8 +3,10 @@
 #
 # Owns: the bundle that scripts/gpu_check.sh runs on the GPU machine, whose image has no Abseil,
 # GoogleTest or Google Benchmark: bundle/bin (cuda_backend_test, every core *_test, and
-# bucketalloc_microbench and bucketalloc_c_abi_bench when built), bundle/lib (libbucketalloc.so.0,
-# the C ABI PyTorch loads, and the non-system shared libraries all of these load:
+# bucketalloc_microbench and bucketalloc_c_abi_bench when built, preload_probe and
+# preload_kernel_check), bundle/lib (libbucketalloc.so.0, the C ABI PyTorch loads,
+# libbucketalloc_preload.so, libcudart.so for the preload programs, and the non-system shared
+# libraries all of these load:
 # Abseil, GoogleTest/GoogleMock, Google Benchmark, mimalloc, and any shared library of this
 # build), bundle/gpu_check.sh and bundle/MANIFEST. cudart is linked statically, so no CUDA library
 # travels; the system's libc/libstdc++ are not copied (the GPU image is newer, which is compatible).
@@ -48,11 +50,22 @@ mapfile -t TESTS < <(find "$BUILD_DIR/tests" -type f -name '*_test' -perm -u+x |
 BINARIES=("${TESTS[@]}")
 mapfile -t BENCH < <(find "$BUILD_DIR/bench" -type f -name 'bucketalloc_*bench' -perm -u+x | sort)
 BINARIES+=("${BENCH[@]}")
+# The LD_PRELOAD drop-in's programs (the kernel check needs nvcc; CMake builds it when nvcc works).
+for program in preload_probe preload_kernel_check; do
+  if [[ ! -x $BUILD_DIR/tests/$program ]]; then
+    echo "make_gpu_bundle: $BUILD_DIR/tests/$program was not built" >&2
+    exit 1
+  fi
+  BINARIES+=("$BUILD_DIR/tests/$program")
+done
 SHARED_LIB=$BUILD_DIR/lib/libbucketalloc.so.0
-if [[ ! -e $SHARED_LIB ]]; then
-  echo "make_gpu_bundle: $SHARED_LIB (the C ABI library for PyTorch) was not built" >&2
-  exit 1
-fi
+PRELOAD_LIB=$BUILD_DIR/lib/libbucketalloc_preload.so
+for lib in "$SHARED_LIB" "$PRELOAD_LIB"; do
+  if [[ ! -e $lib ]]; then
+    echo "make_gpu_bundle: $lib was not built" >&2
+    exit 1
+  fi
+done
 
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
@@ -72,13 +85,15 @@ done
 # copy under the soname (the left side), following symlinks.
 wanted_lib() {
   local soname=$1 path=$2
-  [[ $soname =~ absl|gtest|gmock|benchmark|mimalloc|bucketalloc ]] && return 0
+  # libcudart.so travels too: the preload programs link it dynamically (the image may lack it).
+  [[ $soname =~ absl|gtest|gmock|benchmark|mimalloc|bucketalloc|libcudart ]] && return 0
   [[ $path == "$ROOT"/* ]] && return 0  # a shared library of this build
   return 1
 }
 missing=0
 cp -L "$SHARED_LIB" "$BUNDLE/lib/libbucketalloc.so.0"
-for bin in "$BUNDLE"/bin/* "$BUNDLE/lib/libbucketalloc.so.0"; do
+cp -L "$PRELOAD_LIB" "$BUNDLE/lib/libbucketalloc_preload.so"
+for bin in "$BUNDLE"/bin/* "$BUNDLE/lib/libbucketalloc.so.0" "$BUNDLE/lib/libbucketalloc_preload.so"; do
   while read -r soname arrow path _; do
     [[ $arrow == "=>" ]] || continue
     if [[ $path == "not" ]]; then

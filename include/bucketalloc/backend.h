@@ -81,6 +81,9 @@ class Backend {
   virtual absl::Status SynchronizeEvent(Event event) = 0;
   // Destroys (or recycles) `event`.
   virtual void DestroyEvent(Event event) = 0;
+  // Waits for all work queued on the device (cudaDeviceSynchronize). The default does nothing
+  // (the sim backend's streams complete only when a test says so).
+  virtual absl::Status SynchronizeDevice() { return absl::OkStatus(); }
   // Returns true while `stream` is being captured into a CUDA graph. While any capture runs, CUDA
   // forbids allocating, freeing, synchronizing and querying events (cudaErrorStreamCaptureUnsupported,
   // and the capture is invalidated), so the allocator asks this before any of them on a slow path.

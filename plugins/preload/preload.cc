@@ -1,0 +1,316 @@
+// plugins/preload/preload.cc — libbucketalloc_preload.so (layer L5): serves a dynamically linked CUDA
+// program's cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync and cudaMemGetInfo from bucketalloc
+// when loaded with LD_PRELOAD (docs/preload.md).
+//
+// Interposition: these definitions come first in the process's symbol search order, so the program's
+// calls (through its PLT into libcudart.so) land here. bucketalloc's own cuda backend reaches the
+// runtime's definitions through plugins/preload/real_runtime.cc (dlsym(RTLD_NEXT)), never these.
+// This file includes the CUDA runtime header because it defines CUDA's own functions: the compiler
+// checks every signature against it.
+//
+// Initialization is lazy (the first interposed call), thread-safe (one mutex; other threads wait),
+// and never re-entrant: a call made on the initializing thread while it creates the allocator (none
+// is expected: creation calls the runtime only through the RTLD_NEXT table) goes to the runtime. When
+// the allocator cannot be created (a bad BUCKETALLOC_CONF, no device for backend:cuda) the reason is
+// printed once and every call goes to the runtime unchanged. The allocator is never destroyed.
+//
+// Semantics kept from the runtime:
+//   - cudaFree synchronizes the device before the block can be reused (as cudaFree does), so a kernel
+//     still using the memory on any stream cannot see it handed out again;
+//   - cudaFreeAsync on a stream other than the allocation stream delays reuse until that stream's work
+//     queued before the free has completed (an event, as RecordStream);
+//   - cudaFree(NULL) goes to the runtime (programs use it to create the context), except on the
+//     simulated device, where it is a no-op;
+//   - a pointer bucketalloc did not hand out goes to the runtime's cudaFree / cudaFreeAsync;
+//   - bad input returns the runtime's documented error codes (a NULL output pointer:
+//     cudaErrorInvalidValue; out of memory: cudaErrorMemoryAllocation). The runtime's "last error"
+//     (cudaGetLastError) is not set by these codes.
+// Environment: BUCKETALLOC_CONF (the options), BUCKETALLOC_STATS_ON_EXIT=stderr|<path> (stats and
+// the fragmentation report at exit: JSON for a path ending in .json, else the summary table),
+// BUCKETALLOC_VERBOSE=1 (every error also on stderr).
+#include <cuda_runtime_api.h>
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "bucketalloc/allocator.h"
+#include "bucketalloc/options.h"
+#include "bucketalloc/stats.h"
+#include "cuda/cuda_runtime.h"
+
+namespace bucketalloc {
+namespace {
+
+constexpr int kMaxTrackedDevices = 64;
+
+std::atomic<Allocator*> g_allocator{nullptr};
+std::atomic<bool> g_unavailable{false};      // creation failed: everything goes to the runtime
+std::atomic<std::uint64_t> g_used_devices{0};  // devices that served an allocation (stats at exit)
+std::mutex g_init_mu;
+bool g_verbose = false;  // written once under g_init_mu before g_allocator is published
+thread_local bool t_initializing = false;
+
+const internal::CudaRuntime& Real() { return internal::CudaRuntimeApi(); }
+
+// The next (the runtime's) definitions of the calls this library forwards and the table lacks.
+template <typename F>
+F NextOrNull(const char* name) {
+  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+using FreeAsyncFn = cudaError_t (*)(void*, cudaStream_t);
+
+void Verbose(absl::string_view call, absl::string_view what, cudaError_t error) {
+  if (!g_verbose) return;
+  std::fprintf(stderr, "bucketalloc preload: %.*s: %.*s -> %s (%d)\n", static_cast<int>(call.size()), call.data(),
+               static_cast<int>(what.size()), what.data(), Real().GetErrorName(error), static_cast<int>(error));
+}
+
+void PrintStatsAtExit();
+
+Allocator* CreateAllocator() {
+  std::lock_guard<std::mutex> lock(g_init_mu);
+  if (Allocator* a = g_allocator.load(std::memory_order_acquire)) return a;
+  if (g_unavailable.load(std::memory_order_relaxed)) return nullptr;
+  t_initializing = true;
+  const char* verbose = std::getenv("BUCKETALLOC_VERBOSE");
+  g_verbose = verbose != nullptr && std::strcmp(verbose, "1") == 0;
+  absl::StatusOr<std::unique_ptr<Allocator>> created = [] {
+    absl::StatusOr<Options> options = OptionsFromEnv();
+    return options.ok() ? Allocator::Create(*options) : absl::StatusOr<std::unique_ptr<Allocator>>(options.status());
+  }();
+  t_initializing = false;
+  if (!created.ok()) {
+    std::fprintf(stderr,
+                 "bucketalloc preload: the allocator is not available (%s); CUDA calls go to the runtime unchanged\n",
+                 std::string(created.status().message()).c_str());
+    g_unavailable.store(true, std::memory_order_relaxed);
+    return nullptr;
+  }
+  Allocator* a = created->release();  // never destroyed: the program may free memory during exit
+  g_allocator.store(a, std::memory_order_release);
+  if (std::getenv("BUCKETALLOC_STATS_ON_EXIT") != nullptr) std::atexit(&PrintStatsAtExit);
+  return a;
+}
+
+// The allocator, or nullptr when calls must go to the runtime (unavailable, or re-entered during
+// creation on this thread).
+inline Allocator* Get() {
+  if (Allocator* a = g_allocator.load(std::memory_order_acquire)) [[likely]] return a;
+  if (t_initializing || g_unavailable.load(std::memory_order_relaxed)) return nullptr;
+  return CreateAllocator();
+}
+
+// The device calls without an explicit device refer to: the runtime's current device (device 0 on
+// the simulated device, which has no current device).
+absl::StatusOr<int> CurrentDevice(const Allocator& a) {
+  if (a.options().backend == BackendKind::kSim) return 0;
+  int device = 0;
+  if (cudaError_t error = Real().GetDevice(&device); error != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaGetDevice failed: ", Real().GetErrorName(error)));
+  }
+  return device;
+}
+
+void NoteDevice(int device) {
+  if (device < 0 || device >= kMaxTrackedDevices) return;
+  const std::uint64_t bit = std::uint64_t{1} << device;
+  if ((g_used_devices.load(std::memory_order_relaxed) & bit) == 0) g_used_devices.fetch_or(bit);
+}
+
+// The runtime's error code for a failed Allocate.
+cudaError_t AllocationError(const absl::Status& s) {
+  if (absl::IsResourceExhausted(s) || absl::IsInvalidArgument(s)) return cudaErrorMemoryAllocation;
+  if (absl::IsFailedPrecondition(s) && absl::StrContains(s.message(), "capture")) {
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  return cudaErrorUnknown;
+}
+
+// Allocates for cudaMalloc (stream nullptr) and cudaMallocAsync, or returns nullopt when the call must
+// go to the runtime (the allocator is not available).
+std::optional<cudaError_t> Malloc(absl::string_view call, void** ptr, std::size_t size, cudaStream_t stream) {
+  if (ptr == nullptr) {
+    Verbose(call, "the output pointer is NULL", cudaErrorInvalidValue);
+    return cudaErrorInvalidValue;
+  }
+  Allocator* a = Get();
+  if (a == nullptr) return std::nullopt;
+  absl::StatusOr<int> device = CurrentDevice(*a);
+  if (!device.ok()) {
+    Verbose(call, device.status().message(), cudaErrorInvalidDevice);
+    return cudaErrorInvalidDevice;
+  }
+  absl::StatusOr<void*> p = a->Allocate(size, *device, static_cast<Stream>(stream));
+  if (!p.ok()) {
+    const cudaError_t error = AllocationError(p.status());
+    Verbose(call, p.status().message(), error);
+    return error;
+  }
+  NoteDevice(*device);
+  *ptr = *p;
+  return cudaSuccess;
+}
+
+// Frees `ptr` if bucketalloc handed it out: cudaSuccess, an error, or nullopt (not ours).
+std::optional<cudaError_t> Free(absl::string_view call, void* ptr, cudaStream_t stream, bool synchronize) {
+  Allocator* a = Get();
+  if (a == nullptr) return std::nullopt;
+  absl::StatusOr<int> device = a->DeviceOf(ptr);
+  if (!device.ok()) return std::nullopt;  // not a live allocation of bucketalloc
+  if (synchronize) {
+    // cudaFree waits for the device: no kernel may still use the block when it is handed out again.
+    if (absl::Status s = (*a->backend(*device))->SynchronizeDevice(); !s.ok()) {
+      Verbose(call, s.message(), cudaErrorLaunchFailure);
+      return cudaErrorLaunchFailure;
+    }
+  } else if (absl::Status s = a->RecordStream(ptr, *device, static_cast<Stream>(stream)); !s.ok()) {
+    Verbose(call, s.message(), cudaErrorInvalidValue);
+    return cudaErrorInvalidValue;
+  }
+  if (absl::Status s = a->Free(ptr, *device); !s.ok()) {
+    Verbose(call, s.message(), cudaErrorInvalidValue);
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+void PrintStatsAtExit() {
+  Allocator* a = g_allocator.load(std::memory_order_acquire);
+  const char* target = std::getenv("BUCKETALLOC_STATS_ON_EXIT");
+  if (a == nullptr || target == nullptr) return;
+  const std::string where(target);
+  const bool json = absl::EndsWith(where, ".json");
+  std::string text = json ? "{\"devices\":[" : "";
+  bool first = true;
+  const std::uint64_t used = g_used_devices.load();
+  for (int d = 0; d < kMaxTrackedDevices && d < a->device_count(); ++d) {
+    if ((used & (std::uint64_t{1} << d)) == 0) continue;
+    absl::StatusOr<DeviceStats> stats = a->GetStats(d);
+    absl::StatusOr<FragmentationReport> frag = a->GetFragmentation(d);
+    if (!stats.ok() || !frag.ok()) continue;
+    if (json) {
+      absl::StrAppend(&text, first ? "" : ",", "{\"device\":", d, ",\"stats\":", StatsToJson(*stats),
+                      ",\"fragmentation\":", FragmentationToJson(*frag), "}");
+    } else {
+      absl::StrAppend(&text, StatsSummary(*stats, d), FragmentationToTable(*frag));
+    }
+    first = false;
+  }
+  if (json) absl::StrAppend(&text, "]}\n");
+  if (where == "stderr") {
+    std::fputs(text.c_str(), stderr);
+    return;
+  }
+  std::FILE* f = std::fopen(where.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "bucketalloc preload: BUCKETALLOC_STATS_ON_EXIT=%s: cannot open it for writing: %s\n",
+                 where.c_str(), std::strerror(errno));
+    return;
+  }
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+}
+
+cudaError_t MallocAsync(const char* name, void** ptr, size_t size, cudaStream_t stream) {
+  if (std::optional<cudaError_t> r = Malloc(name, ptr, size, stream)) return *r;
+  auto next = NextOrNull<cudaError_t (*)(void**, size_t, cudaStream_t)>(name);
+  return next != nullptr ? next(ptr, size, stream) : cudaErrorSharedObjectInitFailed;
+}
+
+cudaError_t FreeAsync(const char* name, void* ptr, cudaStream_t stream) {
+  if (ptr != nullptr) {
+    if (std::optional<cudaError_t> r = Free(name, ptr, stream, /*synchronize=*/false)) return *r;
+  }
+  auto next = NextOrNull<FreeAsyncFn>(name);
+  return next != nullptr ? next(ptr, stream) : cudaErrorSharedObjectInitFailed;
+}
+
+}  // namespace
+}  // namespace bucketalloc
+
+using bucketalloc::Get;
+using bucketalloc::Real;
+
+extern "C" {
+
+// The per-thread-default-stream variants (nvcc --default-stream per-thread); not declared by the
+// header unless that mode is on.
+cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream);
+cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream);
+
+__attribute__((visibility("default"))) cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (std::optional<cudaError_t> r = bucketalloc::Malloc("cudaMalloc", ptr, size, nullptr)) return *r;
+  return Real().Malloc(ptr, size);
+}
+
+__attribute__((visibility("default"))) cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) {
+    // Programs call it to create the context: the runtime's, except on the simulated device.
+    bucketalloc::Allocator* a = Get();
+    if (a != nullptr && a->options().backend == bucketalloc::BackendKind::kSim) return cudaSuccess;
+    return Real().Free(nullptr);
+  }
+  if (std::optional<cudaError_t> r = bucketalloc::Free("cudaFree", ptr, nullptr, /*synchronize=*/true)) return *r;
+  return Real().Free(ptr);
+}
+
+__attribute__((visibility("default"))) cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
+  return bucketalloc::MallocAsync("cudaMallocAsync", ptr, size, stream);
+}
+
+__attribute__((visibility("default"))) cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
+  return bucketalloc::MallocAsync("cudaMallocAsync_ptsz", ptr, size, stream == nullptr ? cudaStreamPerThread : stream);
+}
+
+__attribute__((visibility("default"))) cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  return bucketalloc::FreeAsync("cudaFreeAsync", ptr, stream);
+}
+
+__attribute__((visibility("default"))) cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
+  return bucketalloc::FreeAsync("cudaFreeAsync_ptsz", ptr, stream == nullptr ? cudaStreamPerThread : stream);
+}
+
+// What the program sees: total = min(device total, bucketalloc's cap); free = min(the device's free
+// memory + what bucketalloc holds cached (reserved - active), cap - active). Memory bucketalloc
+// caches is free for the program's next cudaMalloc, and it can never get more than the cap.
+__attribute__((visibility("default"))) cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  bucketalloc::Allocator* a = Get();
+  if (a == nullptr) return Real().MemGetInfo(free_bytes, total_bytes);
+  if (free_bytes == nullptr || total_bytes == nullptr) {
+    bucketalloc::Verbose("cudaMemGetInfo", "an output pointer is NULL", cudaErrorInvalidValue);
+    return cudaErrorInvalidValue;
+  }
+  absl::StatusOr<int> device = bucketalloc::CurrentDevice(*a);
+  absl::StatusOr<bucketalloc::Backend*> backend =
+      device.ok() ? a->backend(*device) : absl::StatusOr<bucketalloc::Backend*>(device.status());
+  absl::StatusOr<bucketalloc::DeviceMemInfo> info =
+      backend.ok() ? (*backend)->GetMemInfo() : absl::StatusOr<bucketalloc::DeviceMemInfo>(backend.status());
+  absl::StatusOr<bucketalloc::DeviceStats> stats =
+      info.ok() ? a->GetStats(*device) : absl::StatusOr<bucketalloc::DeviceStats>(info.status());
+  if (!stats.ok()) {
+    bucketalloc::Verbose("cudaMemGetInfo", stats.status().message(), cudaErrorInvalidDevice);
+    return cudaErrorInvalidDevice;
+  }
+  const auto cap = static_cast<std::size_t>(stats->capacity_bytes);
+  const auto reserved = static_cast<std::size_t>(stats->reserved_bytes[bucketalloc::kAllPools].current);
+  const auto active = static_cast<std::size_t>(stats->active_bytes[bucketalloc::kAllPools].current);
+  *total_bytes = std::min(info->total_bytes, cap);
+  *free_bytes = std::min({info->free_bytes + (reserved - active), cap - std::min(cap, active), *total_bytes});
+  return cudaSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# tests/preload/check_preload.sh PROBE PRELOAD_LIB — the LD_PRELOAD drop-in on the simulated device.
+#   1. Without the preload the probe gets the runtime's own error: with no driver, cudaMalloc returns
+#      cudaErrorInsufficientDriver (35), which proves that (2) was served by the interposer. On a
+#      machine with a GPU the probe succeeds without the preload; that case is stated, not failed.
+#   2. With LD_PRELOAD and BUCKETALLOC_CONF=backend:sim every call succeeds or fails as the runtime
+#      documents, and BUCKETALLOC_STATS_ON_EXIT=<path>.json shows the probe's allocations.
+#   3. BUCKETALLOC_STATS_ON_EXIT=stderr prints the summary table; BUCKETALLOC_VERBOSE=1 reports the
+#      bad inputs on stderr.
+#   4. 8 threads making the first calls at once: no deadlock, every call served.
+#   5. A bad BUCKETALLOC_CONF is reported once and the calls go to the runtime unchanged.
+set -uo pipefail
+probe=$1; lib=$2
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+fail() { echo "check_preload: FAIL: $*"; exit 1; }
+
+echo "== 1. without the preload"
+out=$("$probe" 2>&1); rc=$?
+echo "$out" | head -3
+if ((rc == 3)); then
+  grep -q "cudaMalloc(1 MiB): cudaErrorInsufficientDriver (35)" <<<"$out" ||
+    grep -q "cudaMalloc(1 MiB): cudaErrorNoDevice" <<<"$out" || fail "unexpected runtime error without the preload"
+elif ((rc == 0)); then
+  echo "check_preload: a CUDA device is present, so the runtime itself succeeds (no no-driver error to compare)"
+else
+  fail "the probe failed without the preload (exit $rc)"
+fi
+
+echo "== 2. with LD_PRELOAD on the simulated device"
+out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:sim BUCKETALLOC_STATS_ON_EXIT="$work/stats.json" "$probe" 2>&1)
+rc=$?
+echo "$out"
+((rc == 0)) || fail "the probe failed under the preload (exit $rc)"
+[[ -s $work/stats.json ]] || fail "no stats written to BUCKETALLOC_STATS_ON_EXIT"
+/usr/bin/python3 - "$work/stats.json" <<'PY' || fail "the exit stats do not show the probe's allocations"
+import json, sys
+d = json.load(open(sys.argv[1]))["devices"][0]
+s = d["stats"]
+print(f"exit stats: {s['allocation.all.allocated']} allocations, {s['num_device_alloc']} device allocations, "
+      f"peak allocated {s['allocated_bytes.all.peak']} B, {s['num_ooms']} OOM, now allocated "
+      f"{s['allocated_bytes.all.current']} B")
+assert d["device"] == 0
+assert s["allocation.all.allocated"] == 11, s["allocation.all.allocated"]  # 1 + 2 async + 8 (1 TiB and 1 EiB fail)
+assert s["allocation.all.current"] == 0
+assert s["num_ooms"] == 1  # the 1 TiB request (1 EiB is refused as an invalid size)
+assert s["allocated_bytes.all.peak"] >= 7 * (5 << 20)
+assert "large_pool" in d["fragmentation"]
+PY
+
+echo "== 3. stats table on stderr, verbose errors"
+err=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:sim BUCKETALLOC_STATS_ON_EXIT=stderr BUCKETALLOC_VERBOSE=1 \
+      "$probe" 2>&1 >/dev/null)
+echo "$err" | head -5
+grep -q "cudaMalloc: the output pointer is NULL -> cudaErrorInvalidValue (1)" <<<"$err" || fail "no verbose report"
+grep -q "cudaErrorMemoryAllocation" <<<"$err" || fail "no verbose OOM report"
+grep -q "allocated_bytes" <<<"$err" || fail "no stats table on stderr"
+
+echo "== 4. the first calls come from 8 threads at once (lazy initialization)"
+out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:sim BUCKETALLOC_STATS_ON_EXIT="$work/threads.json" \
+      timeout 120 "$probe" --threads 2>&1); rc=$?
+echo "$out"
+((rc == 0)) || fail "the threaded probe failed (exit $rc; 124 is a hang)"
+/usr/bin/python3 -c "
+import json, sys
+s = json.load(open('$work/threads.json'))['devices'][0]['stats']
+assert s['allocation.all.allocated'] == 8000 and s['allocation.all.current'] == 0, s['allocation.all.allocated']
+print('threads: 8000 allocations served, none left')" || fail "the threaded probe's stats are wrong"
+
+echo "== 5. a bad BUCKETALLOC_CONF"
+out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:sim,no_such_key:1 "$probe" 2>&1); rc=$?
+echo "$out" | head -2
+grep -q "bucketalloc preload: the allocator is not available" <<<"$out" || fail "the bad configuration was not reported"
+grep -q "no_such_key" <<<"$out" || fail "the report does not name the bad key"
+echo "check_preload: PASS"
