@@ -77,11 +77,12 @@ bool IsCaptureError(cudaError_t error) {
   }
 }
 
-// Maps a CUDA error to a typed status. Also resets the thread's last error, so that a non-sticky
-// error (out of memory above all) is not reported again by an unrelated later call; the error is
-// reported here instead. Sticky errors (a lost context) cannot be reset and keep failing calls.
+// Maps a CUDA error to a typed status. Also resets the thread's last error when it is this one, so
+// that a non-sticky error (out of memory above all) is not reported again by an unrelated later
+// call; the error is reported here instead. An earlier error the host program has not read yet is
+// left alone. Sticky errors (a lost context) cannot be reset and keep failing calls.
 absl::Status CudaStatus(absl::string_view what, cudaError_t error) {
-  Rt().GetLastError();
+  internal::ClearLastErrorIf(Rt(), error);
   std::string message = CudaErrorMessage(what, error);
   if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
   if (IsMissingDriverOrDevice(error) || IsCaptureError(error)) return absl::FailedPreconditionError(message);
@@ -217,7 +218,7 @@ class CudaBackend final : public Backend {
     cudaError_t error = Rt().EventQuery(static_cast<cudaEvent_t>(event));
     if (error == cudaSuccess) return true;
     if (error == cudaErrorNotReady) {
-      Rt().GetLastError();  // "not ready" is no error; do not leave it as the last error
+      internal::ClearLastErrorIf(Rt(), error);  // "not ready" is no error; do not leave it as the last error
       return false;
     }
     return Error(absl::StrCat("cudaEventQuery(", Hex(event), ")"), error);
@@ -253,7 +254,7 @@ class CudaBackend final : public Backend {
     // The legacy default stream cannot be queried while another stream captures in global mode:
     // that also forbids the calls the caller is about to make.
     if (error == cudaErrorStreamCaptureImplicit) {
-      Rt().GetLastError();
+      internal::ClearLastErrorIf(Rt(), error);
       return true;
     }
     if (error != cudaSuccess) return Error(absl::StrCat("cudaStreamIsCapturing(stream ", Hex(stream), ")"), error);
@@ -300,7 +301,7 @@ class CudaBackend final : public Backend {
 absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
   if (cudaError_t error = Rt().GetDeviceCount(&count); error != cudaSuccess) {
-    Rt().GetLastError();  // do not leave the error for an unrelated later call
+    internal::ClearLastErrorIf(Rt(), error);  // do not leave the error for an unrelated later call
     // A failed device query always means there is no usable driver or device.
     return absl::FailedPreconditionError(CudaErrorMessage("cudaGetDeviceCount", error));
   }

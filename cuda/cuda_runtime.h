@@ -6,6 +6,7 @@
 //   - plugins/preload/real_runtime.cc: the process's own libcudart, found with dlsym(RTLD_NEXT)
 //     (libbucketalloc_preload.so, which defines cudaMalloc & co. itself and so must not call them).
 // Every pointer is non-null; a function that cannot be found reports cudaErrorSharedObjectInitFailed.
+// The struct's member order is the order of the initializers in both definitions.
 #ifndef BUCKETALLOC_CUDA_CUDA_RUNTIME_H_
 #define BUCKETALLOC_CUDA_CUDA_RUNTIME_H_
 
@@ -29,13 +30,23 @@ struct CudaRuntime {
   cudaError_t (*SetDevice)(int device);
   cudaError_t (*GetDeviceCount)(int* count);
   cudaError_t (*GetLastError)();
+  cudaError_t (*PeekAtLastError)();
   cudaError_t (*DeviceSynchronize)();
+  cudaError_t (*StreamSynchronize)(cudaStream_t stream);
+  cudaError_t (*StreamGetDevice)(cudaStream_t stream, int* device);
   const char* (*GetErrorName)(cudaError_t error);
   const char* (*GetErrorString)(cudaError_t error);
 };
 
-// The runtime of this library (see the file comment). Thread-safe; resolved once.
+// The runtime of this library (see the file comment). Thread-safe.
 const CudaRuntime& CudaRuntimeApi();
+
+// Clears the thread's last CUDA error when it is `error` (the one a call just returned), so that a
+// non-sticky failure is not reported again by an unrelated later call, without swallowing an
+// earlier error of the host program that it has not read yet.
+inline void ClearLastErrorIf(const CudaRuntime& rt, cudaError_t error) {
+  if (rt.PeekAtLastError() == error) rt.GetLastError();
+}
 
 }  // namespace bucketalloc::internal
 

@@ -8,7 +8,8 @@ const CudaRuntime& CudaRuntimeApi() {
       &cudaMalloc,        &cudaFree,          &cudaMemGetInfo,    &cudaEventCreateWithFlags,
       &cudaEventRecord,   &cudaEventQuery,    &cudaEventSynchronize, &cudaEventDestroy,
       &cudaStreamIsCapturing, &cudaGetDevice, &cudaSetDevice,     &cudaGetDeviceCount,
-      &cudaGetLastError,  &cudaDeviceSynchronize, &cudaGetErrorName, &cudaGetErrorString,
+      &cudaGetLastError,  &cudaPeekAtLastError, &cudaDeviceSynchronize, &cudaStreamSynchronize,
+      &cudaStreamGetDevice, &cudaGetErrorName, &cudaGetErrorString,
   };
   return kStatic;
 }

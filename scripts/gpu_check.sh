@@ -123,17 +123,27 @@ if [[ -x $BUNDLE/bin/bucketalloc_c_abi_bench ]]; then
   run_step bucketalloc_c_abi_bench 30 "$BUNDLE/bin/bucketalloc_c_abi_bench" --benchmark_min_time=0.1
 fi
 
-# 4. The LD_PRELOAD drop-in on the GPU: a CUDA program whose kernels write and check every buffer
-#    it gets from cudaMalloc/cudaMallocAsync (freed with cudaFree/cudaFreeAsync on two streams),
-#    served by bucketalloc; its exit stats must show the allocations. Then the five-call probe.
+# 4. The LD_PRELOAD drop-in on the GPU (tests/preload/preload_kernel_check.cu): buffers freed with
+#    cudaFreeAsync on another stream while a slow kernel still reads them must not be handed out
+#    again early (0 bad words), and the negative control (freed on the wrong stream, a program bug)
+#    must show bad words, which proves the check can see early reuse; then cudaMalloc/cudaFree
+#    rounds. The exit stats must show bucketalloc served them. Then the five-call probe, whose JSON
+#    exit stats must count its 12 allocations (it also passes without the preload on a GPU).
 if [[ -x $BUNDLE/bin/preload_kernel_check && -f $BUNDLE/lib/libbucketalloc_preload.so ]]; then
-  run_step preload_kernel_check 90 bash -c '
-    out=$(LD_PRELOAD="$0" BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_STATS_ON_EXIT=stderr "$1" 2>&1); rc=$?
+  run_step preload_kernel_check 120 bash -c '
+    lib=$0 bin=$1
+    out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_STATS_ON_EXIT=stderr "$bin" 2>&1); rc=$?
     echo "$out"
-    ((rc == 0)) && grep -q "allocation" <<<"$out" && grep -q "bad words" <<<"$out"' \
-    "$PWD/$BUNDLE/lib/libbucketalloc_preload.so" "$BUNDLE/bin/preload_kernel_check"
-  run_step preload_probe 60 env LD_PRELOAD="$PWD/$BUNDLE/lib/libbucketalloc_preload.so" \
-    BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_VERBOSE=1 "$BUNDLE/bin/preload_probe"
+    ((rc == 0)) && grep -q "allocation" <<<"$out" || exit 1
+    out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:cuda "$bin" --negative-control 2>&1); rc=$?
+    echo "$out"
+    ((rc == 0))' "$PWD/$BUNDLE/lib/libbucketalloc_preload.so" "$BUNDLE/bin/preload_kernel_check"
+  run_step preload_probe 60 bash -c '
+    stats=$(mktemp --suffix=.json)
+    LD_PRELOAD="$0" BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_VERBOSE=1 BUCKETALLOC_STATS_ON_EXIT="$stats" "$1" || exit 1
+    python3 -c "import json,sys; s=json.load(open(sys.argv[1]))[\"devices\"][0][\"stats\"]; \
+print(\"exit stats:\", s[\"allocation.all.allocated\"], \"allocations\"); sys.exit(s[\"allocation.all.allocated\"] != 12)" "$stats"
+  ' "$PWD/$BUNDLE/lib/libbucketalloc_preload.so" "$BUNDLE/bin/preload_probe"
 else
   STEP_LINES+=("step preload_kernel_check: FAIL (0s, $BUNDLE/bin/preload_kernel_check or the preload library missing)")
   FAILED=$((FAILED + 1))

@@ -72,6 +72,9 @@ class Allocator {
 
   // The device whose live allocation starts at `ptr`; InvalidArgument when there is none.
   absl::StatusOr<int> DeviceOf(void* ptr) const;
+  // The device whose reserved memory (segments and slabs, live or cached) contains `ptr`;
+  // NotFound when none does: the pointer is not bucketalloc's at all.
+  absl::StatusOr<int> DeviceHolding(void* ptr) const;
   // The device allocation (segment or slab) holding the live allocation `ptr`: base and size.
   absl::StatusOr<std::pair<void*, std::size_t>> BaseAllocation(void* ptr) const;
 

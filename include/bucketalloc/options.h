@@ -64,6 +64,11 @@ struct Options {
   double sim_fail_fraction = 0.0;
   std::uint64_t sim_seed = 1;
 
+  // Before a slow path, ask the backend whether the allocating stream is capturing a CUDA graph
+  // (for hosts that do not announce captures). Hosts whose stream arguments are not CUDA stream
+  // handles (the LD_PRELOAD shim's pool keys) turn it off and handle capture themselves.
+  bool probe_stream_capture = true;
+
   // Debugging: run CheckInvariants() after every slow-path event. A debug build of the library
   // (compiled without NDEBUG) always does.
   bool debug_check_invariants = false;

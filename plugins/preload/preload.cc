@@ -53,28 +53,41 @@
 #include "cuda/cuda_runtime.h"
 
 namespace bucketalloc {
+namespace internal {
+bool CudaRuntimeLoaded();                   // real_runtime.cc
+void* RealCudartSymbol(const char* name);  // real_runtime.cc: the runtime's definition, or nullptr
+}  // namespace internal
+
 namespace {
 
 constexpr int kMaxTrackedDevices = 64;
 
 std::atomic<Allocator*> g_allocator{nullptr};
-std::atomic<bool> g_unavailable{false};      // creation failed: everything goes to the runtime
+std::atomic<bool> g_unavailable{false};        // creation failed: everything goes to the runtime
 std::atomic<std::uint64_t> g_used_devices{0};  // devices that served an allocation (stats at exit)
 std::mutex g_init_mu;
-bool g_verbose = false;  // written once under g_init_mu before g_allocator is published
 thread_local bool t_initializing = false;
+
+// Pool keys: bucketalloc reuses a freed block at once only for the same key, and for other keys
+// only after the events of the streams it was freed on. A user stream is its own key; these stand
+// for what is not one stream: cudaMalloc's memory (usable on any stream), the legacy default
+// stream, and each thread's per-thread default stream.
+char g_sync_key;
+char g_legacy_key;
+thread_local char t_per_thread_key;
 
 const internal::CudaRuntime& Real() { return internal::CudaRuntimeApi(); }
 
-// The next (the runtime's) definitions of the calls this library forwards and the table lacks.
-template <typename F>
-F NextOrNull(const char* name) {
-  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+bool VerboseOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("BUCKETALLOC_VERBOSE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
 }
-using FreeAsyncFn = cudaError_t (*)(void*, cudaStream_t);
 
 void Verbose(absl::string_view call, absl::string_view what, cudaError_t error) {
-  if (!g_verbose) return;
+  if (!VerboseOn()) return;
   std::fprintf(stderr, "bucketalloc preload: %.*s: %.*s -> %s (%d)\n", static_cast<int>(call.size()), call.data(),
                static_cast<int>(what.size()), what.data(), Real().GetErrorName(error), static_cast<int>(error));
 }
@@ -85,13 +98,17 @@ Allocator* CreateAllocator() {
   std::lock_guard<std::mutex> lock(g_init_mu);
   if (Allocator* a = g_allocator.load(std::memory_order_acquire)) return a;
   if (g_unavailable.load(std::memory_order_relaxed)) return nullptr;
+  absl::StatusOr<Options> options = OptionsFromEnv();
+  if (options.ok() && options->backend == BackendKind::kCuda && !internal::CudaRuntimeLoaded()) {
+    return nullptr;  // libcudart is not loaded yet: forward this call, try again on the next one
+  }
   t_initializing = true;
-  const char* verbose = std::getenv("BUCKETALLOC_VERBOSE");
-  g_verbose = verbose != nullptr && std::strcmp(verbose, "1") == 0;
-  absl::StatusOr<std::unique_ptr<Allocator>> created = [] {
-    absl::StatusOr<Options> options = OptionsFromEnv();
-    return options.ok() ? Allocator::Create(*options) : absl::StatusOr<std::unique_ptr<Allocator>>(options.status());
-  }();
+  absl::StatusOr<std::unique_ptr<Allocator>> created =
+      options.ok() ? [&] {
+        options->probe_stream_capture = false;  // pool keys are not streams; captures are forwarded
+        return Allocator::Create(*options);
+      }()
+                   : absl::StatusOr<std::unique_ptr<Allocator>>(options.status());
   t_initializing = false;
   if (!created.ok()) {
     std::fprintf(stderr,
@@ -114,15 +131,37 @@ inline Allocator* Get() {
   return CreateAllocator();
 }
 
-// The device calls without an explicit device refer to: the runtime's current device (device 0 on
-// the simulated device, which has no current device).
+bool IsSim(const Allocator& a) { return a.options().backend == BackendKind::kSim; }
+
+// The runtime's current device (device 0 on the simulated device, which has none).
 absl::StatusOr<int> CurrentDevice(const Allocator& a) {
-  if (a.options().backend == BackendKind::kSim) return 0;
+  if (IsSim(a)) return 0;
   int device = 0;
   if (cudaError_t error = Real().GetDevice(&device); error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaGetDevice failed: ", Real().GetErrorName(error)));
   }
   return device;
+}
+
+bool IsDefaultStream(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread; }
+
+// The device a stream-ordered allocation on `stream` belongs to: the stream's (cudaStreamGetDevice)
+// for a created stream, the current device for the default streams.
+absl::StatusOr<int> StreamDevice(const Allocator& a, cudaStream_t stream) {
+  if (IsSim(a) || IsDefaultStream(stream)) return CurrentDevice(a);
+  int device = 0;
+  if (cudaError_t error = Real().StreamGetDevice(stream, &device); error != cudaSuccess) {
+    internal::ClearLastErrorIf(Real(), error);
+    return CurrentDevice(a);
+  }
+  return device;
+}
+
+// The pool key of an allocation for `stream` (see the keys above).
+Stream KeyFor(cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy) return &g_legacy_key;
+  if (stream == cudaStreamPerThread) return &t_per_thread_key;
+  return static_cast<Stream>(stream);
 }
 
 void NoteDevice(int device) {
@@ -140,52 +179,83 @@ cudaError_t AllocationError(const absl::Status& s) {
   return cudaErrorUnknown;
 }
 
-// Allocates for cudaMalloc (stream nullptr) and cudaMallocAsync, or returns nullopt when the call must
-// go to the runtime (the allocator is not available).
-std::optional<cudaError_t> Malloc(absl::string_view call, void** ptr, std::size_t size, cudaStream_t stream) {
-  if (ptr == nullptr) {
-    Verbose(call, "the output pointer is NULL", cudaErrorInvalidValue);
-    return cudaErrorInvalidValue;
-  }
-  Allocator* a = Get();
-  if (a == nullptr) return std::nullopt;
-  absl::StatusOr<int> device = CurrentDevice(*a);
-  if (!device.ok()) {
-    Verbose(call, device.status().message(), cudaErrorInvalidDevice);
-    return cudaErrorInvalidDevice;
-  }
-  absl::StatusOr<void*> p = a->Allocate(size, *device, static_cast<Stream>(stream));
+// Allocates for cudaMalloc (stream_key = the sync key) and cudaMallocAsync, or returns nullopt when
+// the call must go to the runtime (the allocator is not available).
+std::optional<cudaError_t> Malloc(absl::string_view call, void** ptr, std::size_t size, Allocator* a, int device,
+                                  Stream key) {
+  absl::StatusOr<void*> p = a->Allocate(size, device, key);
   if (!p.ok()) {
     const cudaError_t error = AllocationError(p.status());
     Verbose(call, p.status().message(), error);
     return error;
   }
-  NoteDevice(*device);
+  NoteDevice(device);
   *ptr = *p;
   return cudaSuccess;
 }
 
-// Frees `ptr` if bucketalloc handed it out: cudaSuccess, an error, or nullopt (not ours).
+// The runtime's definition of `name` (for forwarding), looked up once it exists.
+void* RealSymbol(std::atomic<void*>& cache, const char* name) {
+  void* f = cache.load(std::memory_order_acquire);
+  if (f == nullptr) {
+    f = internal::RealCudartSymbol(name);
+    cache.store(f, std::memory_order_release);
+  }
+  return f;
+}
+
+// Waits for `device` (cudaFree's implicit synchronization); the runtime's code.
+cudaError_t SynchronizeDevice(int device) {
+  int current = 0;
+  if (cudaError_t e = Real().GetDevice(&current); e != cudaSuccess) return e;
+  if (current != device) {
+    if (cudaError_t e = Real().SetDevice(device); e != cudaSuccess) return e;
+  }
+  const cudaError_t result = Real().DeviceSynchronize();
+  if (current != device) Real().SetDevice(current);
+  return result;
+}
+
+// Frees `ptr` if it lies in bucketalloc's memory: the result, or nullopt (not bucketalloc's: the
+// caller forwards it to the runtime). `stream` is cudaFreeAsync's; `synchronize` is cudaFree's.
 std::optional<cudaError_t> Free(absl::string_view call, void* ptr, cudaStream_t stream, bool synchronize) {
   Allocator* a = Get();
   if (a == nullptr) return std::nullopt;
   absl::StatusOr<int> device = a->DeviceOf(ptr);
-  if (!device.ok()) return std::nullopt;  // not a live allocation of bucketalloc
-  if (synchronize) {
-    // cudaFree waits for the device: no kernel may still use the block when it is handed out again.
-    if (absl::Status s = (*a->backend(*device))->SynchronizeDevice(); !s.ok()) {
-      Verbose(call, s.message(), cudaErrorLaunchFailure);
-      return cudaErrorLaunchFailure;
-    }
-  } else if (absl::Status s = a->RecordStream(ptr, *device, static_cast<Stream>(stream)); !s.ok()) {
+  if (!device.ok()) {
+    // Not a live allocation. Inside bucketalloc's memory it is a double or interior free: the
+    // runtime must never see it (its cudaFree would release memory bucketalloc still serves).
+    absl::StatusOr<int> holder = a->DeviceHolding(ptr);
+    if (!holder.ok()) return std::nullopt;
+    absl::Status s = a->Free(ptr, *holder);  // fails, naming the problem; changes nothing
     Verbose(call, s.message(), cudaErrorInvalidValue);
     return cudaErrorInvalidValue;
+  }
+  cudaError_t result = cudaSuccess;
+  if (IsSim(*a)) {
+    // The simulated device has no work to wait for.
+  } else if (synchronize) {
+    // No kernel on any stream may still use the block when it is handed out again. A failure (a
+    // sticky error, the runtime unloading at exit) is returned as cudaFree would return it; the
+    // block goes back to the cache either way.
+    result = SynchronizeDevice(*device);
+    if (result != cudaSuccess) internal::ClearLastErrorIf(Real(), result);
+  } else {
+    absl::StatusOr<int> stream_device = StreamDevice(*a, stream);
+    if (stream_device.ok() && *stream_device != *device) {
+      // An event of `stream`'s device cannot order another device's block: wait for the stream.
+      result = Real().StreamSynchronize(stream);
+    } else if (absl::Status s = a->RecordStream(ptr, *device, static_cast<Stream>(stream)); !s.ok()) {
+      Verbose(call, s.message(), cudaErrorInvalidValue);
+      return cudaErrorInvalidValue;
+    }
   }
   if (absl::Status s = a->Free(ptr, *device); !s.ok()) {
     Verbose(call, s.message(), cudaErrorInvalidValue);
     return cudaErrorInvalidValue;
   }
-  return cudaSuccess;
+  if (result != cudaSuccess) Verbose(call, "waiting for the device's work failed", result);
+  return result;
 }
 
 void PrintStatsAtExit() {
@@ -225,19 +295,45 @@ void PrintStatsAtExit() {
   std::fclose(f);
 }
 
-cudaError_t MallocAsync(const char* name, void** ptr, size_t size, cudaStream_t stream) {
-  if (std::optional<cudaError_t> r = Malloc(name, ptr, size, stream)) return *r;
-  auto next = NextOrNull<cudaError_t (*)(void**, size_t, cudaStream_t)>(name);
+using MallocAsyncFn = cudaError_t (*)(void**, size_t, cudaStream_t);
+using FreeAsyncFn = cudaError_t (*)(void*, cudaStream_t);
+
+cudaError_t MallocAsync(const char* name, std::atomic<void*>& real, void** ptr, size_t size, cudaStream_t stream) {
+  if (ptr == nullptr) {
+    Verbose(name, "the output pointer is NULL", cudaErrorInvalidValue);
+    return cudaErrorInvalidValue;
+  }
+  Allocator* a = Get();
+  if (a != nullptr && !IsSim(*a)) {
+    // A captured allocation becomes a graph allocation node of the runtime: forward it (its free
+    // is forwarded too, since bucketalloc does not know the pointer).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (Real().StreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone) a = nullptr;
+  }
+  if (a != nullptr) {
+    absl::StatusOr<int> device = StreamDevice(*a, stream);
+    if (!device.ok()) {
+      Verbose(name, device.status().message(), cudaErrorInvalidDevice);
+      return cudaErrorInvalidDevice;
+    }
+    return *Malloc(name, ptr, size, a, *device, KeyFor(stream));
+  }
+  auto next = reinterpret_cast<MallocAsyncFn>(RealSymbol(real, name));
   return next != nullptr ? next(ptr, size, stream) : cudaErrorSharedObjectInitFailed;
 }
 
-cudaError_t FreeAsync(const char* name, void* ptr, cudaStream_t stream) {
+cudaError_t FreeAsync(const char* name, std::atomic<void*>& real, void* ptr, cudaStream_t stream) {
   if (ptr != nullptr) {
     if (std::optional<cudaError_t> r = Free(name, ptr, stream, /*synchronize=*/false)) return *r;
   }
-  auto next = NextOrNull<FreeAsyncFn>(name);
+  auto next = reinterpret_cast<FreeAsyncFn>(RealSymbol(real, name));
   return next != nullptr ? next(ptr, stream) : cudaErrorSharedObjectInitFailed;
 }
+
+std::atomic<void*> g_real_malloc_async{nullptr};
+std::atomic<void*> g_real_malloc_async_ptsz{nullptr};
+std::atomic<void*> g_real_free_async{nullptr};
+std::atomic<void*> g_real_free_async_ptsz{nullptr};
 
 }  // namespace
 }  // namespace bucketalloc
@@ -253,15 +349,25 @@ cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream);
 cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream);
 
 __attribute__((visibility("default"))) cudaError_t cudaMalloc(void** ptr, size_t size) {
-  if (std::optional<cudaError_t> r = bucketalloc::Malloc("cudaMalloc", ptr, size, nullptr)) return *r;
-  return Real().Malloc(ptr, size);
+  if (ptr == nullptr) {
+    bucketalloc::Verbose("cudaMalloc", "the output pointer is NULL", cudaErrorInvalidValue);
+    return cudaErrorInvalidValue;
+  }
+  bucketalloc::Allocator* a = Get();
+  if (a == nullptr) return Real().Malloc(ptr, size);
+  absl::StatusOr<int> device = bucketalloc::CurrentDevice(*a);
+  if (!device.ok()) {
+    bucketalloc::Verbose("cudaMalloc", device.status().message(), cudaErrorInvalidDevice);
+    return cudaErrorInvalidDevice;
+  }
+  return *bucketalloc::Malloc("cudaMalloc", ptr, size, a, *device, &bucketalloc::g_sync_key);
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaFree(void* ptr) {
   if (ptr == nullptr) {
     // Programs call it to create the context: the runtime's, except on the simulated device.
     bucketalloc::Allocator* a = Get();
-    if (a != nullptr && a->options().backend == bucketalloc::BackendKind::kSim) return cudaSuccess;
+    if (a != nullptr && bucketalloc::IsSim(*a)) return cudaSuccess;
     return Real().Free(nullptr);
   }
   if (std::optional<cudaError_t> r = bucketalloc::Free("cudaFree", ptr, nullptr, /*synchronize=*/true)) return *r;
@@ -269,19 +375,21 @@ __attribute__((visibility("default"))) cudaError_t cudaFree(void* ptr) {
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
-  return bucketalloc::MallocAsync("cudaMallocAsync", ptr, size, stream);
+  return bucketalloc::MallocAsync("cudaMallocAsync", bucketalloc::g_real_malloc_async, ptr, size, stream);
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
-  return bucketalloc::MallocAsync("cudaMallocAsync_ptsz", ptr, size, stream == nullptr ? cudaStreamPerThread : stream);
+  return bucketalloc::MallocAsync("cudaMallocAsync_ptsz", bucketalloc::g_real_malloc_async_ptsz, ptr, size,
+                                  stream == nullptr ? cudaStreamPerThread : stream);
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
-  return bucketalloc::FreeAsync("cudaFreeAsync", ptr, stream);
+  return bucketalloc::FreeAsync("cudaFreeAsync", bucketalloc::g_real_free_async, ptr, stream);
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
-  return bucketalloc::FreeAsync("cudaFreeAsync_ptsz", ptr, stream == nullptr ? cudaStreamPerThread : stream);
+  return bucketalloc::FreeAsync("cudaFreeAsync_ptsz", bucketalloc::g_real_free_async_ptsz, ptr,
+                                stream == nullptr ? cudaStreamPerThread : stream);
 }
 
 // What the program sees: total = min(device total, bucketalloc's cap); free = min(the device's free

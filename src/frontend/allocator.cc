@@ -142,13 +142,28 @@ absl::Status Allocator::RecordStream(void* ptr, Stream stream) {
   return RecordStream(ptr, *device, stream);
 }
 
-absl::StatusOr<int> Allocator::DeviceOf(void* ptr) const {
-  for (int device = 0; device < device_count(); ++device) {
-    DeviceAllocator* d = Published(devices_->ptrs, device);
-    if (d != nullptr && d->OwnsLive(ptr)) return device;
+// The first created device for which `pred(device state)` holds, or -1.
+template <typename Pred>
+int FirstDevice(const std::vector<std::atomic<DeviceAllocator*>>& ptrs, Pred pred) {
+  for (std::size_t device = 0; device < ptrs.size(); ++device) {
+    DeviceAllocator* d = ptrs[device].load(std::memory_order_acquire);
+    if (d != nullptr && pred(*d)) return static_cast<int>(device);
   }
+  return -1;
+}
+
+absl::StatusOr<int> Allocator::DeviceOf(void* ptr) const {
+  const int device = FirstDevice(devices_->ptrs, [ptr](const DeviceAllocator& d) { return d.OwnsLive(ptr); });
+  if (device >= 0) return device;
   return absl::InvalidArgumentError(absl::StrCat("bucketalloc: 0x", absl::Hex(reinterpret_cast<std::uintptr_t>(ptr)),
                                                  " is not a live allocation of bucketalloc on any device"));
+}
+
+absl::StatusOr<int> Allocator::DeviceHolding(void* ptr) const {
+  const int device = FirstDevice(devices_->ptrs, [ptr](const DeviceAllocator& d) { return d.InReservedMemory(ptr); });
+  if (device >= 0) return device;
+  return absl::NotFoundError(absl::StrCat("bucketalloc: 0x", absl::Hex(reinterpret_cast<std::uintptr_t>(ptr)),
+                                          " lies in no memory bucketalloc reserved"));
 }
 
 absl::StatusOr<std::pair<void*, std::size_t>> Allocator::BaseAllocation(void* ptr) const {

@@ -278,6 +278,7 @@ bool DeviceAllocator::ReleaseSegment(std::uintptr_t base, std::size_t bytes, Poo
 
 bool DeviceAllocator::CaptureRestricts(Stream stream) {
   if (!captures_.empty()) return true;
+  if (!options_.probe_stream_capture) return false;
   absl::StatusOr<bool> capturing = backend_->IsCapturing(stream);
   return capturing.ok() && *capturing;  // an error here is reported by the backend call that follows
 }
@@ -755,6 +756,13 @@ std::vector<TraceEntry> DeviceAllocator::AppendSnapshot(std::vector<SegmentSnaps
   const std::size_t start = (trace_next_ + trace_.size() - trace_count_) % std::max<std::size_t>(trace_.size(), 1);
   for (std::size_t i = 0; i < trace_count_; ++i) history.push_back(trace_[(start + i) % trace_.size()]);
   return history;
+}
+
+bool DeviceAllocator::InReservedMemory(void* ptr) const {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  MutexLock lock(mu_);
+  auto seg = registry_.upper_bound(addr);
+  return seg != registry_.begin() && addr < std::prev(seg)->first + std::prev(seg)->second.bytes;
 }
 
 absl::StatusOr<std::pair<void*, std::size_t>> DeviceAllocator::BaseAllocation(void* ptr) const {

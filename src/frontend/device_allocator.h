@@ -60,6 +60,8 @@ class DeviceAllocator final : public MemorySource {
   absl::Status Free(void* ptr, std::optional<std::size_t> size);
   // True when `ptr` is a live allocation of this device (for cross-device error messages).
   bool OwnsLive(void* ptr) const;
+  // True when `ptr` lies in memory this device reserved from the backend (live or not).
+  bool InReservedMemory(void* ptr) const;
   absl::Status RecordStream(void* ptr, Stream stream);
   absl::Status EmptyCache();
   // See Allocator::BeginCapture.

@@ -217,9 +217,13 @@ TEST_P(SnapshotTest, BaseAllocationAndDeviceOfFindTheOwningSegment) {
   }
   void* inside = static_cast<char*>(large) + 64;
   EXPECT_TRUE(absl::IsInvalidArgument(allocator_->BaseAllocation(inside).status()));
+  EXPECT_EQ(*allocator_->DeviceHolding(inside), 0) << "an interior pointer lies in reserved memory";
+  int local = 0;
+  EXPECT_TRUE(absl::IsNotFound(allocator_->DeviceHolding(&local).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(allocator_->RecordStream(inside, TestStream(2))));
   ASSERT_TRUE(allocator_->Free(small).ok());
   EXPECT_TRUE(absl::IsInvalidArgument(allocator_->DeviceOf(small).status()));
+  EXPECT_EQ(*allocator_->DeviceHolding(small), 0) << "freed but still cached";
   ASSERT_TRUE(allocator_->Free(large).ok());
 }
 

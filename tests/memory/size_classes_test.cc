@@ -11,7 +11,9 @@ TEST(SmallSizeClassesTest, EverySizeFitsItsClassAndTheClassIsTheSmallest) {
   for (std::size_t size = 1; size <= kMaxSmallSize; size += (size < 8192 ? 1 : 97)) {
     const int c = SmallSizeClasses::ClassOf(size);
     ASSERT_GE(SmallSizeClasses::ClassSize(c), size) << size;
-    if (c > 0) ASSERT_LT(SmallSizeClasses::ClassSize(c - 1), size) << size;
+    if (c > 0) {
+      ASSERT_LT(SmallSizeClasses::ClassSize(c - 1), size) << size;
+    }
   }
   EXPECT_EQ(SmallSizeClasses::ClassOf(kMaxSmallSize), SmallSizeClasses::kNumClasses - 1);
 }

@@ -81,6 +81,13 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 8; ++i) report("cudaFree", cudaFree(several[i]), cudaSuccess);
 
   /* Bad input, as the runtime documents it. */
+  void* twice = NULL;
+  report("cudaMalloc(64 KiB)", cudaMalloc(&twice, 64 << 10), cudaSuccess);
+  report("cudaFree(an interior pointer)", cudaFree((char*)twice + 512), cudaErrorInvalidValue);
+  report("cudaFree", cudaFree(twice), cudaSuccess);
+  report("cudaFree(the same pointer again)", cudaFree(twice), cudaErrorInvalidValue);
+  void* empty = NULL;
+  report("cudaMalloc(0 bytes)", cudaMalloc(&empty, 0), cudaSuccess);
   report("cudaMalloc(NULL output)", cudaMalloc(NULL, 16), cudaErrorInvalidValue);
   void* huge = NULL;
   report("cudaMalloc(1 TiB)", cudaMalloc(&huge, (size_t)1 << 40), cudaErrorMemoryAllocation);
