@@ -1,0 +1,105 @@
+// src/harness/replay.h — replays an allocation trace against an allocator on the simulated device
+// and measures what it costs in bytes, failures, nanoseconds and backend calls (layer L5).
+//
+// Allocators (MakeReplayAllocator's spec):
+//   bucketalloc            bucketalloc with its defaults
+//   bucketalloc:CONF       bucketalloc with a BUCKETALLOC_CONF string, e.g. bucketalloc:max_split_size_mb:256
+//   nocache                one backend call per request (cudaMalloc/cudaFree), memory rounded to 2 MiB
+// Each runs on a simulated device of exactly `capacity` bytes (unbacked: addresses, no memory), so
+// a request that the allocator cannot place fails as it would on a card of that size.
+//
+// The replay is sequential in file order (RMM's logs are in timestamp order even for several
+// threads). A free of a pointer whose allocation failed in the replay is skipped; "allocate
+// failure" lines (failures of the logged run) are skipped. Backend calls are priced by a cost model
+// (CostModel: published figures for cudaMalloc and cudaFree, whose implicit synchronization is part
+// of its price), so an allocator cannot win on memory by hiding driver calls.
+//
+// Thread-safety: none; one replay at a time per allocator.
+#ifndef BUCKETALLOC_HARNESS_REPLAY_H_
+#define BUCKETALLOC_HARNESS_REPLAY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "bucketalloc/backend.h"
+#include "harness/trace.h"
+
+namespace bucketalloc::harness {
+
+// The price of backend calls in simulated time. Defaults: cudaMalloc ~50 us, cudaFree ~10 us
+// (reference/pytorch.md §6: the only published per-call figures found; to be calibrated on a GPU).
+struct CostModel {
+  double malloc_us = 50.0;
+  double free_us = 10.0;
+};
+
+class ReplayAllocator {
+ public:
+  virtual ~ReplayAllocator() = default;
+  // Allocates `size` bytes for `stream`; ResourceExhausted when it cannot (an OOM).
+  virtual absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) = 0;
+  virtual absl::Status Free(void* ptr, std::size_t size) = 0;
+  // Reserved from the device now, and the peak since the last ResetPeak().
+  virtual std::size_t reserved_bytes() const = 0;
+  virtual std::size_t peak_reserved_bytes() const = 0;
+  virtual void ResetPeak() = 0;
+  virtual BackendCounters backend_counters() const = 0;
+};
+
+// Creates the allocator named by `spec` (see the file comment) on a simulated device of
+// `capacity` bytes. InvalidArgument names a bad spec or configuration and what is accepted.
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity);
+
+struct ReplayOptions {
+  std::string allocator = "bucketalloc";
+  std::size_t capacity = 0;  // bytes, > 0
+  int repeat = 1;            // rounds of the trace on the same allocator
+  CostModel cost;
+};
+
+// What a replay measured (the JSON keys of docs/harness.md).
+struct ReplayResult {
+  std::string allocator;
+  std::size_t capacity = 0;
+  std::uint64_t allocations = 0;      // allocate events replayed (all rounds)
+  std::size_t peak_live_bytes = 0;    // the most bytes the trace holds at once: no allocator can do with less
+  std::size_t peak_reserved_bytes = 0;
+  double reserved_over_live = 0.0;
+  std::uint64_t ooms = 0;
+  std::uint64_t capacity_ooms = 0;       // live + request > capacity: no allocator could have served it
+  std::uint64_t fragmentation_ooms = 0;  // all other OOMs
+  double p50_ns = 0.0;                   // per operation (allocate or free)
+  double p99_ns = 0.0;
+  std::uint64_t backend_calls = 0;       // backend allocations + frees
+  double simulated_backend_ms = 0.0;     // backend calls priced by the cost model
+  std::vector<std::size_t> per_round_peak_reserved_bytes;
+  // "stable"; "rising" (peak reserved still grows in the second half of the rounds, or the bytes
+  // held at the end of a round grow round over round: a leak); "single round".
+  std::string verdict;
+  std::string ToJson() const;
+};
+
+// The peak of bytes held at once by the trace's allocations (failures of the logged run excluded).
+std::size_t PeakLiveBytes(const Trace& trace);
+
+absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
+
+// The smallest capacity (2 MiB resolution) at which `allocator` serves the trace with zero OOMs,
+// found by bisection; `progress` (may be null) receives one line per probe.
+struct MinCapacityResult {
+  std::size_t min_capacity_bytes = 0;
+  double min_capacity_over_live = 0.0;
+  ReplayResult at_min;  // the replay at that capacity
+  std::string ToJson() const;
+};
+absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
+                                              void (*progress)(const std::string& line) = nullptr);
+
+}  // namespace bucketalloc::harness
+
+#endif  // BUCKETALLOC_HARNESS_REPLAY_H_

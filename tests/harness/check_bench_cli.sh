@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# tests/harness/check_bench_cli.sh BENCH — bucketalloc-bench end to end on a small trace: replay and
+# min-capacity print their tables and write the documented JSON keys; a bad trace line is named.
+set -uo pipefail
+bench=$1
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+fail() { echo "check_bench_cli: FAIL: $*"; exit 1; }
+cat >"$work/t.csv" <<'CSV'
+Thread,Time,Action,Pointer,Size,Stream
+1,00:00:00.000001,allocate,0xa,10485760,0x0
+1,00:00:00.000002,allocate,0xb,20971520,0x0
+1,00:00:00.000003,free,0xa,10485760,0x0
+1,00:00:00.000004,allocate,0xc,5242880,0x0
+1,00:00:00.000005,free,0xb,20971520,0x0
+1,00:00:00.000006,free,0xc,5242880,0x0
+CSV
+out=$("$bench" replay "$work/t.csv" --allocator nocache --capacity 64MiB --json "$work/r.json") || fail "replay"
+echo "$out"
+grep -q "backend calls *6" <<<"$out" || fail "nocache should make 6 backend calls"
+out=$("$bench" min-capacity "$work/t.csv" --allocator nocache --json "$work/m.json" 2>"$work/progress") || fail "min-capacity"
+echo "$out"
+grep -q "min capacity *30.00 MiB (1.000 x peak live)" <<<"$out" || fail "nocache's min capacity should be 30 MiB"
+grep -q "min-capacity nocache:" "$work/progress" || fail "no progress on stderr"
+/usr/bin/python3 -c "
+import json, sys
+r = json.load(open('$work/r.json')); m = json.load(open('$work/m.json'))
+assert r['peak_live_bytes'] == 30 << 20 and r['ooms'] == 0 and r['backend_calls'] == 6, r
+assert m['min_capacity_bytes'] == 30 << 20 and m['min_capacity_over_live'] == 1.0, m
+" || fail "JSON results"
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0xa,16,0\n1,t,grab,0xa,16,0\n' >"$work/bad.csv"
+err=$("$bench" replay "$work/bad.csv" --capacity 64MiB 2>&1) && fail "a bad trace was accepted"
+grep -q "bad.csv:3: Action \"grab\" is unknown" <<<"$err" || fail "the bad line was not named: $err"
+echo "check_bench_cli: PASS"

@@ -1,0 +1,120 @@
+// tools/bucketalloc_bench.cc — bucketalloc-bench: replays allocation traces (RMM's replay-log CSV)
+// against allocators on the simulated device and reports bytes, OOMs, latency and backend calls
+// (docs/harness.md).
+//
+//   bucketalloc-bench replay TRACE --allocator NAME[:CONF] --capacity SIZE [--repeat K] [--json OUT]
+//   bucketalloc-bench min-capacity TRACE --allocator NAME[:CONF] [--json OUT]
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "bucketalloc/options.h"
+#include "harness/replay.h"
+#include "harness/trace.h"
+
+namespace {
+
+using bucketalloc::FormatBytes;
+using bucketalloc::harness::MinCapacityResult;
+using bucketalloc::harness::ReplayResult;
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "bucketalloc-bench: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+bool WriteJson(const std::string& path, const std::string& json) {
+  if (path.empty()) return true;
+  std::ofstream out(path);
+  out << json << "\n";
+  if (!out) {
+    std::fprintf(stderr, "bucketalloc-bench: cannot write %s\n", path.c_str());
+    return false;
+  }
+  return true;
+}
+
+void PrintResult(const ReplayResult& r) {
+  std::printf("%-28s %s\n", "allocator", r.allocator.c_str());
+  std::printf("%-28s %s\n", "capacity", FormatBytes(r.capacity).c_str());
+  std::printf("%-28s %llu\n", "allocations", static_cast<unsigned long long>(r.allocations));
+  std::printf("%-28s %s\n", "peak live", FormatBytes(r.peak_live_bytes).c_str());
+  std::printf("%-28s %s (%.3f x live)\n", "peak reserved", FormatBytes(r.peak_reserved_bytes).c_str(),
+              r.reserved_over_live);
+  std::printf("%-28s %llu (capacity %llu, fragmentation %llu)\n", "OOMs", static_cast<unsigned long long>(r.ooms),
+              static_cast<unsigned long long>(r.capacity_ooms), static_cast<unsigned long long>(r.fragmentation_ooms));
+  std::printf("%-28s p50 %.0f ns, p99 %.0f ns\n", "latency per operation", r.p50_ns, r.p99_ns);
+  std::printf("%-28s %llu (simulated %.1f ms)\n", "backend calls", static_cast<unsigned long long>(r.backend_calls),
+              r.simulated_backend_ms);
+  if (r.per_round_peak_reserved_bytes.size() > 1) {
+    std::string rounds;
+    for (std::size_t b : r.per_round_peak_reserved_bytes) rounds += FormatBytes(b) + " ";
+    std::printf("%-28s %s-> %s\n", "peak reserved per round", rounds.c_str(), r.verdict.c_str());
+  }
+}
+
+absl::StatusOr<std::size_t> ParseCapacity(const std::string& text) {
+  absl::StatusOr<std::size_t> c = bucketalloc::ParseSize(text);
+  if (!c.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--capacity ", text, ": ", c.status().message()));
+  }
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bucketalloc-bench: replay allocation traces (RMM replay-log CSV) against allocators on the "
+               "simulated device"};
+  app.require_subcommand(1);
+  std::string trace_path, allocator = "bucketalloc", capacity_text, json_path;
+  int repeat = 1;
+  bucketalloc::harness::CostModel cost;
+
+  CLI::App* replay = app.add_subcommand("replay", "replay a trace at one capacity");
+  replay->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
+  replay->add_option("--allocator", allocator, "bucketalloc, bucketalloc:CONF or nocache")->capture_default_str();
+  replay->add_option("--capacity", capacity_text, "the simulated card's memory, e.g. 24GiB")->required();
+  replay->add_option("--repeat", repeat, "rounds of the trace on one allocator (a rising peak is a leak)")
+      ->check(CLI::Range(1, 1000));
+  replay->add_option("--json", json_path, "also write the result as JSON");
+
+  CLI::App* min_capacity = app.add_subcommand("min-capacity", "the smallest card that serves the trace");
+  min_capacity->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
+  min_capacity->add_option("--allocator", allocator, "bucketalloc, bucketalloc:CONF or nocache")->capture_default_str();
+  min_capacity->add_option("--json", json_path, "also write the result as JSON");
+
+  for (CLI::App* sub : {replay, min_capacity}) {
+    sub->add_option("--malloc-us", cost.malloc_us, "simulated cost of a backend allocation (us)")->capture_default_str();
+    sub->add_option("--free-us", cost.free_us, "simulated cost of a backend free (us)")->capture_default_str();
+  }
+  CLI11_PARSE(app, argc, argv);
+
+  absl::StatusOr<bucketalloc::harness::Trace> trace = bucketalloc::harness::ReadTraceFile(trace_path);
+  if (!trace.ok()) return Fail(trace.status());
+
+  if (replay->parsed()) {
+    absl::StatusOr<std::size_t> capacity = ParseCapacity(capacity_text);
+    if (!capacity.ok()) return Fail(capacity.status());
+    bucketalloc::harness::ReplayOptions o;
+    o.allocator = allocator;
+    o.capacity = *capacity;
+    o.repeat = repeat;
+    o.cost = cost;
+    absl::StatusOr<ReplayResult> r = bucketalloc::harness::Replay(*trace, o);
+    if (!r.ok()) return Fail(r.status());
+    PrintResult(*r);
+    return WriteJson(json_path, r->ToJson()) ? 0 : 1;
+  }
+  absl::StatusOr<MinCapacityResult> m = bucketalloc::harness::MinCapacity(
+      *trace, allocator, cost, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+  if (!m.ok()) return Fail(m.status());
+  PrintResult(m->at_min);
+  std::printf("%-28s %s (%.3f x peak live)\n", "min capacity", FormatBytes(m->min_capacity_bytes).c_str(),
+              m->min_capacity_over_live);
+  return WriteJson(json_path, m->ToJson()) ? 0 : 1;
+}
