@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
 
   CLI::App* replay = app.add_subcommand("replay", "replay a trace at one capacity");
   replay->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
-  replay->add_option("--allocator", allocator, "bucketalloc, bucketalloc:CONF or nocache")->capture_default_str();
+  replay->add_option("--allocator", allocator, "bucketalloc, bucketalloc:CONF, pytorch-policy or nocache")->capture_default_str();
   replay->add_option("--capacity", capacity_text, "the simulated card's memory, e.g. 24GiB")->required();
   replay->add_option("--repeat", repeat, "rounds of the trace on one allocator (a rising peak is a leak)")
       ->check(CLI::Range(1, 1000));
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
 
   CLI::App* min_capacity = app.add_subcommand("min-capacity", "the smallest card that serves the trace");
   min_capacity->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
-  min_capacity->add_option("--allocator", allocator, "bucketalloc, bucketalloc:CONF or nocache")->capture_default_str();
+  min_capacity->add_option("--allocator", allocator, "bucketalloc, bucketalloc:CONF, pytorch-policy or nocache")->capture_default_str();
   min_capacity->add_option("--json", json_path, "also write the result as JSON");
 
   for (CLI::App* sub : {replay, min_capacity}) {

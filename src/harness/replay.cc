@@ -11,6 +11,7 @@
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/stats.h"
+#include "harness/pytorch_policy.h"
 #include "internal/bits.h"
 #include "nlohmann/json.hpp"
 
@@ -82,6 +83,7 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::strin
     return absl::InvalidArgumentError(absl::StrCat("capacity ", capacity, " bytes is too small; accepted: 2 MiB or more"));
   }
   capacity = capacity / kGranularity * kGranularity;
+  if (spec == "pytorch-policy") return MakePyTorchPolicy(capacity);
   if (spec == "nocache") {
     SimBackendOptions o;
     o.total_memory = capacity;
@@ -103,7 +105,8 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::strin
     return std::unique_ptr<ReplayAllocator>(std::make_unique<BucketallocReplay>(std::move(*a)));
   }
   return absl::InvalidArgumentError(absl::StrCat("allocator \"", spec,
-                                                 "\" is unknown; accepted: bucketalloc, bucketalloc:CONF, nocache"));
+                                                 "\" is unknown; accepted: bucketalloc, bucketalloc:CONF, "
+                                                 "pytorch-policy, nocache"));
 }
 
 std::size_t PeakLiveBytes(const Trace& trace) {
@@ -185,6 +188,8 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
     r.per_round_peak_reserved_bytes.push_back(a.peak_reserved_bytes());
     end_of_round_live.push_back(live_bytes);
   }
+  // What the trace never freed goes back (untimed), so that the allocator ends clean.
+  for (const auto& [pointer, held] : live) a.Free(held.ptr, held.size).IgnoreError();
   r.peak_reserved_bytes = *std::max_element(r.per_round_peak_reserved_bytes.begin(), r.per_round_peak_reserved_bytes.end());
   r.reserved_over_live = r.peak_live_bytes == 0 ? 0.0
                                                 : static_cast<double>(r.peak_reserved_bytes) /

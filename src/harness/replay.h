@@ -4,6 +4,7 @@
 // Allocators (MakeReplayAllocator's spec):
 //   bucketalloc            bucketalloc with its defaults
 //   bucketalloc:CONF       bucketalloc with a BUCKETALLOC_CONF string, e.g. bucketalloc:max_split_size_mb:256
+//   pytorch-policy         a model of PyTorch's native caching allocator (harness/pytorch_policy.h)
 //   nocache                one backend call per request (cudaMalloc/cudaFree), memory rounded to 2 MiB
 // Each runs on a simulated device of exactly `capacity` bytes (unbacked: addresses, no memory), so
 // a request that the allocator cannot place fails as it would on a card of that size.

@@ -108,7 +108,7 @@ TEST(ReplayTest, BadAllocatorsAndCapacitiesAreRefused) {
   o.capacity = 64 * kMiB;
   o.allocator = "jemalloc";
   absl::StatusOr<ReplayResult> r = Replay(Abc(), o);
-  EXPECT_TRUE(absl::StrContains(r.status().message(), "accepted: bucketalloc, bucketalloc:CONF, nocache")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "accepted: bucketalloc, bucketalloc:CONF, pytorch-policy, nocache")) << r.status();
   o.allocator = "bucketalloc:no_such_key:1";
   r = Replay(Abc(), o);
   EXPECT_TRUE(absl::StrContains(r.status().message(), "no_such_key")) << r.status();

@@ -1,0 +1,160 @@
+// src/harness/pytorch_policy.cc — the model of PyTorch's caching allocator (see the header).
+#include "harness/pytorch_policy.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "bucketalloc/backend.h"
+
+namespace bucketalloc::harness {
+namespace {
+
+constexpr std::size_t kMinBlockSize = 512;
+constexpr std::size_t kSmallSize = std::size_t{1} << 20;
+constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;
+constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;
+constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;
+constexpr std::size_t kRoundLarge = std::size_t{2} << 20;
+
+std::size_t RoundUp(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
+
+// A piece of a segment; segments are doubly linked lists of blocks in address order.
+struct Block {
+  std::uintptr_t ptr = 0;
+  std::size_t size = 0;
+  Stream stream = nullptr;
+  bool small = false;
+  bool allocated = false;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+};
+
+// BlockComparatorSize: (stream, size, ptr).
+struct BySize {
+  bool operator()(const Block* a, const Block* b) const {
+    return std::tie(a->stream, a->size, a->ptr) < std::tie(b->stream, b->size, b->ptr);
+  }
+};
+using BlockPool = std::set<Block*, BySize>;
+
+class PyTorchPolicy final : public ReplayAllocator {
+ public:
+  explicit PyTorchPolicy(std::unique_ptr<SimBackend> device) : device_(std::move(device)) {}
+  ~PyTorchPolicy() override {
+    for (auto& [ptr, b] : live_) delete b;  // every block is either live or in a free pool
+    for (BlockPool* pool : {&small_, &large_}) {
+      for (Block* b : *pool) delete b;
+    }
+  }
+
+  absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) override {
+    if (size == 0) return nullptr;
+    const std::size_t rounded = size < kMinBlockSize ? kMinBlockSize : RoundUp(size, kMinBlockSize);
+    const bool small = rounded <= kSmallSize;
+    BlockPool& pool = small ? small_ : large_;
+    Block* block = FindFree(pool, stream, rounded);
+    if (block == nullptr) {
+      const std::size_t segment = small ? kSmallBuffer : rounded < kMinLargeAlloc ? kLargeBuffer : RoundUp(rounded, kRoundLarge);
+      absl::StatusOr<void*> p = device_->Allocate(segment);
+      if (!p.ok()) {
+        ReleaseCachedBlocks();
+        p = device_->Allocate(segment);
+      }
+      if (!p.ok()) return absl::ResourceExhaustedError(absl::StrCat("pytorch-policy: out of memory (", p.status().message(), ")"));
+      block = new Block{reinterpret_cast<std::uintptr_t>(*p), segment, stream, small};
+      reserved_ += segment;
+      peak_ = std::max(peak_, reserved_);
+    } else {
+      pool.erase(block);
+    }
+    const std::size_t remaining = block->size - rounded;
+    if (small ? remaining >= kMinBlockSize : remaining > kSmallSize) {
+      Block* rest = new Block{block->ptr + rounded, remaining, stream, small, false, block, block->next};
+      if (block->next != nullptr) block->next->prev = rest;
+      block->next = rest;
+      block->size = rounded;
+      pool.insert(rest);
+    }
+    block->allocated = true;
+    live_[block->ptr] = block;
+    return reinterpret_cast<void*>(block->ptr);
+  }
+
+  absl::Status Free(void* ptr, std::size_t) override {
+    if (ptr == nullptr) return absl::OkStatus();
+    auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == live_.end()) return absl::InvalidArgumentError("pytorch-policy: free of an unknown pointer");
+    Block* block = it->second;
+    live_.erase(it);
+    block->allocated = false;
+    BlockPool& pool = block->small ? small_ : large_;
+    for (Block* neighbour : {block->prev, block->next}) {
+      if (neighbour == nullptr || neighbour->allocated) continue;
+      pool.erase(neighbour);
+      if (neighbour == block->prev) {  // the block grows down over its free predecessor
+        block->ptr = neighbour->ptr;
+        block->prev = neighbour->prev;
+        if (block->prev != nullptr) block->prev->next = block;
+      } else {
+        block->next = neighbour->next;
+        if (block->next != nullptr) block->next->prev = block;
+      }
+      block->size += neighbour->size;
+      delete neighbour;
+    }
+    pool.insert(block);
+    return absl::OkStatus();
+  }
+
+  std::size_t reserved_bytes() const override { return reserved_; }
+  std::size_t peak_reserved_bytes() const override { return peak_; }
+  void ResetPeak() override { peak_ = reserved_; }
+  BackendCounters backend_counters() const override { return device_->counters(); }
+
+ private:
+  // get_free_block: the smallest free block of the stream that fits (max_split_size unlimited).
+  static Block* FindFree(BlockPool& pool, Stream stream, std::size_t size) {
+    Block key{0, size, stream};
+    auto it = pool.lower_bound(&key);
+    if (it == pool.end() || (*it)->stream != stream) return nullptr;
+    return *it;
+  }
+
+  // release_cached_blocks: every free block that is a whole segment goes back to the device.
+  void ReleaseCachedBlocks() {
+    for (BlockPool* pool : {&small_, &large_}) {
+      for (auto it = pool->begin(); it != pool->end();) {
+        Block* b = *it;
+        if (b->prev == nullptr && b->next == nullptr && device_->Free(reinterpret_cast<void*>(b->ptr), b->size).ok()) {
+          reserved_ -= b->size;
+          it = pool->erase(it);
+          delete b;
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  std::unique_ptr<SimBackend> device_;
+  BlockPool small_, large_;
+  absl::flat_hash_map<std::uintptr_t, Block*> live_;
+  std::size_t reserved_ = 0;
+  std::size_t peak_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(std::size_t capacity) {
+  SimBackendOptions o;
+  o.total_memory = capacity;
+  o.memory = SimMemoryMode::kUnbacked;
+  absl::StatusOr<std::unique_ptr<SimBackend>> device = MakeSimBackend(o);
+  if (!device.ok()) return device.status();
+  return std::unique_ptr<ReplayAllocator>(std::make_unique<PyTorchPolicy>(std::move(*device)));
+}
+
+}  // namespace bucketalloc::harness
