@@ -4,6 +4,7 @@
 //
 //   bucketalloc-bench replay TRACE --allocator NAME[:CONF] --capacity SIZE [--repeat K] [--json OUT]
 //   bucketalloc-bench min-capacity TRACE --allocator NAME[:CONF] [--json OUT]
+//   bucketalloc-bench import-kineto FILE [--device N] -o TRACE
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "bucketalloc/options.h"
+#include "harness/importers.h"
 #include "harness/replay.h"
 #include "harness/trace.h"
 
@@ -88,11 +90,27 @@ int main(int argc, char** argv) {
   min_capacity->add_option("--allocator", allocator, "bucketalloc, bucketalloc:CONF, pytorch-policy or nocache")->capture_default_str();
   min_capacity->add_option("--json", json_path, "also write the result as JSON");
 
+  std::string output;
+  int device = -1;
+  CLI::App* import = app.add_subcommand("import-kineto", "PyTorch profiler memory events (JSON, JSON.gz or CSV) to a trace");
+  import->add_option("file", trace_path, "the Kineto trace or its memory-event CSV")->required();
+  import->add_option("--device", device, "the CUDA device to keep (default: the first one seen)");
+  import->add_option("-o,--output", output, "the trace to write (RMM CSV)")->required();
+
   for (CLI::App* sub : {replay, min_capacity}) {
     sub->add_option("--malloc-us", cost.malloc_us, "simulated cost of a backend allocation (us)")->capture_default_str();
     sub->add_option("--free-us", cost.free_us, "simulated cost of a backend free (us)")->capture_default_str();
   }
   CLI11_PARSE(app, argc, argv);
+
+  if (import->parsed()) {
+    absl::StatusOr<bucketalloc::harness::Trace> t = bucketalloc::harness::ImportKinetoFile(trace_path, device);
+    if (!t.ok()) return Fail(t.status());
+    if (absl::Status s = bucketalloc::harness::WriteTraceFile(*t, output); !s.ok()) return Fail(s);
+    std::printf("%s: %zu events, peak live %s\n", output.c_str(), t->events.size(),
+                FormatBytes(bucketalloc::harness::PeakLiveBytes(*t)).c_str());
+    return 0;
+  }
 
   absl::StatusOr<bucketalloc::harness::Trace> trace = bucketalloc::harness::ReadTraceFile(trace_path);
   if (!trace.ok()) return Fail(trace.status());

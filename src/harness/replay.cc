@@ -157,6 +157,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
                                std::numeric_limits<std::uint32_t>::max()));
   };
   std::vector<std::size_t> end_of_round_live;
+  std::vector<Held> held_over;  // blocks earlier rounds never freed
   for (int round = 0; round < options.repeat; ++round) {
     a.ResetPeak();
     for (const TraceEvent& e : trace.events) {
@@ -166,7 +167,12 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
         absl::StatusOr<void*> p = a.Allocate(e.size, reinterpret_cast<Stream>(static_cast<std::uintptr_t>(e.stream)));
         latencies.push_back(elapsed_ns(t0));
         if (p.ok()) {
-          live[e.pointer] = Held{*p, e.size};  // a pointer logged twice: the earlier block leaks, as in the log
+          if (auto old = live.find(e.pointer); old != live.end()) {
+            // Logged twice without a free between: the log lost the free (PeakLiveBytes agrees).
+            a.Free(old->second.ptr, old->second.size).IgnoreError();
+            live_bytes -= old->second.size;
+          }
+          live[e.pointer] = Held{*p, e.size};
           live_bytes += e.size;
         } else if (absl::IsResourceExhausted(p.status())) {
           ++r.ooms;
@@ -187,9 +193,12 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
     }
     r.per_round_peak_reserved_bytes.push_back(a.peak_reserved_bytes());
     end_of_round_live.push_back(live_bytes);
+    // Blocks this round never freed stay held; the next round's pointers are new blocks.
+    for (const auto& [pointer, held] : live) held_over.push_back(held);
+    live.clear();
   }
   // What the trace never freed goes back (untimed), so that the allocator ends clean.
-  for (const auto& [pointer, held] : live) a.Free(held.ptr, held.size).IgnoreError();
+  for (const Held& held : held_over) a.Free(held.ptr, held.size).IgnoreError();
   r.peak_reserved_bytes = *std::max_element(r.per_round_peak_reserved_bytes.begin(), r.per_round_peak_reserved_bytes.end());
   r.reserved_over_live = r.peak_live_bytes == 0 ? 0.0
                                                 : static_cast<double>(r.peak_reserved_bytes) /

@@ -30,4 +30,8 @@ assert m['min_capacity_bytes'] == 30 << 20 and m['min_capacity_over_live'] == 1.
 printf 'Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0xa,16,0\n1,t,grab,0xa,16,0\n' >"$work/bad.csv"
 err=$("$bench" replay "$work/bad.csv" --capacity 64MiB 2>&1) && fail "a bad trace was accepted"
 grep -q "bad.csv:3: Action \"grab\" is unknown" <<<"$err" || fail "the bad line was not named: $err"
+printf 'ts_us,ev_idx,device_type,device_id,addr,bytes\n1,1,1,0,4096,3145728\n2,2,1,0,4096,-3145728\n' >"$work/k.csv"
+out=$("$bench" import-kineto "$work/k.csv" -o "$work/k_trace.csv") || fail "import-kineto"
+grep -q "2 events, peak live 3.00 MiB" <<<"$out" || fail "import-kineto: $out"
+"$bench" replay "$work/k_trace.csv" --capacity 64MiB >/dev/null || fail "the imported trace does not replay"
 echo "check_bench_cli: PASS"
