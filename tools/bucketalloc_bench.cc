@@ -4,13 +4,16 @@
 //
 //   bucketalloc-bench replay TRACE --allocator NAME[:CONF] --capacity SIZE [--repeat K] [--json OUT]
 //   bucketalloc-bench min-capacity TRACE --allocator NAME[:CONF] [--json OUT]
+//   bucketalloc-bench compare TRACE --allocators A,B,... --capacity SIZE [--json OUT]
 //   bucketalloc-bench import-kineto FILE [--device N] -o TRACE
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "bucketalloc/options.h"
@@ -90,6 +93,15 @@ int main(int argc, char** argv) {
   min_capacity->add_option("--allocator", allocator, "bucketalloc, bucketalloc:CONF, pytorch-policy or nocache")->capture_default_str();
   min_capacity->add_option("--json", json_path, "also write the result as JSON");
 
+  std::vector<std::string> allocators;
+  CLI::App* compare = app.add_subcommand("compare", "allocators side by side at one capacity, min-capacity included");
+  compare->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
+  compare->add_option("--allocators", allocators, "comma-separated: bucketalloc[:CONF], pytorch-policy, nocache")
+      ->required()
+      ->delimiter(',');
+  compare->add_option("--capacity", capacity_text, "the simulated card's memory, e.g. 24GiB")->required();
+  compare->add_option("--json", json_path, "also write the results as a JSON array");
+
   std::string output;
   int device = -1;
   CLI::App* import = app.add_subcommand("import-kineto", "PyTorch profiler memory events (JSON, JSON.gz or CSV) to a trace");
@@ -97,7 +109,7 @@ int main(int argc, char** argv) {
   import->add_option("--device", device, "the CUDA device to keep (default: the first one seen)");
   import->add_option("-o,--output", output, "the trace to write (RMM CSV)")->required();
 
-  for (CLI::App* sub : {replay, min_capacity}) {
+  for (CLI::App* sub : {replay, min_capacity, compare}) {
     sub->add_option("--malloc-us", cost.malloc_us, "simulated cost of a backend allocation (us)")->capture_default_str();
     sub->add_option("--free-us", cost.free_us, "simulated cost of a backend free (us)")->capture_default_str();
   }
@@ -114,6 +126,34 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<bucketalloc::harness::Trace> trace = bucketalloc::harness::ReadTraceFile(trace_path);
   if (!trace.ok()) return Fail(trace.status());
+
+  if (compare->parsed()) {
+    absl::StatusOr<std::size_t> capacity = ParseCapacity(capacity_text);
+    if (!capacity.ok()) return Fail(capacity.status());
+    std::printf("%-36s %10s %10s %8s %6s %6s %6s %8s %8s %10s %12s %8s\n", "allocator", "reserved", "min cap",
+                "min/live", "OOMs", "cap", "frag", "p50 ns", "p99 ns", "backend", "backend ms", "verdict");
+    std::string json = "[";
+    for (std::size_t i = 0; i < allocators.size(); ++i) {
+      bucketalloc::harness::ReplayOptions o;
+      o.allocator = allocators[i];
+      o.capacity = *capacity;
+      o.cost = cost;
+      absl::StatusOr<ReplayResult> r = bucketalloc::harness::Replay(*trace, o);
+      if (!r.ok()) return Fail(r.status());
+      absl::StatusOr<MinCapacityResult> m = bucketalloc::harness::MinCapacity(*trace, allocators[i], cost);
+      if (!m.ok()) return Fail(m.status());
+      std::printf("%-36s %10s %10s %8.3f %6llu %6llu %6llu %8.0f %8.0f %10llu %12.1f %8s\n", r->allocator.c_str(),
+                  FormatBytes(r->peak_reserved_bytes).c_str(), FormatBytes(m->min_capacity_bytes).c_str(),
+                  m->min_capacity_over_live, static_cast<unsigned long long>(r->ooms),
+                  static_cast<unsigned long long>(r->capacity_ooms), static_cast<unsigned long long>(r->fragmentation_ooms),
+                  r->p50_ns, r->p99_ns, static_cast<unsigned long long>(r->backend_calls), r->simulated_backend_ms,
+                  r->verdict.c_str());
+      absl::StrAppend(&json, i == 0 ? "" : ",", "{\"at_capacity\":", r->ToJson(), ",\"min_capacity\":", m->ToJson(), "}");
+    }
+    std::printf("peak live %s; capacity %s\n", FormatBytes(bucketalloc::harness::PeakLiveBytes(*trace)).c_str(),
+                FormatBytes(*capacity).c_str());
+    return WriteJson(json_path, json + "]") ? 0 : 1;
+  }
 
   if (replay->parsed()) {
     absl::StatusOr<std::size_t> capacity = ParseCapacity(capacity_text);

@@ -30,6 +30,16 @@ assert m['min_capacity_bytes'] == 30 << 20 and m['min_capacity_over_live'] == 1.
 printf 'Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0xa,16,0\n1,t,grab,0xa,16,0\n' >"$work/bad.csv"
 err=$("$bench" replay "$work/bad.csv" --capacity 64MiB 2>&1) && fail "a bad trace was accepted"
 grep -q "bad.csv:3: Action \"grab\" is unknown" <<<"$err" || fail "the bad line was not named: $err"
+out=$("$bench" compare "$work/t.csv" --allocators bucketalloc,pytorch-policy,nocache --capacity 64MiB \
+      --json "$work/c.json") || fail "compare"
+echo "$out"
+(($(grep -cE "^(bucketalloc|pytorch-policy|nocache) " <<<"$out") == 3)) || fail "compare should print 3 rows"
+/usr/bin/python3 -c "
+import json
+c = json.load(open('$work/c.json'))
+assert [x['at_capacity']['allocator'] for x in c] == ['bucketalloc', 'pytorch-policy', 'nocache']
+assert c[2]['min_capacity']['min_capacity_bytes'] == 30 << 20 and c[2]['at_capacity']['backend_calls'] == 6
+" || fail "compare JSON"
 printf 'ts_us,ev_idx,device_type,device_id,addr,bytes\n1,1,1,0,4096,3145728\n2,2,1,0,4096,-3145728\n' >"$work/k.csv"
 out=$("$bench" import-kineto "$work/k.csv" -o "$work/k_trace.csv") || fail "import-kineto"
 grep -q "2 events, peak live 3.00 MiB" <<<"$out" || fail "import-kineto: $out"
