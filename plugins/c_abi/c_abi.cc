@@ -234,7 +234,7 @@ void bucketalloc_init(int device_count) {
   Guarded<int>(0, [&]() -> int {
     Allocator* a = Get();
     if (a == nullptr) {
-      std::fprintf(stderr, "%s\n", bucketalloc::t_last_error);
+      bucketalloc::ReportIfFailed(-1);
       return 0;
     }
     if (device_count != a->device_count()) {

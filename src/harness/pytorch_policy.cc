@@ -149,10 +149,7 @@ class PyTorchPolicy final : public ReplayAllocator {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(std::size_t capacity) {
-  SimBackendOptions o;
-  o.total_memory = capacity;
-  o.memory = SimMemoryMode::kUnbacked;
-  absl::StatusOr<std::unique_ptr<SimBackend>> device = MakeSimBackend(o);
+  absl::StatusOr<std::unique_ptr<SimBackend>> device = MakeReplayDevice(capacity);
   if (!device.ok()) return device.status();
   return std::unique_ptr<ReplayAllocator>(std::make_unique<PyTorchPolicy>(std::move(*device)));
 }

@@ -78,6 +78,13 @@ double Percentile(std::vector<std::uint32_t>& v, double q) {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<SimBackend>> MakeReplayDevice(std::size_t capacity) {
+  SimBackendOptions o;
+  o.total_memory = capacity;
+  o.memory = SimMemoryMode::kUnbacked;
+  return MakeSimBackend(o);
+}
+
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity) {
   if (capacity < kGranularity) {
     return absl::InvalidArgumentError(absl::StrCat("capacity ", capacity, " bytes is too small; accepted: 2 MiB or more"));
@@ -85,10 +92,7 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::strin
   capacity = capacity / kGranularity * kGranularity;
   if (spec == "pytorch-policy") return MakePyTorchPolicy(capacity);
   if (spec == "nocache") {
-    SimBackendOptions o;
-    o.total_memory = capacity;
-    o.memory = SimMemoryMode::kUnbacked;
-    absl::StatusOr<std::unique_ptr<SimBackend>> b = MakeSimBackend(o);
+    absl::StatusOr<std::unique_ptr<SimBackend>> b = MakeReplayDevice(capacity);
     if (!b.ok()) return b.status();
     return std::unique_ptr<ReplayAllocator>(std::make_unique<NoCacheReplay>(std::move(*b)));
   }

@@ -52,6 +52,10 @@ class ReplayAllocator {
   virtual BackendCounters backend_counters() const = 0;
 };
 
+// A simulated device of exactly `capacity` bytes, unbacked (addresses, no memory): what every
+// replay allocator runs on.
+absl::StatusOr<std::unique_ptr<SimBackend>> MakeReplayDevice(std::size_t capacity);
+
 // Creates the allocator named by `spec` (see the file comment) on a simulated device of
 // `capacity` bytes. InvalidArgument names a bad spec or configuration and what is accepted.
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity);
