@@ -50,6 +50,12 @@ mapfile -t TESTS < <(find "$BUILD_DIR/tests" -type f -name '*_test' -perm -u+x |
 BINARIES=("${TESTS[@]}")
 mapfile -t BENCH < <(find "$BUILD_DIR/bench" -type f -name 'bucketalloc_*bench' -perm -u+x | sort)
 BINARIES+=("${BENCH[@]}")
+# The benchmark harness (gpu_check's replay_pytorch step).
+if [[ ! -x $BUILD_DIR/tools/bucketalloc-bench ]]; then
+  echo "make_gpu_bundle: $BUILD_DIR/tools/bucketalloc-bench was not built" >&2
+  exit 1
+fi
+BINARIES+=("$BUILD_DIR/tools/bucketalloc-bench")
 # The LD_PRELOAD drop-in's programs (the kernel check needs nvcc; CMake builds it when nvcc works).
 for program in preload_probe preload_kernel_check; do
   if [[ ! -x $BUILD_DIR/tests/$program ]]; then

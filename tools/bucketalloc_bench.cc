@@ -4,21 +4,26 @@
 //
 //   bucketalloc-bench replay TRACE --allocator NAME[:CONF] --capacity SIZE [--repeat K] [--json OUT]
 //   bucketalloc-bench min-capacity TRACE --allocator NAME[:CONF] [--json OUT]
-//   bucketalloc-bench compare TRACE --allocators A,B,... --capacity SIZE [--json OUT]
+//   bucketalloc-bench compare TRACE [TRACE...] --allocators A,B,... --capacity SIZE [--html REPORT] [--json OUT]
 //   bucketalloc-bench import-kineto FILE [--device N] -o TRACE
+//   bucketalloc-bench generate serving --requests FILE --model CONFIG.json [options] -o TRACE
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "bench_generate.h"
 #include "bucketalloc/options.h"
 #include "harness/importers.h"
 #include "harness/replay.h"
+#include "harness/report.h"
+#include "harness/serving.h"
 #include "harness/trace.h"
 
 namespace {
@@ -32,10 +37,11 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-bool WriteJson(const std::string& path, const std::string& json) {
+// Writes `text` and a newline to `path`; nothing when `path` is empty.
+bool WriteText(const std::string& path, const std::string& text) {
   if (path.empty()) return true;
   std::ofstream out(path);
-  out << json << "\n";
+  out << text << "\n";
   if (!out) {
     std::fprintf(stderr, "bucketalloc-bench: cannot write %s\n", path.c_str());
     return false;
@@ -62,6 +68,28 @@ void PrintResult(const ReplayResult& r) {
   }
 }
 
+// The min-capacity of `allocator` for the trace at `trace_path`, with the true need of its meta file
+// when it has one.
+absl::StatusOr<MinCapacityResult> MinCapacityWithNeed(const bucketalloc::harness::Trace& trace,
+                                                      const std::string& trace_path, const std::string& allocator,
+                                                      const bucketalloc::harness::CostModel& cost,
+                                                      void (*progress)(const std::string& line) = nullptr) {
+  absl::StatusOr<std::optional<std::uint64_t>> need = bucketalloc::harness::ReadTrueNeed(trace_path);
+  if (!need.ok()) return need.status();
+  absl::StatusOr<MinCapacityResult> m = bucketalloc::harness::MinCapacity(trace, allocator, cost, progress);
+  if (m.ok() && need->has_value()) m->true_need_bytes = **need;
+  return m;
+}
+
+bucketalloc::harness::ReplayOptions Options(const std::string& allocator, std::size_t capacity,
+                                            const bucketalloc::harness::CostModel& cost) {
+  bucketalloc::harness::ReplayOptions o;
+  o.allocator = allocator;
+  o.capacity = capacity;
+  o.cost = cost;
+  return o;
+}
+
 absl::StatusOr<std::size_t> ParseCapacity(const std::string& text) {
   absl::StatusOr<std::size_t> c = bucketalloc::ParseSize(text);
   if (!c.ok()) {
@@ -76,7 +104,7 @@ int main(int argc, char** argv) {
   CLI::App app{"bucketalloc-bench: replay allocation traces (RMM replay-log CSV) against allocators on the "
                "simulated device"};
   app.require_subcommand(1);
-  std::string trace_path, allocator = "bucketalloc", capacity_text, json_path;
+  std::string trace_path, allocator = "bucketalloc", capacity_text, json_path, html_path;
   int repeat = 1;
   bucketalloc::harness::CostModel cost;
 
@@ -93,14 +121,20 @@ int main(int argc, char** argv) {
   min_capacity->add_option("--allocator", allocator, "bucketalloc, bucketalloc:CONF, pytorch-policy or nocache")->capture_default_str();
   min_capacity->add_option("--json", json_path, "also write the result as JSON");
 
-  std::vector<std::string> allocators;
-  CLI::App* compare = app.add_subcommand("compare", "allocators side by side at one capacity, min-capacity included");
-  compare->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
-  compare->add_option("--allocators", allocators, "comma-separated: bucketalloc[:CONF], pytorch-policy, nocache")
-      ->required()
-      ->delimiter(',');
+  std::string allocator_list;
+  std::vector<std::string> compare_traces;
+  CLI::App* compare = app.add_subcommand(
+      "compare", "allocators side by side at one capacity, min-capacity included; several traces (e.g. one per KV "
+                 "layout of the same requests) go in one table");
+  compare->add_option("traces", compare_traces, "the traces (RMM CSV)")->required();
+  compare->add_option("--allocators", allocator_list,
+                      "comma-separated: bucketalloc[:CONF], pytorch-policy, nocache (a CONF keeps its own commas)")
+      ->required();
   compare->add_option("--capacity", capacity_text, "the simulated card's memory, e.g. 24GiB")->required();
-  compare->add_option("--json", json_path, "also write the results as a JSON array");
+  compare->add_option("--json", json_path, "also write the results as a JSON array (with timelines and histograms)");
+  compare->add_option("--html", html_path,
+                      "also write a self-contained HTML report: the table, live vs reserved bytes over time and "
+                      "the free-block histogram at peak reserved, per allocator");
 
   std::string output;
   int device = -1;
@@ -109,12 +143,15 @@ int main(int argc, char** argv) {
   import->add_option("--device", device, "the CUDA device to keep (default: the first one seen)");
   import->add_option("-o,--output", output, "the trace to write (RMM CSV)")->required();
 
+  bucketalloc::bench::GenerateCommand generate(app);
+
   for (CLI::App* sub : {replay, min_capacity, compare}) {
     sub->add_option("--malloc-us", cost.malloc_us, "simulated cost of a backend allocation (us)")->capture_default_str();
     sub->add_option("--free-us", cost.free_us, "simulated cost of a backend free (us)")->capture_default_str();
   }
   CLI11_PARSE(app, argc, argv);
 
+  if (generate.parsed()) return generate.Run();
   if (import->parsed()) {
     absl::StatusOr<bucketalloc::harness::Trace> t = bucketalloc::harness::ImportKinetoFile(trace_path, device);
     if (!t.ok()) return Fail(t.status());
@@ -124,55 +161,77 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  absl::StatusOr<bucketalloc::harness::Trace> trace = bucketalloc::harness::ReadTraceFile(trace_path);
-  if (!trace.ok()) return Fail(trace.status());
-
   if (compare->parsed()) {
     absl::StatusOr<std::size_t> capacity = ParseCapacity(capacity_text);
     if (!capacity.ok()) return Fail(capacity.status());
-    std::printf("%-36s %10s %10s %8s %6s %6s %6s %8s %8s %10s %12s %8s\n", "allocator", "reserved", "min cap",
-                "min/live", "OOMs", "cap", "frag", "p50 ns", "p99 ns", "backend", "backend ms", "verdict");
-    std::string json = "[";
-    for (std::size_t i = 0; i < allocators.size(); ++i) {
-      bucketalloc::harness::ReplayOptions o;
-      o.allocator = allocators[i];
-      o.capacity = *capacity;
-      o.cost = cost;
-      absl::StatusOr<ReplayResult> r = bucketalloc::harness::Replay(*trace, o);
-      if (!r.ok()) return Fail(r.status());
-      absl::StatusOr<MinCapacityResult> m = bucketalloc::harness::MinCapacity(*trace, allocators[i], cost);
-      if (!m.ok()) return Fail(m.status());
-      std::printf("%-36s %10s %10s %8.3f %6llu %6llu %6llu %8.0f %8.0f %10llu %12.1f %8s\n", r->allocator.c_str(),
-                  FormatBytes(r->peak_reserved_bytes).c_str(), FormatBytes(m->min_capacity_bytes).c_str(),
-                  m->min_capacity_over_live, static_cast<unsigned long long>(r->ooms),
-                  static_cast<unsigned long long>(r->capacity_ooms), static_cast<unsigned long long>(r->fragmentation_ooms),
-                  r->p50_ns, r->p99_ns, static_cast<unsigned long long>(r->backend_calls), r->simulated_backend_ms,
-                  r->verdict.c_str());
-      absl::StrAppend(&json, i == 0 ? "" : ",", "{\"at_capacity\":", r->ToJson(), ",\"min_capacity\":", m->ToJson(), "}");
+    // The timelines and histograms cost a second replay per allocator: only for the files.
+    const bool record = !json_path.empty() || !html_path.empty();
+    const bool several = compare_traces.size() > 1;
+    const std::vector<std::string> allocators = bucketalloc::harness::SplitAllocatorList(allocator_list);
+    std::printf("%s%-36s %10s %10s %8s %8s %6s %6s %6s %8s %8s %10s %12s %8s\n", several ? "trace\n  " : "",
+                "allocator", "reserved", "min cap", "min/live", "min/need", "OOMs", "cap", "frag", "p50 ns", "p99 ns",
+                "backend", "backend ms", "verdict");
+    std::vector<bucketalloc::harness::CompareReport> reports;
+    for (const std::string& path : compare_traces) {
+      absl::StatusOr<bucketalloc::harness::Trace> trace = bucketalloc::harness::ReadTraceFile(path);
+      if (!trace.ok()) return Fail(trace.status());
+      bucketalloc::harness::CompareReport& report = reports.emplace_back();
+      report.trace_name = path;
+      report.capacity = *capacity;
+      report.peak_live_bytes = bucketalloc::harness::PeakLiveBytes(*trace);
+      if (several) std::printf("%s (peak live %s)\n", path.c_str(), FormatBytes(report.peak_live_bytes).c_str());
+      for (const std::string& name : allocators) {
+        bucketalloc::harness::ReplayOptions o = Options(name, *capacity, cost);
+        o.record_timeline = record;
+        absl::StatusOr<ReplayResult> r = bucketalloc::harness::Replay(*trace, o);
+        if (!r.ok()) return Fail(r.status());
+        absl::StatusOr<MinCapacityResult> m = MinCapacityWithNeed(*trace, path, name, cost);
+        if (!m.ok()) return Fail(m.status());
+        const std::string need =
+            m->true_need_bytes.has_value() ? absl::StrFormat("%.3f", m->min_capacity_over_true_need()) : "-";
+        std::printf("%s%-36s %10s %10s %8.3f %8s %6llu %6llu %6llu %8.0f %8.0f %10llu %12.1f %8s\n",
+                    several ? "  " : "", r->allocator.c_str(), FormatBytes(r->peak_reserved_bytes).c_str(),
+                    FormatBytes(m->min_capacity_bytes).c_str(), m->min_capacity_over_live, need.c_str(),
+                    static_cast<unsigned long long>(r->ooms), static_cast<unsigned long long>(r->capacity_ooms),
+                    static_cast<unsigned long long>(r->fragmentation_ooms), r->p50_ns, r->p99_ns,
+                    static_cast<unsigned long long>(r->backend_calls), r->simulated_backend_ms, r->verdict.c_str());
+        report.rows.push_back({std::move(*r), std::move(*m)});
+      }
     }
-    std::printf("peak live %s; capacity %s\n", FormatBytes(bucketalloc::harness::PeakLiveBytes(*trace)).c_str(),
-                FormatBytes(*capacity).c_str());
-    return WriteJson(json_path, json + "]") ? 0 : 1;
+    if (!several) {
+      std::printf("peak live %s; capacity %s\n", FormatBytes(reports[0].peak_live_bytes).c_str(),
+                  FormatBytes(*capacity).c_str());
+    } else {
+      std::printf("capacity %s\n", FormatBytes(*capacity).c_str());
+    }
+    const bool json_ok = WriteText(json_path, bucketalloc::harness::CompareToJson(reports));
+    const bool html_ok = WriteText(html_path, bucketalloc::harness::CompareReportHtml(reports));
+    if (html_ok && !html_path.empty()) std::printf("report: %s\n", html_path.c_str());
+    return json_ok && html_ok ? 0 : 1;
   }
+
+  absl::StatusOr<bucketalloc::harness::Trace> trace = bucketalloc::harness::ReadTraceFile(trace_path);
+  if (!trace.ok()) return Fail(trace.status());
 
   if (replay->parsed()) {
     absl::StatusOr<std::size_t> capacity = ParseCapacity(capacity_text);
     if (!capacity.ok()) return Fail(capacity.status());
-    bucketalloc::harness::ReplayOptions o;
-    o.allocator = allocator;
-    o.capacity = *capacity;
+    bucketalloc::harness::ReplayOptions o = Options(allocator, *capacity, cost);
     o.repeat = repeat;
-    o.cost = cost;
     absl::StatusOr<ReplayResult> r = bucketalloc::harness::Replay(*trace, o);
     if (!r.ok()) return Fail(r.status());
     PrintResult(*r);
-    return WriteJson(json_path, r->ToJson()) ? 0 : 1;
+    return WriteText(json_path, r->ToJson()) ? 0 : 1;
   }
-  absl::StatusOr<MinCapacityResult> m = bucketalloc::harness::MinCapacity(
-      *trace, allocator, cost, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+  absl::StatusOr<MinCapacityResult> m = MinCapacityWithNeed(
+      *trace, trace_path, allocator, cost, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   if (!m.ok()) return Fail(m.status());
   PrintResult(m->at_min);
   std::printf("%-28s %s (%.3f x peak live)\n", "min capacity", FormatBytes(m->min_capacity_bytes).c_str(),
               m->min_capacity_over_live);
-  return WriteJson(json_path, m->ToJson()) ? 0 : 1;
+  if (m->true_need_bytes.has_value()) {
+    std::printf("%-28s %s; min capacity is %.3f x that\n", "true need (meta file)",
+                FormatBytes(*m->true_need_bytes).c_str(), m->min_capacity_over_true_need());
+  }
+  return WriteText(json_path, m->ToJson()) ? 0 : 1;
 }

@@ -1,13 +1,9 @@
 // src/harness/importers.cc — Kineto memory events to traces.
 #include "harness/importers.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <tuple>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -137,23 +133,9 @@ absl::StatusOr<Trace> ImportKinetoJson(absl::string_view text, int device, absl:
 }
 
 absl::StatusOr<Trace> ImportKinetoFile(const std::string& path, int device) {
-  std::string text;
-  if (absl::EndsWith(path, ".gz")) {
-    gzFile f = gzopen(path.c_str(), "rb");
-    if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open it"));
-    char buf[1 << 16];
-    int n;
-    while ((n = gzread(f, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
-    const bool failed = n < 0;
-    gzclose(f);
-    if (failed) return absl::DataLossError(absl::StrCat(path, ": not a valid gzip file"));
-  } else {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open it"));
-    std::stringstream s;
-    s << in.rdbuf();
-    text = s.str();
-  }
+  absl::StatusOr<std::string> read = ReadTextFile(path, "the Kineto trace");
+  if (!read.ok()) return read.status();
+  const std::string& text = *read;
   const absl::string_view start = absl::StripLeadingAsciiWhitespace(text);
   if (absl::StartsWith(start, "{")) return ImportKinetoJson(text, device, path);
   return ImportKinetoCsv(text, device, path);

@@ -8,6 +8,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/backend.h"
+#include "bucketalloc/stats.h"
+#include "internal/bits.h"
 
 namespace bucketalloc::harness {
 namespace {
@@ -30,6 +32,7 @@ struct Block {
   bool allocated = false;
   Block* prev = nullptr;
   Block* next = nullptr;
+  std::size_t requested = 0;  // while allocated: the caller's size
 };
 
 // BlockComparatorSize: (stream, size, ptr).
@@ -79,6 +82,9 @@ class PyTorchPolicy final : public ReplayAllocator {
       pool.insert(rest);
     }
     block->allocated = true;
+    block->requested = size;
+    allocated_ += block->size;
+    requested_ += size;
     live_[block->ptr] = block;
     return reinterpret_cast<void*>(block->ptr);
   }
@@ -90,6 +96,8 @@ class PyTorchPolicy final : public ReplayAllocator {
     Block* block = it->second;
     live_.erase(it);
     block->allocated = false;
+    allocated_ -= block->size;
+    requested_ -= block->requested;
     BlockPool& pool = block->small ? small_ : large_;
     for (Block* neighbour : {block->prev, block->next}) {
       if (neighbour == nullptr || neighbour->allocated) continue;
@@ -113,6 +121,25 @@ class PyTorchPolicy final : public ReplayAllocator {
   std::size_t peak_reserved_bytes() const override { return peak_; }
   void ResetPeak() override { peak_ = reserved_; }
   BackendCounters backend_counters() const override { return device_->counters(); }
+
+  // The cached free blocks of both pools (whole segments and the free pieces of split ones).
+  PoolFragmentation Fragmentation() const override {
+    PoolFragmentation f;
+    for (const BlockPool* pool : {&small_, &large_}) {
+      for (const Block* b : *pool) {
+        const int bin = std::min(internal::Log2Floor(b->size), kHistogramBins - 1);
+        const auto size = static_cast<std::int64_t>(b->size);
+        ++f.free_count[static_cast<std::size_t>(bin)];
+        f.free_bytes[static_cast<std::size_t>(bin)] += size;
+        f.total_free += size;
+        f.largest_free = std::max(f.largest_free, size);
+      }
+    }
+    f.requested = static_cast<std::int64_t>(requested_);
+    f.allocated = static_cast<std::int64_t>(allocated_);
+    f.reserved = static_cast<std::int64_t>(reserved_);
+    return f;
+  }
 
  private:
   // get_free_block: the smallest free block of the stream that fits (max_split_size unlimited).
@@ -144,6 +171,8 @@ class PyTorchPolicy final : public ReplayAllocator {
   absl::flat_hash_map<std::uintptr_t, Block*> live_;
   std::size_t reserved_ = 0;
   std::size_t peak_ = 0;
+  std::size_t allocated_ = 0;  // block sizes of live allocations
+  std::size_t requested_ = 0;  // their callers' sizes
 };
 
 }  // namespace

@@ -10,6 +10,8 @@
 //   - a freed block coalesces at once with its free neighbours in the same segment;
 //   - a failed cudaMalloc releases every cached block that is a whole segment (not split), in both
 //     pools, and retries once; then the request is an OOM.
+// Fragmentation() walks both pools' cached free blocks (whole segments and the free pieces of split
+// ones) into power-of-two bins, as bucketalloc's histogram does.
 // Not modelled: record_stream events, garbage collection, expandable segments, memory fractions,
 // roundup_power2_divisions, max_split_size (all off by default).
 #ifndef BUCKETALLOC_HARNESS_PYTORCH_POLICY_H_

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
@@ -30,6 +32,10 @@ class BucketallocReplay final : public ReplayAllocator {
   std::size_t peak_reserved_bytes() const override { return Reserved().peak; }
   void ResetPeak() override { a_->ResetPeakStats(0).IgnoreError(); }
   BackendCounters backend_counters() const override { return (*a_->backend(0))->counters(); }
+  PoolFragmentation Fragmentation() const override {
+    absl::StatusOr<FragmentationReport> f = a_->GetFragmentation(0);  // device 0 exists, as in Reserved()
+    return f.ok() ? f->all : PoolFragmentation{};
+  }
 
  private:
   struct Gauge {
@@ -52,21 +58,34 @@ class NoCacheReplay final : public ReplayAllocator {
   absl::StatusOr<void*> Allocate(std::size_t size, Stream) override {
     if (size == 0) return nullptr;
     absl::StatusOr<void*> p = b_->Allocate(internal::RoundUp(size, b_->Granularity()));
-    if (p.ok()) peak_ = std::max(peak_, b_->used_bytes());
+    if (p.ok()) {
+      peak_ = std::max(peak_, b_->used_bytes());
+      requested_ += size;
+    }
     return p;
   }
   absl::Status Free(void* ptr, std::size_t size) override {
     if (ptr == nullptr) return absl::OkStatus();
-    return b_->Free(ptr, internal::RoundUp(size, b_->Granularity()));
+    absl::Status s = b_->Free(ptr, internal::RoundUp(size, b_->Granularity()));
+    if (s.ok()) requested_ -= size;
+    return s;
   }
   std::size_t reserved_bytes() const override { return b_->used_bytes(); }
   std::size_t peak_reserved_bytes() const override { return peak_; }
   void ResetPeak() override { peak_ = b_->used_bytes(); }
   BackendCounters backend_counters() const override { return b_->counters(); }
+  // Nothing is cached: every reserved byte belongs to a live block, and the rounding to 2 MiB is
+  // internal fragmentation (allocated - requested), not free blocks.
+  PoolFragmentation Fragmentation() const override {
+    PoolFragmentation f = ReplayAllocator::Fragmentation();
+    f.requested = static_cast<std::int64_t>(requested_);
+    return f;
+  }
 
  private:
   std::unique_ptr<SimBackend> b_;
   std::size_t peak_ = 0;
+  std::size_t requested_ = 0;  // bytes asked for by live blocks
 };
 
 double Percentile(std::vector<std::uint32_t>& v, double q) {
@@ -76,7 +95,167 @@ double Percentile(std::vector<std::uint32_t>& v, double q) {
   return v[k];
 }
 
+// A block the replay holds for a trace pointer.
+struct Held {
+  void* ptr;
+  std::uint64_t size;
+};
+
+// What one pass over the trace's rounds counted.
+struct PassCounts {
+  std::uint64_t allocations = 0;
+  std::uint64_t ooms = 0;
+  std::uint64_t capacity_ooms = 0;
+  std::uint64_t fragmentation_ooms = 0;
+  std::vector<std::uint32_t> latencies;  // ns per allocate or free
+  std::vector<std::size_t> per_round_peak_reserved_bytes;
+  std::vector<std::size_t> end_of_round_live_bytes;
+};
+
+// Replays `repeat` rounds of `trace` on `a`, timing each allocator call. After every event, outside
+// the timed calls, `after_event(index, live_bytes, oom)` runs (index over all rounds); it returns
+// false to end the pass there. The blocks still held at the end (the trace never freed them, or
+// the pass ended early) go back to the allocator, untimed, so that it ends clean. A template so
+// that the plain replay's no-op observer costs nothing.
+template <typename AfterEvent>
+absl::Status RunPass(const Trace& trace, int repeat, std::size_t capacity, ReplayAllocator& a, PassCounts& counts,
+                     AfterEvent&& after_event) {
+  absl::flat_hash_map<std::uint64_t, Held> live;  // trace pointer -> the replay's block
+  std::size_t live_bytes = 0;
+  using Clock = std::chrono::steady_clock;
+  auto elapsed_ns = [](Clock::time_point t0) {
+    return static_cast<std::uint32_t>(
+        std::min<std::int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(),
+                               std::numeric_limits<std::uint32_t>::max()));
+  };
+  std::vector<Held> held_over;  // blocks earlier rounds never freed
+  std::uint64_t index = 0;
+  bool stopped = false;
+  absl::Status status;
+  for (int round = 0; round < repeat && !stopped && status.ok(); ++round) {
+    a.ResetPeak();
+    for (const TraceEvent& e : trace.events) {
+      bool oom = false;
+      if (e.action == TraceAction::kAllocate) {
+        ++counts.allocations;
+        const auto t0 = Clock::now();
+        absl::StatusOr<void*> p = a.Allocate(e.size, reinterpret_cast<Stream>(static_cast<std::uintptr_t>(e.stream)));
+        counts.latencies.push_back(elapsed_ns(t0));
+        if (p.ok()) {
+          if (auto old = live.find(e.pointer); old != live.end()) {
+            // Logged twice without a free between: the log lost the free (PeakLiveBytes agrees).
+            a.Free(old->second.ptr, old->second.size).IgnoreError();
+            live_bytes -= old->second.size;
+          }
+          live[e.pointer] = Held{*p, e.size};
+          live_bytes += e.size;
+        } else if (absl::IsResourceExhausted(p.status())) {
+          oom = true;
+          ++counts.ooms;
+          ++(live_bytes + e.size > capacity ? counts.capacity_ooms : counts.fragmentation_ooms);
+        } else {
+          status = absl::Status(p.status().code(), absl::StrCat("line ", e.line, ": ", p.status().message()));
+          break;
+        }
+      } else if (e.action == TraceAction::kFree) {
+        // A pointer not held was never allocated in this replay (its allocation failed, or the log
+        // lacks it): skipped, though it still counts as an event of the timeline.
+        if (auto it = live.find(e.pointer); it != live.end()) {
+          const auto t0 = Clock::now();
+          absl::Status s = a.Free(it->second.ptr, it->second.size);
+          counts.latencies.push_back(elapsed_ns(t0));
+          if (!s.ok()) {
+            status = absl::Status(s.code(), absl::StrCat("line ", e.line, ": ", s.message()));
+            break;
+          }
+          live_bytes -= it->second.size;
+          live.erase(it);
+        }
+      }
+      if (!after_event(index++, live_bytes, oom)) {
+        stopped = true;
+        break;
+      }
+    }
+    counts.per_round_peak_reserved_bytes.push_back(a.peak_reserved_bytes());
+    counts.end_of_round_live_bytes.push_back(live_bytes);
+    // Blocks this round never freed stay held (and counted in live_bytes); the next round's
+    // pointers are new blocks.
+    for (const auto& [pointer, held] : live) held_over.push_back(held);
+    live.clear();
+  }
+  for (const Held& held : held_over) a.Free(held.ptr, held.size).IgnoreError();
+  return status;
+}
+
+// Downsamples (event, live, reserved) to at most `max_points` points, each the maxima (and the
+// live trough) of a bucket of consecutive events, in one pass and without storing every event.
+class TimelineBuilder {
+ public:
+  TimelineBuilder(std::uint64_t events, std::size_t max_points) {
+    timeline_.events = events;
+    timeline_.bucket_events = std::max<std::uint64_t>(1, (events + max_points - 1) / max_points);
+    timeline_.points.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(events, max_points)));
+  }
+  void Add(std::uint64_t index, std::size_t live, std::size_t reserved, bool oom) {
+    const std::uint64_t start = index - index % timeline_.bucket_events;
+    std::vector<TimelinePoint>& points = timeline_.points;
+    if (points.empty() || points.back().event != start) {
+      points.push_back({start, live, live, reserved, 0});
+    } else {
+      TimelinePoint& p = points.back();
+      p.live_bytes = std::max(p.live_bytes, live);
+      p.live_min_bytes = std::min(p.live_min_bytes, live);
+      p.reserved_bytes = std::max(p.reserved_bytes, reserved);
+    }
+    if (oom) ++points.back().ooms;
+  }
+  Timeline Take() { return std::move(timeline_); }
+
+ private:
+  Timeline timeline_;
+};
+
+// Replays again on a fresh allocator up to event `event` and snapshots its free blocks there
+// (PeakFragmentation's comment says why a second replay).
+absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, const ReplayOptions& options,
+                                                         std::size_t capacity, std::uint64_t event,
+                                                         std::size_t expected_reserved) {
+  absl::StatusOr<std::unique_ptr<ReplayAllocator>> made = MakeReplayAllocator(options.allocator, options.capacity);
+  if (!made.ok()) return made.status();
+  ReplayAllocator& a = **made;
+  PeakFragmentation f;
+  std::size_t reserved = 0;
+  bool reached = false;
+  PassCounts counts;
+  auto snapshot_at_event = [&](std::uint64_t index, std::size_t live, bool) {
+    if (index < event) return true;
+    reached = true;
+    reserved = a.reserved_bytes();
+    f.event = index;
+    f.live_bytes = live;
+    f.free_blocks = a.Fragmentation();
+    return false;
+  };
+  absl::Status s = RunPass(trace, options.repeat, capacity, a, counts, snapshot_at_event);
+  if (!s.ok()) return s;
+  if (!reached || reserved != expected_reserved) {
+    return absl::InternalError(absl::StrCat("allocator ", options.allocator,
+                                            " replayed differently the second time: reserved bytes after event ", event,
+                                            " were ", expected_reserved, ", then ", reached ? reserved : 0));
+  }
+  return f;
+}
+
 }  // namespace
+
+PoolFragmentation ReplayAllocator::Fragmentation() const {
+  PoolFragmentation f;
+  f.reserved = static_cast<std::int64_t>(reserved_bytes());
+  f.allocated = f.reserved;
+  f.requested = f.reserved;
+  return f;
+}
 
 absl::StatusOr<std::unique_ptr<SimBackend>> MakeReplayDevice(std::size_t capacity) {
   SimBackendOptions o;
@@ -113,6 +292,31 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::strin
                                                  "pytorch-policy, nocache"));
 }
 
+std::vector<std::string> SplitAllocatorList(absl::string_view list) {
+  std::vector<std::string> pieces(1);
+  int depth = 0;
+  for (char c : list) {
+    depth += c == '[' ? 1 : c == ']' ? -1 : 0;
+    if (c == ',' && depth == 0) {
+      pieces.emplace_back();
+    } else {
+      pieces.back() += c;
+    }
+  }
+  auto names_an_allocator = [](absl::string_view p) {
+    return p == "bucketalloc" || absl::StartsWith(p, "bucketalloc:") || p == "pytorch-policy" || p == "nocache";
+  };
+  std::vector<std::string> out;
+  for (std::string& p : pieces) {
+    if (!out.empty() && !p.empty() && !names_an_allocator(p) && absl::StartsWith(out.back(), "bucketalloc:")) {
+      absl::StrAppend(&out.back(), ",", p);
+    } else if (!p.empty()) {
+      out.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
 std::size_t PeakLiveBytes(const Trace& trace) {
   absl::flat_hash_map<std::uint64_t, std::uint64_t> live;
   std::size_t now = 0, peak = 0;
@@ -139,6 +343,9 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   if (options.repeat < 1) {
     return absl::InvalidArgumentError(absl::StrCat("repeat ", options.repeat, " is invalid; accepted: 1 or more"));
   }
+  if (options.record_timeline && options.timeline_points == 0) {
+    return absl::InvalidArgumentError("timeline_points 0 is invalid; accepted: 1 or more");
+  }
   absl::StatusOr<std::unique_ptr<ReplayAllocator>> made = MakeReplayAllocator(options.allocator, options.capacity);
   if (!made.ok()) return made.status();
   ReplayAllocator& a = **made;
@@ -146,69 +353,43 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   r.allocator = options.allocator;
   r.capacity = options.capacity / kGranularity * kGranularity;
   r.peak_live_bytes = PeakLiveBytes(trace);
-  struct Held {
-    void* ptr;
-    std::uint64_t size;
-  };
-  absl::flat_hash_map<std::uint64_t, Held> live;  // trace pointer -> the replay's block
-  std::size_t live_bytes = 0;
-  std::vector<std::uint32_t> latencies;
-  latencies.reserve(trace.events.size() * static_cast<std::size_t>(options.repeat));
-  using Clock = std::chrono::steady_clock;
-  auto elapsed_ns = [](Clock::time_point t0) {
-    return static_cast<std::uint32_t>(
-        std::min<std::int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(),
-                               std::numeric_limits<std::uint32_t>::max()));
-  };
-  std::vector<std::size_t> end_of_round_live;
-  std::vector<Held> held_over;  // blocks earlier rounds never freed
-  for (int round = 0; round < options.repeat; ++round) {
-    a.ResetPeak();
-    for (const TraceEvent& e : trace.events) {
-      if (e.action == TraceAction::kAllocate) {
-        ++r.allocations;
-        const auto t0 = Clock::now();
-        absl::StatusOr<void*> p = a.Allocate(e.size, reinterpret_cast<Stream>(static_cast<std::uintptr_t>(e.stream)));
-        latencies.push_back(elapsed_ns(t0));
-        if (p.ok()) {
-          if (auto old = live.find(e.pointer); old != live.end()) {
-            // Logged twice without a free between: the log lost the free (PeakLiveBytes agrees).
-            a.Free(old->second.ptr, old->second.size).IgnoreError();
-            live_bytes -= old->second.size;
-          }
-          live[e.pointer] = Held{*p, e.size};
-          live_bytes += e.size;
-        } else if (absl::IsResourceExhausted(p.status())) {
-          ++r.ooms;
-          ++(live_bytes + e.size > r.capacity ? r.capacity_ooms : r.fragmentation_ooms);
-        } else {
-          return absl::Status(p.status().code(), absl::StrCat("line ", e.line, ": ", p.status().message()));
-        }
-      } else if (e.action == TraceAction::kFree) {
-        auto it = live.find(e.pointer);
-        if (it == live.end()) continue;  // its allocation failed in this replay (or was never logged)
-        const auto t0 = Clock::now();
-        absl::Status s = a.Free(it->second.ptr, it->second.size);
-        latencies.push_back(elapsed_ns(t0));
-        if (!s.ok()) return absl::Status(s.code(), absl::StrCat("line ", e.line, ": ", s.message()));
-        live_bytes -= it->second.size;
-        live.erase(it);
+  const std::uint64_t events =
+      static_cast<std::uint64_t>(trace.events.size()) * static_cast<std::uint64_t>(options.repeat);
+  PassCounts counts;
+  counts.latencies.reserve(static_cast<std::size_t>(events));
+  std::size_t peak_reserved = 0;  // as read after each event, with the first event that reached it
+  std::uint64_t peak_event = 0;
+  if (!options.record_timeline) {
+    auto nothing = [](std::uint64_t, std::size_t, bool) { return true; };
+    absl::Status s = RunPass(trace, options.repeat, r.capacity, a, counts, nothing);
+    if (!s.ok()) return s;
+  } else {
+    TimelineBuilder timeline(events, options.timeline_points);
+    auto record = [&](std::uint64_t index, std::size_t live, bool oom) {
+      const std::size_t reserved = a.reserved_bytes();
+      timeline.Add(index, live, reserved, oom);
+      if (reserved > peak_reserved) {
+        peak_reserved = reserved;
+        peak_event = index;
       }
-    }
-    r.per_round_peak_reserved_bytes.push_back(a.peak_reserved_bytes());
-    end_of_round_live.push_back(live_bytes);
-    // Blocks this round never freed stay held; the next round's pointers are new blocks.
-    for (const auto& [pointer, held] : live) held_over.push_back(held);
-    live.clear();
+      return true;
+    };
+    absl::Status s = RunPass(trace, options.repeat, r.capacity, a, counts, record);
+    if (!s.ok()) return s;
+    r.timeline = timeline.Take();
   }
-  // What the trace never freed goes back (untimed), so that the allocator ends clean.
-  for (const Held& held : held_over) a.Free(held.ptr, held.size).IgnoreError();
-  r.peak_reserved_bytes = *std::max_element(r.per_round_peak_reserved_bytes.begin(), r.per_round_peak_reserved_bytes.end());
+  r.allocations = counts.allocations;
+  r.ooms = counts.ooms;
+  r.capacity_ooms = counts.capacity_ooms;
+  r.fragmentation_ooms = counts.fragmentation_ooms;
+  r.per_round_peak_reserved_bytes = std::move(counts.per_round_peak_reserved_bytes);
+  r.peak_reserved_bytes =
+      *std::max_element(r.per_round_peak_reserved_bytes.begin(), r.per_round_peak_reserved_bytes.end());
   r.reserved_over_live = r.peak_live_bytes == 0 ? 0.0
                                                 : static_cast<double>(r.peak_reserved_bytes) /
                                                       static_cast<double>(r.peak_live_bytes);
-  r.p50_ns = Percentile(latencies, 0.50);
-  r.p99_ns = Percentile(latencies, 0.99);
+  r.p50_ns = Percentile(counts.latencies, 0.50);
+  r.p99_ns = Percentile(counts.latencies, 0.99);
   const BackendCounters c = a.backend_counters();
   r.backend_calls = static_cast<std::uint64_t>(c.allocs + c.failed_allocs + c.frees);
   r.simulated_backend_ms = (static_cast<double>(c.allocs + c.failed_allocs) * options.cost.malloc_us +
@@ -221,8 +402,13 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
     // bytes still held at the end of each round that grow round over round, is a leak.
     const std::size_t settled = r.per_round_peak_reserved_bytes[static_cast<std::size_t>(options.repeat) / 2];
     const bool peak_grows = r.per_round_peak_reserved_bytes.back() > settled;
-    const bool held_grows = end_of_round_live.back() > end_of_round_live.front();
+    const bool held_grows = counts.end_of_round_live_bytes.back() > counts.end_of_round_live_bytes.front();
     r.verdict = peak_grows || held_grows ? "rising" : "stable";
+  }
+  if (options.record_timeline && peak_reserved > 0) {
+    absl::StatusOr<PeakFragmentation> f = CaptureFragmentationAt(trace, options, r.capacity, peak_event, peak_reserved);
+    if (!f.ok()) return f.status();
+    r.peak_fragmentation = std::move(*f);
   }
   return r;
 }
@@ -292,10 +478,19 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
   return m;
 }
 
+double MinCapacityResult::min_capacity_over_true_need() const {
+  if (!true_need_bytes.has_value() || *true_need_bytes == 0) return 0.0;
+  return static_cast<double>(min_capacity_bytes) / static_cast<double>(*true_need_bytes);
+}
+
 std::string MinCapacityResult::ToJson() const {
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(at_min.ToJson());
   j["min_capacity_bytes"] = min_capacity_bytes;
   j["min_capacity_over_live"] = min_capacity_over_live;
+  if (true_need_bytes.has_value()) {
+    j["true_need_bytes"] = *true_need_bytes;
+    j["min_capacity_over_true_need"] = min_capacity_over_true_need();
+  }
   return j.dump(2);
 }
 

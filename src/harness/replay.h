@@ -15,6 +15,10 @@
 // (CostModel: published figures for cudaMalloc and cudaFree, whose implicit synchronization is part
 // of its price), so an allocator cannot win on memory by hiding driver calls.
 //
+// For compare's report, a replay can also record (ReplayOptions::record_timeline) the trace's live
+// bytes and the allocator's reserved bytes after every event, downsampled to a bounded number of
+// points, and the allocator's free blocks by size at the moment reserved bytes peaked.
+//
 // Thread-safety: none; one replay at a time per allocator.
 #ifndef BUCKETALLOC_HARNESS_REPLAY_H_
 #define BUCKETALLOC_HARNESS_REPLAY_H_
@@ -22,12 +26,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "bucketalloc/backend.h"
+#include "bucketalloc/stats.h"
 #include "harness/trace.h"
 
 namespace bucketalloc::harness {
@@ -50,6 +56,11 @@ class ReplayAllocator {
   virtual std::size_t peak_reserved_bytes() const = 0;
   virtual void ResetPeak() = 0;
   virtual BackendCounters backend_counters() const = 0;
+  // Returns the allocator's cached free blocks in power-of-two bins, with its reserved, allocated
+  // (block sizes of live allocations) and requested bytes. The default, for an allocator that
+  // caches nothing, has empty bins and reports reserved bytes as allocated. Not timed: it may walk
+  // every free block.
+  virtual PoolFragmentation Fragmentation() const;
 };
 
 // A simulated device of exactly `capacity` bytes, unbacked (addresses, no memory): what every
@@ -60,11 +71,55 @@ absl::StatusOr<std::unique_ptr<SimBackend>> MakeReplayDevice(std::size_t capacit
 // `capacity` bytes. InvalidArgument names a bad spec or configuration and what is accepted.
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity);
 
+// Splits compare's --allocators list. A BUCKETALLOC_CONF has commas of its own, so the list splits at
+// commas outside brackets, and a piece that does not start with an allocator name (bucketalloc,
+// pytorch-policy, nocache) continues the previous one's CONF:
+//   "bucketalloc,bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048,nocache"
+//   -> {"bucketalloc", "bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048", "nocache"}
+std::vector<std::string> SplitAllocatorList(absl::string_view list);
+
 struct ReplayOptions {
   std::string allocator = "bucketalloc";
   std::size_t capacity = 0;  // bytes, > 0
   int repeat = 1;            // rounds of the trace on the same allocator
   CostModel cost;
+  // Records ReplayResult::timeline (at most `timeline_points` points) and peak_fragmentation. Off
+  // by default: it reads the reserved bytes after every event, and the histogram costs a second
+  // replay, which min-capacity's probes need not pay.
+  bool record_timeline = false;
+  std::size_t timeline_points = 2000;  // >= 1
+};
+
+// One point of a timeline: the events [event, event + Timeline::bucket_events) summarized by their
+// maxima (so no peak is lost however long the trace), and the trough of live bytes.
+struct TimelinePoint {
+  std::uint64_t event = 0;          // the first event of the bucket (index over all rounds)
+  // The most bytes the replay held for the trace after any event of the bucket: its blocks that
+  // were served (an OOM's are not), earlier rounds' unfreed blocks included.
+  std::size_t live_bytes = 0;
+  std::size_t live_min_bytes = 0;   // the fewest
+  std::size_t reserved_bytes = 0;   // the most bytes the allocator held after any event of the bucket
+  std::uint64_t ooms = 0;           // failed allocations in the bucket
+};
+
+// Live and reserved bytes over the replay. Every event of the trace counts (frees of failed
+// allocations and the logged run's failures too), so the x axis is the trace's event index; round
+// k's event i is k * events_per_round + i.
+struct Timeline {
+  std::uint64_t events = 0;         // events replayed, all rounds
+  std::uint64_t bucket_events = 1;  // events per point: ceil(events / timeline_points)
+  std::vector<TimelinePoint> points;
+};
+
+// The allocator's free blocks when its reserved bytes peaked: after the first event at which the
+// reserved bytes (read after each event) reached their highest value. Found by a second replay that
+// stops there, because snapshotting at every new peak would walk the free lists once per backend
+// growth; replays are deterministic, and the second one checks that it reached the same reserved
+// bytes at that event.
+struct PeakFragmentation {
+  std::uint64_t event = 0;       // index over all rounds
+  std::size_t live_bytes = 0;    // the bytes the replay held for the trace then (TimelinePoint::live_bytes)
+  PoolFragmentation free_blocks; // ReplayAllocator::Fragmentation() then
 };
 
 // What a replay measured (the JSON keys of docs/harness.md).
@@ -86,6 +141,10 @@ struct ReplayResult {
   // "stable"; "rising" (peak reserved still grows in the second half of the rounds, or the bytes
   // held at the end of a round grow round over round: a leak); "single round".
   std::string verdict;
+  // With ReplayOptions::record_timeline only; not part of ToJson() (compare's JSON has them under
+  // "timeline" and "peak_fragmentation"). No peak_fragmentation when nothing was ever reserved.
+  Timeline timeline;
+  std::optional<PeakFragmentation> peak_fragmentation;
   std::string ToJson() const;
 };
 
@@ -99,8 +158,12 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
 struct MinCapacityResult {
   std::size_t min_capacity_bytes = 0;
   double min_capacity_over_live = 0.0;
+  // From the trace's meta file (harness/serving.h) when it has one: the workload's true peak need
+  // (no layout rounding), so min_capacity_over_true_need shows the layout's and the allocator's cost.
+  std::optional<std::size_t> true_need_bytes;
   ReplayResult at_min;  // the replay at that capacity
-  std::string ToJson() const;
+  double min_capacity_over_true_need() const;  // 0 without a true need
+  std::string ToJson() const;  // true_need_bytes and min_capacity_over_true_need only when known
 };
 absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
                                               void (*progress)(const std::string& line) = nullptr);

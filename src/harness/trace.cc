@@ -1,11 +1,14 @@
 // src/harness/trace.cc — RMM replay-log CSV reading and writing.
 #include "harness/trace.h"
 
+#include <zlib.h>
+
 #include <fstream>
 #include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -97,12 +100,30 @@ absl::StatusOr<Trace> ParseTrace(absl::string_view text, absl::string_view sourc
   return trace;
 }
 
-absl::StatusOr<Trace> ReadTraceFile(const std::string& path) {
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_view what) {
+  std::string text;
+  if (absl::EndsWith(path, ".gz")) {
+    gzFile f = gzopen(path.c_str(), "rb");
+    if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open ", what));
+    char buf[1 << 16];
+    int n;
+    while ((n = gzread(f, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+    const bool failed = n < 0;
+    gzclose(f);
+    if (failed) return absl::DataLossError(absl::StrCat(path, ": not a valid gzip file"));
+    return text;
+  }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the trace"));
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open ", what));
   std::stringstream buffer;
   buffer << in.rdbuf();
-  return ParseTrace(buffer.str(), path);
+  return buffer.str();
+}
+
+absl::StatusOr<Trace> ReadTraceFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadTextFile(path, "the trace");
+  if (!text.ok()) return text.status();
+  return ParseTrace(*text, path);
 }
 
 std::string FormatTrace(const Trace& trace) {

@@ -47,6 +47,10 @@ struct Trace {
 absl::StatusOr<Trace> ParseTrace(absl::string_view text, absl::string_view source = "trace");
 absl::StatusOr<Trace> ReadTraceFile(const std::string& path);
 
+// Reads a whole file (gzip-decompressed when `path` ends in .gz); NotFound names `path` and `what`
+// it was meant to be.
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_view what);
+
 // Writes RMM CSV (with the header).
 std::string FormatTrace(const Trace& trace);
 absl::Status WriteTraceFile(const Trace& trace, const std::string& path);

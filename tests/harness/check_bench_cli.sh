@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# tests/harness/check_bench_cli.sh BENCH — bucketalloc-bench end to end on a small trace: replay and
-# min-capacity print their tables and write the documented JSON keys; a bad trace line is named.
+# tests/harness/check_bench_cli.sh BENCH [SOURCE_DIR] — bucketalloc-bench end to end on a small trace:
+# replay and min-capacity print their tables and write the documented JSON keys; a bad trace line is
+# named. With SOURCE_DIR: `generate serving` from the vendored data (data/) in the three KV layouts,
+# their meta files, min_capacity_over_true_need, a multi-trace compare, and bad generator input.
 set -uo pipefail
 bench=$1
+src=${2:-}
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 fail() { echo "check_bench_cli: FAIL: $*"; exit 1; }
 cat >"$work/t.csv" <<'CSV'
@@ -44,4 +47,55 @@ printf 'ts_us,ev_idx,device_type,device_id,addr,bytes\n1,1,1,0,4096,3145728\n2,2
 out=$("$bench" import-kineto "$work/k.csv" -o "$work/k_trace.csv") || fail "import-kineto"
 grep -q "2 events, peak live 3.00 MiB" <<<"$out" || fail "import-kineto: $out"
 "$bench" replay "$work/k_trace.csv" --capacity 64MiB >/dev/null || fail "the imported trace does not replay"
+if [[ -n $src ]]; then
+  requests=$src/data/requests/azure_llm_inference_trace_2023_conv.csv
+  model=$src/data/models/Llama-3.1-8B-Instruct.config.json
+  for layout in tiered growth paged; do
+    out=$("$bench" generate serving --requests "$requests" --model "$model" --limit 40 --time-scale 0.05 \
+          --kv-layout "$layout" -o "$work/s_$layout.csv") || fail "generate serving --kv-layout $layout"
+    echo "$out"
+    grep -q "requests 40 served" <<<"$out" || fail "generate should serve 40 requests: $out"
+    [[ -f $work/s_$layout.meta.json ]] || fail "no meta file beside the $layout trace"
+  done
+  /usr/bin/python3 -c "
+import json
+m = [json.load(open('$work/s_%s.meta.json' % l)) for l in ('tiered', 'growth', 'paged')]
+assert len({x['true_peak_need_bytes'] for x in m}) == 1, 'the true need must not depend on the layout'
+for x in m:
+    assert x['model']['kv_bytes_per_token'] == 131072 and x['served'] == 40, x
+    assert x['weight_bytes'] < x['true_peak_need_bytes'] <= x['peak_live_bytes'], x
+assert m[0]['options']['kv_layout'] == 'tiered' and m[2]['options']['kv_pool_tokens'] > 0
+" || fail "meta files"
+  cmp -s <("$bench" generate serving --requests "$requests" --model "$model" --limit 40 --time-scale 0.05 \
+           -o "$work/again.csv" >/dev/null && cat "$work/again.csv") "$work/s_tiered.csv" ||
+    fail "the generator is not deterministic"
+  out=$("$bench" min-capacity "$work/s_paged.csv" --allocator bucketalloc --json "$work/sm.json" 2>/dev/null) ||
+    fail "min-capacity of a generated trace"
+  grep -q "true need (meta file)" <<<"$out" || fail "min-capacity should show the true need: $out"
+  /usr/bin/python3 -c "
+import json
+m = json.load(open('$work/sm.json'))
+assert m['min_capacity_over_true_need'] >= 1.0 and m['true_need_bytes'] > 0, m
+" || fail "min_capacity_over_true_need"
+  out=$("$bench" compare "$work/s_tiered.csv" "$work/s_paged.csv" --allocators bucketalloc,pytorch-policy \
+        --capacity 40GiB --json "$work/sc.json") || fail "compare of two traces"
+  echo "$out"
+  /usr/bin/python3 -c "
+import json
+c = json.load(open('$work/sc.json'))
+assert [x['trace'].rsplit('/', 1)[-1] for x in c] == ['s_tiered.csv'] * 2 + ['s_paged.csv'] * 2, c
+assert all('min_capacity_over_true_need' in x['min_capacity'] for x in c)
+" || fail "compare JSON of two traces"
+  err=$("$bench" generate serving --requests "$requests" --model "$model" --kv-layout blocks -o "$work/x.csv" 2>&1) &&
+    fail "a bad --kv-layout was accepted"
+  grep -q "accepted tiered, growth or paged" <<<"$err" || fail "bad --kv-layout: $err"
+  err=$("$bench" generate serving --requests "$model" --model "$model" -o "$work/x.csv" 2>&1) &&
+    fail "a config was accepted as requests"
+  grep -q "config.json:1: not a JSON object; a request file that starts with '{' is read as Mooncake" <<<"$err" ||
+    fail "bad requests: $err"
+  echo '{"model_type":"gemma"}' >"$work/gemma.json"
+  err=$("$bench" generate serving --requests "$requests" --model "$work/gemma.json" -o "$work/x.csv" 2>&1) &&
+    fail "an unmodelled model was accepted"
+  grep -q "modelled: llama" <<<"$err" || fail "bad model: $err"
+fi
 echo "check_bench_cli: PASS"

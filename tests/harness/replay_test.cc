@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "nlohmann/json.hpp"
 
@@ -103,6 +105,154 @@ TEST(ReplayTest, MinCapacityIsTheSmallestCardWithoutOoms) {
   }
 }
 
+ReplayResult ReplayWithTimeline(const Trace& t, const std::string& allocator, std::size_t capacity,
+                                std::size_t points = 2000, int repeat = 1) {
+  ReplayOptions o;
+  o.allocator = allocator;
+  o.capacity = capacity;
+  o.repeat = repeat;
+  o.record_timeline = true;
+  o.timeline_points = points;
+  absl::StatusOr<ReplayResult> r = Replay(t, o);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : ReplayResult{};
+}
+
+TEST(ReplayTest, TimelineIsRecordedOnlyWhenAsked) {
+  ReplayResult r = ReplayAt(Abc(), "bucketalloc", 64 * kMiB);
+  EXPECT_EQ(r.timeline.events, 0u);
+  EXPECT_TRUE(r.timeline.points.empty());
+  EXPECT_FALSE(r.peak_fragmentation.has_value());
+  EXPECT_FALSE(nlohmann::json::parse(r.ToJson()).contains("timeline")) << "ToJson's keys are stable";
+}
+
+TEST(ReplayTest, TimelineHasOnePointPerEventWhenItFits) {
+  // nocache reserves the live bytes rounded to 2 MiB per block (c's 5 MiB takes 6).
+  ReplayResult r = ReplayWithTimeline(Abc(), "nocache", 64 * kMiB);
+  EXPECT_EQ(r.timeline.events, 6u);
+  EXPECT_EQ(r.timeline.bucket_events, 1u);
+  ASSERT_EQ(r.timeline.points.size(), 6u);
+  const std::size_t live[] = {10 * kMiB, 30 * kMiB, 20 * kMiB, 25 * kMiB, 5 * kMiB, 0};
+  const std::size_t reserved[] = {10 * kMiB, 30 * kMiB, 20 * kMiB, 26 * kMiB, 6 * kMiB, 0};
+  for (std::size_t i = 0; i < 6; ++i) {
+    const TimelinePoint& p = r.timeline.points[i];
+    EXPECT_EQ(p.event, i);
+    EXPECT_EQ(p.live_bytes, live[i]) << i;
+    EXPECT_EQ(p.live_min_bytes, live[i]) << i;
+    EXPECT_EQ(p.reserved_bytes, reserved[i]) << i;
+    EXPECT_EQ(p.ooms, 0u);
+  }
+}
+
+TEST(ReplayTest, TimelineBucketsKeepTheirPeaksAndTroughs) {
+  // Two points of three events: live (10, 30, 20) and (25, 5, 0) MiB; reserved (10, 30, 20) and (26, 6, 0).
+  ReplayResult r = ReplayWithTimeline(Abc(), "nocache", 64 * kMiB, 2);
+  EXPECT_EQ(r.timeline.bucket_events, 3u);
+  ASSERT_EQ(r.timeline.points.size(), 2u);
+  EXPECT_EQ(r.timeline.points[0].event, 0u);
+  EXPECT_EQ(r.timeline.points[0].live_bytes, 30 * kMiB);
+  EXPECT_EQ(r.timeline.points[0].live_min_bytes, 10 * kMiB);
+  EXPECT_EQ(r.timeline.points[0].reserved_bytes, 30 * kMiB);
+  EXPECT_EQ(r.timeline.points[1].event, 3u);
+  EXPECT_EQ(r.timeline.points[1].live_bytes, 25 * kMiB);
+  EXPECT_EQ(r.timeline.points[1].live_min_bytes, 0u);
+  EXPECT_EQ(r.timeline.points[1].reserved_bytes, 26 * kMiB);
+  // At 24 MiB the 20 MiB block fails (event 1): the OOM lands in the first point.
+  r = ReplayWithTimeline(Abc(), "nocache", 24 * kMiB, 2);
+  ASSERT_EQ(r.timeline.points.size(), 2u);
+  EXPECT_EQ(r.timeline.points[0].ooms, 1u);
+  EXPECT_EQ(r.timeline.points[1].ooms, 0u);
+}
+
+TEST(ReplayTest, LongTimelinesStayBoundedWithoutLosingThePeak) {
+  // 10,000 events, a sawtooth whose one highest tooth is narrower than a bucket.
+  Trace t;
+  std::uint64_t pointer = 1;
+  for (int tooth = 0; tooth < 50; ++tooth) {
+    const int height = tooth == 37 ? 100 : 60;
+    for (int i = 0; i < height; ++i) t.events.push_back({1, "", kAlloc, pointer + i, kMiB + 4096 * i, 0, 0});
+    for (int i = 0; i < height; ++i) t.events.push_back({1, "", kFree, pointer + i, kMiB + 4096 * i, 0, 0});
+    pointer += height;
+  }
+  t.events.resize(std::min<std::size_t>(t.events.size(), 10000));
+  ReplayResult r = ReplayWithTimeline(t, "bucketalloc", 1024 * kMiB, 97);
+  EXPECT_EQ(r.timeline.events, t.events.size());
+  EXPECT_LE(r.timeline.points.size(), 97u);
+  EXPECT_EQ(r.timeline.bucket_events, (t.events.size() + 96) / 97);
+  std::size_t live = 0, reserved = 0;
+  for (const TimelinePoint& p : r.timeline.points) {
+    EXPECT_EQ(p.event % r.timeline.bucket_events, 0u);
+    EXPECT_LE(p.live_min_bytes, p.live_bytes);
+    live = std::max(live, p.live_bytes);
+    reserved = std::max(reserved, p.reserved_bytes);
+  }
+  EXPECT_EQ(live, PeakLiveBytes(t));
+  EXPECT_EQ(reserved, r.peak_reserved_bytes);
+  // Recording changes nothing the replay measures.
+  ReplayResult plain = ReplayAt(t, "bucketalloc", 1024 * kMiB);
+  EXPECT_EQ(plain.peak_reserved_bytes, r.peak_reserved_bytes);
+  EXPECT_EQ(plain.backend_calls, r.backend_calls);
+  EXPECT_EQ(plain.ooms, r.ooms);
+}
+
+// 6 MiB a and b share a 20 MiB segment; a is freed; c (30 MiB) needs a segment of its own: reserved
+// peaks at 50 MiB after event 3, with free blocks of 6 MiB (a's) and 8 MiB (the segment's tail).
+Trace PeakTrace() {
+  return Make({{kAlloc, 0xa, 6 * kMiB}, {kAlloc, 0xb, 6 * kMiB}, {kFree, 0xa, 6 * kMiB}, {kAlloc, 0xc, 30 * kMiB},
+               {kFree, 0xb, 6 * kMiB}, {kFree, 0xc, 30 * kMiB}});
+}
+
+TEST(ReplayTest, HistogramIsTakenWhenReservedBytesFirstPeak) {
+  for (const char* allocator : {"pytorch-policy", "bucketalloc"}) {
+    SCOPED_TRACE(allocator);
+    ReplayResult r = ReplayWithTimeline(PeakTrace(), allocator, 256 * kMiB);
+    ASSERT_TRUE(r.peak_fragmentation.has_value());
+    const PeakFragmentation& p = *r.peak_fragmentation;
+    EXPECT_EQ(p.event, 3u);
+    EXPECT_EQ(p.live_bytes, 36 * kMiB);
+    const PoolFragmentation& f = p.free_blocks;
+    EXPECT_EQ(f.reserved, static_cast<std::int64_t>(r.peak_reserved_bytes));
+    EXPECT_EQ(f.reserved, static_cast<std::int64_t>(50 * kMiB));
+    EXPECT_EQ(f.allocated, static_cast<std::int64_t>(36 * kMiB));
+    EXPECT_EQ(f.requested, static_cast<std::int64_t>(36 * kMiB));
+    EXPECT_EQ(f.total_free, static_cast<std::int64_t>(14 * kMiB));
+    EXPECT_EQ(f.largest_free, static_cast<std::int64_t>(8 * kMiB));
+    EXPECT_EQ(f.free_count[22], 1) << "6 MiB: 2^22 <= size < 2^23";
+    EXPECT_EQ(f.free_bytes[22], static_cast<std::int64_t>(6 * kMiB));
+    EXPECT_EQ(f.free_count[23], 1) << "8 MiB";
+    std::int64_t blocks = 0;
+    for (std::int64_t c : f.free_count) blocks += c;
+    EXPECT_EQ(blocks, 2);
+  }
+}
+
+TEST(ReplayTest, NoCacheHasNoFreeBlocksOnlyRoundingWaste) {
+  Trace t = Make({{kAlloc, 0x1, 3 * kMiB}, {kAlloc, 0x2, kMiB}, {kFree, 0x1, 3 * kMiB}});
+  ReplayResult r = ReplayWithTimeline(t, "nocache", 64 * kMiB);
+  ASSERT_TRUE(r.peak_fragmentation.has_value());
+  const PoolFragmentation& f = r.peak_fragmentation->free_blocks;
+  EXPECT_EQ(r.peak_fragmentation->event, 1u);
+  EXPECT_EQ(f.total_free, 0);
+  for (std::int64_t c : f.free_count) EXPECT_EQ(c, 0);
+  EXPECT_EQ(f.reserved, static_cast<std::int64_t>(6 * kMiB));  // 4 + 2, rounded to 2 MiB
+  EXPECT_EQ(f.allocated, f.reserved);
+  EXPECT_EQ(f.requested, static_cast<std::int64_t>(4 * kMiB));
+}
+
+TEST(ReplayTest, HistogramIndexCountsEveryRound) {
+  // 8 MiB held each round: the peak keeps rising, so it is reached in the last round.
+  Trace leak = Make({{kAlloc, 0x1, 8 * kMiB}, {kAlloc, 0x2, 3 * kMiB}, {kFree, 0x2, 3 * kMiB}});
+  ReplayResult r = ReplayWithTimeline(leak, "pytorch-policy", 256 * kMiB, 2000, 3);
+  EXPECT_EQ(r.timeline.events, 9u);
+  ASSERT_EQ(r.timeline.points.size(), 9u);
+  EXPECT_EQ(r.timeline.points[8].live_bytes, 24 * kMiB) << "the live series counts what earlier rounds still hold";
+  ASSERT_TRUE(r.peak_fragmentation.has_value());
+  EXPECT_GE(r.peak_fragmentation->event, 6u);
+  EXPECT_EQ(r.peak_fragmentation->free_blocks.reserved, static_cast<std::int64_t>(r.peak_reserved_bytes));
+  // Nothing reserved, nothing to show.
+  EXPECT_FALSE(ReplayWithTimeline(Trace{}, "bucketalloc", 64 * kMiB).peak_fragmentation.has_value());
+}
+
 TEST(ReplayTest, BadAllocatorsAndCapacitiesAreRefused) {
   ReplayOptions o;
   o.capacity = 64 * kMiB;
@@ -118,6 +268,22 @@ TEST(ReplayTest, BadAllocatorsAndCapacitiesAreRefused) {
   o.capacity = 64 * kMiB;
   o.repeat = 0;
   EXPECT_TRUE(absl::IsInvalidArgument(Replay(Abc(), o).status()));
+  o.repeat = 1;
+  o.record_timeline = true;
+  o.timeline_points = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(Replay(Abc(), o).status()));
+}
+
+TEST(ReplayTest, AllocatorListsKeepTheirConfsCommas) {
+  EXPECT_EQ(SplitAllocatorList("bucketalloc,pytorch-policy,nocache"),
+            (std::vector<std::string>{"bucketalloc", "pytorch-policy", "nocache"}));
+  EXPECT_EQ(SplitAllocatorList("bucketalloc,bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048,nocache"),
+            (std::vector<std::string>{"bucketalloc", "bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048",
+                                      "nocache"}));
+  // An unknown name stays a piece of its own, so MakeReplayAllocator names it.
+  EXPECT_EQ(SplitAllocatorList("pytorch-policy,cub"), (std::vector<std::string>{"pytorch-policy", "cub"}));
+  EXPECT_EQ(SplitAllocatorList("bucketalloc:max_split_size_mb:256,,nocache"),
+            (std::vector<std::string>{"bucketalloc:max_split_size_mb:256", "nocache"}));
 }
 
 }  // namespace

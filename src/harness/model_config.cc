@@ -1,0 +1,170 @@
+// src/harness/model_config.cc — Hugging Face config.json to ModelSpec.
+#include "harness/model_config.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "harness/trace.h"
+#include "nlohmann/json.hpp"
+
+namespace bucketalloc::harness {
+namespace {
+
+constexpr const char* kModelTypes[] = {"llama", "mistral", "qwen2", "qwen3", "phi3"};
+
+absl::Status KeyError(absl::string_view source, absl::string_view key, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": \"", key, "\" ", what));
+}
+
+// A positive integer key; `fallback` (> 0) when the key is absent or null.
+absl::StatusOr<int> PositiveInt(const nlohmann::json& j, absl::string_view source, const char* key, int fallback = 0) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (fallback > 0) return fallback;
+    return KeyError(source, key, "is missing; a Hugging Face config.json of a decoder model has it");
+  }
+  if (!j[key].is_number_integer() || j[key].get<std::int64_t>() <= 0 || j[key].get<std::int64_t>() > (1 << 30)) {
+    return KeyError(source, key, absl::StrCat("is ", j[key].dump(), "; accepted a whole number from 1 to 2^30"));
+  }
+  return j[key].get<int>();
+}
+
+bool Flag(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && j[key].is_boolean() && j[key].get<bool>();
+}
+
+}  // namespace
+
+std::uint64_t ModelSpec::weight_bytes() const {
+  std::uint64_t total = 0;
+  for (const WeightTensor& w : weights) total += w.bytes;
+  return total;
+}
+
+std::uint64_t ModelSpec::kv_tensor_bytes_per_token() const {
+  return static_cast<std::uint64_t>(kv_heads) * static_cast<std::uint64_t>(head_dim) *
+         static_cast<std::uint64_t>(dtype_bytes);
+}
+
+std::uint64_t ModelSpec::kv_bytes_per_token() const {
+  return 2 * static_cast<std::uint64_t>(layers) * kv_tensor_bytes_per_token();
+}
+
+absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_view source) {
+  nlohmann::json j = nlohmann::json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object (a Hugging Face config.json)"));
+  }
+  ModelSpec m;
+  if (!j.contains("model_type") || !j["model_type"].is_string()) {
+    return KeyError(source, "model_type", "is missing; a Hugging Face config.json has it");
+  }
+  m.model_type = j["model_type"].get<std::string>();
+  bool known = false;
+  for (const char* t : kModelTypes) known = known || m.model_type == t;
+  if (!known) {
+    return KeyError(source, "model_type",
+                    absl::StrCat("is \"", m.model_type, "\"; modelled: ", absl::StrJoin(kModelTypes, ", ")));
+  }
+  m.name = m.model_type;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string()) {
+    m.name = j["architectures"][0].get<std::string>();
+  }
+  const struct {
+    int* field;
+    const char* key;
+    int fallback;  // 0: required
+  } keys[] = {{&m.hidden, "hidden_size", 0},          {&m.layers, "num_hidden_layers", 0},
+              {&m.heads, "num_attention_heads", 0},   {&m.intermediate, "intermediate_size", 0},
+              {&m.vocab, "vocab_size", 0},            {&m.max_position_embeddings, "max_position_embeddings", 4096}};
+  absl::StatusOr<int> v;
+  for (const auto& k : keys) {
+    v = PositiveInt(j, source, k.key, k.fallback);
+    if (!v.ok()) return v.status();
+    *k.field = *v;
+  }
+  v = PositiveInt(j, source, "num_key_value_heads", m.heads);  // absent: multi-head attention
+  if (!v.ok()) return v.status();
+  m.kv_heads = *v;
+  if (m.hidden % m.heads != 0 && !j.contains("head_dim")) {
+    return KeyError(source, "hidden_size", "is not a multiple of num_attention_heads and head_dim is missing");
+  }
+  v = PositiveInt(j, source, "head_dim", m.hidden / m.heads);
+  if (!v.ok()) return v.status();
+  m.head_dim = *v;
+  if (m.heads % m.kv_heads != 0) {
+    return KeyError(source, "num_key_value_heads",
+                    absl::StrCat("is ", m.kv_heads, "; accepted a divisor of num_attention_heads (", m.heads, ")"));
+  }
+  std::string dtype = "bfloat16";
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (j.contains(key) && j[key].is_string()) dtype = j[key].get<std::string>();
+  }
+  if (dtype == "bfloat16" || dtype == "float16") {
+    m.dtype_bytes = 2;
+  } else if (dtype == "float32") {
+    m.dtype_bytes = 4;
+  } else {
+    return KeyError(source, "torch_dtype", absl::StrCat("is \"", dtype, "\"; accepted bfloat16, float16, float32"));
+  }
+  m.fused_qkv = m.model_type == "phi3";
+
+  const std::uint64_t e = static_cast<std::uint64_t>(m.dtype_bytes);
+  const std::uint64_t h = static_cast<std::uint64_t>(m.hidden);
+  const std::uint64_t q = static_cast<std::uint64_t>(m.heads) * static_cast<std::uint64_t>(m.head_dim);
+  const std::uint64_t kv = static_cast<std::uint64_t>(m.kv_heads) * static_cast<std::uint64_t>(m.head_dim);
+  const std::uint64_t inter = static_cast<std::uint64_t>(m.intermediate);
+  const std::uint64_t vocab = static_cast<std::uint64_t>(m.vocab);
+  const bool attention_bias = Flag(j, "attention_bias");
+  const bool qkv_bias = attention_bias || m.model_type == "qwen2";
+  const bool mlp_bias = Flag(j, "mlp_bias");
+  auto add = [&](std::string name, std::uint64_t elements) { m.weights.push_back({std::move(name), elements * e}); };
+
+  add("model.embed_tokens.weight", vocab * h);
+  for (int l = 0; l < m.layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    add(p + "input_layernorm.weight", h);
+    if (m.fused_qkv) {
+      add(p + "self_attn.qkv_proj.weight", (q + 2 * kv) * h);
+    } else {
+      add(p + "self_attn.q_proj.weight", q * h);
+      add(p + "self_attn.k_proj.weight", kv * h);
+      add(p + "self_attn.v_proj.weight", kv * h);
+      if (qkv_bias) {
+        add(p + "self_attn.q_proj.bias", q);
+        add(p + "self_attn.k_proj.bias", kv);
+        add(p + "self_attn.v_proj.bias", kv);
+      }
+    }
+    if (m.model_type == "qwen3") {
+      add(p + "self_attn.q_norm.weight", static_cast<std::uint64_t>(m.head_dim));
+      add(p + "self_attn.k_norm.weight", static_cast<std::uint64_t>(m.head_dim));
+    }
+    add(p + "self_attn.o_proj.weight", h * q);
+    if (attention_bias && m.model_type == "llama") add(p + "self_attn.o_proj.bias", h);
+    add(p + "post_attention_layernorm.weight", h);
+    if (m.fused_qkv) {
+      add(p + "mlp.gate_up_proj.weight", 2 * inter * h);
+    } else {
+      add(p + "mlp.gate_proj.weight", inter * h);
+      add(p + "mlp.up_proj.weight", inter * h);
+      if (mlp_bias) {
+        add(p + "mlp.gate_proj.bias", inter);
+        add(p + "mlp.up_proj.bias", inter);
+      }
+    }
+    add(p + "mlp.down_proj.weight", h * inter);
+    if (mlp_bias) add(p + "mlp.down_proj.bias", h);
+  }
+  add("model.norm.weight", h);
+  if (!Flag(j, "tie_word_embeddings")) add("lm_head.weight", vocab * h);
+  return m;
+}
+
+absl::StatusOr<ModelSpec> ReadModelConfig(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadTextFile(path, "the model config");
+  if (!text.ok()) return text.status();
+  return ParseModelConfig(*text, path);
+}
+
+}  // namespace bucketalloc::harness

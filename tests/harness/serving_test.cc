@@ -1,0 +1,236 @@
+// The serving workload generator (src/harness/serving.cc): balanced, deterministic traces; the
+// scheduler's limits; each KV layout's allocation sizes; the true need; meta files.
+#include "harness/serving.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "harness/replay.h"
+
+namespace bucketalloc::harness {
+namespace {
+
+// A tiny llama: K or V of one layer is 2 x 16 x 2 = 64 B per token; 2 layers -> 256 B per token.
+ModelSpec TinyModel() {
+  absl::StatusOr<ModelSpec> m = ParseModelConfig(
+      R"({"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,)"
+      R"("num_key_value_heads":2,"intermediate_size":128,"vocab_size":1000,"max_position_embeddings":8192})");
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+std::vector<Request> SomeRequests() {
+  std::vector<Request> r;
+  for (int i = 0; i < 40; ++i) {
+    r.push_back({.arrival_s = 1e-9 * i,  // the tiny model steps in nanoseconds
+                  .input_tokens = 50 + 97 * (i % 13), .output_tokens = 5 + 31 * (i % 7)});
+  }
+  return r;
+}
+
+struct Checked {
+  std::uint64_t allocs = 0;
+  std::uint64_t peak_live = 0;
+};
+
+// Every allocation is freed once with its size, pointers are unique while live, and nothing is left.
+Checked CheckBalanced(const Trace& t) {
+  absl::flat_hash_map<std::uint64_t, std::uint64_t> live;
+  Checked c;
+  std::uint64_t bytes = 0;
+  for (const TraceEvent& e : t.events) {
+    if (e.action == TraceAction::kAllocate) {
+      EXPECT_GT(e.size, 0u);
+      EXPECT_TRUE(live.emplace(e.pointer, e.size).second) << "pointer reused while live";
+      bytes += e.size;
+      c.peak_live = std::max(c.peak_live, bytes);
+      ++c.allocs;
+    } else {
+      auto it = live.find(e.pointer);
+      EXPECT_TRUE(it != live.end()) << "free of an unknown pointer";
+      if (it == live.end()) continue;
+      EXPECT_EQ(it->second, e.size);
+      bytes -= e.size;
+      live.erase(it);
+    }
+  }
+  EXPECT_TRUE(live.empty()) << live.size() << " allocations never freed";
+  return c;
+}
+
+TEST(ServingTest, EveryLayoutGivesABalancedDeterministicTraceWithTheSameTrueNeed) {
+  const ModelSpec m = TinyModel();
+  std::uint64_t need = 0;
+  for (KvLayout layout : {KvLayout::kTiered, KvLayout::kGrowth, KvLayout::kPaged}) {
+    SCOPED_TRACE(std::string(KvLayoutName(layout)));
+    ServingOptions o;
+    o.kv_layout = layout;
+    o.max_num_seqs = 8;
+    o.max_batched_tokens = 512;
+    absl::StatusOr<ServingTrace> a = GenerateServingTrace(SomeRequests(), m, o);
+    absl::StatusOr<ServingTrace> b = GenerateServingTrace(SomeRequests(), m, o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(FormatTrace(a->trace), FormatTrace(b->trace));
+    const Checked c = CheckBalanced(a->trace);
+    EXPECT_EQ(c.peak_live, a->summary.peak_live_bytes);
+    EXPECT_EQ(PeakLiveBytes(a->trace), a->summary.peak_live_bytes);
+    // Weights first, one per tensor.
+    for (std::size_t i = 0; i < m.weights.size(); ++i) ASSERT_EQ(a->trace.events[i].size, m.weights[i].bytes);
+    EXPECT_EQ(a->summary.served, 40);
+    EXPECT_LE(a->summary.max_running, 8);
+    EXPECT_GT(a->summary.max_running, 1);
+    EXPECT_LE(a->summary.true_peak_need_bytes, a->summary.peak_live_bytes);
+    EXPECT_GT(a->summary.true_peak_need_bytes, m.weight_bytes());
+    if (need == 0) need = a->summary.true_peak_need_bytes;
+    EXPECT_EQ(a->summary.true_peak_need_bytes, need) << "the schedule must not depend on the layout";
+  }
+}
+
+// One request of 100 prompt tokens and 20 output tokens, alone: its KV sizes per layout.
+std::vector<std::uint64_t> KvSizes(KvLayout layout, int growth_tokens = 16) {
+  const ModelSpec m = TinyModel();
+  ServingOptions o;
+  o.kv_layout = layout;
+  o.growth_tokens = growth_tokens;
+  o.tiers_tokens = {64, 128};
+  absl::StatusOr<ServingTrace> t = GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 60}}, m, o);
+  EXPECT_TRUE(t.ok()) << t.status();
+  std::vector<std::uint64_t> sizes;  // in tokens, one per layer's K/V pair
+  for (std::size_t i = 0; i < t->trace.events.size(); ++i) {
+    const TraceEvent& e = t->trace.events[i];
+    if (t->kinds[i] != TensorKind::kKv || e.action != TraceAction::kAllocate) continue;
+    EXPECT_EQ(e.size % 64, 0u);
+    sizes.push_back(e.size / 64);
+  }
+  // K and V of a layer come in pairs of equal size.
+  std::vector<std::uint64_t> pairs;
+  for (std::size_t i = 0; i + 1 < sizes.size(); i += 2) {
+    EXPECT_EQ(sizes[i], sizes[i + 1]);
+    pairs.push_back(sizes[i]);
+  }
+  return pairs;
+}
+
+TEST(ServingTest, OneLayerPassHasTheBytesOfEveryLayerInFewerEvents) {
+  const ModelSpec m = TinyModel();
+  ServingOptions o;
+  absl::StatusOr<ServingTrace> one = GenerateServingTrace(SomeRequests(), m, o);
+  o.every_layer = true;
+  absl::StatusOr<ServingTrace> all = GenerateServingTrace(SomeRequests(), m, o);
+  ASSERT_TRUE(one.ok() && all.ok());
+  CheckBalanced(all->trace);
+  EXPECT_EQ(one->summary.peak_live_bytes, all->summary.peak_live_bytes);
+  EXPECT_EQ(one->summary.true_peak_need_bytes, all->summary.true_peak_need_bytes);
+  EXPECT_EQ(one->summary.peak_kv_layout_bytes, all->summary.peak_kv_layout_bytes);
+  EXPECT_GT(all->trace.events.size(), one->trace.events.size() + 20u * static_cast<std::size_t>(one->summary.steps));
+}
+
+TEST(ServingTest, TieredKvGrowsThroughTheTiersThenDoubles) {
+  // 100 tokens -> tier 128 for both layers; 100 + 59 decoded = 159 held at most -> 256 (doubling).
+  EXPECT_EQ(KvSizes(KvLayout::kTiered), (std::vector<std::uint64_t>{128, 128, 256, 256}));
+}
+
+TEST(ServingTest, GrowthKvConcatenatesEveryNTokens) {
+  EXPECT_EQ(KvSizes(KvLayout::kGrowth, 32), (std::vector<std::uint64_t>{128, 128, 160, 160}));
+  const std::vector<std::uint64_t> every_token = KvSizes(KvLayout::kGrowth, 1);
+  ASSERT_EQ(every_token.size(), 2u * 60u);  // the prompt, then one growth per decoded token but the last
+  EXPECT_EQ(every_token.front(), 100u);
+  EXPECT_EQ(every_token.back(), 159u);
+}
+
+TEST(ServingTest, PagedKvIsOnePoolPerLayerSizedToTheSchedule) {
+  const ModelSpec m = TinyModel();
+  ServingOptions o;
+  o.kv_layout = KvLayout::kPaged;
+  absl::StatusOr<ServingTrace> t = GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 60}}, m, o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->summary.kv_pool_tokens, 160);  // 159 tokens held at most, in blocks of 16
+  const std::size_t w = m.weights.size();
+  EXPECT_EQ(t->trace.events[w].size, 2u * 160u * 64u);
+  EXPECT_EQ(t->trace.events[w + 1].size, 2u * 160u * 64u);
+  EXPECT_EQ(t->summary.peak_kv_layout_bytes, 2u * 2u * 160u * 64u);
+  o.kv_pool_tokens = 100;
+  absl::StatusOr<ServingTrace> small = GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 60}}, m, o);
+  ASSERT_FALSE(small.ok());
+  EXPECT_TRUE(absl::StrContains(small.status().message(), "--kv-pool-tokens 100 is less than")) << small.status();
+}
+
+TEST(ServingTest, TrueNeedCountsExactTokensNotTheLayoutsRounding) {
+  const ModelSpec m = TinyModel();
+  ServingOptions o;
+  o.tiers_tokens = {4096};
+  absl::StatusOr<ServingTrace> t = GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 1}}, m, o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->summary.peak_kv_layout_bytes, 4096u * 256u);
+  EXPECT_EQ(t->summary.need_kv_bytes, 100u * 256u);
+  EXPECT_GT(t->summary.need_activation_bytes, 0u);
+  EXPECT_EQ(t->summary.true_peak_need_bytes,
+            m.weight_bytes() + t->summary.need_kv_bytes + t->summary.need_activation_bytes);
+  EXPECT_LT(t->summary.true_peak_need_bytes + 3000u * 256u, t->summary.peak_live_bytes);
+}
+
+TEST(ServingTest, SchedulerLimitsChunkingAndRejections) {
+  const ModelSpec m = TinyModel();
+  ServingOptions o;
+  o.max_num_seqs = 2;
+  o.max_batched_tokens = 64;
+  o.max_model_len = 1000;
+  std::vector<Request> r = {{.arrival_s = 0, .input_tokens = 300, .output_tokens = 3},   // 5 chunks
+                            {.arrival_s = 0, .input_tokens = 990, .output_tokens = 20},  // too long
+                            {.arrival_s = 0, .input_tokens = 10, .output_tokens = 3},
+                            {.arrival_s = 50, .input_tokens = 10, .output_tokens = 3}};  // after an idle gap
+  absl::StatusOr<ServingTrace> t = GenerateServingTrace(r, m, o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->summary.rejected_too_long, 1);
+  EXPECT_EQ(t->summary.served, 3);
+  EXPECT_EQ(t->summary.max_running, 2);
+  EXPECT_EQ(t->summary.tokens_prefilled, 320);
+  EXPECT_EQ(t->summary.tokens_decoded, 6);
+  EXPECT_GT(t->summary.simulated_seconds, 50.0);
+  CheckBalanced(t->trace);
+
+  o.max_batched_tokens = 1;
+  EXPECT_TRUE(absl::StrContains(GenerateServingTrace(r, m, o).status().message(), "--max-batched-tokens 1"));
+  o = ServingOptions{};
+  o.tiers_tokens = {512, 256};
+  EXPECT_TRUE(absl::StrContains(GenerateServingTrace(r, m, o).status().message(), "ascending"));
+  o = ServingOptions{};
+  o.max_model_len = 5;
+  EXPECT_TRUE(absl::StrContains(GenerateServingTrace(r, m, o).status().message(), "none can be served"));
+  EXPECT_FALSE(ParseKvLayout("blocks").ok());
+}
+
+TEST(ServingTest, MetaFileRecordsTheTrueNeedBesideTheTrace) {
+  EXPECT_EQ(MetaPathFor("/tmp/x.csv"), "/tmp/x.meta.json");
+  EXPECT_EQ(MetaPathFor("x.trace"), "x.trace.meta.json");
+  const ModelSpec m = TinyModel();
+  absl::StatusOr<ServingTrace> t = GenerateServingTrace(SomeRequests(), m, ServingOptions{});
+  ASSERT_TRUE(t.ok());
+  const std::string path = ::testing::TempDir() + "/serving_meta_test.csv";
+  ASSERT_TRUE(WriteServingTrace(*t, m, ServingOptions{}, R"({"requests_file":"x.csv"})", path).ok());
+  absl::StatusOr<std::optional<std::uint64_t>> need = ReadTrueNeed(path);
+  ASSERT_TRUE(need.ok()) << need.status();
+  ASSERT_TRUE(need->has_value());
+  EXPECT_EQ(**need, t->summary.true_peak_need_bytes);
+  absl::StatusOr<Trace> back = ReadTraceFile(path);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->events.size(), t->trace.events.size());
+
+  std::ofstream(MetaPathFor(path)) << "{\"something\": 1}";
+  EXPECT_FALSE(ReadTrueNeed(path).ok());
+  std::remove(MetaPathFor(path).c_str());
+  need = ReadTrueNeed(path);
+  ASSERT_TRUE(need.ok());
+  EXPECT_FALSE(need->has_value());
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace bucketalloc::harness

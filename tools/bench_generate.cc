@@ -1,0 +1,120 @@
+// tools/bench_generate.cc — `bucketalloc-bench generate serving`.
+#include "bench_generate.h"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bucketalloc/options.h"
+#include "harness/model_config.h"
+#include "harness/requests.h"
+#include "harness/serving.h"
+#include "nlohmann/json.hpp"
+
+namespace bucketalloc::bench {
+
+struct GenerateCommand::Flags {
+  std::string requests_path, model_path, output, kv_layout = "tiered";
+  harness::RequestOptions requests;
+  harness::ServingOptions serving;
+  CLI::App* serving_app = nullptr;
+};
+
+GenerateCommand::GenerateCommand(CLI::App& app) : flags_(std::make_unique<Flags>()) {
+  Flags& f = *flags_;
+  generate_ = app.add_subcommand("generate", "generate an allocation trace from a workload model");
+  generate_->require_subcommand(1);
+  CLI::App* s = generate_->add_subcommand(
+      "serving", "the allocation trace of an LLM server on PyTorch for a request trace and a model (docs/harness.md)");
+  f.serving_app = s;
+  s->add_option("--requests", f.requests_path,
+                "request trace: Azure CSV, Mooncake JSON lines, or a sarathi/vidur length CSV (.gz accepted)")
+      ->required();
+  s->add_option("--model", f.model_path, "a Hugging Face config.json (llama, mistral, qwen2, qwen3, phi3)")->required();
+  s->add_option("-o,--output", f.output, "the trace to write (RMM CSV); its meta file goes beside it (x.meta.json)")
+      ->required();
+  s->add_option("--limit", f.requests.limit, "keep the first N requests (0 = all)")->capture_default_str();
+  s->add_option("--sample", f.requests.sample_fraction, "keep each request with this probability (seeded)")
+      ->capture_default_str();
+  s->add_option("--time-scale", f.requests.time_scale,
+                "multiply arrival times (0.5: the same requests twice as fast)")
+      ->capture_default_str();
+  s->add_option("--qps", f.requests.qps, "arrival rate drawn for length-only files (Poisson)")->capture_default_str();
+  s->add_option("--seed", f.requests.seed, "seed of sampling and drawn arrivals")->capture_default_str();
+  s->add_option("--kv-layout", f.kv_layout, "tiered, growth or paged")->capture_default_str();
+  s->add_option("--max-num-seqs", f.serving.max_num_seqs, "sequences per step")->capture_default_str();
+  s->add_option("--max-batched-tokens", f.serving.max_batched_tokens, "tokens per step (prompts are chunked)")
+      ->capture_default_str();
+  s->add_option("--max-kv-tokens", f.serving.max_kv_tokens,
+                "admit a request only while the running ones' prompt + output tokens stay within this (0 = no limit)")
+      ->capture_default_str();
+  s->add_option("--max-model-len", f.serving.max_model_len,
+                "longer requests are rejected (0 = the config's max_position_embeddings)")
+      ->capture_default_str();
+  s->add_option("--tiers", f.serving.tiers_tokens, "tiered: token tiers, then doubling (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
+  s->add_option("--growth-tokens", f.serving.growth_tokens, "growth: concatenate every N tokens (1 = every token)")
+      ->capture_default_str();
+  s->add_option("--block-tokens", f.serving.block_tokens, "paged: tokens per block")->capture_default_str();
+  s->add_option("--kv-pool-tokens", f.serving.kv_pool_tokens,
+                "paged: pool size in tokens (0 = what the schedule holds at its peak)")
+      ->capture_default_str();
+  s->add_flag("--every-layer", f.serving.every_layer,
+              "write every layer's temporaries (default: one layer pass per step; the same bytes, L times fewer events)");
+  s->add_option("--step-base-ms", f.serving.step_base_ms, "step time of a 16 GiB model: fixed part")
+      ->capture_default_str();
+  s->add_option("--step-us-per-token", f.serving.step_us_per_token,
+                "step time of a 16 GiB model: per batched token")
+      ->capture_default_str();
+}
+
+GenerateCommand::~GenerateCommand() = default;
+
+bool GenerateCommand::parsed() const { return generate_->parsed(); }
+
+int GenerateCommand::Run() const {
+  const Flags& f = *flags_;
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "bucketalloc-bench generate serving: %s\n", std::string(s.message()).c_str());
+    return 1;
+  };
+  harness::ServingOptions serving = f.serving;
+  absl::StatusOr<harness::KvLayout> layout = harness::ParseKvLayout(f.kv_layout);
+  if (!layout.ok()) return fail(layout.status());
+  serving.kv_layout = *layout;
+  absl::StatusOr<harness::ModelSpec> model = harness::ReadModelConfig(f.model_path);
+  if (!model.ok()) return fail(model.status());
+  absl::StatusOr<harness::RequestSet> requests = harness::ReadRequestsFile(f.requests_path, f.requests);
+  if (!requests.ok()) return fail(requests.status());
+  absl::StatusOr<harness::ServingTrace> trace = harness::GenerateServingTrace(requests->requests, *model, serving);
+  if (!trace.ok()) return fail(trace.status());
+  const nlohmann::ordered_json inputs = {{"requests_file", f.requests_path},
+                                         {"requests_format", harness::RequestFormatName(requests->format)},
+                                         {"requests_in_file", requests->rows},
+                                         {"limit", f.requests.limit},
+                                         {"sample", f.requests.sample_fraction},
+                                         {"time_scale", f.requests.time_scale},
+                                         {"qps", f.requests.qps},
+                                         {"seed", f.requests.seed},
+                                         {"model_config", f.model_path}};
+  if (absl::Status st = harness::WriteServingTrace(*trace, *model, serving, inputs.dump(), f.output); !st.ok()) {
+    return fail(st);
+  }
+  const harness::ServingSummary& s = trace->summary;
+  std::printf("%s: %zu events (%s, %s KV layout); meta in %s\n", f.output.c_str(), trace->trace.events.size(),
+              model->name.c_str(), std::string(harness::KvLayoutName(serving.kv_layout)).c_str(),
+              harness::MetaPathFor(f.output).c_str());
+  std::printf("  requests %lld served, %lld rejected as too long; %lld steps over %.1f simulated s, up to %d "
+              "sequences per step\n",
+              static_cast<long long>(s.served), static_cast<long long>(s.rejected_too_long),
+              static_cast<long long>(s.steps), s.simulated_seconds, s.max_running);
+  std::printf("  weights %s; peak live %s; true peak need %s (KV %s exact, activations %s); KV layout peak %s\n",
+              FormatBytes(s.weight_bytes).c_str(), FormatBytes(s.peak_live_bytes).c_str(),
+              FormatBytes(s.true_peak_need_bytes).c_str(), FormatBytes(s.need_kv_bytes).c_str(),
+              FormatBytes(s.need_activation_bytes).c_str(), FormatBytes(s.peak_kv_layout_bytes).c_str());
+  return 0;
+}
+
+}  // namespace bucketalloc::bench
