@@ -1,12 +1,36 @@
 #!/usr/bin/env bash
-# scripts/demo.sh — the main job: set up, build, and run the demo (a variable-length serving
-# workload, plain best fit vs tiers). On the simulated device unless a CUDA device is usable.
-# Extra arguments go to bucketalloc_demo (see --help).
+# scripts/demo.sh — the main job: set up, build, and run the harness demo (docs/harness.md).
+#
+#  1. `bucketalloc-bench generate serving` turns the first 1000 requests of the Azure LLM
+#     conversation trace (data/requests, arriving 10x faster than recorded) and the
+#     Llama-3.1-8B-Instruct config (data/models) into the allocation trace a PyTorch server with
+#     per-request KV tensors in token tiers would produce (demo_out/serving_tiered.csv, with its
+#     meta file: the workload's true peak need);
+#  2. `bucketalloc-bench compare` replays it at DEMO_CAPACITY (79GiB: between the smallest cards
+#     bucketalloc with tiers and PyTorch's policy need) with bucketalloc (defaults), bucketalloc
+#     with tiers for this model's K/V tensors (BUCKETALLOC_CONF: tiers_tokens and bytes_per_token
+#     = kv_heads x head_dim x 2 B = 2048), pytorch-policy (PyTorch's caching policy) and nocache
+#     (cudaMalloc per request), prints the table, and writes demo_out/report.html (charts of live vs
+#     reserved bytes and the free-block histograms; it opens offline).
+# Replays run on the simulated device (unbacked 79 GiB: no GPU needed); `--device cuda` in
+# bucketalloc-bench replays on a GPU. Environment: DEMO_OUT (demo_out), DEMO_CAPACITY (79GiB),
+# DEMO_LIMIT (1000), JOBS (2).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
 cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}" >/dev/null
-ninja -C build/release -j"${JOBS:-2}" bucketalloc_demo
-backend=sim
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then backend=cuda; fi
-exec build/release/tools/bucketalloc_demo --backend "$backend" "$@"
+ninja -C build/release -j"${JOBS:-2}" bucketalloc_bench
+bench=build/release/tools/bucketalloc-bench
+out=${DEMO_OUT:-demo_out}
+mkdir -p "$out"
+
+echo "== generate: Azure conversation trace x Llama-3.1-8B-Instruct, tiered KV tensors"
+"$bench" generate serving --requests data/requests/azure_llm_inference_trace_2023_conv.csv \
+  --model data/models/Llama-3.1-8B-Instruct.config.json --limit "${DEMO_LIMIT:-1000}" --time-scale 0.1 \
+  --kv-layout tiered -o "$out/serving_tiered.csv"
+
+echo
+echo "== compare at ${DEMO_CAPACITY:-79GiB} (each allocator's min capacity is found by bisection too)"
+"$bench" compare "$out/serving_tiered.csv" --capacity "${DEMO_CAPACITY:-79GiB}" \
+  --allocators "bucketalloc,bucketalloc:tiers_tokens:[1024,2048,4096,8192,16384],bytes_per_token:2048,pytorch-policy,nocache" \
+  --json "$out/compare.json" --html "$out/report.html"

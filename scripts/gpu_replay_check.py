@@ -13,7 +13,10 @@ and reports each one's peak reserved bytes (torch.cuda.max_memory_reserved, or b
 stats), OOMs, and wall time per operation. Then it runs
 `bucketalloc-bench replay TRACE --allocator pytorch-policy` on the simulated device and checks that
 its peak reserved is within 5% of native PyTorch's: the harness's pytorch-policy must predict the
-real allocator (target of issue 5). The other figures are reported, not enforced.
+real allocator (target of issue 5). It also runs `bucketalloc-bench replay --device cuda` for
+bucketalloc and nocache (the harness on cudaMalloc) and checks that each one's peak reserved equals
+its replay on the simulated device: the policies do not depend on the addresses a device returns.
+The other figures are reported, not enforced.
 (cudaMallocAsync's max_memory_reserved is the pool's reserved high-water mark as PyTorch reports it.)
 It also calibrates the harness's cost model: with PYTORCH_NO_CUDA_MEMORY_CACHING=1 every torch.empty
 is a cudaMalloc and every del a cudaFree, timed separately for 2 MiB, 20 MiB and 1 GiB (median of 50),
@@ -155,6 +158,28 @@ def main():
         else:
             with open(out) as f:
                 predicted = json.load(f)["peak_reserved_bytes"]
+
+    if with_bench:
+        for allocator in ("bucketalloc", "nocache"):
+            peaks = {}
+            for device in ("sim", "cuda"):
+                out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"gpu_replay_{allocator}_{device}.json")
+                proc = subprocess.run([args.bench, "replay", args.trace, "--allocator", allocator, "--capacity",
+                                       args.capacity, "--device", device, "--json", out], capture_output=True, text=True)
+                if proc.returncode != 0:
+                    print(f"check harness_replay_{allocator}_{device}: FAIL exit {proc.returncode}\n{proc.stderr[-2000:]}")
+                    failed = True
+                    continue
+                with open(out) as f:
+                    r = json.load(f)
+                peaks[device] = r["peak_reserved_bytes"]
+                print(f"harness replay {allocator} --device {device}: peak reserved {gib(r['peak_reserved_bytes'])}, "
+                      f"p50 {r['p50_ns']:.0f} ns, p99 {r['p99_ns']:.0f} ns, backend calls {r['backend_calls']}")
+            if len(peaks) == 2:
+                ok = peaks["sim"] == peaks["cuda"]
+                print(f"check harness_cuda_matches_sim_{allocator}: {'PASS' if ok else 'FAIL'} "
+                      f"sim {peaks['sim']} B, cuda {peaks['cuda']} B")
+                failed = failed or not ok
 
     print(f"trace {args.trace}: {next(iter(results.values()))['events'] if results else '?'} events")
     print(f"{'allocator':<28} {'peak reserved':>14} {'OOMs':>6} {'ns/op':>8}")

@@ -10,7 +10,8 @@
 # Usage: scripts/harness_figures.sh [EXTRA_ALLOCATOR ...]
 # Environment: BENCH (default build/release/tools/bucketalloc-bench), DATA (the request traces and
 # configs not vendored into data/: default ../shared/data), WORK (default /tmp/harness_figures),
-# AZURE_LIMIT (2000), MOONCAKE_LIMIT (200).
+# AZURE_LIMIT (2000), MOONCAKE_LIMIT (300). Mooncake's long contexts are admitted while the running
+# requests hold at most 400,000 tokens (--max-kv-tokens), so its traces fit an 80 GiB card.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BENCH=${BENCH:-build/release/tools/bucketalloc-bench}
@@ -22,7 +23,7 @@ for extra in "$@"; do ALLOCATORS+=",$extra"; done
 
 declare -A REQUESTS=(
   [azure_conv]="--requests data/requests/azure_llm_inference_trace_2023_conv.csv --limit ${AZURE_LIMIT:-2000} --time-scale 0.1"
-  [mooncake_conv]="--requests $DATA/mooncake_fast25_conversation_trace.jsonl --limit ${MOONCAKE_LIMIT:-200} --time-scale 0.2"
+  [mooncake_conv]="--requests $DATA/mooncake_fast25_conversation_trace.jsonl --limit ${MOONCAKE_LIMIT:-300} --time-scale 0.2 --max-kv-tokens 400000"
 )
 declare -A MODELS=(
   [llama31_8b]=data/models/Llama-3.1-8B-Instruct.config.json

@@ -106,9 +106,10 @@ int GenerateCommand::Run() const {
   std::printf("%s: %zu events (%s, %s KV layout); meta in %s\n", f.output.c_str(), trace->trace.events.size(),
               model->name.c_str(), std::string(harness::KvLayoutName(serving.kv_layout)).c_str(),
               harness::MetaPathFor(f.output).c_str());
-  std::printf("  requests %lld served, %lld rejected as too long; %lld steps over %.1f simulated s, up to %d "
-              "sequences per step\n",
+  std::printf("  requests %lld served, %lld rejected as too long, %lld as over --max-kv-tokens; %lld steps over "
+              "%.1f simulated s, up to %d sequences per step\n",
               static_cast<long long>(s.served), static_cast<long long>(s.rejected_too_long),
+              static_cast<long long>(s.rejected_over_kv_limit),
               static_cast<long long>(s.steps), s.simulated_seconds, s.max_running);
   std::printf("  weights %s; peak live %s; true peak need %s (KV %s exact, activations %s); KV layout peak %s\n",
               FormatBytes(s.weight_bytes).c_str(), FormatBytes(s.peak_live_bytes).c_str(),

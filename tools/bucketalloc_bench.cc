@@ -7,6 +7,7 @@
 //   bucketalloc-bench compare TRACE [TRACE...] --allocators A,B,... --capacity SIZE [--html REPORT] [--json OUT]
 //   bucketalloc-bench import-kineto FILE [--device N] -o TRACE
 //   bucketalloc-bench generate serving --requests FILE --model CONFIG.json [options] -o TRACE
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -82,11 +83,13 @@ absl::StatusOr<MinCapacityResult> MinCapacityWithNeed(const bucketalloc::harness
 }
 
 bucketalloc::harness::ReplayOptions Options(const std::string& allocator, std::size_t capacity,
-                                            const bucketalloc::harness::CostModel& cost) {
+                                            const bucketalloc::harness::CostModel& cost,
+                                            bucketalloc::harness::ReplayDeviceKind device) {
   bucketalloc::harness::ReplayOptions o;
   o.allocator = allocator;
   o.capacity = capacity;
   o.cost = cost;
+  o.device = device;
   return o;
 }
 
@@ -137,14 +140,21 @@ int main(int argc, char** argv) {
                       "the free-block histogram at peak reserved, per allocator");
 
   std::string output;
-  int device = -1;
+  int kineto_device = -1;
   CLI::App* import = app.add_subcommand("import-kineto", "PyTorch profiler memory events (JSON, JSON.gz or CSV) to a trace");
   import->add_option("file", trace_path, "the Kineto trace or its memory-event CSV")->required();
-  import->add_option("--device", device, "the CUDA device to keep (default: the first one seen)");
+  import->add_option("--device", kineto_device, "the CUDA device to keep (default: the first one seen)");
   import->add_option("-o,--output", output, "the trace to write (RMM CSV)")->required();
 
   bucketalloc::bench::GenerateCommand generate(app);
 
+  std::string device_name = "sim";
+  for (CLI::App* sub : {replay, compare}) {
+    sub->add_option("--device", device_name,
+                    "sim (the simulated device) or cuda (GPU 0, capped at --capacity); min-capacity always bisects "
+                    "on the simulated device")
+        ->capture_default_str();
+  }
   for (CLI::App* sub : {replay, min_capacity, compare}) {
     sub->add_option("--malloc-us", cost.malloc_us, "simulated cost of a backend allocation (us)")->capture_default_str();
     sub->add_option("--free-us", cost.free_us, "simulated cost of a backend free (us)")->capture_default_str();
@@ -152,8 +162,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (generate.parsed()) return generate.Run();
+  absl::StatusOr<bucketalloc::harness::ReplayDeviceKind> device =
+      bucketalloc::harness::ParseReplayDeviceKind(device_name);
+  if (!device.ok()) return Fail(device.status());
   if (import->parsed()) {
-    absl::StatusOr<bucketalloc::harness::Trace> t = bucketalloc::harness::ImportKinetoFile(trace_path, device);
+    absl::StatusOr<bucketalloc::harness::Trace> t = bucketalloc::harness::ImportKinetoFile(trace_path, kineto_device);
     if (!t.ok()) return Fail(t.status());
     if (absl::Status s = bucketalloc::harness::WriteTraceFile(*t, output); !s.ok()) return Fail(s);
     std::printf("%s: %zu events, peak live %s\n", output.c_str(), t->events.size(),
@@ -168,7 +181,9 @@ int main(int argc, char** argv) {
     const bool record = !json_path.empty() || !html_path.empty();
     const bool several = compare_traces.size() > 1;
     const std::vector<std::string> allocators = bucketalloc::harness::SplitAllocatorList(allocator_list);
-    std::printf("%s%-36s %10s %10s %8s %8s %6s %6s %6s %8s %8s %10s %12s %8s\n", several ? "trace\n  " : "",
+    int width = 14;  // the allocator column: as wide as the longest name
+    for (const std::string& a : allocators) width = std::max(width, static_cast<int>(a.size()));
+    std::printf("%s%-*s %10s %10s %8s %8s %6s %6s %6s %8s %8s %10s %12s %8s\n", several ? "trace\n  " : "", width,
                 "allocator", "reserved", "min cap", "min/live", "min/need", "OOMs", "cap", "frag", "p50 ns", "p99 ns",
                 "backend", "backend ms", "verdict");
     std::vector<bucketalloc::harness::CompareReport> reports;
@@ -181,7 +196,7 @@ int main(int argc, char** argv) {
       report.peak_live_bytes = bucketalloc::harness::PeakLiveBytes(*trace);
       if (several) std::printf("%s (peak live %s)\n", path.c_str(), FormatBytes(report.peak_live_bytes).c_str());
       for (const std::string& name : allocators) {
-        bucketalloc::harness::ReplayOptions o = Options(name, *capacity, cost);
+        bucketalloc::harness::ReplayOptions o = Options(name, *capacity, cost, *device);
         o.record_timeline = record;
         absl::StatusOr<ReplayResult> r = bucketalloc::harness::Replay(*trace, o);
         if (!r.ok()) return Fail(r.status());
@@ -189,8 +204,8 @@ int main(int argc, char** argv) {
         if (!m.ok()) return Fail(m.status());
         const std::string need =
             m->true_need_bytes.has_value() ? absl::StrFormat("%.3f", m->min_capacity_over_true_need()) : "-";
-        std::printf("%s%-36s %10s %10s %8.3f %8s %6llu %6llu %6llu %8.0f %8.0f %10llu %12.1f %8s\n",
-                    several ? "  " : "", r->allocator.c_str(), FormatBytes(r->peak_reserved_bytes).c_str(),
+        std::printf("%s%-*s %10s %10s %8.3f %8s %6llu %6llu %6llu %8.0f %8.0f %10llu %12.1f %8s\n",
+                    several ? "  " : "", width, r->allocator.c_str(), FormatBytes(r->peak_reserved_bytes).c_str(),
                     FormatBytes(m->min_capacity_bytes).c_str(), m->min_capacity_over_live, need.c_str(),
                     static_cast<unsigned long long>(r->ooms), static_cast<unsigned long long>(r->capacity_ooms),
                     static_cast<unsigned long long>(r->fragmentation_ooms), r->p50_ns, r->p99_ns,
@@ -216,7 +231,7 @@ int main(int argc, char** argv) {
   if (replay->parsed()) {
     absl::StatusOr<std::size_t> capacity = ParseCapacity(capacity_text);
     if (!capacity.ok()) return Fail(capacity.status());
-    bucketalloc::harness::ReplayOptions o = Options(allocator, *capacity, cost);
+    bucketalloc::harness::ReplayOptions o = Options(allocator, *capacity, cost, *device);
     o.repeat = repeat;
     absl::StatusOr<ReplayResult> r = bucketalloc::harness::Replay(*trace, o);
     if (!r.ok()) return Fail(r.status());

@@ -86,10 +86,12 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
   v = PositiveInt(j, source, "num_key_value_heads", m.heads);  // absent: multi-head attention
   if (!v.ok()) return v.status();
   m.kv_heads = *v;
-  if (m.hidden % m.heads != 0 && !j.contains("head_dim")) {
+  if (m.hidden % m.heads != 0 && !j.contains("head_dim") && m.model_type != "qwen3") {
     return KeyError(source, "hidden_size", "is not a multiple of num_attention_heads and head_dim is missing");
   }
-  v = PositiveInt(j, source, "head_dim", m.hidden / m.heads);
+  // Qwen3's configuration class defaults head_dim to 128 (not hidden / heads, which differs for
+  // Qwen3-32B); the others derive it.
+  v = PositiveInt(j, source, "head_dim", m.model_type == "qwen3" ? 128 : m.hidden / m.heads);
   if (!v.ok()) return v.status();
   m.head_dim = *v;
   if (m.heads % m.kv_heads != 0) {
@@ -115,9 +117,13 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
   const std::uint64_t kv = static_cast<std::uint64_t>(m.kv_heads) * static_cast<std::uint64_t>(m.head_dim);
   const std::uint64_t inter = static_cast<std::uint64_t>(m.intermediate);
   const std::uint64_t vocab = static_cast<std::uint64_t>(m.vocab);
-  const bool attention_bias = Flag(j, "attention_bias");
+  // Biases as each architecture's modelling code has them: llama honours attention_bias (q, k, v, o)
+  // and mlp_bias; qwen3 honours attention_bias (q, k, v, o); qwen2 always has q, k, v biases;
+  // mistral and phi3 have none, whatever the config says.
+  const bool attention_bias =
+      (m.model_type == "llama" || m.model_type == "qwen3") && Flag(j, "attention_bias");
   const bool qkv_bias = attention_bias || m.model_type == "qwen2";
-  const bool mlp_bias = Flag(j, "mlp_bias");
+  const bool mlp_bias = m.model_type == "llama" && Flag(j, "mlp_bias");
   auto add = [&](std::string name, std::uint64_t elements) { m.weights.push_back({std::move(name), elements * e}); };
 
   add("model.embed_tokens.weight", vocab * h);
@@ -141,7 +147,7 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
       add(p + "self_attn.k_norm.weight", static_cast<std::uint64_t>(m.head_dim));
     }
     add(p + "self_attn.o_proj.weight", h * q);
-    if (attention_bias && m.model_type == "llama") add(p + "self_attn.o_proj.bias", h);
+    if (attention_bias) add(p + "self_attn.o_proj.bias", h);
     add(p + "post_attention_layernorm.weight", h);
     if (m.fused_qkv) {
       add(p + "mlp.gate_up_proj.weight", 2 * inter * h);
@@ -158,6 +164,15 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
   }
   add("model.norm.weight", h);
   if (!Flag(j, "tie_word_embeddings")) add("lm_head.weight", vocab * h);
+  // Each dimension is at most 2^30, so one tensor cannot overflow; many layers of huge ones could.
+  constexpr std::uint64_t kMaxWeightBytes = std::uint64_t{1} << 50;
+  std::uint64_t total = 0;
+  for (const WeightTensor& w : m.weights) {
+    total += w.bytes;
+    if (w.bytes > kMaxWeightBytes || total > kMaxWeightBytes) {
+      return KeyError(source, "num_hidden_layers", "and the other dimensions give over 1 PiB of weights; accepted a real model");
+    }
+  }
   return m;
 }
 

@@ -5,9 +5,11 @@
 // dim, MLP width, vocabulary, dtype) and the model's weight tensors, one per real tensor of the
 // checkpoint, in load order:
 //   llama, mistral:  embed_tokens; per layer q/k/v/o_proj, gate/up/down_proj, two RMSNorms; norm;
-//                    lm_head (unless tie_word_embeddings). attention_bias / mlp_bias add biases.
+//                    lm_head (unless tie_word_embeddings). llama's attention_bias / mlp_bias add
+//                    biases; mistral has none.
 //   qwen2:           as llama, with q/k/v biases (always present in Qwen2).
-//   qwen3:           as llama, with per-head q_norm and k_norm.
+//   qwen3:           as llama, with per-head q_norm and k_norm (head_dim defaults to 128, as in
+//                    transformers); attention_bias adds q/k/v/o biases.
 //   phi3 (phi-4):    fused qkv_proj and gate_up_proj.
 // Other model types are refused with the list above: their tensors would be guesses.
 // Thread-safety: none (values).

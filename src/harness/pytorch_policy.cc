@@ -45,7 +45,7 @@ using BlockPool = std::set<Block*, BySize>;
 
 class PyTorchPolicy final : public ReplayAllocator {
  public:
-  explicit PyTorchPolicy(std::unique_ptr<SimBackend> device) : device_(std::move(device)) {}
+  explicit PyTorchPolicy(std::unique_ptr<ReplayDevice> device) : device_(std::move(device)) {}
   ~PyTorchPolicy() override {
     for (auto& [ptr, b] : live_) delete b;  // every block is either live or in a free pool
     for (BlockPool* pool : {&small_, &large_}) {
@@ -166,7 +166,7 @@ class PyTorchPolicy final : public ReplayAllocator {
     }
   }
 
-  std::unique_ptr<SimBackend> device_;
+  std::unique_ptr<ReplayDevice> device_;
   BlockPool small_, large_;
   absl::flat_hash_map<std::uintptr_t, Block*> live_;
   std::size_t reserved_ = 0;
@@ -177,8 +177,8 @@ class PyTorchPolicy final : public ReplayAllocator {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(std::size_t capacity) {
-  absl::StatusOr<std::unique_ptr<SimBackend>> device = MakeReplayDevice(capacity);
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(std::size_t capacity, ReplayDeviceKind kind) {
+  absl::StatusOr<std::unique_ptr<ReplayDevice>> device = MakeReplayDevice(capacity, kind);
   if (!device.ok()) return device.status();
   return std::unique_ptr<ReplayAllocator>(std::make_unique<PyTorchPolicy>(std::move(*device)));
 }

@@ -25,8 +25,9 @@
 
 namespace bucketalloc::harness {
 
-// PyTorch's policy over a simulated device of `capacity` bytes.
-absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(std::size_t capacity);
+// PyTorch's policy over a device of `capacity` bytes (simulated by default).
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(std::size_t capacity,
+                                                                   ReplayDeviceKind kind = ReplayDeviceKind::kSim);
 
 }  // namespace bucketalloc::harness
 

@@ -54,7 +54,7 @@ class BucketallocReplay final : public ReplayAllocator {
 // One backend call per request: what cudaMalloc/cudaFree without a cache does.
 class NoCacheReplay final : public ReplayAllocator {
  public:
-  explicit NoCacheReplay(std::unique_ptr<SimBackend> b) : b_(std::move(b)) {}
+  explicit NoCacheReplay(std::unique_ptr<ReplayDevice> b) : b_(std::move(b)) {}
   absl::StatusOr<void*> Allocate(std::size_t size, Stream) override {
     if (size == 0) return nullptr;
     absl::StatusOr<void*> p = b_->Allocate(internal::RoundUp(size, b_->Granularity()));
@@ -83,7 +83,7 @@ class NoCacheReplay final : public ReplayAllocator {
   }
 
  private:
-  std::unique_ptr<SimBackend> b_;
+  std::unique_ptr<ReplayDevice> b_;
   std::size_t peak_ = 0;
   std::size_t requested_ = 0;  // bytes asked for by live blocks
 };
@@ -221,7 +221,7 @@ class TimelineBuilder {
 absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, const ReplayOptions& options,
                                                          std::size_t capacity, std::uint64_t event,
                                                          std::size_t expected_reserved) {
-  absl::StatusOr<std::unique_ptr<ReplayAllocator>> made = MakeReplayAllocator(options.allocator, options.capacity);
+  absl::StatusOr<std::unique_ptr<ReplayAllocator>> made = MakeReplayAllocator(options.allocator, options.capacity, options.device);
   if (!made.ok()) return made.status();
   ReplayAllocator& a = **made;
   PeakFragmentation f;
@@ -257,27 +257,66 @@ PoolFragmentation ReplayAllocator::Fragmentation() const {
   return f;
 }
 
-absl::StatusOr<std::unique_ptr<SimBackend>> MakeReplayDevice(std::size_t capacity) {
+absl::StatusOr<ReplayDeviceKind> ParseReplayDeviceKind(absl::string_view name) {
+  if (name == "sim") return ReplayDeviceKind::kSim;
+  if (name == "cuda") return ReplayDeviceKind::kCuda;
+  return absl::InvalidArgumentError(absl::StrCat("--device ", name, ": accepted sim or cuda"));
+}
+
+absl::StatusOr<void*> ReplayDevice::Allocate(std::size_t bytes) {
+  if (enforce_capacity_ && used_ + bytes > capacity_) {
+    ++refused_;
+    return absl::ResourceExhaustedError(absl::StrCat("the replay's capacity of ", capacity_, " bytes is reached (",
+                                                     used_, " used, ", bytes, " asked)"));
+  }
+  absl::StatusOr<void*> p = backend_->Allocate(bytes);
+  if (p.ok()) used_ += bytes;
+  return p;
+}
+
+absl::Status ReplayDevice::Free(void* ptr, std::size_t bytes) {
+  absl::Status s = backend_->Free(ptr, bytes);
+  if (s.ok()) used_ -= bytes;
+  return s;
+}
+
+BackendCounters ReplayDevice::counters() const {
+  BackendCounters c = backend_->counters();
+  c.failed_allocs += refused_;
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity, ReplayDeviceKind kind) {
+  if (kind == ReplayDeviceKind::kCuda) {
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = MakeCudaBackend(0);
+    if (!cuda.ok()) return cuda.status();
+    return std::make_unique<ReplayDevice>(std::move(*cuda), capacity, /*enforce_capacity=*/true);
+  }
   SimBackendOptions o;
   o.total_memory = capacity;
   o.memory = SimMemoryMode::kUnbacked;
-  return MakeSimBackend(o);
+  absl::StatusOr<std::unique_ptr<SimBackend>> sim = MakeSimBackend(o);
+  if (!sim.ok()) return sim.status();
+  return std::make_unique<ReplayDevice>(std::move(*sim), capacity, /*enforce_capacity=*/false);
 }
 
-absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity) {
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity,
+                                                                     ReplayDeviceKind kind) {
   if (capacity < kGranularity) {
     return absl::InvalidArgumentError(absl::StrCat("capacity ", capacity, " bytes is too small; accepted: 2 MiB or more"));
   }
   capacity = capacity / kGranularity * kGranularity;
-  if (spec == "pytorch-policy") return MakePyTorchPolicy(capacity);
+  if (spec == "pytorch-policy") return MakePyTorchPolicy(capacity, kind);
   if (spec == "nocache") {
-    absl::StatusOr<std::unique_ptr<SimBackend>> b = MakeReplayDevice(capacity);
+    absl::StatusOr<std::unique_ptr<ReplayDevice>> b = MakeReplayDevice(capacity, kind);
     if (!b.ok()) return b.status();
     return std::unique_ptr<ReplayAllocator>(std::make_unique<NoCacheReplay>(std::move(*b)));
   }
   if (spec == "bucketalloc" || absl::StartsWith(spec, "bucketalloc:")) {
     const absl::string_view conf = spec == "bucketalloc" ? absl::string_view() : spec.substr(12);
-    std::string full = absl::StrCat("backend:sim,sim_memory:unbacked,sim_total_memory:", capacity);
+    std::string full = kind == ReplayDeviceKind::kCuda
+                           ? absl::StrCat("backend:cuda,capacity:", capacity)
+                           : absl::StrCat("backend:sim,sim_memory:unbacked,sim_total_memory:", capacity);
     if (!conf.empty()) absl::StrAppend(&full, ",", conf);
     absl::StatusOr<Options> options = ParseOptions(full);
     if (!options.ok()) {
@@ -346,7 +385,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   if (options.record_timeline && options.timeline_points == 0) {
     return absl::InvalidArgumentError("timeline_points 0 is invalid; accepted: 1 or more");
   }
-  absl::StatusOr<std::unique_ptr<ReplayAllocator>> made = MakeReplayAllocator(options.allocator, options.capacity);
+  absl::StatusOr<std::unique_ptr<ReplayAllocator>> made = MakeReplayAllocator(options.allocator, options.capacity, options.device);
   if (!made.ok()) return made.status();
   ReplayAllocator& a = **made;
   ReplayResult r;
@@ -406,6 +445,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
     r.verdict = peak_grows || held_grows ? "rising" : "stable";
   }
   if (options.record_timeline && peak_reserved > 0) {
+    made->reset();  // its cache goes back first: on a GPU the two replays would not fit together
     absl::StatusOr<PeakFragmentation> f = CaptureFragmentationAt(trace, options, r.capacity, peak_event, peak_reserved);
     if (!f.ok()) return f.status();
     r.peak_fragmentation = std::move(*f);

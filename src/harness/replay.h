@@ -63,13 +63,42 @@ class ReplayAllocator {
   virtual PoolFragmentation Fragmentation() const;
 };
 
-// A simulated device of exactly `capacity` bytes, unbacked (addresses, no memory): what every
-// replay allocator runs on.
-absl::StatusOr<std::unique_ptr<SimBackend>> MakeReplayDevice(std::size_t capacity);
+// Where a replay runs: the simulated device (unbacked: addresses, no memory; the default, and what
+// every figure in docs/harness.md uses, since it is reproducible) or CUDA device 0 through cudaMalloc
+// (bucketalloc with backend:cuda; nocache and pytorch-policy on cudaMalloc), capped at the capacity.
+enum class ReplayDeviceKind : std::uint8_t { kSim, kCuda };
+absl::StatusOr<ReplayDeviceKind> ParseReplayDeviceKind(absl::string_view name);  // sim, cuda
 
-// Creates the allocator named by `spec` (see the file comment) on a simulated device of
-// `capacity` bytes. InvalidArgument names a bad spec or configuration and what is accepted.
-absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity);
+// The memory under nocache and pytorch-policy: a backend of exactly `capacity` bytes. Allocate
+// returns ResourceExhausted past the capacity (the simulated device enforces it itself; on CUDA
+// this wrapper does, and counts the refusal as a failed backend allocation, as the simulated device
+// counts its own).
+class ReplayDevice {
+ public:
+  ReplayDevice(std::unique_ptr<Backend> backend, std::size_t capacity, bool enforce_capacity)
+      : backend_(std::move(backend)), capacity_(capacity), enforce_capacity_(enforce_capacity) {}
+  absl::StatusOr<void*> Allocate(std::size_t bytes);  // bytes: a multiple of Granularity()
+  absl::Status Free(void* ptr, std::size_t bytes);
+  std::size_t used_bytes() const { return used_; }
+  std::size_t Granularity() const { return backend_->Granularity(); }
+  BackendCounters counters() const;
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::size_t capacity_;
+  bool enforce_capacity_;
+  std::size_t used_ = 0;
+  std::int64_t refused_ = 0;
+};
+
+absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity,
+                                                               ReplayDeviceKind kind = ReplayDeviceKind::kSim);
+
+// Creates the allocator named by `spec` (see the file comment) on a device of `capacity` bytes.
+// InvalidArgument names a bad spec or configuration and what is accepted; on CUDA without a usable
+// device, FailedPrecondition names the CUDA error.
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity,
+                                                                     ReplayDeviceKind kind = ReplayDeviceKind::kSim);
 
 // Splits compare's --allocators list. A BUCKETALLOC_CONF has commas of its own, so the list splits at
 // commas outside brackets, and a piece that does not start with an allocator name (bucketalloc,
@@ -81,6 +110,7 @@ std::vector<std::string> SplitAllocatorList(absl::string_view list);
 struct ReplayOptions {
   std::string allocator = "bucketalloc";
   std::size_t capacity = 0;  // bytes, > 0
+  ReplayDeviceKind device = ReplayDeviceKind::kSim;
   int repeat = 1;            // rounds of the trace on the same allocator
   CostModel cost;
   // Records ReplayResult::timeline (at most `timeline_points` points) and peak_fragmentation. Off

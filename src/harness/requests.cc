@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 #include <random>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -27,9 +28,11 @@ absl::Status LineError(absl::string_view source, int line, absl::string_view wha
 // std::uniform_real_distribution, so a seed gives the same requests everywhere.
 double Uniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
-// One parsed row before sampling: time (seconds, absolute or relative; nullopt for lengths-only).
+// One parsed row before sampling: its time since the epoch or the trace's start (kept as an
+// absl::Duration, so Azure's 100 ns digits survive until the origin is subtracted); nullopt for
+// lengths-only files.
 struct Row {
-  std::optional<double> time_s;
+  std::optional<absl::Duration> time;
   std::int64_t input = 0;
   std::int64_t output = 0;
   int line = 0;
@@ -46,11 +49,13 @@ absl::Status CheckTokens(absl::string_view source, const Row& row) {
 }
 
 // CSV with a header; `time_column` < 0 for lengths-only files.
-absl::StatusOr<std::vector<Row>> ParseCsv(const std::vector<absl::string_view>& lines, absl::string_view source,
-                                          int time_column, int input_column, int output_column) {
+// `lines` starts at file line `first_line`.
+absl::StatusOr<std::vector<Row>> ParseCsv(const std::vector<absl::string_view>& lines, int first_line,
+                                          absl::string_view source, int time_column, int input_column,
+                                          int output_column) {
   std::vector<Row> rows;
   for (std::size_t i = 1; i < lines.size(); ++i) {
-    const int line = static_cast<int>(i) + 1;
+    const int line = static_cast<int>(i) + first_line;
     absl::string_view text = absl::StripAsciiWhitespace(lines[i]);
     if (text.empty()) continue;
     std::vector<absl::string_view> f = absl::StrSplit(text, ',');
@@ -65,13 +70,24 @@ absl::StatusOr<std::vector<Row>> ParseCsv(const std::vector<absl::string_view>& 
                                                   "\": accepted whole numbers"));
     }
     if (time_column >= 0) {
+      // The 2023 traces write "2023-11-16 18:15:46.6805900"; later ones add a UTC offset
+      // ("+00:00") and some tools write RFC 3339 ("T" ... "Z").
+      const std::string text(absl::StripAsciiWhitespace(f[time_column]));
       absl::Time t;
       std::string error;
-      if (!absl::ParseTime("%Y-%m-%d %H:%M:%E*S", std::string(f[time_column]), absl::UTCTimeZone(), &t, &error)) {
-        return LineError(source, line, absl::StrCat("TIMESTAMP \"", f[time_column],
-                                                    "\": accepted \"YYYY-MM-DD HH:MM:SS[.fraction]\" (", error, ")"));
+      bool parsed = false;
+      for (const char* format : {"%Y-%m-%d %H:%M:%E*S", "%Y-%m-%d %H:%M:%E*S%Ez", "%Y-%m-%dT%H:%M:%E*S%Ez",
+                                 "%Y-%m-%dT%H:%M:%E*S"}) {
+        if (absl::ParseTime(format, text, absl::UTCTimeZone(), &t, &error)) {
+          parsed = true;
+          break;
+        }
       }
-      row.time_s = absl::ToDoubleSeconds(t - absl::UnixEpoch());
+      if (!parsed) {
+        return LineError(source, line, absl::StrCat("TIMESTAMP \"", f[time_column],
+                                                    "\": accepted \"YYYY-MM-DD HH:MM:SS[.fraction][+hh:mm]\" or RFC 3339"));
+      }
+      row.time = t - absl::UnixEpoch();
     }
     if (absl::Status s = CheckTokens(source, row); !s.ok()) return s;
     rows.push_back(row);
@@ -79,10 +95,11 @@ absl::StatusOr<std::vector<Row>> ParseCsv(const std::vector<absl::string_view>& 
   return rows;
 }
 
-absl::StatusOr<std::vector<Row>> ParseMooncake(const std::vector<absl::string_view>& lines, absl::string_view source) {
+absl::StatusOr<std::vector<Row>> ParseMooncake(const std::vector<absl::string_view>& lines, int first_line,
+                                               absl::string_view source) {
   std::vector<Row> rows;
   for (std::size_t i = 0; i < lines.size(); ++i) {
-    const int line = static_cast<int>(i) + 1;
+    const int line = static_cast<int>(i) + first_line;
     absl::string_view text = absl::StripAsciiWhitespace(lines[i]);
     if (text.empty()) continue;
     nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
@@ -90,14 +107,20 @@ absl::StatusOr<std::vector<Row>> ParseMooncake(const std::vector<absl::string_vi
                        "not a JSON object; a request file that starts with '{' is read as Mooncake JSON lines, one "
                        "object per line with timestamp (ms), input_length and output_length");
     for (const char* key : {"timestamp", "input_length", "output_length"}) {
-      if (!j.contains(key) || !j[key].is_number()) {
-        return LineError(source, line, absl::StrCat("\"", key, "\" missing or not a number; each line needs ",
-                                                    "timestamp (ms), input_length and output_length"));
+      const bool whole = std::string_view(key) != "timestamp";
+      if (!j.contains(key) || !(whole ? j[key].is_number_integer() : j[key].is_number())) {
+        return LineError(source, line,
+                         absl::StrCat("\"", key, "\" missing or not ", whole ? "a whole number" : "a number",
+                                      "; each line needs timestamp (ms), input_length and output_length (tokens)"));
       }
     }
     Row row;
     row.line = line;
-    row.time_s = j["timestamp"].get<double>() / 1000.0;
+    const double ms = j["timestamp"].get<double>();
+    if (!std::isfinite(ms) || std::abs(ms) > 1e15) {
+      return LineError(source, line, absl::StrCat("timestamp ", j["timestamp"].dump(), ": accepted milliseconds"));
+    }
+    row.time = absl::Milliseconds(ms);
     row.input = j["input_length"].get<std::int64_t>();
     row.output = j["output_length"].get<std::int64_t>();
     if (absl::Status s = CheckTokens(source, row); !s.ok()) return s;
@@ -138,13 +161,14 @@ absl::StatusOr<RequestSet> ParseRequests(absl::string_view text, const RequestOp
   while (first < lines.size() && absl::StripAsciiWhitespace(lines[first]).empty()) ++first;
   if (first == lines.size()) return absl::InvalidArgumentError(absl::StrCat(source, ": empty"));
   lines.erase(lines.begin(), lines.begin() + static_cast<std::ptrdiff_t>(first));
+  const int first_line = static_cast<int>(first) + 1;  // of lines[0] in the file
 
   RequestSet set;
   absl::StatusOr<std::vector<Row>> rows;
   const absl::string_view head = absl::StripAsciiWhitespace(lines[0]);
   if (absl::StartsWith(head, "{")) {
     set.format = RequestFormat::kMooncake;
-    rows = ParseMooncake(lines, source);
+    rows = ParseMooncake(lines, first_line, source);
   } else {
     std::vector<std::string> header;
     for (absl::string_view h : absl::StrSplit(head, ',')) header.push_back(std::string(absl::StripAsciiWhitespace(h)));
@@ -156,12 +180,12 @@ absl::StatusOr<RequestSet> ParseRequests(absl::string_view text, const RequestOp
     };
     if (column("ContextTokens") >= 0 && column("GeneratedTokens") >= 0 && column("TIMESTAMP") >= 0) {
       set.format = RequestFormat::kAzure;
-      rows = ParseCsv(lines, source, column("TIMESTAMP"), column("ContextTokens"), column("GeneratedTokens"));
+      rows = ParseCsv(lines, first_line, source, column("TIMESTAMP"), column("ContextTokens"), column("GeneratedTokens"));
     } else if (column("num_prefill_tokens") >= 0 && column("num_decode_tokens") >= 0) {
       set.format = RequestFormat::kLengthsOnly;
-      rows = ParseCsv(lines, source, -1, column("num_prefill_tokens"), column("num_decode_tokens"));
+      rows = ParseCsv(lines, first_line, source, -1, column("num_prefill_tokens"), column("num_decode_tokens"));
     } else {
-      return LineError(source, static_cast<int>(first) + 1,
+      return LineError(source, first_line,
                        absl::StrCat("unknown request format (header \"", head,
                                     "\"); accepted: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens), Mooncake "
                                     "JSON lines (timestamp, input_length, output_length), or a length CSV "
@@ -171,27 +195,32 @@ absl::StatusOr<RequestSet> ParseRequests(absl::string_view text, const RequestOp
   if (!rows.ok()) return rows.status();
   set.rows = static_cast<std::int64_t>(rows->size());
 
-  std::mt19937_64 rng(options.seed);
-  double poisson_clock = 0.0;
-  std::optional<double> origin;
+  // Two streams from the seed: one samples, one draws the Poisson gaps of the kept requests only,
+  // so the arrival rate is --qps whatever the sample fraction.
+  std::mt19937_64 keep_rng(options.seed);
+  std::mt19937_64 gap_rng(options.seed ^ 0x9e3779b97f4a7c15ULL);
+  std::vector<const Row*> kept;
   for (const Row& row : *rows) {
-    // Draw in every row, kept or not, so a sample's arrivals do not depend on the fraction.
-    const double keep_draw = Uniform(rng);
-    const double gap_draw = Uniform(rng);
-    double t;
-    if (row.time_s) {
-      t = *row.time_s;
-    } else {
-      poisson_clock += -std::log1p(-gap_draw) / options.qps;
-      t = poisson_clock;
-    }
-    if (keep_draw >= options.sample_fraction) continue;
-    if (options.limit > 0 && static_cast<std::int64_t>(set.requests.size()) >= options.limit) break;
-    if (!origin) origin = t;
+    if (Uniform(keep_rng) >= options.sample_fraction) continue;
+    if (options.limit > 0 && static_cast<std::int64_t>(kept.size()) >= options.limit) break;
+    kept.push_back(&row);
+  }
+  // Times are relative to the earliest kept request (a file need not be sorted).
+  std::optional<absl::Duration> origin;
+  for (const Row* row : kept) {
+    if (row->time && (!origin || *row->time < *origin)) origin = row->time;
+  }
+  double poisson_clock = 0.0;
+  for (const Row* row : kept) {
     Request r;
-    r.arrival_s = std::max(0.0, t - *origin) * options.time_scale;
-    r.input_tokens = static_cast<int>(row.input);
-    r.output_tokens = static_cast<int>(std::max<std::int64_t>(row.output, 1));
+    if (row->time) {
+      r.arrival_s = absl::ToDoubleSeconds(*row->time - *origin) * options.time_scale;
+    } else {
+      if (!set.requests.empty()) poisson_clock += -std::log1p(-Uniform(gap_rng)) / options.qps;
+      r.arrival_s = poisson_clock * options.time_scale;
+    }
+    r.input_tokens = static_cast<int>(row->input);
+    r.output_tokens = static_cast<int>(std::max<std::int64_t>(row->output, 1));
     set.requests.push_back(r);
   }
   if (set.requests.empty()) {

@@ -2,13 +2,14 @@
 // (layer L5, the benchmark harness; input of the serving workload generator, harness/serving.h).
 //
 // Formats, recognised by their first line:
-//   - Azure LLM inference trace 2023 (CSV `TIMESTAMP,ContextTokens,GeneratedTokens`; TIMESTAMP is
-//     wall-clock "2023-11-16 18:15:46.6805900");
+//   - Azure LLM inference traces (CSV `TIMESTAMP,ContextTokens,GeneratedTokens`; TIMESTAMP is
+//     wall-clock "2023-11-16 18:15:46.6805900", optionally with a UTC offset "+00:00", or RFC 3339);
 //   - Mooncake (JSON lines with `timestamp` in ms, `input_length`, `output_length`; `hash_ids`,
 //     the prefix-cache blocks, are ignored: the generator does not model prefix caching);
 //   - sarathi-serve / vidur length CSVs (`num_prefill_tokens,num_decode_tokens,...`): lengths only,
-//     so arrivals are drawn as a Poisson process at `qps` requests per second.
-// Arrival times are made relative to the first kept request.
+//     so arrivals are drawn as a Poisson process at `qps` requests per second (of the kept requests).
+// Sampling comes first, then the limit; arrival times are made relative to the earliest kept request
+// and multiplied by time_scale.
 // Thread-safety: none (values).
 //
 // Example:
@@ -41,7 +42,7 @@ struct RequestOptions {
   std::int64_t limit = 0;
   // Arrival times are multiplied by this (> 0): 0.5 makes the same requests arrive twice as fast.
   double time_scale = 1.0;
-  // Requests per second of the Poisson arrivals drawn for a lengths-only file (> 0).
+  // Requests per second of the Poisson arrivals drawn for the kept requests of a lengths-only file (> 0).
   double qps = 5.0;
   std::uint64_t seed = 1;
 };

@@ -34,7 +34,7 @@ struct StepPlan {
 
 struct Schedule {
   std::vector<StepPlan> steps;
-  std::vector<bool> rejected;
+  std::vector<bool> rejected;  // longer than max_model_len, or than max_kv_tokens
   std::int64_t peak_block_tokens = 0;  // the most tokens held, counting whole blocks of block_tokens
 };
 
@@ -59,8 +59,12 @@ absl::Status Validate(const ServingOptions& o) {
   }
   if (o.growth_tokens < 1) return bad("--growth-tokens", o.growth_tokens, "a whole number >= 1");
   if (o.block_tokens < 1) return bad("--block-tokens", o.block_tokens, "a whole number >= 1");
-  if (o.kv_pool_tokens < 0) return bad("--kv-pool-tokens", o.kv_pool_tokens, "0 (what the schedule needs) or more");
-  if (!(o.step_base_ms >= 0) || !(o.step_us_per_token >= 0)) {
+  if (o.kv_pool_tokens < 0 || o.kv_pool_tokens > (std::int64_t{1} << 40)) {
+    return bad("--kv-pool-tokens", o.kv_pool_tokens, "0 (what the schedule needs) to 2^40");
+  }
+  if (o.max_kv_tokens > (std::int64_t{1} << 40)) return bad("--max-kv-tokens", o.max_kv_tokens, "0 to 2^40");
+  if (!(o.step_base_ms >= 0) || !(o.step_us_per_token >= 0) || !std::isfinite(o.step_base_ms) ||
+      !std::isfinite(o.step_us_per_token)) {
     return bad("step time", absl::StrCat(o.step_base_ms, " ms + ", o.step_us_per_token, " us/token"),
                "numbers >= 0");
   }
@@ -331,8 +335,12 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
   Emitter out;
   ServingSummary& sum = out.summary();
   sum.requests = static_cast<std::int64_t>(requests.size());
-  sum.rejected_too_long = std::count(schedule.rejected.begin(), schedule.rejected.end(), true);
-  sum.served = sum.requests - sum.rejected_too_long;
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    if (!schedule.rejected[r]) continue;
+    const std::int64_t total = static_cast<std::int64_t>(requests[r].input_tokens) + requests[r].output_tokens;
+    ++(total > max_len ? sum.rejected_too_long : sum.rejected_over_kv_limit);
+  }
+  sum.served = sum.requests - sum.rejected_too_long - sum.rejected_over_kv_limit;
   if (sum.served == 0) {
     return absl::InvalidArgumentError(absl::StrCat("every request is longer than ", admit_len,
                                                    " tokens (--max-model-len / --max-kv-tokens); none can be served"));
@@ -486,6 +494,7 @@ absl::Status WriteServingTrace(const ServingTrace& trace, const ModelSpec& model
       {"requests", s.requests},
       {"served", s.served},
       {"rejected_too_long", s.rejected_too_long},
+      {"rejected_over_kv_limit", s.rejected_over_kv_limit},
       {"steps", s.steps},
       {"simulated_seconds", s.simulated_seconds},
       {"max_running_seqs", s.max_running},

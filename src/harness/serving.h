@@ -83,6 +83,7 @@ struct ServingSummary {
   std::int64_t requests = 0;           // given
   std::int64_t served = 0;
   std::int64_t rejected_too_long = 0;  // input + output > max_model_len
+  std::int64_t rejected_over_kv_limit = 0;  // input + output > max_kv_tokens (it could never be admitted)
   std::int64_t steps = 0;
   double simulated_seconds = 0.0;
   int max_running = 0;                 // the most sequences in one step

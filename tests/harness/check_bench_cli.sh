@@ -43,6 +43,8 @@ c = json.load(open('$work/c.json'))
 assert [x['at_capacity']['allocator'] for x in c] == ['bucketalloc', 'pytorch-policy', 'nocache']
 assert c[2]['min_capacity']['min_capacity_bytes'] == 30 << 20 and c[2]['at_capacity']['backend_calls'] == 6
 " || fail "compare JSON"
+err=$("$bench" replay "$work/t.csv" --capacity 64MiB --device tpu 2>&1) && fail "--device tpu was accepted"
+grep -q "\-\-device tpu: accepted sim or cuda" <<<"$err" || fail "bad --device: $err"
 printf 'ts_us,ev_idx,device_type,device_id,addr,bytes\n1,1,1,0,4096,3145728\n2,2,1,0,4096,-3145728\n' >"$work/k.csv"
 out=$("$bench" import-kineto "$work/k.csv" -o "$work/k_trace.csv") || fail "import-kineto"
 grep -q "2 events, peak live 3.00 MiB" <<<"$out" || fail "import-kineto: $out"

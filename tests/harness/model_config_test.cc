@@ -61,6 +61,24 @@ TEST(ModelConfigTest, Phi3FusesProjectionsAndTiedEmbeddingsHaveNoLmHead) {
   EXPECT_EQ(qwen3->kv_bytes_per_token(), 2u * 2u * 2u * 32u * 4u);
 }
 
+TEST(ModelConfigTest, Qwen3HeadDimDefaultsTo128AndMistralHasNoBiases) {
+  // Qwen3-32B: hidden 5120, 64 heads; its head_dim is 128, not 5120 / 64 = 80.
+  absl::StatusOr<ModelSpec> qwen3 = ParseModelConfig(
+      R"({"model_type":"qwen3","hidden_size":5120,"num_hidden_layers":64,"num_attention_heads":64,)"
+      R"("num_key_value_heads":8,"intermediate_size":25600,"vocab_size":151936,"tie_word_embeddings":false})");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(qwen3->head_dim, 128);
+  EXPECT_EQ(qwen3->parameters(), 32762123264u);  // Qwen's published count for Qwen3-32B
+  EXPECT_EQ(qwen3->kv_bytes_per_token(), 262144u);
+  absl::StatusOr<ModelSpec> plain = ParseModelConfig(Config("mistral"));
+  absl::StatusOr<ModelSpec> flagged = ParseModelConfig(Config("mistral", R"(,"attention_bias":true,"mlp_bias":true)"));
+  ASSERT_TRUE(plain.ok() && flagged.ok());
+  EXPECT_EQ(plain->parameters(), flagged->parameters()) << "mistral's code has no biases";
+  absl::StatusOr<ModelSpec> llama = ParseModelConfig(Config("llama", R"(,"attention_bias":true)"));
+  ASSERT_TRUE(llama.ok());
+  EXPECT_EQ(llama->parameters(), plain->parameters() + 2u * (64u + 32u + 32u + 64u));  // q, k, v, o biases
+}
+
 TEST(ModelConfigTest, ErrorsNameTheKeyAndWhatIsAccepted) {
   absl::StatusOr<ModelSpec> m = ParseModelConfig(Config("gemma"), "g.json");
   ASSERT_FALSE(m.ok());

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -65,7 +66,36 @@ TEST(RequestsTest, LengthOnlyFilesGetSeededPoissonArrivals) {
 
   absl::StatusOr<RequestSet> half = ParseRequests(csv, {.sample_fraction = 0.5, .qps = 10.0, .seed = 7});
   ASSERT_TRUE(half.ok());
-  EXPECT_NEAR(static_cast<double>(half->requests.size()), 2000.0, 160.0);  // 5 standard deviations
+  const double kept = static_cast<double>(half->requests.size());
+  EXPECT_NEAR(kept, 2000.0, 160.0);  // 5 standard deviations
+  // --qps is the rate of the kept requests, whatever the fraction.
+  EXPECT_NEAR(half->requests.back().arrival_s, (kept - 1) / 10.0, 5 * std::sqrt(kept) / 10.0);
+}
+
+TEST(RequestsTest, AzureTimesKeepTheirDigitsOffsetsAndOrigin) {
+  absl::StatusOr<RequestSet> s = ParseRequests(
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+      "2023-11-16 18:15:50.0000001,10,2\n"
+      "2023-11-16 18:15:40.1234567,10,2\n"  // earlier than the first row: the origin
+      "2024-05-10 00:00:00.009930+00:00,10,2\n"
+      "2024-05-10T00:00:01Z,10,2\n",
+      {});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NEAR(s->requests[0].arrival_s, 9.8765434, 1e-9);
+  EXPECT_DOUBLE_EQ(s->requests[1].arrival_s, 0.0);
+  EXPECT_GT(s->requests[2].arrival_s, 1.5e7);
+  EXPECT_NEAR(s->requests[3].arrival_s - s->requests[2].arrival_s, 0.99007, 1e-6);
+}
+
+TEST(RequestsTest, LineNumbersCountLeadingBlankLines) {
+  absl::StatusOr<RequestSet> s =
+      ParseRequests("\n\nTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1,2\nbad,1,2\n", {}, "f");
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "f:5: TIMESTAMP \"bad\"")) << s.status();
+  s = ParseRequests("\n{\"timestamp\": 1, \"input_length\": 12.9, \"output_length\": 2}\n", {}, "m");
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "m:2: \"input_length\" missing or not a whole number"))
+      << s.status();
 }
 
 TEST(RequestsTest, ErrorsNameTheLineAndWhatIsAccepted) {

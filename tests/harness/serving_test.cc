@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <string>
 
@@ -201,6 +202,16 @@ TEST(ServingTest, SchedulerLimitsChunkingAndRejections) {
   o = ServingOptions{};
   o.tiers_tokens = {512, 256};
   EXPECT_TRUE(absl::StrContains(GenerateServingTrace(r, m, o).status().message(), "ascending"));
+  o = ServingOptions{};
+  o.step_base_ms = std::numeric_limits<double>::infinity();
+  EXPECT_TRUE(absl::StrContains(GenerateServingTrace(r, m, o).status().message(), "numbers >= 0"));
+  o = ServingOptions{};
+  o.max_kv_tokens = 500;  // the 300-token prompt fits; the 990 + 20 one never could
+  o.max_model_len = 2000;
+  absl::StatusOr<ServingTrace> limited = GenerateServingTrace(r, m, o);
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  EXPECT_EQ(limited->summary.rejected_over_kv_limit, 1);
+  EXPECT_EQ(limited->summary.rejected_too_long, 0);
   o = ServingOptions{};
   o.max_model_len = 5;
   EXPECT_TRUE(absl::StrContains(GenerateServingTrace(r, m, o).status().message(), "none can be served"));
