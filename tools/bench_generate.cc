@@ -80,6 +80,11 @@ int GenerateCommand::Run() const {
     std::fprintf(stderr, "bucketalloc-bench generate serving: %s\n", std::string(s.message()).c_str());
     return 1;
   };
+  if (f.output.size() >= 3 && f.output.compare(f.output.size() - 3, 3, ".gz") == 0) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("-o ", f.output,
+                                                        ": the trace is written as plain CSV; accepted a name "
+                                                        "that does not end in .gz (e.g. trace.csv)")));
+  }
   harness::ServingOptions serving = f.serving;
   absl::StatusOr<harness::KvLayout> layout = harness::ParseKvLayout(f.kv_layout);
   if (!layout.ok()) return fail(layout.status());

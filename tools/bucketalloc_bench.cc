@@ -75,7 +75,8 @@ absl::StatusOr<MinCapacityResult> MinCapacityWithNeed(const bucketalloc::harness
                                                       const std::string& trace_path, const std::string& allocator,
                                                       const bucketalloc::harness::CostModel& cost,
                                                       void (*progress)(const std::string& line) = nullptr) {
-  absl::StatusOr<std::optional<std::uint64_t>> need = bucketalloc::harness::ReadTrueNeed(trace_path);
+  absl::StatusOr<std::optional<std::uint64_t>> need =
+      bucketalloc::harness::ReadTrueNeed(trace_path, trace.events.size());
   if (!need.ok()) return need.status();
   absl::StatusOr<MinCapacityResult> m = bucketalloc::harness::MinCapacity(trace, allocator, cost, progress);
   if (m.ok() && need->has_value()) m->true_need_bytes = **need;
@@ -210,14 +211,15 @@ int main(int argc, char** argv) {
                     static_cast<unsigned long long>(r->ooms), static_cast<unsigned long long>(r->capacity_ooms),
                     static_cast<unsigned long long>(r->fragmentation_ooms), r->p50_ns, r->p99_ns,
                     static_cast<unsigned long long>(r->backend_calls), r->simulated_backend_ms, r->verdict.c_str());
+        report.capacity = r->capacity;  // rounded down to the 2 MiB granularity, as replayed
         report.rows.push_back({std::move(*r), std::move(*m)});
       }
     }
     if (!several) {
       std::printf("peak live %s; capacity %s\n", FormatBytes(reports[0].peak_live_bytes).c_str(),
-                  FormatBytes(*capacity).c_str());
+                  FormatBytes(reports[0].capacity).c_str());
     } else {
-      std::printf("capacity %s\n", FormatBytes(*capacity).c_str());
+      std::printf("capacity %s\n", FormatBytes(reports[0].capacity).c_str());
     }
     const bool json_ok = WriteText(json_path, bucketalloc::harness::CompareToJson(reports));
     const bool html_ok = WriteText(html_path, bucketalloc::harness::CompareReportHtml(reports));

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <set>
+#include <vector>
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
@@ -38,7 +39,8 @@ struct Block {
 // BlockComparatorSize: (stream, size, ptr).
 struct BySize {
   bool operator()(const Block* a, const Block* b) const {
-    return std::tie(a->stream, a->size, a->ptr) < std::tie(b->stream, b->size, b->ptr);
+    const auto sa = reinterpret_cast<std::uintptr_t>(a->stream), sb = reinterpret_cast<std::uintptr_t>(b->stream);
+    return std::tie(sa, a->size, a->ptr) < std::tie(sb, b->size, b->ptr);
   }
 };
 using BlockPool = std::set<Block*, BySize>;
@@ -47,10 +49,18 @@ class PyTorchPolicy final : public ReplayAllocator {
  public:
   explicit PyTorchPolicy(std::unique_ptr<ReplayDevice> device) : device_(std::move(device)) {}
   ~PyTorchPolicy() override {
-    for (auto& [ptr, b] : live_) delete b;  // every block is either live or in a free pool
-    for (BlockPool* pool : {&small_, &large_}) {
-      for (Block* b : *pool) delete b;
+    // Every block is either live or in a free pool. Segments go back to the device (on a GPU the
+    // next replay needs the memory); a segment starts at a block without a predecessor.
+    std::vector<Block*> blocks;
+    for (auto& [ptr, b] : live_) blocks.push_back(b);
+    for (BlockPool* pool : {&small_, &large_}) blocks.insert(blocks.end(), pool->begin(), pool->end());
+    for (Block* b : blocks) {
+      if (b->prev != nullptr) continue;
+      std::size_t segment = 0;
+      for (Block* x = b; x != nullptr; x = x->next) segment += x->size;
+      device_->Free(reinterpret_cast<void*>(b->ptr), segment).IgnoreError();
     }
+    for (Block* b : blocks) delete b;
   }
 
   absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) override {

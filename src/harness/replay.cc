@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/allocator.h"
@@ -88,9 +89,28 @@ class NoCacheReplay final : public ReplayAllocator {
   std::size_t requested_ = 0;  // bytes asked for by live blocks
 };
 
+// Splits at commas outside brackets ("a:[1,2],b:3" -> "a:[1,2]", "b:3"); a stray "]" does not
+// make the depth negative.
+std::vector<std::string> SplitOutsideBrackets(absl::string_view text) {
+  std::vector<std::string> pieces(1);
+  int depth = 0;
+  for (char c : text) {
+    if (c == '[') ++depth;
+    if (c == ']' && depth > 0) --depth;
+    if (c == ',' && depth == 0) {
+      pieces.emplace_back();
+    } else {
+      pieces.back() += c;
+    }
+  }
+  return pieces;
+}
+
 double Percentile(std::vector<std::uint32_t>& v, double q) {
   if (v.empty()) return 0.0;
-  const std::size_t k = std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())));
+  // Nearest rank: the smallest value with at least q of the samples at or below it.
+  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+  const std::size_t k = std::min(v.size() - 1, rank == 0 ? 0 : rank - 1);
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
   return v[k];
 }
@@ -118,8 +138,11 @@ struct PassCounts {
 // the pass ended early) go back to the allocator, untimed, so that it ends clean. A template so
 // that the plain replay's no-op observer costs nothing.
 template <typename AfterEvent>
-absl::Status RunPass(const Trace& trace, int repeat, std::size_t capacity, ReplayAllocator& a, PassCounts& counts,
-                     AfterEvent&& after_event) {
+absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size_t capacity, ReplayAllocator& a,
+                     PassCounts& counts, AfterEvent&& after_event) {
+  const int repeat = options.repeat;
+  // A trace's streams are another process's handles: on a GPU every event uses the default stream.
+  const bool default_stream = options.device == ReplayDeviceKind::kCuda;
   absl::flat_hash_map<std::uint64_t, Held> live;  // trace pointer -> the replay's block
   std::size_t live_bytes = 0;
   using Clock = std::chrono::steady_clock;
@@ -139,7 +162,9 @@ absl::Status RunPass(const Trace& trace, int repeat, std::size_t capacity, Repla
       if (e.action == TraceAction::kAllocate) {
         ++counts.allocations;
         const auto t0 = Clock::now();
-        absl::StatusOr<void*> p = a.Allocate(e.size, reinterpret_cast<Stream>(static_cast<std::uintptr_t>(e.stream)));
+        const Stream stream =
+            default_stream ? nullptr : reinterpret_cast<Stream>(static_cast<std::uintptr_t>(e.stream));
+        absl::StatusOr<void*> p = a.Allocate(e.size, stream);
         counts.latencies.push_back(elapsed_ns(t0));
         if (p.ok()) {
           if (auto old = live.find(e.pointer); old != live.end()) {
@@ -237,7 +262,7 @@ absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, con
     f.free_blocks = a.Fragmentation();
     return false;
   };
-  absl::Status s = RunPass(trace, options.repeat, capacity, a, counts, snapshot_at_event);
+  absl::Status s = RunPass(trace, options, capacity, a, counts, snapshot_at_event);
   if (!s.ok()) return s;
   if (!reached || reserved != expected_reserved) {
     return absl::InternalError(absl::StrCat("allocator ", options.allocator,
@@ -314,6 +339,15 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::strin
   }
   if (spec == "bucketalloc" || absl::StartsWith(spec, "bucketalloc:")) {
     const absl::string_view conf = spec == "bucketalloc" ? absl::string_view() : spec.substr(12);
+    // The device and its size come from --device and --capacity, never from the CONF.
+    for (const std::string& item : SplitOutsideBrackets(conf)) {
+      const absl::string_view key = absl::StripAsciiWhitespace(absl::string_view(item).substr(0, item.find(':')));
+      if (key == "backend" || key == "capacity" || key == "memory_fraction" || absl::StartsWith(key, "sim_")) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "allocator \"", spec, "\": the harness sets '", key,
+            "' from --capacity and --device; accepted in a CONF: the allocator's policy options (docs/configuration.md)"));
+      }
+    }
     std::string full = kind == ReplayDeviceKind::kCuda
                            ? absl::StrCat("backend:cuda,capacity:", capacity)
                            : absl::StrCat("backend:sim,sim_memory:unbacked,sim_total_memory:", capacity);
@@ -332,16 +366,8 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::strin
 }
 
 std::vector<std::string> SplitAllocatorList(absl::string_view list) {
-  std::vector<std::string> pieces(1);
-  int depth = 0;
-  for (char c : list) {
-    depth += c == '[' ? 1 : c == ']' ? -1 : 0;
-    if (c == ',' && depth == 0) {
-      pieces.emplace_back();
-    } else {
-      pieces.back() += c;
-    }
-  }
+  std::vector<std::string> pieces = SplitOutsideBrackets(list);
+  for (std::string& p : pieces) p = std::string(absl::StripAsciiWhitespace(p));
   auto names_an_allocator = [](absl::string_view p) {
     return p == "bucketalloc" || absl::StartsWith(p, "bucketalloc:") || p == "pytorch-policy" || p == "nocache";
   };
@@ -356,7 +382,7 @@ std::vector<std::string> SplitAllocatorList(absl::string_view list) {
   return out;
 }
 
-std::size_t PeakLiveBytes(const Trace& trace) {
+std::size_t PeakLiveBytes(const Trace& trace, int rounds) {
   absl::flat_hash_map<std::uint64_t, std::uint64_t> live;
   std::size_t now = 0, peak = 0;
   for (const TraceEvent& e : trace.events) {
@@ -375,7 +401,8 @@ std::size_t PeakLiveBytes(const Trace& trace) {
       }
     }
   }
-  return peak;
+  // What a round never frees stays held through the later rounds (the replay keeps it).
+  return peak + static_cast<std::size_t>(std::max(rounds, 1) - 1) * now;
 }
 
 absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
@@ -390,8 +417,9 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   ReplayAllocator& a = **made;
   ReplayResult r;
   r.allocator = options.allocator;
+  r.device = options.device == ReplayDeviceKind::kCuda ? "cuda" : "sim";
   r.capacity = options.capacity / kGranularity * kGranularity;
-  r.peak_live_bytes = PeakLiveBytes(trace);
+  r.peak_live_bytes = PeakLiveBytes(trace, options.repeat);
   const std::uint64_t events =
       static_cast<std::uint64_t>(trace.events.size()) * static_cast<std::uint64_t>(options.repeat);
   PassCounts counts;
@@ -400,7 +428,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   std::uint64_t peak_event = 0;
   if (!options.record_timeline) {
     auto nothing = [](std::uint64_t, std::size_t, bool) { return true; };
-    absl::Status s = RunPass(trace, options.repeat, r.capacity, a, counts, nothing);
+    absl::Status s = RunPass(trace, options, r.capacity, a, counts, nothing);
     if (!s.ok()) return s;
   } else {
     TimelineBuilder timeline(events, options.timeline_points);
@@ -413,7 +441,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
       }
       return true;
     };
-    absl::Status s = RunPass(trace, options.repeat, r.capacity, a, counts, record);
+    absl::Status s = RunPass(trace, options, r.capacity, a, counts, record);
     if (!s.ok()) return s;
     r.timeline = timeline.Take();
   }
@@ -439,7 +467,9 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   } else {
     // Fragmentation settles in the first rounds; a peak that still grows in the second half, or
     // bytes still held at the end of each round that grow round over round, is a leak.
-    const std::size_t settled = r.per_round_peak_reserved_bytes[static_cast<std::size_t>(options.repeat) / 2];
+    // With two rounds, the second is the settled one: it must not exceed the first.
+    const std::size_t settled =
+        r.per_round_peak_reserved_bytes[options.repeat == 2 ? 0 : static_cast<std::size_t>(options.repeat) / 2];
     const bool peak_grows = r.per_round_peak_reserved_bytes.back() > settled;
     const bool held_grows = counts.end_of_round_live_bytes.back() > counts.end_of_round_live_bytes.front();
     r.verdict = peak_grows || held_grows ? "rising" : "stable";
@@ -455,6 +485,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
 
 std::string ReplayResult::ToJson() const {
   nlohmann::ordered_json j = {{"allocator", allocator},
+                              {"device", device},
                               {"capacity_bytes", capacity},
                               {"allocations", allocations},
                               {"peak_live_bytes", peak_live_bytes},
@@ -500,17 +531,49 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
     at_hi = probe(hi);
   }
   if (!at_hi.ok()) return at_hi.status();
-  while (hi - lo > kGranularity) {
-    const std::size_t mid = (lo + hi) / 2 / kGranularity * kGranularity;
-    absl::StatusOr<ReplayResult> r = probe(mid);
-    if (!r.ok()) return r.status();
-    if (r->ooms == 0) {
-      hi = mid;
-      at_hi = std::move(r);
-    } else {
-      lo = mid;
+  auto bisect = [&](std::size_t failing, std::size_t passing, ReplayResult at_passing)
+      -> absl::StatusOr<std::pair<std::size_t, ReplayResult>> {
+    while (passing - failing > kGranularity) {
+      const std::size_t mid = (failing + passing) / 2 / kGranularity * kGranularity;
+      absl::StatusOr<ReplayResult> r = probe(mid);
+      if (!r.ok()) return r.status();
+      if (r->ooms == 0) {
+        passing = mid;
+        at_passing = std::move(*r);
+      } else {
+        failing = mid;
+      }
+    }
+    return std::make_pair(passing, std::move(at_passing));
+  };
+  absl::StatusOr<std::pair<std::size_t, ReplayResult>> found = bisect(lo, hi, std::move(*at_hi));
+  if (!found.ok()) return found.status();
+  // Serving a trace is not always monotone in capacity: a cache that never had to release can pin a
+  // segment that a tighter run gave back. So probe kGridProbes evenly spaced capacities between the
+  // first one that could work (the peak of live bytes, rounded up, which failed) and the answer,
+  // and bisect again below the smallest that serves the trace.
+  constexpr int kGridProbes = 5;
+  const std::size_t floor = std::max(2 * kGranularity, internal::RoundUp(live, kGranularity));
+  if (found->first > floor + kGranularity) {
+    std::size_t failing = floor;
+    for (int k = 1; k <= kGridProbes; ++k) {
+      const std::size_t c = (floor + (found->first - floor) * static_cast<std::size_t>(k) / (kGridProbes + 1)) /
+                            kGranularity * kGranularity;
+      if (c <= failing || c >= found->first) continue;
+      absl::StatusOr<ReplayResult> r = probe(c);
+      if (!r.ok()) return r.status();
+      if (r->ooms > 0) {
+        failing = c;
+        continue;
+      }
+      absl::StatusOr<std::pair<std::size_t, ReplayResult>> lower = bisect(failing, c, std::move(*r));
+      if (!lower.ok()) return lower.status();
+      found = std::move(lower);
+      break;
     }
   }
+  hi = found->first;
+  at_hi = std::move(found->second);
   MinCapacityResult m;
   m.min_capacity_bytes = hi;
   m.min_capacity_over_live = live == 0 ? 0.0 : static_cast<double>(hi) / static_cast<double>(live);

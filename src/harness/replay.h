@@ -155,6 +155,7 @@ struct PeakFragmentation {
 // What a replay measured (the JSON keys of docs/harness.md).
 struct ReplayResult {
   std::string allocator;
+  std::string device = "sim";  // "sim" or "cuda"
   std::size_t capacity = 0;
   std::uint64_t allocations = 0;      // allocate events replayed (all rounds)
   std::size_t peak_live_bytes = 0;    // the most bytes the trace holds at once: no allocator can do with less
@@ -168,8 +169,9 @@ struct ReplayResult {
   std::uint64_t backend_calls = 0;       // backend allocations + frees
   double simulated_backend_ms = 0.0;     // backend calls priced by the cost model
   std::vector<std::size_t> per_round_peak_reserved_bytes;
-  // "stable"; "rising" (peak reserved still grows in the second half of the rounds, or the bytes
-  // held at the end of a round grow round over round: a leak); "single round".
+  // "stable"; "rising" (peak reserved still grows in the second half of the rounds, with two rounds
+  // in the second, or the bytes held at the end of a round grow round over round: a leak);
+  // "single round".
   std::string verdict;
   // With ReplayOptions::record_timeline only; not part of ToJson() (compare's JSON has them under
   // "timeline" and "peak_fragmentation"). No peak_fragmentation when nothing was ever reserved.
@@ -178,13 +180,16 @@ struct ReplayResult {
   std::string ToJson() const;
 };
 
-// The peak of bytes held at once by the trace's allocations (failures of the logged run excluded).
-std::size_t PeakLiveBytes(const Trace& trace);
+// The peak of bytes held at once by the trace's allocations (failures of the logged run excluded),
+// over `rounds` rounds of it: what one round never frees stays held through the later ones.
+std::size_t PeakLiveBytes(const Trace& trace, int rounds = 1);
 
 absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
 
 // The smallest capacity (2 MiB resolution) at which `allocator` serves the trace with zero OOMs,
-// found by bisection; `progress` (may be null) receives one line per probe.
+// found by bisection, then a grid of five probes below the answer and a bisection below the
+// smallest that passes (serving is not always monotone in capacity; see docs/harness.md).
+// `progress` (may be null) receives one line per probe.
 struct MinCapacityResult {
   std::size_t min_capacity_bytes = 0;
   double min_capacity_over_live = 0.0;

@@ -423,8 +423,10 @@ std::string CompareReportHtml(const std::vector<CompareReport>& reports) {
   const Json data = {{"several_traces", reports.size() > 1}, {"rows", RowsJson(reports)}};
   std::size_t charts = 0;
   std::string names, meta;
+  bool on_gpu = false;
   for (const CompareReport& report : reports) {
     charts += 2 * report.rows.size();
+    for (const CompareRow& row : report.rows) on_gpu = on_gpu || row.at_capacity.device == "cuda";
     absl::StrAppend(&names, names.empty() ? "" : ", ", report.trace_name);
     absl::StrAppend(&meta, "<p class=\"meta\">trace <code>", EscapeHtml(report.trace_name),
                     "</code> &middot; capacity ", FormatBytes(report.capacity), " &middot; peak live ",
@@ -445,8 +447,9 @@ std::string CompareReportHtml(const std::vector<CompareReport>& reports) {
   absl::StrAppend(&h, ResultsTable(reports));
   absl::StrAppend(
       &h,
-      "<p class=\"note\">Each allocator replays the trace on a simulated device of exactly the capacity. "
-      "<b>min capacity</b>: the smallest card (2 MiB resolution) that serves the trace with no OOM; "
+      "<p class=\"note\">Each allocator replays the trace on ", on_gpu ? "GPU 0 (cudaMalloc), capped at" : "a simulated device of exactly",
+      " the capacity; min capacity is always found on the simulated device. "
+      "<b>min capacity</b>: the smallest card (2 MiB resolution) found to serve the trace with no OOM (bisection, then a grid below it); "
       "<b>min / live</b>: that over the trace's peak of live bytes, the bound no allocator beats; "
       "<b>min / true need</b> (generated serving traces): that over the workload's true peak need, weights + "
       "the exact KV of the tokens held + activations, so it also counts what the KV layout's rounding costs. A "

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 
@@ -516,9 +517,9 @@ absl::Status WriteServingTrace(const ServingTrace& trace, const ModelSpec& model
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<std::uint64_t>> ReadTrueNeed(const std::string& trace_path) {
+absl::StatusOr<std::optional<std::uint64_t>> ReadTrueNeed(const std::string& trace_path, std::size_t trace_events) {
   const std::string meta_path = MetaPathFor(trace_path);
-  if (!std::ifstream(meta_path).good()) return std::optional<std::uint64_t>();
+  if (!std::filesystem::exists(meta_path)) return std::optional<std::uint64_t>();
   absl::StatusOr<std::string> text = ReadTextFile(meta_path, "the trace's meta file");
   if (!text.ok()) return text.status();
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -527,6 +528,12 @@ absl::StatusOr<std::optional<std::uint64_t>> ReadTrueNeed(const std::string& tra
     return absl::InvalidArgumentError(absl::StrCat(
         meta_path, ": not a trace meta file (a JSON object with a positive \"true_peak_need_bytes\"); move it away "
                    "or regenerate the trace"));
+  }
+  if (!j.contains("events") || !j["events"].is_number_unsigned() || j["events"].get<std::uint64_t>() != trace_events) {
+    return absl::InvalidArgumentError(absl::StrCat(meta_path, ": written for a trace of ",
+                                                   j.contains("events") ? j["events"].dump() : "an unknown number of",
+                                                   " events, but ", trace_path, " has ", trace_events,
+                                                   "; move the meta file away or regenerate the trace"));
   }
   return std::optional<std::uint64_t>(j["true_peak_need_bytes"].get<std::uint64_t>());
 }

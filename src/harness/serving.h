@@ -120,8 +120,9 @@ absl::Status WriteServingTrace(const ServingTrace& trace, const ModelSpec& model
                                const std::string& meta_inputs_json, const std::string& path);
 
 // The true peak need recorded in a trace's meta file; nullopt when the trace has none. An
-// unreadable or malformed meta file is an error.
-absl::StatusOr<std::optional<std::uint64_t>> ReadTrueNeed(const std::string& trace_path);
+// unreadable or malformed meta file, or one written for a trace of another number of events than
+// `trace_events`, is an error.
+absl::StatusOr<std::optional<std::uint64_t>> ReadTrueNeed(const std::string& trace_path, std::size_t trace_events);
 
 }  // namespace bucketalloc::harness
 

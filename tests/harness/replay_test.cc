@@ -286,5 +286,56 @@ TEST(ReplayTest, AllocatorListsKeepTheirConfsCommas) {
             (std::vector<std::string>{"bucketalloc:max_split_size_mb:256", "nocache"}));
 }
 
+TEST(ReplayTest, MinCapacityLooksBelowAnAnswerThatIsNotMonotone) {
+  // pytorch-policy serves this at 76 MiB but not at 90 MiB: with room to spare it never releases its
+  // cache, and the 4 MiB block split from the cached 40 MiB segment pins it when 56 MiB arrives.
+  // Bisection alone lands on 96 MiB; the grid below the answer finds 76 MiB.
+  absl::StatusOr<Trace> t = ParseTrace(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,t,allocate,0x1000,41943040,0x0\n1,t,free,0x1000,41943040,0x0\n"
+      "1,t,allocate,0x2000,52428800,0x0\n1,t,allocate,0x3000,4194304,0x0\n1,t,free,0x2000,52428800,0x0\n"
+      "1,t,allocate,0x4000,58720256,0x0\n1,t,free,0x4000,58720256,0x0\n1,t,free,0x3000,4194304,0x0\n");
+  ASSERT_TRUE(t.ok());
+  ReplayOptions o;
+  o.allocator = "pytorch-policy";
+  o.capacity = 90 * kMiB;
+  absl::StatusOr<ReplayResult> at90 = Replay(*t, o);
+  ASSERT_TRUE(at90.ok());
+  ASSERT_GT(at90->ooms, 0u) << "the trace must stay non-monotone for this test to mean anything";
+  absl::StatusOr<MinCapacityResult> m = MinCapacity(*t, "pytorch-policy", CostModel{});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->min_capacity_bytes, 76 * kMiB);
+  EXPECT_EQ(m->at_min.ooms, 0u);
+}
+
+TEST(ReplayTest, ACapacityOrDeviceInTheConfIsRefused) {
+  for (const char* spec : {"bucketalloc:sim_total_memory:10GiB", "bucketalloc:backend:cuda",
+                           "bucketalloc:max_split_size_mb:64,capacity:1GiB"}) {
+    absl::StatusOr<std::unique_ptr<ReplayAllocator>> a = MakeReplayAllocator(spec, 64 * kMiB);
+    ASSERT_FALSE(a.ok()) << spec;
+    EXPECT_TRUE(absl::StrContains(a.status().message(), "from --capacity and --device")) << a.status();
+  }
+  EXPECT_EQ(SplitAllocatorList(" bucketalloc , nocache"), (std::vector<std::string>{"bucketalloc", "nocache"}));
+  EXPECT_EQ(SplitAllocatorList("bucketalloc:x],pytorch-policy"),
+            (std::vector<std::string>{"bucketalloc:x]", "pytorch-policy"}));
+}
+
+TEST(ReplayTest, PeakLiveCountsWhatEarlierRoundsNeverFreed) {
+  absl::StatusOr<Trace> t = ParseTrace(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,t,allocate,0x1,4194304,0x0\n1,t,allocate,0x2,8388608,0x0\n1,t,free,0x2,8388608,0x0\n");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(PeakLiveBytes(*t), 12 * kMiB);
+  EXPECT_EQ(PeakLiveBytes(*t, 4), 12 * kMiB + 3 * 4 * kMiB);
+  ReplayOptions o;
+  o.allocator = "nocache";
+  o.capacity = 64 * kMiB;
+  o.repeat = 4;
+  absl::StatusOr<ReplayResult> r = Replay(*t, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->peak_live_bytes, 24 * kMiB);
+  EXPECT_EQ(r->verdict, "rising");
+}
+
 }  // namespace
 }  // namespace bucketalloc::harness

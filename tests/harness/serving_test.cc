@@ -226,7 +226,8 @@ TEST(ServingTest, MetaFileRecordsTheTrueNeedBesideTheTrace) {
   ASSERT_TRUE(t.ok());
   const std::string path = ::testing::TempDir() + "/serving_meta_test.csv";
   ASSERT_TRUE(WriteServingTrace(*t, m, ServingOptions{}, R"({"requests_file":"x.csv"})", path).ok());
-  absl::StatusOr<std::optional<std::uint64_t>> need = ReadTrueNeed(path);
+  const std::size_t events = t->trace.events.size();
+  absl::StatusOr<std::optional<std::uint64_t>> need = ReadTrueNeed(path, events);
   ASSERT_TRUE(need.ok()) << need.status();
   ASSERT_TRUE(need->has_value());
   EXPECT_EQ(**need, t->summary.true_peak_need_bytes);
@@ -234,10 +235,14 @@ TEST(ServingTest, MetaFileRecordsTheTrueNeedBesideTheTrace) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->events.size(), t->trace.events.size());
 
+  // A meta file of another trace (another number of events) is refused, not believed.
+  absl::StatusOr<std::optional<std::uint64_t>> other = ReadTrueNeed(path, events + 1);
+  ASSERT_FALSE(other.ok());
+  EXPECT_TRUE(absl::StrContains(other.status().message(), "written for a trace of")) << other.status();
   std::ofstream(MetaPathFor(path)) << "{\"something\": 1}";
-  EXPECT_FALSE(ReadTrueNeed(path).ok());
+  EXPECT_FALSE(ReadTrueNeed(path, events).ok());
   std::remove(MetaPathFor(path).c_str());
-  need = ReadTrueNeed(path);
+  need = ReadTrueNeed(path, events);
   ASSERT_TRUE(need.ok());
   EXPECT_FALSE(need->has_value());
   std::remove(path.c_str());
