@@ -6,14 +6,15 @@
 #     Llama-3.1-8B-Instruct config (data/models) into the allocation trace a PyTorch server with
 #     per-request KV tensors in token tiers would produce (demo_out/serving_tiered.csv, with its
 #     meta file: the workload's true peak need);
-#  2. `bucketalloc-bench compare` replays it at DEMO_CAPACITY (79GiB: between the smallest cards
-#     bucketalloc with tiers and PyTorch's policy need) with bucketalloc (defaults), bucketalloc
-#     with tiers for this model's K/V tensors (BUCKETALLOC_CONF: tiers_tokens and bytes_per_token
-#     = kv_heads x head_dim x 2 B = 2048), pytorch-policy (PyTorch's caching policy) and nocache
-#     (cudaMalloc per request), prints the table, and writes demo_out/report.html (charts of live vs
-#     reserved bytes and the free-block histograms; it opens offline).
-# Replays run on the simulated device (unbacked 79 GiB: no GPU needed); `--device cuda` in
-# bucketalloc-bench replays on a GPU. Environment: DEMO_OUT (demo_out), DEMO_CAPACITY (79GiB),
+#  2. `bucketalloc-bench compare` replays it on an 80 GiB card (DEMO_CAPACITY; the trace's peak of
+#     live bytes is 78.7 GiB) with bucketalloc (defaults), bucketalloc with tiers for this model's
+#     K/V tensors (the BUCKETALLOC_CONF the generator prints and records in the meta file:
+#     tiers_tokens over bytes_per_token = kv_heads x head_dim x 2 B = 2048), pytorch-policy
+#     (PyTorch's caching policy) and nocache (cudaMalloc per request); it prints the table and writes
+#     demo_out/report.html (charts of live vs reserved bytes and the free-block histograms; it opens
+#     offline).
+# Replays run on the simulated device (unbacked: no GPU needed); `--device cuda` in
+# bucketalloc-bench replays on a GPU. Environment: DEMO_OUT (demo_out), DEMO_CAPACITY (80GiB),
 # DEMO_LIMIT (1000), JOBS (2).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,8 +30,11 @@ echo "== generate: Azure conversation trace x Llama-3.1-8B-Instruct, tiered KV t
   --model data/models/Llama-3.1-8B-Instruct.config.json --limit "${DEMO_LIMIT:-1000}" --time-scale 0.1 \
   --kv-layout tiered -o "$out/serving_tiered.csv"
 
+tiers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["bucketalloc_tiers_conf"])' \
+  "$out/serving_tiered.meta.json")
+
 echo
-echo "== compare at ${DEMO_CAPACITY:-79GiB} (each allocator's min capacity is found by bisection too)"
-"$bench" compare "$out/serving_tiered.csv" --capacity "${DEMO_CAPACITY:-79GiB}" \
-  --allocators "bucketalloc,bucketalloc:tiers_tokens:[1024,2048,4096,8192,16384],bytes_per_token:2048,pytorch-policy,nocache" \
+echo "== compare on a ${DEMO_CAPACITY:-80GiB} card (each allocator's own smallest card is searched too)"
+"$bench" compare "$out/serving_tiered.csv" --capacity "${DEMO_CAPACITY:-80GiB}" \
+  --allocators "bucketalloc,bucketalloc:$tiers,pytorch-policy,nocache" \
   --json "$out/compare.json" --html "$out/report.html"

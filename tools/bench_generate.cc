@@ -120,6 +120,9 @@ int GenerateCommand::Run() const {
               FormatBytes(s.weight_bytes).c_str(), FormatBytes(s.peak_live_bytes).c_str(),
               FormatBytes(s.true_peak_need_bytes).c_str(), FormatBytes(s.need_kv_bytes).c_str(),
               FormatBytes(s.need_activation_bytes).c_str(), FormatBytes(s.peak_kv_layout_bytes).c_str());
+  if (const std::string conf = harness::TieredBucketallocConf(*trace, *model, serving); !conf.empty()) {
+    std::printf("  bucketalloc tiers for these K/V tensors: bucketalloc:%s\n", conf.c_str());
+  }
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc::harness {
@@ -451,6 +452,24 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
   return result;
 }
 
+std::string TieredBucketallocConf(const ServingTrace& trace, const ModelSpec& model, const ServingOptions& options) {
+  if (options.kv_layout != KvLayout::kTiered) return "";
+  const std::uint64_t per_token = model.kv_tensor_bytes_per_token();
+  std::uint64_t largest = 0;
+  for (std::size_t i = 0; i < trace.trace.events.size(); ++i) {
+    if (trace.kinds[i] == TensorKind::kKv) largest = std::max(largest, trace.trace.events[i].size);
+  }
+  constexpr std::uint64_t kSmallPoolLimit = std::uint64_t{1} << 20;
+  std::vector<std::int64_t> tiers;
+  std::int64_t tier = 0;
+  for (std::size_t i = 0; tier * per_token < largest; ++i) {
+    tier = i < options.tiers_tokens.size() ? options.tiers_tokens[i] : tier * 2;
+    if (tier * per_token > kSmallPoolLimit) tiers.push_back(tier);
+  }
+  if (tiers.empty()) return "";
+  return absl::StrCat("tiers_tokens:[", absl::StrJoin(tiers, ","), "],bytes_per_token:", per_token);
+}
+
 std::string MetaPathFor(const std::string& trace_path) {
   if (absl::EndsWith(trace_path, ".csv")) return trace_path.substr(0, trace_path.size() - 4) + ".meta.json";
   return trace_path + ".meta.json";
@@ -506,6 +525,7 @@ absl::Status WriteServingTrace(const ServingTrace& trace, const ModelSpec& model
       {"peak_live_bytes", s.peak_live_bytes},
       {"peak_kv_layout_bytes", s.peak_kv_layout_bytes},
       {"true_peak_need_bytes", s.true_peak_need_bytes},
+      {"bucketalloc_tiers_conf", TieredBucketallocConf(trace, model, options)},
       {"true_need_at_peak",
        {{"weights", s.weight_bytes}, {"kv_exact", s.need_kv_bytes}, {"activations", s.need_activation_bytes}}},
   };

@@ -111,6 +111,12 @@ struct ServingTrace {
 absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& requests, const ModelSpec& model,
                                                   const ServingOptions& options);
 
+// For the tiered layout: the BUCKETALLOC_CONF whose tiers are exactly this trace's K/V tensor sizes
+// (tiers_tokens over bytes_per_token = one layer's K or V bytes per token), from the first tier
+// above bucketalloc's default small_pool_limit (1 MiB) up to the largest tensor the trace holds;
+// empty for other layouts or when no tensor is that large.
+std::string TieredBucketallocConf(const ServingTrace& trace, const ModelSpec& model, const ServingOptions& options);
+
 // The meta file beside a trace: "x.csv" -> "x.meta.json" (any other name: name + ".meta.json").
 std::string MetaPathFor(const std::string& trace_path);
 

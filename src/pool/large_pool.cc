@@ -81,27 +81,28 @@ void LargePool::RemoveFree(Block* block) {
 }
 
 Block* LargePool::FindFree(StreamState& ss, std::size_t rounded, bool full_scan) {
-  const int first = BinOf(rounded);
+  // PyTorch's rule: the smallest admissible block, the lowest address among equals (blocks packed
+  // toward the start of their segments coalesce into whole free segments more often). Bins hold 4
+  // sizes per power of two, so the best fit is in the first bin that has an admissible block; each
+  // bin is scanned up to kMaxBinScan entries on the fast path, wholly with `full_scan`.
   const int max_scan = full_scan ? std::numeric_limits<int>::max() : kMaxBinScan;
-  Block* best = nullptr;
-  int scanned = 0;
-  for (Block* b = ss.bins[first].front(); b != nullptr && scanned < max_scan;
-       b = ss.bins[first].next(b), ++scanned) {
-    if (b->size < rounded || !Admissible(b->size, rounded)) continue;
-    if (best == nullptr || b->size < best->size) best = b;
-    if (b->size == rounded) break;
-  }
-  if (best != nullptr) return best;
-  for (int bin = NextNonEmpty(ss, first + 1); bin >= 0; bin = NextNonEmpty(ss, bin + 1)) {
+  auto better = [](const Block* a, const Block* b) {
+    return b == nullptr || a->size < b->size || (a->size == b->size && a->ptr < b->ptr);
+  };
+  const int first = BinOf(rounded);
+  for (int bin = (ss.bins[first].empty() ? NextNonEmpty(ss, first + 1) : first); bin >= 0;
+       bin = NextNonEmpty(ss, bin + 1)) {
     const std::size_t lower = BinLowerBound(bin);
-    if (lower > config_.max_split_size && lower - rounded > config_.max_non_split_rounding) {
+    if (bin > first && lower > config_.max_split_size && lower - rounded > config_.max_non_split_rounding) {
       return nullptr;  // every block from here on is oversize and too large for this request
     }
-    scanned = 0;
-    for (Block* b = ss.bins[bin].front(); b != nullptr && scanned < max_scan;
-         b = ss.bins[bin].next(b), ++scanned) {
-      if (Admissible(b->size, rounded)) return b;
+    Block* best = nullptr;
+    int scanned = 0;
+    for (Block* b = ss.bins[bin].front(); b != nullptr && scanned < max_scan; b = ss.bins[bin].next(b), ++scanned) {
+      if (b->size < rounded || !Admissible(b->size, rounded)) continue;
+      if (better(b, best)) best = b;
     }
+    if (best != nullptr) return best;
   }
   return nullptr;
 }

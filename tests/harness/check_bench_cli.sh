@@ -67,6 +67,8 @@ for x in m:
     assert x['model']['kv_bytes_per_token'] == 131072 and x['served'] == 40, x
     assert x['weight_bytes'] < x['true_peak_need_bytes'] <= x['peak_live_bytes'], x
 assert m[0]['options']['kv_layout'] == 'tiered' and m[2]['options']['kv_pool_tokens'] > 0
+assert m[0]['bucketalloc_tiers_conf'].startswith('tiers_tokens:[1024,') and m[0]['bucketalloc_tiers_conf'].endswith(',bytes_per_token:2048'), m[0]
+assert m[2]['bucketalloc_tiers_conf'] == ''
 " || fail "meta files"
   cmp -s <("$bench" generate serving --requests "$requests" --model "$model" --limit 40 --time-scale 0.05 \
            -o "$work/again.csv" >/dev/null && cat "$work/again.csv") "$work/s_tiered.csv" ||

@@ -138,6 +138,21 @@ TEST(ServingTest, TieredKvGrowsThroughTheTiersThenDoubles) {
   EXPECT_EQ(KvSizes(KvLayout::kTiered), (std::vector<std::uint64_t>{128, 128, 256, 256}));
 }
 
+TEST(ServingTest, TheTieredConfNamesTheTiersAboveTheSmallPool) {
+  const ModelSpec m = TinyModel();  // 64 B per token per K or V tensor: 1 MiB is 16384 tokens
+  ServingOptions o;
+  o.tiers_tokens = {8192, 16384};
+  o.max_model_len = 100000;
+  absl::StatusOr<ServingTrace> t = GenerateServingTrace({{.arrival_s = 0, .input_tokens = 7000, .output_tokens = 1},
+                                                         {.arrival_s = 0, .input_tokens = 40000, .output_tokens = 1}},
+                                                        m, o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  // The largest tensor is 65536 tokens (16384, then doubling); 8192 and 16384 tokens are <= 1 MiB.
+  EXPECT_EQ(TieredBucketallocConf(*t, m, o), "tiers_tokens:[32768,65536],bytes_per_token:64");
+  o.kv_layout = KvLayout::kPaged;
+  EXPECT_EQ(TieredBucketallocConf(*t, m, o), "");
+}
+
 TEST(ServingTest, GrowthKvConcatenatesEveryNTokens) {
   EXPECT_EQ(KvSizes(KvLayout::kGrowth, 32), (std::vector<std::uint64_t>{128, 128, 160, 160}));
   const std::vector<std::uint64_t> every_token = KvSizes(KvLayout::kGrowth, 1);

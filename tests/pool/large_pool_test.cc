@@ -139,6 +139,36 @@ TEST_F(LargePoolTest, BestFitPrefersTheSmallestFittingBlock) {
   pool_->Return(got);
 }
 
+TEST_F(LargePoolTest, ALargerBinGivesItsSmallestBlockThenItsLowestAddress) {
+  // PyTorch's rule, whatever the order of the bin's list: the request's own bin is empty and the next
+  // one holds a 26 and a 24 MiB segment, the 26 MiB one at the front of the list.
+  Init({});
+  Block* b26 = Allocate(26 * kMiB);
+  Block* b24 = Allocate(24 * kMiB);
+  ASSERT_EQ(BinOf(24 * kMiB), BinOf(26 * kMiB));
+  ASSERT_LT(BinOf(22 * kMiB), BinOf(24 * kMiB));
+  pool_->Return(b24);
+  pool_->Return(b26);
+  Block* got = Allocate(22 * kMiB);
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->segment->size, 24 * kMiB);
+  pool_->Return(got);
+  Check(0);
+
+  // Two equal blocks: the lower address, though the higher one is at the front.
+  Init({});
+  Block* low = Allocate(24 * kMiB);
+  Block* high = Allocate(24 * kMiB);
+  ASSERT_LT(low->ptr, high->ptr);
+  pool_->Return(low);
+  pool_->Return(high);
+  Block* again = Allocate(22 * kMiB);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->ptr, low->ptr);
+  pool_->Return(again);
+  Check(0);
+}
+
 TEST_F(LargePoolTest, TheSlowPathScansTheWholeFirstBin) {
   // 33 blocks of 16.5 MiB in front of one of 18.5 MiB, all in the same bin: the bounded fast-path
   // scan misses the fitting block, the full scan finds it.
