@@ -7,7 +7,8 @@
 #     per-request KV tensors in token tiers would produce (demo_out/serving_tiered.csv, with its
 #     meta file: the workload's true peak need);
 #  2. `bucketalloc-bench compare` replays it on an 80 GiB card (DEMO_CAPACITY; the trace's peak of
-#     live bytes is 78.7 GiB) with bucketalloc (defaults), bucketalloc with tiers for this model's
+#     live bytes is 78.7 GiB, and PyTorch's policy and bucketalloc's defaults need a little more, so
+#     they show fragmentation OOMs where tiers do not) with bucketalloc (defaults), bucketalloc with tiers for this model's
 #     K/V tensors (the BUCKETALLOC_CONF the generator prints and records in the meta file:
 #     tiers_tokens over bytes_per_token = kv_heads x head_dim x 2 B = 2048), pytorch-policy
 #     (PyTorch's caching policy) and nocache (cudaMalloc per request); it prints the table and writes
@@ -32,6 +33,7 @@ echo "== generate: Azure conversation trace x Llama-3.1-8B-Instruct, tiered KV t
 
 tiers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["bucketalloc_tiers_conf"])' \
   "$out/serving_tiered.meta.json")
+[[ -n $tiers ]] || { echo "demo: the trace's meta file names no bucketalloc tiers (no K/V tensor above 1 MiB)" >&2; exit 1; }
 
 echo
 echo "== compare on a ${DEMO_CAPACITY:-80GiB} card (each allocator's own smallest card is searched too)"

@@ -11,8 +11,9 @@
 namespace bucketalloc::internal {
 namespace {
 
-// The first bin is scanned for the smallest fitting block up to this many entries; the blocks of
-// every higher bin fit by construction.
+// On the fast path each bin is scanned for the best fit up to this many entries (so an exact-size
+// hit may read up to 32 entries: the lowest address among equals needs them); the slow path's full
+// scan reads whole bins.
 constexpr int kMaxBinScan = 32;
 
 LargePool::StreamState& StateOf(const Segment* seg) {
@@ -98,7 +99,8 @@ Block* LargePool::FindFree(StreamState& ss, std::size_t rounded, bool full_scan)
     }
     Block* best = nullptr;
     int scanned = 0;
-    for (Block* b = ss.bins[bin].front(); b != nullptr && scanned < max_scan; b = ss.bins[bin].next(b), ++scanned) {
+    for (Block* b = ss.bins[bin].front(); b != nullptr && scanned < max_scan;
+         b = ss.bins[bin].next(b), ++scanned) {
       if (b->size < rounded || !Admissible(b->size, rounded)) continue;
       if (better(b, best)) best = b;
     }

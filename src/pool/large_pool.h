@@ -5,7 +5,8 @@
 //     free list (a tier block is a whole segment, never split or merged), so a freed block is
 //     reused in O(1) by the next request of its tier;
 //   - other sizes: PyTorch's rounding, then PyTorch's best fit (the smallest admissible block, the
-//     lowest address among equals) found in free lists binned 4 per power of two;
+//     lowest address among equals) found in free lists binned 4 per power of two (the fast path
+//     scans at most 32 entries of a bin; the slow path looks again at whole bins);
 //     a block of at most max_split_size is split when the remainder exceeds 1 MiB; larger blocks
 //     serve only requests within max_non_split_rounding of their size; free neighbours coalesce;
 //   - the release order of wholly free segments (oldest first) for GC and release-and-retry.
@@ -88,7 +89,9 @@ class LargePool {
 
   // Fast path: a cached block for `rounded` bytes (tier >= 0: a block of that tier), or nullptr.
   // Each bin from the request's own is scanned for the best fit up to kMaxBinScan entries, or
-  // wholly with `full_scan` (the slow path's second look); the first bin with a fit answers. The block returned is kAllocated and counted active.
+  // wholly with `full_scan` (the slow path's second look); the first bin with a fit answers. So the
+  // fast path is PyTorch's best fit unless a bin holds more than kMaxBinScan blocks. The block
+  // returned is kAllocated and counted active.
   Block* TryAllocate(StreamState& ss, std::size_t rounded, int tier, bool full_scan = false);
   // Slow path: allocates a segment of `bytes` (>= rounded; a tier segment when tier >= 0) from the
   // source and returns its first `rounded` bytes as an active block (the rest, if split off, is

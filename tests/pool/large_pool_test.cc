@@ -167,6 +167,38 @@ TEST_F(LargePoolTest, ALargerBinGivesItsSmallestBlockThenItsLowestAddress) {
   EXPECT_EQ(again->ptr, low->ptr);
   pool_->Return(again);
   Check(0);
+
+  // Equal exact fits in the request's own bin: the lower address, though the higher is in front.
+  Init({});
+  Block* first = Allocate(22 * kMiB);
+  Block* second = Allocate(22 * kMiB);
+  ASSERT_LT(first->ptr, second->ptr);
+  pool_->Return(first);
+  pool_->Return(second);
+  Block* exact = Allocate(22 * kMiB);
+  ASSERT_NE(exact, nullptr);
+  EXPECT_EQ(exact->ptr, first->ptr);
+  pool_->Return(exact);
+  Check(0);
+}
+
+TEST_F(LargePoolTest, ABinOfSmallerBlocksFallsThroughToTheNextBinsBestFit) {
+  // The request's bin [20, 24) MiB holds only a 20 MiB block, too small for 22 MiB; the next bin's
+  // 26 MiB block is in front of its 24 MiB one.
+  Init({});
+  Block* b20 = Allocate(20 * kMiB);
+  Block* b24 = Allocate(24 * kMiB);
+  Block* b26 = Allocate(26 * kMiB);
+  ASSERT_EQ(BinOf(20 * kMiB), BinOf(22 * kMiB));
+  pool_->Return(b20);
+  pool_->Return(b24);
+  pool_->Return(b26);
+  Block* got = Allocate(22 * kMiB);
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->segment->size, 24 * kMiB);
+  EXPECT_EQ(source_->allocs, 3) << "served from the cache";
+  pool_->Return(got);
+  Check(0);
 }
 
 TEST_F(LargePoolTest, TheSlowPathScansTheWholeFirstBin) {
