@@ -155,31 +155,22 @@ TEST_F(LargePoolTest, ALargerBinGivesItsSmallestBlockThenItsLowestAddress) {
   pool_->Return(got);
   Check(0);
 
-  // Two equal blocks: the lower address, though the higher one is at the front.
-  Init({});
-  Block* low = Allocate(24 * kMiB);
-  Block* high = Allocate(24 * kMiB);
-  ASSERT_LT(low->ptr, high->ptr);
-  pool_->Return(low);
-  pool_->Return(high);
-  Block* again = Allocate(22 * kMiB);
-  ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->ptr, low->ptr);
-  pool_->Return(again);
-  Check(0);
-
-  // Equal exact fits in the request's own bin: the lower address, though the higher is in front.
-  Init({});
-  Block* first = Allocate(22 * kMiB);
-  Block* second = Allocate(22 * kMiB);
-  ASSERT_LT(first->ptr, second->ptr);
-  pool_->Return(first);
-  pool_->Return(second);
-  Block* exact = Allocate(22 * kMiB);
-  ASSERT_NE(exact, nullptr);
-  EXPECT_EQ(exact->ptr, first->ptr);
-  pool_->Return(exact);
-  Check(0);
+  // Two equal free blocks of `size`, the higher one at the front: a request of 22 MiB takes the
+  // lower one, from the next bin (24 MiB) or from its own bin (an exact fit).
+  for (std::size_t size : {24 * kMiB, 22 * kMiB}) {
+    SCOPED_TRACE(size);
+    Init({});
+    Block* low = Allocate(size);
+    Block* high = Allocate(size);
+    ASSERT_LT(low->ptr, high->ptr);
+    pool_->Return(low);
+    pool_->Return(high);
+    Block* again = Allocate(22 * kMiB);
+    ASSERT_NE(again, nullptr);
+    EXPECT_EQ(again->ptr, low->ptr);
+    pool_->Return(again);
+    Check(0);
+  }
 }
 
 TEST_F(LargePoolTest, ABinOfSmallerBlocksFallsThroughToTheNextBinsBestFit) {
