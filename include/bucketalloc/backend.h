@@ -48,6 +48,12 @@ struct BackendCounters {
   // Calls CUDA forbids while a stream capture is running (Allocate, Free, QueryEvent,
   // SynchronizeEvent); the sim backend refuses them and counts them here. Always 0 on CUDA.
   std::int64_t capture_violations = 0;
+  // Virtual memory (backends that support it).
+  std::int64_t physical_creates = 0;  // successful CreatePhysical calls
+  std::int64_t physical_releases = 0;
+  std::int64_t failed_physical_creates = 0;
+  std::int64_t maps = 0;    // successful Map calls
+  std::int64_t unmaps = 0;  // successful Unmap calls
 };
 
 // The memory source of one device. Implementations: sim (CPU), cuda (cudaMalloc), and later vmm.
@@ -113,6 +119,13 @@ class Backend {
 
 // ---------------------------------------------------------------------------------------------
 // The simulated device.
+//
+// It also implements the virtual-memory family with real page mapping: physical memory is a memfd
+// (one per device, sized to the device's memory, pages allocated on first touch), so in backed mode
+// a physical allocation mapped at two addresses shows the same bytes at both, and an unmapped range
+// goes back to PROT_NONE (nothing stale can be read through it). Physical bytes count against the
+// device's memory together with Allocate's. In unbacked mode the same bookkeeping runs without
+// touching pages.
 
 enum class SimMemoryMode {
   kBacked,    // real host memory: the caller may write and read every allocated byte
@@ -144,8 +157,11 @@ class SimBackend : public Backend {
   virtual void SetSynchronizeFails(bool fails) = 0;
   // Makes RecordEvent fail until called with false.
   virtual void SetRecordEventFails(bool fails) = 0;
-  // Fails the Nth Allocate call from now on (1 = the next one; 0 = never).
+  // Fails the Nth Allocate call from now on (1 = the next one; 0 = never). CreatePhysical calls
+  // count as Allocate calls here, as they do for fail_nth_alloc and fail_fraction.
   virtual void FailNthAlloc(std::int64_t n) = 0;
+  // Fails the Nth Map call from now on (1 = the next one; 0 = never).
+  virtual void FailNthMap(std::int64_t n) = 0;
   // Simulates `bytes` of the device used outside this backend (another process or library): the
   // device's free memory shrinks by that much. 0 ends it.
   virtual void SetExternalUsage(std::size_t bytes) = 0;

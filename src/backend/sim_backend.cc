@@ -5,9 +5,16 @@
 // have); a capacity check on the bytes in use; simulated streams and events; fault injection.
 // Backed mode makes the carved pages readable and writable (real host memory, touched lazily);
 // unbacked mode leaves them PROT_NONE, so a 141 GB card can be simulated on a 24 GB machine.
+// Virtual memory (the twin of CUDA's VMM API, see backend.h): reserved ranges are PROT_NONE
+// mappings of their own; physical allocations are ranges of one memfd, first-fit by offset; Map is
+// mmap(MAP_SHARED | MAP_FIXED) of the memfd range over the reservation (backed mode), Unmap maps
+// PROT_NONE anonymous memory back over it, and ReleasePhysical punches the pages out of the memfd.
 // Thread-safety: every method takes the backend's own mutex.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -45,6 +52,8 @@ class SimBackendImpl final : public SimBackend {
 
   ~SimBackendImpl() override {
     if (base_ != nullptr) munmap(base_, reserved_);
+    for (const auto& [va, bytes] : va_ranges_) munmap(reinterpret_cast<void*>(va), bytes);
+    if (memfd_ >= 0) close(memfd_);
   }
 
   absl::Status Init() {
@@ -59,6 +68,7 @@ class SimBackendImpl final : public SimBackend {
         internal::RoundUp(reinterpret_cast<std::uintptr_t>(p), options_.granularity);
     const std::size_t usable = options_.total_memory * kAddressSpaceFactor;
     free_ranges_.emplace(start, usable);
+    physical_free_.emplace(0, options_.total_memory);
     return absl::OkStatus();
   }
 
@@ -68,26 +78,9 @@ class SimBackendImpl final : public SimBackend {
 
   absl::StatusOr<void*> Allocate(std::size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Status s = RefuseDuringCapture("Allocate"); !s.ok()) {
+    if (absl::Status s = CheckGrowth("Allocate", bytes); !s.ok()) {
       ++counters_.failed_allocs;
       return s;
-    }
-    if (bytes == 0 || bytes % options_.granularity != 0) {
-      ++counters_.failed_allocs;
-      return absl::InvalidArgumentError(absl::StrCat("sim backend: Allocate(", bytes,
-                                                     ") is not a positive multiple of the granularity ",
-                                                     options_.granularity));
-    }
-    if (InjectFault()) {
-      ++counters_.failed_allocs;
-      return absl::ResourceExhaustedError(
-          absl::StrCat("sim backend: injected allocation failure (Allocate call ", alloc_calls_, ")"));
-    }
-    if (bytes > FreeBytes()) {
-      ++counters_.failed_allocs;
-      return absl::ResourceExhaustedError(absl::StrCat("sim backend: out of memory: ", bytes,
-                                                       " bytes requested, ", FreeBytes(), " of ",
-                                                       options_.total_memory, " free"));
     }
     // First fit by address.
     for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
@@ -129,6 +122,166 @@ class SimBackendImpl final : public SimBackend {
     InsertFreeRange(addr, bytes);
     used_ -= bytes;
     ++counters_.frees;
+    return absl::OkStatus();
+  }
+
+  bool SupportsVirtualMemory() const override { return true; }
+
+  absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t bytes, std::size_t alignment) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes == 0 || bytes % options_.granularity != 0 || (alignment != 0 && !internal::IsPowerOfTwo(alignment))) {
+      return absl::InvalidArgumentError(absl::StrCat("sim backend: ReserveAddressRange(", bytes, ", ", alignment,
+                                                     "): accepted a positive multiple of the granularity ",
+                                                     options_.granularity, " and an alignment of 0 or a power of two"));
+    }
+    const std::size_t align = std::max(alignment, options_.granularity);
+    void* p = mmap(nullptr, bytes + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("sim backend: cannot reserve ", bytes, " bytes of address space: ", std::strerror(errno)));
+    }
+    const auto raw = reinterpret_cast<std::uintptr_t>(p);
+    const std::uintptr_t va = internal::RoundUp(raw, align);
+    if (va > raw) munmap(p, va - raw);
+    if (const std::size_t tail = raw + bytes + align - (va + bytes); tail > 0) {
+      munmap(reinterpret_cast<void*>(va + bytes), tail);
+    }
+    va_ranges_.emplace(va, bytes);
+    return va;
+  }
+
+  absl::Status ReleaseAddressRange(std::uintptr_t va, std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = va_ranges_.find(va);
+    if (it == va_ranges_.end() || it->second != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("sim backend: ReleaseAddressRange(", absl::Hex(va), ", ", bytes,
+                                                     ") does not match a reserved range"));
+    }
+    if (auto m = mappings_.lower_bound(va); m != mappings_.end() && m->first < va + bytes) {
+      return absl::FailedPreconditionError(absl::StrCat("sim backend: ReleaseAddressRange(", absl::Hex(va), ", ",
+                                                        bytes, "): ", absl::Hex(m->first), " is still mapped"));
+    }
+    munmap(reinterpret_cast<void*>(va), bytes);
+    va_ranges_.erase(it);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = CheckGrowth("CreatePhysical", bytes); !s.ok()) {
+      ++counters_.failed_physical_creates;
+      return s;
+    }
+    if (options_.memory == SimMemoryMode::kBacked && memfd_ < 0) {
+      memfd_ = memfd_create("bucketalloc-sim-physical", MFD_CLOEXEC);
+      if (memfd_ < 0 || ftruncate(memfd_, static_cast<off_t>(options_.total_memory)) != 0) {
+        const std::string error = std::strerror(errno);
+        if (memfd_ >= 0) close(memfd_);
+        memfd_ = -1;
+        ++counters_.failed_physical_creates;
+        return absl::ResourceExhaustedError(absl::StrCat("sim backend: cannot create the physical memory: ", error));
+      }
+    }
+    // Physical bytes never exceed the device's memory, so a first fit by offset always exists.
+    for (auto it = physical_free_.begin(); it != physical_free_.end(); ++it) {
+      if (it->second < bytes) continue;
+      const std::size_t offset = it->first, len = it->second;
+      physical_free_.erase(it);
+      if (len > bytes) physical_free_.emplace(offset + bytes, len - bytes);
+      const PhysicalHandle handle = next_handle_++;
+      physical_.emplace(handle, Physical{offset, bytes, 0});
+      used_ += bytes;
+      ++counters_.physical_creates;
+      return handle;
+    }
+    ++counters_.failed_physical_creates;
+    return absl::ResourceExhaustedError("sim backend: physical memory fragmented beyond the device's size");
+  }
+
+  absl::Status ReleasePhysical(PhysicalHandle handle) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = physical_.find(handle);
+    if (it == physical_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("sim backend: ReleasePhysical(", handle, "): no such handle"));
+    }
+    if (it->second.mappings > 0) {
+      return absl::FailedPreconditionError(absl::StrCat("sim backend: ReleasePhysical(", handle, "): still mapped ",
+                                                        it->second.mappings, " time(s)"));
+    }
+    const Physical p = it->second;
+    physical_.erase(it);
+    if (memfd_ >= 0) {  // the pages go back to the host; a later CreatePhysical reads zeros
+      fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(p.offset),
+                static_cast<off_t>(p.bytes));
+    }
+    InsertRange(physical_free_, p.offset, p.bytes);
+    used_ -= p.bytes;
+    ++counters_.physical_releases;
+    return absl::OkStatus();
+  }
+
+  absl::Status Map(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = RefuseDuringCapture("Map"); !s.ok()) return s;
+    auto p = physical_.find(handle);
+    if (p == physical_.end() || p->second.bytes != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("sim backend: Map(", absl::Hex(va), ", ", bytes, ", ", handle,
+                                                     "): accepted a live handle mapped whole"));
+    }
+    if (va % options_.granularity != 0 || !InsideReservation(va, bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("sim backend: Map(", absl::Hex(va), ", ", bytes,
+                                                     "): accepted a granularity-aligned range inside one reserved "
+                                                     "range"));
+    }
+    if (OverlapsMapping(va, bytes)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sim backend: Map(", absl::Hex(va), ", ", bytes, "): the range is already mapped"));
+    }
+    ++map_calls_;
+    if (fail_nth_map_ != 0 && map_calls_ == fail_nth_map_) {
+      return absl::ResourceExhaustedError(absl::StrCat("sim backend: injected Map failure (call ", map_calls_, ")"));
+    }
+    if (options_.memory == SimMemoryMode::kBacked &&
+        mmap(reinterpret_cast<void*>(va), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd_,
+             static_cast<off_t>(p->second.offset)) == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat("sim backend: mmap failed: ", std::strerror(errno)));
+    }
+    mappings_.emplace(va, Mapping{bytes, handle});
+    ++p->second.mappings;
+    ++counters_.maps;
+    return absl::OkStatus();
+  }
+
+  absl::Status Unmap(std::uintptr_t va, std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = RefuseDuringCapture("Unmap"); !s.ok()) return s;
+    // Every mapping the range touches must lie wholly inside it, and it must touch at least one.
+    auto first = mappings_.lower_bound(va);
+    if (first != mappings_.begin()) {
+      if (auto prev = std::prev(first); prev->first + prev->second.bytes > va) first = prev;
+    }
+    auto last = first;
+    for (; last != mappings_.end() && last->first < va + bytes; ++last) {
+      if (last->first < va || last->first + last->second.bytes > va + bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("sim backend: Unmap(", absl::Hex(va), ", ", bytes,
+                                                       ") cuts the mapping at ", absl::Hex(last->first),
+                                                       "; accepted a range of whole mappings"));
+      }
+    }
+    if (first == last) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sim backend: Unmap(", absl::Hex(va), ", ", bytes, "): nothing is mapped there"));
+    }
+    for (auto it = first; it != last; ++it) {
+      if (options_.memory == SimMemoryMode::kBacked) {
+        // Back to a reservation: the range can be mapped again, and reads of stale data fault.
+        mmap(reinterpret_cast<void*>(it->first), it->second.bytes, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+      }
+      --physical_[it->second.handle].mappings;
+    }
+    mappings_.erase(first, last);
+    ++counters_.unmaps;
     return absl::OkStatus();
   }
 
@@ -216,6 +369,10 @@ class SimBackendImpl final : public SimBackend {
     std::lock_guard<std::mutex> lock(mu_);
     fail_nth_ = n == 0 ? 0 : alloc_calls_ + n;
   }
+  void FailNthMap(std::int64_t n) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_nth_map_ = n == 0 ? 0 : map_calls_ + n;
+  }
   void SetExternalUsage(std::size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
     external_ = bytes;
@@ -239,6 +396,27 @@ class SimBackendImpl final : public SimBackend {
         "sim backend: ", call, " while a stream capture is running (cudaErrorStreamCaptureUnsupported)"));
   }
 
+  // What Allocate and CreatePhysical refuse, in order: any call during a capture, a size that is not
+  // a positive multiple of the granularity, an injected fault, and more than the free memory.
+  absl::Status CheckGrowth(absl::string_view call, std::size_t bytes) {
+    if (absl::Status s = RefuseDuringCapture(call); !s.ok()) return s;
+    if (bytes == 0 || bytes % options_.granularity != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("sim backend: ", call, "(", bytes,
+                                                     ") is not a positive multiple of the granularity ",
+                                                     options_.granularity));
+    }
+    if (InjectFault()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("sim backend: injected allocation failure (", call, ", call ", alloc_calls_, ")"));
+    }
+    if (bytes > FreeBytes()) {
+      return absl::ResourceExhaustedError(absl::StrCat("sim backend: out of memory: ", bytes, " bytes requested by ",
+                                                       call, ", ", FreeBytes(), " of ", options_.total_memory,
+                                                       " free"));
+    }
+    return absl::OkStatus();
+  }
+
   bool InjectFault() {
     ++alloc_calls_;
     if (fail_nth_ != 0 && alloc_calls_ == fail_nth_) return true;
@@ -248,21 +426,50 @@ class SimBackendImpl final : public SimBackend {
     return false;
   }
 
-  void InsertFreeRange(std::uintptr_t addr, std::size_t len) {
-    auto next = free_ranges_.lower_bound(addr);
-    if (next != free_ranges_.end() && addr + len == next->first) {
+  void InsertFreeRange(std::uintptr_t addr, std::size_t len) { InsertRange(free_ranges_, addr, len); }
+
+  // Inserts [addr, addr + len) into a map of free ranges, coalescing with its neighbours.
+  template <typename Key>
+  static void InsertRange(std::map<Key, std::size_t>& ranges, Key addr, std::size_t len) {
+    auto next = ranges.lower_bound(addr);
+    if (next != ranges.end() && addr + len == next->first) {
       len += next->second;
-      next = free_ranges_.erase(next);
+      next = ranges.erase(next);
     }
-    if (next != free_ranges_.begin()) {
+    if (next != ranges.begin()) {
       auto prev = std::prev(next);
       if (prev->first + prev->second == addr) {
         prev->second += len;
         return;
       }
     }
-    free_ranges_.emplace(addr, len);
+    ranges.emplace(addr, len);
   }
+
+  bool InsideReservation(std::uintptr_t va, std::size_t bytes) const {
+    auto it = va_ranges_.upper_bound(va);
+    if (it == va_ranges_.begin()) return false;
+    --it;
+    return va + bytes <= it->first + it->second;
+  }
+
+  bool OverlapsMapping(std::uintptr_t va, std::size_t bytes) const {
+    auto next = mappings_.lower_bound(va);
+    if (next != mappings_.end() && next->first < va + bytes) return true;
+    if (next == mappings_.begin()) return false;
+    auto prev = std::prev(next);
+    return prev->first + prev->second.bytes > va;
+  }
+
+  struct Physical {
+    std::size_t offset = 0;  // in memfd_
+    std::size_t bytes = 0;
+    int mappings = 0;
+  };
+  struct Mapping {
+    std::size_t bytes = 0;
+    PhysicalHandle handle = 0;
+  };
 
   const SimBackendOptions options_;
   mutable std::mutex mu_;
@@ -281,6 +488,15 @@ class SimBackendImpl final : public SimBackend {
   bool synchronize_fails_ = false;
   bool record_event_fails_ = false;
   std::mt19937_64 rng_;
+  // Virtual memory.
+  int memfd_ = -1;                                        // backed mode: the physical memory
+  std::map<std::size_t, std::size_t> physical_free_;      // free memfd offsets -> length, coalesced
+  absl::flat_hash_map<PhysicalHandle, Physical> physical_;
+  PhysicalHandle next_handle_ = 1;
+  std::map<std::uintptr_t, std::size_t> va_ranges_;       // reserved ranges
+  std::map<std::uintptr_t, Mapping> mappings_;            // by start address
+  std::int64_t map_calls_ = 0;
+  std::int64_t fail_nth_map_ = 0;  // absolute Map call number to fail; 0 = none
 };
 
 }  // namespace

@@ -139,10 +139,142 @@ TEST(SimBackendTest, StreamsAndEvents) {
   EXPECT_EQ(b->counters().events_recorded, 3);
 }
 
-TEST(SimBackendTest, VirtualMemoryIsNotClaimed) {
-  auto b = Make({.total_memory = 8 * kMiB});
-  EXPECT_FALSE(b->SupportsVirtualMemory());
-  EXPECT_TRUE(absl::IsUnimplemented(b->ReserveAddressRange(2 * kMiB, 2 * kMiB).status()));
+// Fills `bytes` at `p` with a pattern that depends on `seed` and the offset.
+void Fill(std::uintptr_t p, std::size_t bytes, std::uint32_t seed) {
+  auto* w = reinterpret_cast<std::uint32_t*>(p);
+  for (std::size_t i = 0; i < bytes / 4; ++i) w[i] = seed * 2654435761u + static_cast<std::uint32_t>(i);
+}
+bool Holds(std::uintptr_t p, std::size_t bytes, std::uint32_t seed) {
+  const auto* w = reinterpret_cast<const std::uint32_t*>(p);
+  for (std::size_t i = 0; i < bytes / 4; ++i) {
+    if (w[i] != seed * 2654435761u + static_cast<std::uint32_t>(i)) return false;
+  }
+  return true;
+}
+
+TEST(SimBackendTest, VirtualMemoryStitchesRealPages) {
+  auto b = Make({.total_memory = 16 * kMiB});
+  ASSERT_TRUE(b->SupportsVirtualMemory());
+  absl::StatusOr<std::uintptr_t> a = b->ReserveAddressRange(8 * kMiB, 0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(*a % (2 * kMiB), 0u);
+  absl::StatusOr<PhysicalHandle> h1 = b->CreatePhysical(2 * kMiB), h2 = b->CreatePhysical(2 * kMiB);
+  ASSERT_TRUE(h1.ok() && h2.ok());
+  EXPECT_EQ(b->used_bytes(), 4 * kMiB);
+  // Two granules stitched into one contiguous range, in the opposite order to their creation.
+  ASSERT_TRUE(b->Map(*a, 2 * kMiB, *h2).ok());
+  ASSERT_TRUE(b->Map(*a + 2 * kMiB, 2 * kMiB, *h1).ok());
+  Fill(*a, 4 * kMiB, 7);
+  ASSERT_TRUE(Holds(*a, 4 * kMiB, 7));
+  // The same granule mapped at a second address shows the same bytes, both ways.
+  absl::StatusOr<std::uintptr_t> c = b->ReserveAddressRange(2 * kMiB, 4 * kMiB);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(*c % (4 * kMiB), 0u);
+  ASSERT_TRUE(b->Map(*c, 2 * kMiB, *h1).ok());
+  EXPECT_EQ(std::memcmp(reinterpret_cast<void*>(*c), reinterpret_cast<void*>(*a + 2 * kMiB), 2 * kMiB), 0);
+  Fill(*c, 2 * kMiB, 9);
+  EXPECT_TRUE(Holds(*a + 2 * kMiB, 2 * kMiB, 9));
+  // Moved: unmapped from the first range, the granule keeps its data in the second, and the old
+  // range holds nothing stale: reading it faults.
+  ASSERT_TRUE(b->Unmap(*a + 2 * kMiB, 2 * kMiB).ok());
+  EXPECT_TRUE(Holds(*c, 2 * kMiB, 9));
+  EXPECT_TRUE(Holds(*a, 2 * kMiB, 7)) << "the other granule of the range is untouched";
+  const std::uintptr_t stale = *a + 2 * kMiB;
+  EXPECT_DEATH(
+      {
+        volatile std::uint32_t v = *reinterpret_cast<volatile std::uint32_t*>(stale);
+        (void)v;
+      },
+      "");
+  // Released and created again, physical memory reads zeros.
+  ASSERT_TRUE(b->Unmap(*c, 2 * kMiB).ok());
+  ASSERT_TRUE(b->ReleasePhysical(*h1).ok());
+  absl::StatusOr<PhysicalHandle> h3 = b->CreatePhysical(2 * kMiB);
+  ASSERT_TRUE(h3.ok());
+  ASSERT_TRUE(b->Map(*a + 2 * kMiB, 2 * kMiB, *h3).ok());
+  EXPECT_EQ(reinterpret_cast<const std::uint32_t*>(*a + 2 * kMiB)[12345], 0u);
+  ASSERT_TRUE(b->Unmap(*a, 4 * kMiB).ok()) << "one call may unmap several whole mappings";
+  for (PhysicalHandle h : {*h2, *h3}) ASSERT_TRUE(b->ReleasePhysical(h).ok());
+  ASSERT_TRUE(b->ReleaseAddressRange(*a, 8 * kMiB).ok());
+  ASSERT_TRUE(b->ReleaseAddressRange(*c, 2 * kMiB).ok());
+  EXPECT_EQ(b->used_bytes(), 0u);
+  const BackendCounters n = b->counters();
+  EXPECT_EQ(n.physical_creates, 3);
+  EXPECT_EQ(n.physical_releases, 3);
+  EXPECT_EQ(n.maps, 4);
+  EXPECT_EQ(n.unmaps, 3);
+}
+
+TEST(SimBackendTest, PhysicalMemoryCountsAgainstTheDevice) {
+  for (SimMemoryMode mode : {SimMemoryMode::kBacked, SimMemoryMode::kUnbacked}) {
+    auto b = Make({.total_memory = 8 * kMiB, .memory = mode});
+    absl::StatusOr<void*> p = b->Allocate(4 * kMiB);
+    ASSERT_TRUE(p.ok());
+    absl::StatusOr<PhysicalHandle> h = b->CreatePhysical(4 * kMiB);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_TRUE(absl::IsResourceExhausted(b->CreatePhysical(2 * kMiB).status()));
+    EXPECT_TRUE(absl::IsResourceExhausted(b->Allocate(2 * kMiB).status()));
+    EXPECT_EQ(b->GetMemInfo()->free_bytes, 0u);
+    ASSERT_TRUE(b->ReleasePhysical(*h).ok());
+    EXPECT_TRUE(b->CreatePhysical(4 * kMiB).ok());
+    EXPECT_EQ(b->counters().failed_physical_creates, 1);
+    ASSERT_TRUE(b->Free(*p, 4 * kMiB).ok());
+  }
+}
+
+TEST(SimBackendTest, VirtualMemoryMisuseIsRefusedAndChangesNothing) {
+  auto b = Make({.total_memory = 16 * kMiB});
+  absl::StatusOr<std::uintptr_t> a = b->ReserveAddressRange(4 * kMiB, 0);
+  absl::StatusOr<PhysicalHandle> h = b->CreatePhysical(2 * kMiB);
+  ASSERT_TRUE(a.ok() && h.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(b->ReserveAddressRange(3 * kMiB, 0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(b->ReserveAddressRange(2 * kMiB, 3 * kMiB).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(b->CreatePhysical(kMiB).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(b->Map(*a + kMiB, 2 * kMiB, *h))) << "unaligned";
+  EXPECT_TRUE(absl::IsInvalidArgument(b->Map(*a + 4 * kMiB, 2 * kMiB, *h))) << "outside the reservation";
+  EXPECT_TRUE(absl::IsInvalidArgument(b->Map(*a, 4 * kMiB, *h))) << "not the handle's size";
+  EXPECT_TRUE(absl::IsInvalidArgument(b->Map(*a, 2 * kMiB, 999))) << "no such handle";
+  ASSERT_TRUE(b->Map(*a, 2 * kMiB, *h).ok());
+  absl::StatusOr<PhysicalHandle> other = b->CreatePhysical(2 * kMiB);
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(b->Map(*a, 2 * kMiB, *other))) << "already mapped";
+  EXPECT_TRUE(absl::IsInvalidArgument(b->Unmap(*a, kMiB))) << "cuts a mapping";
+  EXPECT_TRUE(absl::IsInvalidArgument(b->Unmap(*a + 2 * kMiB, 2 * kMiB))) << "nothing mapped";
+  EXPECT_TRUE(absl::IsFailedPrecondition(b->ReleasePhysical(*h)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(b->ReleaseAddressRange(*a, 4 * kMiB)));
+  EXPECT_TRUE(absl::IsInvalidArgument(b->ReleaseAddressRange(*a, 2 * kMiB)));
+  // The refused calls left the mapping intact.
+  Fill(*a, 2 * kMiB, 3);
+  EXPECT_TRUE(Holds(*a, 2 * kMiB, 3));
+  EXPECT_EQ(b->counters().maps, 1);
+  // While a stream captures, creating and mapping are refused (as CUDA refuses them).
+  b->SetCapturing(nullptr, true);
+  EXPECT_TRUE(absl::IsFailedPrecondition(b->CreatePhysical(2 * kMiB).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(b->Map(*a + 2 * kMiB, 2 * kMiB, *other)));
+  b->SetCapturing(nullptr, false);
+  ASSERT_TRUE(b->Unmap(*a, 2 * kMiB).ok());
+  ASSERT_TRUE(b->ReleasePhysical(*h).ok());
+  ASSERT_TRUE(b->ReleasePhysical(*other).ok());
+  ASSERT_TRUE(b->ReleaseAddressRange(*a, 4 * kMiB).ok());
+}
+
+TEST(SimBackendTest, VirtualMemoryFaultInjection) {
+  auto b = Make({.total_memory = 16 * kMiB});
+  absl::StatusOr<std::uintptr_t> a = b->ReserveAddressRange(4 * kMiB, 0);
+  ASSERT_TRUE(a.ok());
+  b->FailNthAlloc(2);
+  absl::StatusOr<PhysicalHandle> h = b->CreatePhysical(2 * kMiB);
+  ASSERT_TRUE(h.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(b->CreatePhysical(2 * kMiB).status()));
+  EXPECT_EQ(b->used_bytes(), 2 * kMiB) << "a failed create takes nothing";
+  b->FailNthMap(1);
+  EXPECT_TRUE(absl::IsResourceExhausted(b->Map(*a, 2 * kMiB, *h)));
+  EXPECT_TRUE(b->Map(*a, 2 * kMiB, *h).ok()) << "a failed map leaves the range free to map";
+  Fill(*a, 2 * kMiB, 5);
+  EXPECT_TRUE(Holds(*a, 2 * kMiB, 5));
+  ASSERT_TRUE(b->Unmap(*a, 2 * kMiB).ok());
+  ASSERT_TRUE(b->ReleasePhysical(*h).ok());
+  ASSERT_TRUE(b->ReleaseAddressRange(*a, 4 * kMiB).ok());
 }
 
 TEST(SimBackendTest, BadOptionsAreRejected) {
