@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/options.h"
 #include "harness/model_config.h"
@@ -80,7 +81,7 @@ int GenerateCommand::Run() const {
     std::fprintf(stderr, "bucketalloc-bench generate serving: %s\n", std::string(s.message()).c_str());
     return 1;
   };
-  if (f.output.size() >= 3 && f.output.compare(f.output.size() - 3, 3, ".gz") == 0) {
+  if (absl::EndsWith(f.output, ".gz")) {
     return fail(absl::InvalidArgumentError(absl::StrCat("-o ", f.output,
                                                         ": the trace is written as plain CSV; accepted a name "
                                                         "that does not end in .gz (e.g. trace.csv)")));

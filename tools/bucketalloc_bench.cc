@@ -69,20 +69,6 @@ void PrintResult(const ReplayResult& r) {
   }
 }
 
-// The min-capacity of `allocator` for the trace at `trace_path`, with the true need of its meta file
-// when it has one.
-absl::StatusOr<MinCapacityResult> MinCapacityWithNeed(const bucketalloc::harness::Trace& trace,
-                                                      const std::string& trace_path, const std::string& allocator,
-                                                      const bucketalloc::harness::CostModel& cost,
-                                                      void (*progress)(const std::string& line) = nullptr) {
-  absl::StatusOr<std::optional<std::uint64_t>> need =
-      bucketalloc::harness::ReadTrueNeed(trace_path, trace.events.size());
-  if (!need.ok()) return need.status();
-  absl::StatusOr<MinCapacityResult> m = bucketalloc::harness::MinCapacity(trace, allocator, cost, progress);
-  if (m.ok() && need->has_value()) m->true_need_bytes = **need;
-  return m;
-}
-
 bucketalloc::harness::ReplayOptions Options(const std::string& allocator, std::size_t capacity,
                                             const bucketalloc::harness::CostModel& cost,
                                             bucketalloc::harness::ReplayDeviceKind device) {
@@ -195,19 +181,23 @@ int main(int argc, char** argv) {
       report.trace_name = path;
       report.capacity = *capacity;
       report.peak_live_bytes = bucketalloc::harness::PeakLiveBytes(*trace);
+      absl::StatusOr<std::optional<std::uint64_t>> need =
+          bucketalloc::harness::ReadTrueNeed(path, trace->events.size());
+      if (!need.ok()) return Fail(need.status());
       if (several) std::printf("%s (peak live %s)\n", path.c_str(), FormatBytes(report.peak_live_bytes).c_str());
       for (const std::string& name : allocators) {
         bucketalloc::harness::ReplayOptions o = Options(name, *capacity, cost, *device);
         o.record_timeline = record;
         absl::StatusOr<ReplayResult> r = bucketalloc::harness::Replay(*trace, o);
         if (!r.ok()) return Fail(r.status());
-        absl::StatusOr<MinCapacityResult> m = MinCapacityWithNeed(*trace, path, name, cost);
+        absl::StatusOr<MinCapacityResult> m = bucketalloc::harness::MinCapacity(*trace, name, cost);
         if (!m.ok()) return Fail(m.status());
-        const std::string need =
+        m->true_need_bytes = *need;
+        const std::string over_need =
             m->true_need_bytes.has_value() ? absl::StrFormat("%.3f", m->min_capacity_over_true_need()) : "-";
         std::printf("%s%-*s %10s %10s %8.3f %8s %6llu %6llu %6llu %8.0f %8.0f %10llu %12.1f %8s\n",
                     several ? "  " : "", width, r->allocator.c_str(), FormatBytes(r->peak_reserved_bytes).c_str(),
-                    FormatBytes(m->min_capacity_bytes).c_str(), m->min_capacity_over_live, need.c_str(),
+                    FormatBytes(m->min_capacity_bytes).c_str(), m->min_capacity_over_live, over_need.c_str(),
                     static_cast<unsigned long long>(r->ooms), static_cast<unsigned long long>(r->capacity_ooms),
                     static_cast<unsigned long long>(r->fragmentation_ooms), r->p50_ns, r->p99_ns,
                     static_cast<unsigned long long>(r->backend_calls), r->simulated_backend_ms, r->verdict.c_str());
@@ -240,9 +230,13 @@ int main(int argc, char** argv) {
     PrintResult(*r);
     return WriteText(json_path, r->ToJson()) ? 0 : 1;
   }
-  absl::StatusOr<MinCapacityResult> m = MinCapacityWithNeed(
-      *trace, trace_path, allocator, cost, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+  absl::StatusOr<std::optional<std::uint64_t>> need =
+      bucketalloc::harness::ReadTrueNeed(trace_path, trace->events.size());
+  if (!need.ok()) return Fail(need.status());
+  absl::StatusOr<MinCapacityResult> m = bucketalloc::harness::MinCapacity(
+      *trace, allocator, cost, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   if (!m.ok()) return Fail(m.status());
+  m->true_need_bytes = *need;
   PrintResult(m->at_min);
   std::printf("%-28s %s (%.3f x peak live)\n", "min capacity", FormatBytes(m->min_capacity_bytes).c_str(),
               m->min_capacity_over_live);

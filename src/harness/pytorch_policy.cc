@@ -78,8 +78,7 @@ class PyTorchPolicy final : public ReplayAllocator {
       }
       if (!p.ok()) return absl::ResourceExhaustedError(absl::StrCat("pytorch-policy: out of memory (", p.status().message(), ")"));
       block = new Block{reinterpret_cast<std::uintptr_t>(*p), segment, stream, small};
-      reserved_ += segment;
-      peak_ = std::max(peak_, reserved_);
+      peak_ = std::max(peak_, device_->used_bytes());
     } else {
       pool.erase(block);
     }
@@ -127,9 +126,9 @@ class PyTorchPolicy final : public ReplayAllocator {
     return absl::OkStatus();
   }
 
-  std::size_t reserved_bytes() const override { return reserved_; }
+  std::size_t reserved_bytes() const override { return device_->used_bytes(); }
   std::size_t peak_reserved_bytes() const override { return peak_; }
-  void ResetPeak() override { peak_ = reserved_; }
+  void ResetPeak() override { peak_ = device_->used_bytes(); }
   BackendCounters backend_counters() const override { return device_->counters(); }
 
   // The cached free blocks of both pools (whole segments and the free pieces of split ones).
@@ -147,7 +146,7 @@ class PyTorchPolicy final : public ReplayAllocator {
     }
     f.requested = static_cast<std::int64_t>(requested_);
     f.allocated = static_cast<std::int64_t>(allocated_);
-    f.reserved = static_cast<std::int64_t>(reserved_);
+    f.reserved = static_cast<std::int64_t>(device_->used_bytes());
     return f;
   }
 
@@ -166,7 +165,6 @@ class PyTorchPolicy final : public ReplayAllocator {
       for (auto it = pool->begin(); it != pool->end();) {
         Block* b = *it;
         if (b->prev == nullptr && b->next == nullptr && device_->Free(reinterpret_cast<void*>(b->ptr), b->size).ok()) {
-          reserved_ -= b->size;
           it = pool->erase(it);
           delete b;
         } else {
@@ -179,7 +177,6 @@ class PyTorchPolicy final : public ReplayAllocator {
   std::unique_ptr<ReplayDevice> device_;
   BlockPool small_, large_;
   absl::flat_hash_map<std::uintptr_t, Block*> live_;
-  std::size_t reserved_ = 0;
   std::size_t peak_ = 0;
   std::size_t allocated_ = 0;  // block sizes of live allocations
   std::size_t requested_ = 0;  // their callers' sizes

@@ -13,19 +13,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bucketalloc/options.h"
+#include "internal/bits.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc::harness {
 namespace {
 
-constexpr double kReferenceWeightBytes = 16.0 * 1024 * 1024 * 1024;  // the model the step times are for
+constexpr double kReferenceWeightBytes = 16.0 * kGiB;  // the model the step times are for
 constexpr std::uint64_t kPointerBase = 0x7f0000000000;
 
 // One request's share of a step.
 struct Work {
   int request = 0;
-  int tokens = 0;       // prompt chunk, or 1 for a decode step
+  int tokens = 0;       // prompt chunk, or 1 for a decode step: the tokens whose KV the step writes
   bool samples = false; // the step produces a token for it (decode, or the prompt's last chunk)
+  bool decode = false;  // the prompt was prefilled in earlier steps
 };
 
 struct StepPlan {
@@ -38,9 +41,13 @@ struct Schedule {
   std::vector<StepPlan> steps;
   std::vector<bool> rejected;  // longer than max_model_len, or than max_kv_tokens
   std::int64_t peak_block_tokens = 0;  // the most tokens held, counting whole blocks of block_tokens
+  double end_s = 0.0;                  // when the last step ends
 };
 
-std::int64_t RoundUp(std::int64_t n, std::int64_t to) { return (n + to - 1) / to * to; }
+// Token counts are never negative: internal::RoundUp over them.
+std::int64_t RoundUp(std::int64_t n, std::int64_t to) {
+  return static_cast<std::int64_t>(internal::RoundUp(static_cast<std::size_t>(n), static_cast<std::size_t>(to)));
+}
 
 absl::Status Validate(const ServingOptions& o) {
   auto bad = [](absl::string_view what, auto value, absl::string_view accepted) {
@@ -106,7 +113,7 @@ Schedule MakeSchedule(const std::vector<Request>& requests, const std::vector<in
       const int left = requests[r].input_tokens - state[r].prefilled;
       const int tokens = left > 0 ? static_cast<int>(std::min<std::int64_t>(left, budget)) : 1;
       if (tokens == 0 || budget == 0) continue;  // a chunked prompt waits for budget
-      step.work.push_back({r, tokens, left == 0 || tokens == left});
+      step.work.push_back({r, tokens, left == 0 || tokens == left, left == 0});
       budget -= tokens;
     }
     while (!queue.empty() && static_cast<int>(running.size()) < o.max_num_seqs && budget > 0) {
@@ -117,7 +124,7 @@ Schedule MakeSchedule(const std::vector<Request>& requests, const std::vector<in
       running.push_back(r);
       running_total_tokens += total;
       const int tokens = static_cast<int>(std::min<std::int64_t>(requests[r].input_tokens, budget));
-      step.work.push_back({r, tokens, tokens == requests[r].input_tokens});
+      step.work.push_back({r, tokens, tokens == requests[r].input_tokens, false});
       budget -= tokens;
     }
     if (step.work.empty()) continue;  // nothing arrived yet: the clock jumps at the top
@@ -141,6 +148,7 @@ Schedule MakeSchedule(const std::vector<Request>& requests, const std::vector<in
     clock += (o.step_base_ms + o.step_us_per_token * static_cast<double>(tokens) / 1000.0) / 1000.0 * time_factor;
     s.steps.push_back(std::move(step));
   }
+  s.end_s = clock;
   return s;
 }
 
@@ -393,7 +401,6 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
   std::vector<int> growing;  // requests whose KV tensors grow in this step
 
   Forward forward(model, out);
-  std::vector<int> produced(requests.size(), 0);
   for (const StepPlan& step : schedule.steps) {
     out.SetTime(step.start_s);
     std::uint64_t T = 0, S = 0;
@@ -403,16 +410,13 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
       S += w.samples ? 1 : 0;
       Kv& k = kv[w.request];
       // A decode step writes the KV of the token sampled by the previous step; a prompt chunk its tokens.
-      const std::int64_t added = produced[w.request] > 0 ? 1 : w.tokens;
-      k.held += added;
-      out.AddExactKv(added * static_cast<std::int64_t>(kv_bytes_per_token));
-      if (w.samples) ++produced[w.request];
+      k.held += w.tokens;
+      out.AddExactKv(w.tokens * static_cast<std::int64_t>(kv_bytes_per_token));
       if (options.kv_layout != KvLayout::kPaged && k.held > k.capacity) {
         k.target = capacity_for(k.held);
         growing.push_back(w.request);
       }
-      sum.tokens_prefilled += produced[w.request] > 1 ? 0 : w.tokens;
-      sum.tokens_decoded += produced[w.request] > 1 ? 1 : 0;
+      (w.decode ? sum.tokens_decoded : sum.tokens_prefilled) += w.tokens;
     }
     sum.max_running = std::max(sum.max_running, static_cast<int>(step.work.size()));
     forward.Run(T, S, options.every_layer, [&](int layer) {
@@ -434,14 +438,7 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
       kv[r] = Kv{};
     }
   }
-  if (!schedule.steps.empty()) {
-    const StepPlan& last = schedule.steps.back();
-    std::uint64_t tokens = 0;
-    for (const Work& w : last.work) tokens += static_cast<std::uint64_t>(w.tokens);
-    sum.simulated_seconds = last.start_s + (options.step_base_ms + options.step_us_per_token *
-                                                                        static_cast<double>(tokens) / 1000.0) /
-                                               1000.0 * time_factor;
-  }
+  sum.simulated_seconds = schedule.end_s;
   for (const Tensor& t : pool) out.Free(t.ptr, t.bytes, Emitter::kKv);
   for (auto it = weights.rbegin(); it != weights.rend(); ++it) out.Free(it->ptr, it->bytes, Emitter::kWeight);
 
@@ -459,12 +456,12 @@ std::string TieredBucketallocConf(const ServingTrace& trace, const ModelSpec& mo
   for (std::size_t i = 0; i < trace.trace.events.size(); ++i) {
     if (trace.kinds[i] == TensorKind::kKv) largest = std::max(largest, trace.trace.events[i].size);
   }
-  constexpr std::uint64_t kSmallPoolLimit = std::uint64_t{1} << 20;
+  const std::uint64_t small_pool_limit = Options{}.small_pool_limit;  // the library's default
   std::vector<std::int64_t> tiers;
   std::int64_t tier = 0;
   for (std::size_t i = 0; tier * per_token < largest; ++i) {
     tier = i < options.tiers_tokens.size() ? options.tiers_tokens[i] : tier * 2;
-    if (tier * per_token > kSmallPoolLimit) tiers.push_back(tier);
+    if (tier * per_token > small_pool_limit) tiers.push_back(tier);
   }
   if (tiers.empty()) return "";
   return absl::StrCat("tiers_tokens:[", absl::StrJoin(tiers, ","), "],bytes_per_token:", per_token);
