@@ -1,6 +1,6 @@
-// cuda/cuda_runtime.h — the CUDA runtime functions the cuda backend calls, as a table (layer L1).
+// cuda/cuda_runtime.h — the CUDA runtime functions the cuda and vmm backends call, as a table (L1).
 //
-// The backend never names a runtime function directly; it calls through CudaRuntimeApi(), which is
+// The backends never name a runtime function directly; they call through CudaRuntimeApi(), which is
 // defined once per library:
 //   - cuda/cuda_runtime_static.cc: the statically linked cudart (libbucketalloc.a, libbucketalloc.so);
 //   - plugins/preload/real_runtime.cc: the process's own libcudart, found with dlsym(RTLD_NEXT)
@@ -36,6 +36,10 @@ struct CudaRuntime {
   cudaError_t (*StreamGetDevice)(cudaStream_t stream, int* device);
   const char* (*GetErrorName)(cudaError_t error);
   const char* (*GetErrorString)(cudaError_t error);
+  // The vmm backend reaches the driver API (cuMem*) only through this: libcuda is never linked.
+  cudaError_t (*GetDriverEntryPointByVersion)(const char* symbol, void** function,
+                                              unsigned int cuda_version, unsigned long long flags,
+                                              cudaDriverEntryPointQueryResult* status);
 };
 
 // The runtime of this library (see the file comment). Thread-safe.

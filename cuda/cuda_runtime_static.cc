@@ -10,6 +10,7 @@ const CudaRuntime& CudaRuntimeApi() {
       &cudaStreamIsCapturing, &cudaGetDevice, &cudaSetDevice,     &cudaGetDeviceCount,
       &cudaGetLastError,  &cudaPeekAtLastError, &cudaDeviceSynchronize, &cudaStreamSynchronize,
       &cudaStreamGetDevice, &cudaGetErrorName, &cudaGetErrorString,
+      &cudaGetDriverEntryPointByVersion,
   };
   return kStatic;
 }

@@ -81,7 +81,8 @@ else
 fi
 
 # ---- the steps
-# 1. The cudaMalloc backend and the allocator on the device (a missing GPU fails it).
+# 1. The cudaMalloc and vmm backends and the allocator with backend:cuda and backend:vmm on the
+#    device (tests/cuda/cuda_backend_test.cc; a missing GPU fails it).
 if [[ -x $BUNDLE/bin/cuda_backend_test ]]; then
   run_step cuda_backend_test 120 "$BUNDLE/bin/cuda_backend_test" --gtest_brief=1 \
     "--gtest_output=xml:$LOG_DIR/cuda_backend_test.xml"
@@ -149,7 +150,25 @@ else
   FAILED=$((FAILED + 1))
 fi
 
-# 5. PyTorch: bucketalloc_torch.enable() on the GPU (workload vs a CPU reference, stats,
+# 5. The serving trace of the replay steps: the vendored Azure requests (the first 300) served by
+#    Llama-3.1-8B, as `bucketalloc-bench generate serving` writes it. Then virtual-memory stitching
+#    on the GPU (issue 6): the harness replays it with bucketalloc:backend:vmm (cuMemCreate/cuMemMap
+#    granules) beside plain bucketalloc, on the smallest card stitching needs and on a 130 GiB card,
+#    each against its simulated twin; no OOM with stitching, and granules stitched on the small card
+#    (scripts/gpu_replay_check.py --vmm; no PyTorch needed).
+TRACE=${TMPDIR:-/tmp}/gpu_serving_trace.csv
+rm -f "$TRACE"
+if [[ -x $BUNDLE/bin/bucketalloc-bench ]]; then
+  run_step serving_trace 30 "$BUNDLE/bin/bucketalloc-bench" generate serving \
+    --requests data/requests/azure_llm_inference_trace_2023_conv.csv \
+    --model data/models/Llama-3.1-8B-Instruct.config.json --limit 300 -o "$TRACE"
+  run_step replay_vmm 90 python3 scripts/gpu_replay_check.py "$TRACE" --bench "$BUNDLE/bin/bucketalloc-bench" --vmm
+else
+  STEP_LINES+=("step replay_vmm: FAIL (0s, $BUNDLE/bin/bucketalloc-bench missing)")
+  FAILED=$((FAILED + 1))
+fi
+
+# 6. PyTorch: bucketalloc_torch.enable() on the GPU (workload vs a CPU reference, stats,
 #    record_stream, empty_cache, CUDA graphs, the OOM error) and the torch.empty/del latency loop
 #    against PyTorch's native allocator in the same run (scripts/gpu_torch_check.py).
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
@@ -160,19 +179,15 @@ else
   FAILED=$((FAILED + 1))
 fi
 
-# 6. The benchmark harness against real PyTorch (issue 5): a serving trace generated from the
-#    vendored Azure requests and Llama-3.1-8B config, replayed through PyTorch's native allocator,
-#    expandable segments, cudaMallocAsync and bucketalloc; pytorch-policy on the simulated device must
-#    predict native's peak reserved within 5%; and the cost model's cudaMalloc/cudaFree calibration.
+# 7. The benchmark harness against real PyTorch (issue 5): the serving trace of step 5 replayed
+#    through PyTorch's native allocator, expandable segments, cudaMallocAsync and bucketalloc;
+#    pytorch-policy on the simulated device must predict native's peak reserved within 5%; and the
+#    cost model's cudaMalloc/cudaFree calibration.
 if [[ -x $BUNDLE/bin/bucketalloc-bench ]] &&
   python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  run_step replay_pytorch 240 bash -c '
-    bench=$0 trace=${TMPDIR:-/tmp}/gpu_serving_trace.csv
-    "$bench" generate serving --requests data/requests/azure_llm_inference_trace_2023_conv.csv \
-      --model data/models/Llama-3.1-8B-Instruct.config.json --limit 300 -o "$trace" || exit 1
-    PYTHONPATH="$PWD/python/torch_plugin${PYTHONPATH:+:$PYTHONPATH}" BUCKETALLOC_LIBRARY="$1" \
-      python3 scripts/gpu_replay_check.py "$trace" --bench "$bench"' \
-    "$BUNDLE/bin/bucketalloc-bench" "$PWD/$BUNDLE/lib/libbucketalloc.so.0"
+  run_step replay_pytorch 240 env PYTHONPATH="$PWD/python/torch_plugin${PYTHONPATH:+:$PYTHONPATH}" \
+    BUCKETALLOC_LIBRARY="$PWD/$BUNDLE/lib/libbucketalloc.so.0" \
+    python3 scripts/gpu_replay_check.py "$TRACE" --bench "$BUNDLE/bin/bucketalloc-bench"
 else
   STEP_LINES+=("step replay_pytorch: FAIL (0s, $BUNDLE/bin/bucketalloc-bench missing or no torch with CUDA)")
   FAILED=$((FAILED + 1))

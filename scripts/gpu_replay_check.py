@@ -17,12 +17,22 @@ real allocator (target of issue 5). It also runs `bucketalloc-bench replay --dev
 bucketalloc and nocache (the harness on cudaMalloc) and checks that each one's peak reserved equals
 its replay on the simulated device: the policies do not depend on the addresses a device returns.
 The other figures are reported, not enforced.
+
+With --vmm (issue 6; no PyTorch needed) it checks virtual-memory stitching on the GPU instead:
+`bucketalloc-bench min-capacity TRACE --allocator bucketalloc:backend:vmm` on the simulated device
+finds the tight card, the smallest on which stitching serves the trace; then bucketalloc and
+bucketalloc:backend:vmm are replayed on that card and on --capacity, each with --device sim and
+--device cuda (cuMemCreate/cuMemMap on the GPU). Enforced: each cuda replay matches its simulated
+twin (peak reserved, OOMs, granules stitched), and bucketalloc:backend:vmm has no OOM on either card
+and stitches granules on the GPU on the tight one. Plain bucketalloc's OOMs on the tight card (what
+stitching saves) are reported.
 (cudaMallocAsync's max_memory_reserved is the pool's reserved high-water mark as PyTorch reports it.)
 It also calibrates the harness's cost model: with PYTORCH_NO_CUDA_MEMORY_CACHING=1 every torch.empty
 is a cudaMalloc and every del a cudaFree, timed separately for 2 MiB, 20 MiB and 1 GiB (median of 50),
 to compare with the defaults --malloc-us 50 and --free-us 10.
 
 Usage: python3 scripts/gpu_replay_check.py TRACE --bench PATH/bucketalloc-bench [--capacity 130GiB]
+       python3 scripts/gpu_replay_check.py TRACE --bench PATH/bucketalloc-bench --vmm [--capacity 130GiB]
        python3 scripts/gpu_replay_check.py --child NAME TRACE   (one replay; prints JSON)
 """
 
@@ -42,6 +52,7 @@ ALLOC_CONF = {
     "bucketalloc": None,
 }
 TOLERANCE = 0.05
+VMM = "bucketalloc:backend:vmm"
 
 
 def read_trace(path):
@@ -123,13 +134,73 @@ def gib(n):
     return f"{n / (1 << 30):.2f} GiB"
 
 
+def run_bench(bench, name, *args):
+    """Runs `bench ARGS --json OUT`; returns (the JSON, None), or (None, "exit N" and its stderr)."""
+    out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"gpu_replay_{name.replace(':', '_')}.json")
+    proc = subprocess.run([bench, *args, "--json", out], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    with open(out) as f:
+        return json.load(f), None
+
+
+def describe(r):
+    """One replay's figures, for a report line."""
+    return (f"peak reserved {gib(r['peak_reserved_bytes'])}, OOMs {r['ooms']} (fragmentation "
+            f"{r['fragmentation_ooms']}), granules stitched {r.get('granules_stitched', 0)}, p50 {r['p50_ns']:.0f} ns, "
+            f"p99 {r['p99_ns']:.0f} ns, backend calls {r['backend_calls']}")
+
+
+def vmm_check(trace, bench, capacity):
+    """The --vmm mode (see the module comment). Returns the exit code."""
+    m, error = run_bench(bench, "min_capacity_vmm", "min-capacity", trace, "--allocator", VMM)
+    if error:
+        print(f"check vmm_min_capacity: FAIL {error}")
+        return 1
+    tight = m["min_capacity_bytes"]
+    print(f"{VMM}: smallest card on the simulated device {gib(tight)} ({tight} B, "
+          f"{m['min_capacity_over_live']:.3f} x peak live {gib(m['peak_live_bytes'])})")
+    failed = False
+    for card, cap in (("tight", str(tight)), ("card", capacity)):
+        for allocator in ("bucketalloc", VMM):
+            runs = {}
+            for device in ("sim", "cuda"):
+                r, error = run_bench(bench, f"{allocator}_{card}_{device}", "replay", trace, "--allocator", allocator,
+                                     "--capacity", cap, "--device", device)
+                if error:
+                    print(f"check vmm_replay_{allocator}_{card}_{device}: FAIL {error}")
+                    failed = True
+                    continue
+                runs[device] = r
+                print(f"harness replay {allocator} --device {device} --capacity {gib(r['capacity_bytes'])}: {describe(r)}")
+            if len(runs) != 2:
+                continue
+            keys = ("peak_reserved_bytes", "ooms", "granules_stitched")
+            ok = all(runs["sim"].get(k) == runs["cuda"].get(k) for k in keys)
+            print(f"check vmm_cuda_matches_sim_{allocator}_{card}: {'PASS' if ok else 'FAIL'} "
+                  + ", ".join(f"{k} sim {runs['sim'].get(k)} cuda {runs['cuda'].get(k)}" for k in keys))
+            failed = failed or not ok
+            if allocator == VMM:
+                cuda = runs["cuda"]
+                ok = cuda["ooms"] == 0 and (card != "tight" or cuda.get("granules_stitched", 0) > 0)
+                print(f"check vmm_serves_{card}: {'PASS' if ok else 'FAIL'} {cuda['ooms']} OOMs, "
+                      f"{cuda.get('granules_stitched', 0)} granules stitched on the GPU at {gib(cuda['capacity_bytes'])}")
+                failed = failed or not ok
+    return 1 if failed else 0
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("trace")
     p.add_argument("--bench", help="bucketalloc-bench, for the pytorch-policy prediction")
     p.add_argument("--capacity", default="130GiB", help="simulated card for the prediction")
     p.add_argument("--child", choices=sorted(ALLOC_CONF) + ["calibrate"])
+    p.add_argument("--vmm", action="store_true", help="check stitching on the GPU (needs --bench, not torch)")
     args = p.parse_args()
+    if args.vmm:
+        if args.bench is None:
+            p.error("--vmm needs --bench")
+        return vmm_check(args.trace, args.bench, args.capacity)
     if args.child == "calibrate":
         calibrate()
         return 0
@@ -149,32 +220,26 @@ def main():
     with_bench = args.bench is not None
     predicted = None
     if with_bench:
-        out = os.path.join(os.environ.get("TMPDIR", "/tmp"), "gpu_replay_pytorch_policy.json")
-        proc = subprocess.run([args.bench, "replay", args.trace, "--allocator", "pytorch-policy", "--capacity",
-                               args.capacity, "--json", out], capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(f"check pytorch_policy_replay: FAIL exit {proc.returncode}\n{proc.stderr[-3000:]}")
+        r, error = run_bench(args.bench, "pytorch_policy", "replay", args.trace, "--allocator", "pytorch-policy",
+                             "--capacity", args.capacity)
+        if error:
+            print(f"check pytorch_policy_replay: FAIL {error}")
             failed = True
         else:
-            with open(out) as f:
-                predicted = json.load(f)["peak_reserved_bytes"]
+            predicted = r["peak_reserved_bytes"]
 
     if with_bench:
         for allocator in ("bucketalloc", "nocache"):
             peaks = {}
             for device in ("sim", "cuda"):
-                out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"gpu_replay_{allocator}_{device}.json")
-                proc = subprocess.run([args.bench, "replay", args.trace, "--allocator", allocator, "--capacity",
-                                       args.capacity, "--device", device, "--json", out], capture_output=True, text=True)
-                if proc.returncode != 0:
-                    print(f"check harness_replay_{allocator}_{device}: FAIL exit {proc.returncode}\n{proc.stderr[-2000:]}")
+                r, error = run_bench(args.bench, f"{allocator}_{device}", "replay", args.trace, "--allocator", allocator,
+                                     "--capacity", args.capacity, "--device", device)
+                if error:
+                    print(f"check harness_replay_{allocator}_{device}: FAIL {error}")
                     failed = True
                     continue
-                with open(out) as f:
-                    r = json.load(f)
                 peaks[device] = r["peak_reserved_bytes"]
-                print(f"harness replay {allocator} --device {device}: peak reserved {gib(r['peak_reserved_bytes'])}, "
-                      f"p50 {r['p50_ns']:.0f} ns, p99 {r['p99_ns']:.0f} ns, backend calls {r['backend_calls']}")
+                print(f"harness replay {allocator} --device {device}: {describe(r)}")
             if len(peaks) == 2:
                 ok = peaks["sim"] == peaks["cuda"]
                 print(f"check harness_cuda_matches_sim_{allocator}: {'PASS' if ok else 'FAIL'} "

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -35,6 +36,9 @@ inline std::vector<Config> AllConfigs() {
       {"no_tiers", ""},
       {"tiny_capacity", "capacity:64MiB,sim_total_memory:128MiB"},
       {"small_max_split", "max_split_size_mb:24,max_non_split_rounding_mb:4,roundup_power2_divisions:4"},
+      // Stitching on the simulated device's virtual memory, at a small cap so that it stitches.
+      {"vmm_stitching", "expandable_segments:true,capacity:64MiB,sim_total_memory:128MiB,"
+                        "tiers_tokens:[16,32,64,128],bytes_per_token:128KiB"},
   };
 }
 
@@ -89,9 +93,63 @@ class FakeSource : public internal::MemorySource {
     ++frees;
     return true;
   }
+  // Virtual memory: 2 MiB granules; ranges and mappings are bookkeeping only.
+  absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t) override {
+    const std::uintptr_t base = next_;
+    next_ += bytes + (2 << 20);
+    ranges_[base] = bytes;
+    return base;
+  }
+  void ReleaseRange(std::uintptr_t va, std::size_t bytes) override {
+    EXPECT_EQ(ranges_[va], bytes);
+    auto m = mapped_.lower_bound(va);
+    EXPECT_TRUE(m == mapped_.end() || m->first >= va + bytes) << "a released range is still mapped";
+    ranges_.erase(va);
+  }
+  absl::StatusOr<PhysicalHandle> CreateGranule() override {
+    if (used_ + kGranule > limit_) return absl::ResourceExhaustedError("fake source: limit");
+    used_ += kGranule;
+    internal::StatAdd(stats_->reserved_bytes, kLargePool, static_cast<std::int64_t>(kGranule));
+    handles_.insert(next_handle_);
+    return next_handle_++;
+  }
+  bool ReleaseGranule(PhysicalHandle handle) override {
+    EXPECT_EQ(handles_.erase(handle), 1u);
+    used_ -= kGranule;
+    internal::StatAdd(stats_->reserved_bytes, kLargePool, -static_cast<std::int64_t>(kGranule));
+    return true;
+  }
+  absl::Status MapGranule(std::uintptr_t va, PhysicalHandle handle) override {
+    if (fail_map_in > 0 && --fail_map_in == 0) return absl::InternalError("fake source: injected map failure");
+    EXPECT_TRUE(handles_.contains(handle));
+    EXPECT_TRUE(mapped_.emplace(va, handle).second) << "a granule mapped twice";
+    return absl::OkStatus();
+  }
+  absl::Status UnmapGranule(std::uintptr_t va) override {
+    if (fail_unmap_in > 0 && --fail_unmap_in == 0) return absl::InternalError("fake source: injected unmap failure");
+    EXPECT_EQ(mapped_.erase(va), 1u);
+    return absl::OkStatus();
+  }
+  absl::Status SynchronizeStream(Stream stream) override {
+    synced.push_back(stream);
+    return absl::OkStatus();
+  }
+  std::size_t Headroom() const override { return limit_ > used_ ? limit_ - used_ : 0; }
+
   std::size_t used() const { return used_; }
+  std::size_t granules() const { return handles_.size(); }
+  std::size_t mapped() const { return mapped_.size(); }
+  // The handle mapped at `va`, or 0.
+  PhysicalHandle HandleAt(std::uintptr_t va) const {
+    auto it = mapped_.find(va);
+    return it == mapped_.end() ? 0 : it->second;
+  }
+  static constexpr std::size_t kGranule = std::size_t{2} << 20;
   int allocs = 0;
   int frees = 0;
+  int fail_map_in = 0;    // > 0: the Nth map from now fails
+  int fail_unmap_in = 0;  // > 0: the Nth unmap from now fails
+  std::vector<Stream> synced;
 
  private:
   DeviceStats* stats_;
@@ -99,6 +157,10 @@ class FakeSource : public internal::MemorySource {
   std::size_t used_ = 0;
   std::uintptr_t next_ = std::uintptr_t{1} << 40;
   std::map<std::uintptr_t, std::size_t> live_;
+  std::map<std::uintptr_t, std::size_t> ranges_;
+  std::map<std::uintptr_t, PhysicalHandle> mapped_;
+  std::set<PhysicalHandle> handles_;
+  PhysicalHandle next_handle_ = 1;
 };
 
 }  // namespace bucketalloc::testing

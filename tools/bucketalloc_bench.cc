@@ -62,6 +62,7 @@ void PrintResult(const ReplayResult& r) {
   std::printf("%-28s p50 %.0f ns, p99 %.0f ns\n", "latency per operation", r.p50_ns, r.p99_ns);
   std::printf("%-28s %llu (simulated %.1f ms)\n", "backend calls", static_cast<unsigned long long>(r.backend_calls),
               r.simulated_backend_ms);
+  std::printf("%-28s %llu\n", "granules stitched", static_cast<unsigned long long>(r.granules_stitched));
   if (r.per_round_peak_reserved_bytes.size() > 1) {
     std::string rounds;
     for (std::size_t b : r.per_round_peak_reserved_bytes) rounds += FormatBytes(b) + " ";
@@ -145,6 +146,9 @@ int main(int argc, char** argv) {
   for (CLI::App* sub : {replay, min_capacity, compare}) {
     sub->add_option("--malloc-us", cost.malloc_us, "simulated cost of a backend allocation (us)")->capture_default_str();
     sub->add_option("--free-us", cost.free_us, "simulated cost of a backend free (us)")->capture_default_str();
+    sub->add_option("--vmm-call-us", cost.vmm_call_us,
+                    "simulated cost of one virtual-memory call: create, release, map or unmap of a granule (us)")
+        ->capture_default_str();
   }
   CLI11_PARSE(app, argc, argv);
 
@@ -170,9 +174,9 @@ int main(int argc, char** argv) {
     const std::vector<std::string> allocators = bucketalloc::harness::SplitAllocatorList(allocator_list);
     int width = 14;  // the allocator column: as wide as the longest name
     for (const std::string& a : allocators) width = std::max(width, static_cast<int>(a.size()));
-    std::printf("%s%-*s %10s %10s %8s %8s %6s %6s %6s %8s %8s %10s %12s %8s\n", several ? "trace\n  " : "", width,
+    std::printf("%s%-*s %10s %10s %8s %8s %6s %6s %6s %8s %8s %10s %12s %8s %8s\n", several ? "trace\n  " : "", width,
                 "allocator", "reserved", "min cap", "min/live", "min/need", "OOMs", "cap", "frag", "p50 ns", "p99 ns",
-                "backend", "backend ms", "verdict");
+                "backend", "backend ms", "stitched", "verdict");
     std::vector<bucketalloc::harness::CompareReport> reports;
     for (const std::string& path : compare_traces) {
       absl::StatusOr<bucketalloc::harness::Trace> trace = bucketalloc::harness::ReadTraceFile(path);
@@ -195,12 +199,13 @@ int main(int argc, char** argv) {
         m->true_need_bytes = *need;
         const std::string over_need =
             m->true_need_bytes.has_value() ? absl::StrFormat("%.3f", m->min_capacity_over_true_need()) : "-";
-        std::printf("%s%-*s %10s %10s %8.3f %8s %6llu %6llu %6llu %8.0f %8.0f %10llu %12.1f %8s\n",
+        std::printf("%s%-*s %10s %10s %8.3f %8s %6llu %6llu %6llu %8.0f %8.0f %10llu %12.1f %8llu %8s\n",
                     several ? "  " : "", width, r->allocator.c_str(), FormatBytes(r->peak_reserved_bytes).c_str(),
                     FormatBytes(m->min_capacity_bytes).c_str(), m->min_capacity_over_live, over_need.c_str(),
                     static_cast<unsigned long long>(r->ooms), static_cast<unsigned long long>(r->capacity_ooms),
                     static_cast<unsigned long long>(r->fragmentation_ooms), r->p50_ns, r->p99_ns,
-                    static_cast<unsigned long long>(r->backend_calls), r->simulated_backend_ms, r->verdict.c_str());
+                    static_cast<unsigned long long>(r->backend_calls), r->simulated_backend_ms,
+                    static_cast<unsigned long long>(r->granules_stitched), r->verdict.c_str());
         report.capacity = r->capacity;  // rounded down to the 2 MiB granularity, as replayed
         report.rows.push_back({std::move(*r), std::move(*m)});
       }

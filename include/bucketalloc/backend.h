@@ -162,6 +162,8 @@ class SimBackend : public Backend {
   virtual void FailNthAlloc(std::int64_t n) = 0;
   // Fails the Nth Map call from now on (1 = the next one; 0 = never).
   virtual void FailNthMap(std::int64_t n) = 0;
+  // Fails the Nth Unmap call from now on (1 = the next one; 0 = never); the range stays mapped.
+  virtual void FailNthUnmap(std::int64_t n) = 0;
   // Simulates `bytes` of the device used outside this backend (another process or library): the
   // device's free memory shrinks by that much. 0 ends it.
   virtual void SetExternalUsage(std::size_t bytes) = 0;
@@ -183,6 +185,16 @@ absl::StatusOr<std::unique_ptr<SimBackend>> MakeSimBackend(const SimBackendOptio
 // returns FailedPreconditionError naming the CUDA error (e.g. error 35, "driver version is
 // insufficient"). Implemented in cuda/; always compiled.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+
+// Creates the virtual-memory backend for `device`: the cuda backend's Allocate, Free and events,
+// plus the Reserve/Create/Map family over CUDA's driver VMM API (cuMemAddressReserve, cuMemCreate,
+// cuMemMap, ...), reached through the runtime's cudaGetDriverEntryPointByVersion (libcuda is never
+// linked). Granularity() is the device's minimum physical granularity (2 MiB on current GPUs).
+// Fails like MakeCudaBackend without a usable driver or device; with FailedPrecondition when a
+// driver function cannot be resolved or the device does not support virtual memory management;
+// with InvalidArgument when the granularity is not a power of two dividing 2 MiB. Implemented in
+// cuda/; always compiled.
+absl::StatusOr<std::unique_ptr<Backend>> MakeVmmBackend(int device);
 
 // Returns the number of CUDA devices, or the CUDA error as FailedPrecondition.
 absl::StatusOr<int> CudaDeviceCount();

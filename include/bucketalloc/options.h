@@ -29,7 +29,8 @@ inline constexpr std::size_t kGiB = std::size_t{1} << 30;
 // "No limit" for size options (PyTorch's SIZE_MAX default of max_split_size).
 inline constexpr std::size_t kUnlimited = ~std::size_t{0};
 
-enum class BackendKind { kSim, kCuda };
+// kVmm: the CUDA device through the driver's virtual memory management API, with stitching.
+enum class BackendKind { kSim, kCuda, kVmm };
 
 // Every field is one row of the option table; see docs/configuration.md for the meaning of each.
 struct Options {
@@ -47,6 +48,10 @@ struct Options {
   std::size_t large_segment_size = 20 * kMiB;
   // roundup_power2_divisions per power-of-two interval from 1 MiB (index 0) to 32 GiB+ (15).
   std::vector<std::uint32_t> roundup_power2_divisions = std::vector<std::uint32_t>(16, 0);
+
+  // Virtual-memory stitching of the large pool (docs/vmm.md). PyTorch's key: with backend:cuda it
+  // selects the vmm backend; with backend:sim the simulated device's VMM twin. backend:vmm implies it.
+  bool expandable_segments = false;
 
   // Tiers for the large pool, in bytes (ascending, already multiplied out). Empty = off.
   std::vector<std::size_t> tiers;
@@ -76,6 +81,8 @@ struct Options {
   // Returns the tier sizes in bytes (from `tiers` or `tiers_tokens` x `bytes_per_token`), each
   // rounded up to `granularity`, ascending and unique.
   std::vector<std::size_t> ResolvedTiers(std::size_t granularity) const;
+  // True when the large pool stitches: backend:vmm, or expandable_segments.
+  bool Stitching() const { return backend == BackendKind::kVmm || expandable_segments; }
 };
 
 // Parses `conf` ("key:value,key:value", lists as "[a,b,c]") on top of `base`. An unknown key, a
@@ -95,6 +102,9 @@ std::string FormatOptions(const Options& options);
 // Returns the Markdown table of all options (name, accepted values, default, meaning) that
 // docs/configuration.md embeds; a test keeps the two equal.
 std::string OptionsMarkdownTable();
+
+// Returns "sim", "cuda" or "vmm".
+absl::string_view BackendName(BackendKind kind);
 
 // Parses a size: "123", "64KiB", "20MiB", "1.5GiB" (also KB/MB/GB as binary units, case-insensitive).
 absl::StatusOr<std::size_t> ParseSize(absl::string_view text);

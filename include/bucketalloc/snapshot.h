@@ -51,6 +51,7 @@ struct SegmentSnapshot {
   std::uintptr_t stream = 0;
   bool small = false;
   int tier = -1;  // the tier whose blocks the segment holds, or -1 (bucketalloc's own field)
+  bool expandable = false;  // a mapped run of a stitched (vmm) range: PyTorch's is_expandable
   std::vector<BlockSnapshot> blocks;
 };
 
@@ -60,6 +61,8 @@ enum class TraceAction : std::uint8_t {
   kFreeCompleted,  // "free_completed": the block is reusable (stream events done, graph released)
   kSegmentAlloc,   // "segment_alloc": a backend allocation (segment or slab)
   kSegmentFree,    // "segment_free": a backend free
+  kSegmentMap,     // "segment_map": (vmm) a granule mapped at addr (PyTorch's expandable segments)
+  kSegmentUnmap,   // "segment_unmap": (vmm) the granule at addr unmapped
   kOom,            // "oom": size = the request, device_free = the device's free bytes
 };
 absl::string_view TraceActionName(TraceAction action);

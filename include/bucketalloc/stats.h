@@ -50,7 +50,7 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
   X(requested_bytes, "bytes the callers asked for, of live allocations")                     \
   X(allocated_bytes, "bytes of live allocations after rounding (block sizes)")               \
   X(active_bytes, "allocated bytes plus blocks freed but awaiting stream events")            \
-  X(reserved_bytes, "bytes obtained from the backend (segments and slabs)")                  \
+  X(reserved_bytes, "bytes obtained from the backend (segments and slabs; vmm: granules)")   \
   X(cached_bytes, "reserved bytes not active: free blocks kept for reuse")                   \
   X(inactive_split_bytes, "free bytes inside segments or slabs that also hold active blocks") \
   X(allocation, "number of live allocations")                                                \
@@ -74,7 +74,10 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
   X(num_gc_releases, "segments and slabs released by garbage_collection_threshold")                   \
   X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")        \
   X(num_capture_refusals, "allocations refused during CUDA graph capture (no cached block fit)") \
-  X(num_deferred_frees, "cross-stream frees whose events were recorded later (a capture ran, or recording failed)")
+  X(num_deferred_frees, "cross-stream frees whose events were recorded later (a capture ran, or recording failed)") \
+  X(num_stitches, "large allocations served by stitching granules of free blocks into a new range (vmm)") \
+  X(num_granules_stitched, "physical granules unmapped from free blocks and mapped into a stitched range (vmm)") \
+  X(num_granules_released, "physical granules of free blocks unmapped and given back to the device (vmm)")
 
 // Device-wide gauges (no per-pool split, as in PyTorch): X(name, meaning).
 #define BUCKETALLOC_DEVICE_STATS(X)                                             \

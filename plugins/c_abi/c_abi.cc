@@ -239,7 +239,7 @@ void bucketalloc_init(int device_count) {
     }
     if (device_count != a->device_count()) {
       std::fprintf(stderr, "bucketalloc: the host reports %d devices, the '%s' backend serves %d\n", device_count,
-                   a->options().backend == bucketalloc::BackendKind::kSim ? "sim" : "cuda", a->device_count());
+                   std::string(bucketalloc::BackendName(a->options().backend)).c_str(), a->device_count());
     }
     return 0;
   });

@@ -99,7 +99,7 @@ Allocator* CreateAllocator() {
   if (Allocator* a = g_allocator.load(std::memory_order_acquire)) return a;
   if (g_unavailable.load(std::memory_order_relaxed)) return nullptr;
   absl::StatusOr<Options> options = OptionsFromEnv();
-  if (options.ok() && options->backend == BackendKind::kCuda && !internal::CudaRuntimeLoaded()) {
+  if (options.ok() && options->backend != BackendKind::kSim && !internal::CudaRuntimeLoaded()) {
     return nullptr;  // libcudart is not loaded yet: forward this call, try again on the next one
   }
   t_initializing = true;

@@ -40,6 +40,7 @@ constexpr CudaRuntime kMissing = {
     &Missing<cudaEvent_t>, &Missing<cudaEvent_t>, &Missing<cudaStream_t, cudaStreamCaptureStatus*>,
     &Missing<int*>, &Missing<int>, &Missing<int*>, &Missing<>, &Missing<>, &Missing<>, &Missing<cudaStream_t>,
     &Missing<cudaStream_t, int*>, &ErrorNameFallback, &ErrorStringFallback,
+    &Missing<const char*, void**, unsigned int, unsigned long long, cudaDriverEntryPointQueryResult*>,
 };
 
 // The path of a loaded libcudart.so.*, or "" (dl_iterate_phdr visits every loaded object).
@@ -85,6 +86,7 @@ bool Fill(void* handle, CudaRuntime* rt) {
   rt->StreamGetDevice = get("cudaStreamGetDevice", rt->StreamGetDevice);
   rt->GetErrorName = get("cudaGetErrorName", rt->GetErrorName);
   rt->GetErrorString = get("cudaGetErrorString", rt->GetErrorString);
+  rt->GetDriverEntryPointByVersion = get("cudaGetDriverEntryPointByVersion", rt->GetDriverEntryPointByVersion);
   return true;
 }
 

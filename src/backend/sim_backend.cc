@@ -272,6 +272,10 @@ class SimBackendImpl final : public SimBackend {
       return absl::InvalidArgumentError(
           absl::StrCat("sim backend: Unmap(", absl::Hex(va), ", ", bytes, "): nothing is mapped there"));
     }
+    ++unmap_calls_;
+    if (fail_nth_unmap_ != 0 && unmap_calls_ == fail_nth_unmap_) {
+      return absl::InternalError(absl::StrCat("sim backend: injected Unmap failure (call ", unmap_calls_, ")"));
+    }
     for (auto it = first; it != last; ++it) {
       if (options_.memory == SimMemoryMode::kBacked) {
         // Back to a reservation: the range can be mapped again, and reads of stale data fault.
@@ -368,6 +372,10 @@ class SimBackendImpl final : public SimBackend {
   void FailNthAlloc(std::int64_t n) override {
     std::lock_guard<std::mutex> lock(mu_);
     fail_nth_ = n == 0 ? 0 : alloc_calls_ + n;
+  }
+  void FailNthUnmap(std::int64_t n) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_nth_unmap_ = n == 0 ? 0 : unmap_calls_ + n;
   }
   void FailNthMap(std::int64_t n) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -497,6 +505,8 @@ class SimBackendImpl final : public SimBackend {
   std::map<std::uintptr_t, Mapping> mappings_;            // by start address
   std::int64_t map_calls_ = 0;
   std::int64_t fail_nth_map_ = 0;  // absolute Map call number to fail; 0 = none
+  std::int64_t unmap_calls_ = 0;
+  std::int64_t fail_nth_unmap_ = 0;  // absolute Unmap call number to fail; 0 = none
 };
 
 }  // namespace

@@ -26,6 +26,9 @@ struct Allocator::Devices {
 namespace {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Options& o, int device) {
+  if (o.backend == BackendKind::kVmm || (o.backend == BackendKind::kCuda && o.expandable_segments)) {
+    return MakeVmmBackend(device);
+  }
   if (o.backend == BackendKind::kCuda) return MakeCudaBackend(device);
   SimBackendOptions so;
   so.device = device;
@@ -49,7 +52,7 @@ Allocator::~Allocator() = default;
 absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Create(const Options& options) {
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   int count = options.sim_devices;
-  if (options.backend == BackendKind::kCuda) {
+  if (options.backend != BackendKind::kSim) {
     absl::StatusOr<int> n = CudaDeviceCount();
     if (!n.ok()) return n.status();
     if (*n <= 0) return absl::FailedPreconditionError("bucketalloc: backend:cuda but no CUDA device is present");

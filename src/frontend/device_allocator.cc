@@ -25,6 +25,7 @@ LargePoolConfig MakeLargeConfig(const Options& o, std::size_t granularity) {
   c.roundup_power2_divisions = o.roundup_power2_divisions;
   c.tiers = o.ResolvedTiers(granularity);
   c.tier_min_fill = o.tier_min_fill;
+  c.granule = o.Stitching() ? granularity : 0;
   return c;
 }
 
@@ -62,6 +63,12 @@ absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const O
                                                    " has granularity ", granularity,
                                                    "; accepted: a power of two up to ", kSlabBytes,
                                                    " (slabs and segments are 2 MiB multiples)"));
+  }
+  if (options.Stitching() && !backend->SupportsVirtualMemory()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucketalloc: stitching (backend:vmm or expandable_segments:true) needs virtual memory, but backend '",
+        backend->Name(), "' of device ", device, " has none; accepted: backend:vmm, backend:sim, or "
+        "expandable_segments:false"));
   }
   absl::StatusOr<DeviceMemInfo> info = backend->GetMemInfo();
   if (!info.ok()) return info.status();
@@ -223,18 +230,28 @@ absl::StatusOr<Block*> DeviceAllocator::AllocateLargeSlow(StreamPools& sp, Strea
     return block;
   }
   if (!pending_.empty()) RetirePending(RetireMode::kPollAll);
-  absl::StatusOr<Block*> block = ServeLarge(sp, stream, rounded, tier);
+  // A cached block or a new segment; at the cap, with stitching, the granules of free blocks.
+  auto serve = [&](std::size_t bytes, int t) {
+    absl::StatusOr<Block*> block = ServeLarge(sp, stream, bytes, t);
+    if (absl::IsResourceExhausted(block.status()) && options_.Stitching()) {
+      absl::StatusOr<Block*> stitched = large_.Stitch(sp.large, stream, bytes, t);
+      if (stitched.ok()) ++stats_.num_cache_misses;
+      if (!absl::IsResourceExhausted(stitched.status())) return stitched;
+    }
+    return block;
+  };
+  absl::StatusOr<Block*> block = serve(rounded, tier);
   if (!absl::IsResourceExhausted(block.status())) return block;
   // Release the cache (after synchronizing pending stream events) and try once more.
   SyncAndReleaseAll();
   ++stats_.num_alloc_retries;
-  block = ServeLarge(sp, stream, rounded, tier);
+  block = serve(rounded, tier);
   if (!absl::IsResourceExhausted(block.status())) return block;
   std::size_t needed = rounded;
   if (tier >= 0) {
     // Rounding to the tier is a preference: fall back to the exact rounded size.
     needed = large_.RoundSize(size);
-    block = ServeLarge(sp, stream, needed, -1);
+    block = serve(needed, -1);
     if (block.ok()) ++stats_.num_tier_fallbacks;
     if (!absl::IsResourceExhausted(block.status())) return block;
   }
@@ -274,6 +291,79 @@ bool DeviceAllocator::ReleaseSegment(std::uintptr_t base, std::size_t bytes, Poo
   ++stats_.num_device_free;
   Trace(TraceAction::kSegmentFree, base, bytes, nullptr);
   return true;
+}
+
+absl::StatusOr<std::uintptr_t> DeviceAllocator::ReserveRange(std::size_t bytes, std::size_t to_map) {
+  if (slow_path_capturing_) {
+    return absl::FailedPreconditionError("bucketalloc: no device allocation during stream capture");
+  }
+  if (to_map > 0) CollectGarbage(to_map);
+  absl::StatusOr<std::uintptr_t> va = backend_->ReserveAddressRange(bytes, backend_->Granularity());
+  if (!va.ok()) return va.status();
+  registry_.emplace(*va, SegmentInfo{bytes, kLargePool, /*vmm=*/true, /*mapped=*/0});
+  StatAdd(stats_.segment, kLargePool, 1);
+  Trace(TraceAction::kSegmentAlloc, *va, bytes, slow_path_stream_);
+  return *va;
+}
+
+void DeviceAllocator::ReleaseRange(std::uintptr_t va, std::size_t bytes) {
+  auto it = registry_.find(va);
+  BA_CHECK(it != registry_.end() && it->second.vmm && it->second.mapped == 0, "releasing a range still mapped");
+  if (!backend_->ReleaseAddressRange(va, bytes).ok()) ++stats_.num_device_free_failures;  // only address space
+  registry_.erase(it);
+  StatAdd(stats_.segment, kLargePool, -1);
+  Trace(TraceAction::kSegmentFree, va, bytes, nullptr);
+}
+
+absl::StatusOr<PhysicalHandle> DeviceAllocator::CreateGranule() {
+  const std::size_t g = backend_->Granularity();
+  if (Headroom() < g) {
+    return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: one more granule (", g, " bytes) would exceed the cap of ",
+                                                     cap_, " bytes (", stats_.reserved_bytes[kAllPools].current,
+                                                     " reserved)"));
+  }
+  absl::StatusOr<PhysicalHandle> h = backend_->CreatePhysical(g);
+  if (!h.ok()) return h.status();
+  StatAdd(stats_.reserved_bytes, kLargePool, static_cast<std::int64_t>(g));
+  return *h;
+}
+
+bool DeviceAllocator::ReleaseGranule(PhysicalHandle handle) {
+  if (!backend_->ReleasePhysical(handle).ok()) {
+    ++stats_.num_device_free_failures;
+    return false;
+  }
+  StatAdd(stats_.reserved_bytes, kLargePool, -static_cast<std::int64_t>(backend_->Granularity()));
+  return true;
+}
+
+absl::Status DeviceAllocator::MapGranule(std::uintptr_t va, PhysicalHandle handle) {
+  const std::size_t g = backend_->Granularity();
+  if (absl::Status s = backend_->Map(va, g, handle); !s.ok()) return s;
+  std::prev(registry_.upper_bound(va))->second.mapped += g;  // inside a registered range (Map checked)
+  Trace(TraceAction::kSegmentMap, va, g, slow_path_stream_);
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::UnmapGranule(std::uintptr_t va) {
+  const std::size_t g = backend_->Granularity();
+  if (absl::Status s = backend_->Unmap(va, g); !s.ok()) return s;
+  std::prev(registry_.upper_bound(va))->second.mapped -= g;
+  Trace(TraceAction::kSegmentUnmap, va, g, slow_path_stream_);
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::SynchronizeStream(Stream stream) {
+  absl::StatusOr<Event> e = backend_->RecordEvent(stream);
+  if (!e.ok()) return e.status();
+  absl::Status s = backend_->SynchronizeEvent(*e);
+  backend_->DestroyEvent(*e);
+  return s;
+}
+
+std::size_t DeviceAllocator::Headroom() const {
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
+  return cap_ > reserved ? cap_ - reserved : 0;
 }
 
 bool DeviceAllocator::CaptureRestricts(Stream stream) {
@@ -699,17 +789,26 @@ std::vector<TraceEntry> DeviceAllocator::AppendSnapshot(std::vector<SegmentSnaps
     if (state == BlockSnapshotState::kActiveAllocated) seg.allocated_size += size;
   };
   large_.ForEachSegment([&](const Segment& s) {
-    SegmentSnapshot& seg = segments->emplace_back();
-    seg.device = device_;
-    seg.address = s.base;
-    seg.total_size = s.size;
-    seg.stream = reinterpret_cast<std::uintptr_t>(s.stream);
-    seg.tier = s.tier;
+    // A stitched segment's holes are not memory: each mapped run is a segment of its own.
+    SegmentSnapshot* seg = nullptr;
     for (const Block* b = s.first; b != nullptr; b = b->next) {
+      if (b->state == BlockState::kUnmapped) {
+        seg = nullptr;
+        continue;
+      }
+      if (seg == nullptr) {
+        seg = &segments->emplace_back();
+        seg->device = device_;
+        seg->address = b->ptr;
+        seg->stream = reinterpret_cast<std::uintptr_t>(s.stream);
+        seg->tier = s.tier;
+        seg->expandable = options_.Stitching();
+      }
+      seg->total_size += b->size;
       const BlockSnapshotState state = b->state == BlockState::kFree        ? BlockSnapshotState::kInactive
                                        : b->state == BlockState::kAllocated ? BlockSnapshotState::kActiveAllocated
                                                                             : BlockSnapshotState::kActivePendingFree;
-      add_block(seg, b->ptr, b->size, state == BlockSnapshotState::kInactive ? 0 : b->requested, state);
+      add_block(*seg, b->ptr, b->size, state == BlockSnapshotState::kInactive ? 0 : b->requested, state);
     }
   });
   // Small slots: which are taken, and by what, is known from the live and pending entries.
@@ -866,13 +965,28 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   std::int64_t reserved[kNumPoolIndices] = {}, segments[kNumPoolIndices] = {};
   std::int64_t oversize_segments = 0;
   std::uintptr_t end = 0;
+  std::size_t backend_allocs = 0, granules = 0;
   for (const auto& [base, info] : registry_) {
     if (base < end) return fail("registered segments overlap");
     end = base + info.bytes;
-    reserved[info.pool] += static_cast<std::int64_t>(info.bytes);
+    reserved[info.pool] += static_cast<std::int64_t>(info.vmm ? info.mapped : info.bytes);
     segments[info.pool] += 1;
     oversize_segments += info.pool == kLargePool && info.bytes > options_.max_split_size;
+    backend_allocs += !info.vmm;
+    granules += info.mapped;
   }
+  // Spare granules are reserved too.
+  reserved[kLargePool] += static_cast<std::int64_t>(large_.spare_bytes());
+  granules += large_.spare_bytes();
+  absl::Status mapped_status;
+  large_.ForEachSegment([&](const Segment& s) {
+    auto it = registry_.find(s.base);
+    if (mapped_status.ok() && (it == registry_.end() || it->second.bytes != s.size ||
+                               (it->second.vmm ? it->second.mapped : it->second.bytes) != large_.MappedBytes(s))) {
+      mapped_status = fail(absl::StrCat("segment ", absl::Hex(s.base), " does not match its registered range"));
+    }
+  });
+  if (!mapped_status.ok()) return mapped_status;
   std::int64_t oversize_allocations = 0;
   live_.ForEach([&](std::uintptr_t, const LiveEntry& e) {
     oversize_allocations += !e.small && e.allocated_size() > options_.max_split_size;
@@ -883,17 +997,23 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   }
   if (absl::Status s = live_.CheckInvariants(); !s.ok()) return fail(s.message());
   if (const SimBackend* sim = AsSim(backend_.get()); sim != nullptr) {
-    std::size_t registered = 0;
-    for (const auto& [base, info] : registry_) registered += info.bytes;
+    std::size_t registered = granules;
+    for (const auto& [base, info] : registry_) registered += info.vmm ? 0 : info.bytes;
     if (sim->used_bytes() != registered) {
       return fail(absl::StrCat("the sim device has ", sim->used_bytes(), " bytes allocated but ", registered,
                                " are registered"));
     }
   }
   const BackendCounters bc = backend_->counters();
-  if (bc.allocs - bc.frees != static_cast<std::int64_t>(registry_.size())) {
-    return fail(absl::StrCat("the backend holds ", bc.allocs - bc.frees, " allocations but ", registry_.size(),
+  if (bc.allocs - bc.frees != static_cast<std::int64_t>(backend_allocs)) {
+    return fail(absl::StrCat("the backend holds ", bc.allocs - bc.frees, " allocations but ", backend_allocs,
                              " segments are registered"));
+  }
+  if (bc.physical_creates - bc.physical_releases !=
+      static_cast<std::int64_t>(granules / backend_->Granularity())) {
+    return fail(absl::StrCat("the backend holds ", bc.physical_creates - bc.physical_releases,
+                             " physical granules but ", granules / backend_->Granularity(),
+                             " are mapped or spare"));
   }
   for (int p : {kSmallPool, kLargePool}) {
     auto check = [&](const char* name, const StatArray& stat, std::int64_t want) -> absl::Status {

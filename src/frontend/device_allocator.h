@@ -10,7 +10,8 @@
 //
 // Invariants (CheckInvariants):
 //   - live blocks (allocated or awaiting events) never overlap, and each lies in exactly one
-//     registered segment or slab; the registry holds exactly the backend allocations made;
+//     registered segment or slab; the registry holds exactly the backend allocations and (vmm)
+//     address ranges made, and its mapped granules plus the spares are the granules that exist;
 //   - every stat equals the sum over blocks: requested/allocated/allocation over live entries,
 //     active over live + pending, reserved/segment over the registry, cached = reserved - active,
 //     inactive_split over the free pieces of partly used segments and slabs;
@@ -89,6 +90,14 @@ class DeviceAllocator final : public MemorySource {
   // MemorySource (called by the pools under mu_).
   absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) override;
   bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override;
+  absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t to_map) override;
+  void ReleaseRange(std::uintptr_t va, std::size_t bytes) override;
+  absl::StatusOr<PhysicalHandle> CreateGranule() override;
+  bool ReleaseGranule(PhysicalHandle handle) override;
+  absl::Status MapGranule(std::uintptr_t va, PhysicalHandle handle) override;
+  absl::Status UnmapGranule(std::uintptr_t va) override;
+  absl::Status SynchronizeStream(Stream stream) override;
+  std::size_t Headroom() const override;
 
  private:
   // One live or pending allocation.
@@ -129,9 +138,12 @@ class DeviceAllocator final : public MemorySource {
     SmallPool::StreamState small;
     LargePool::StreamState large;
   };
+  // A registered backend allocation, or (vmm) an address range with `mapped` bytes of granules.
   struct SegmentInfo {
     std::size_t bytes = 0;
     PoolIndex pool = kLargePool;
+    bool vmm = false;
+    std::size_t mapped = 0;
   };
 
   friend class DeviceAllocatorTestPeer;  // corrupts state on purpose to test CheckInvariants

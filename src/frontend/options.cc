@@ -208,14 +208,21 @@ std::string FormatDivisions(const Options& o) {
 
 // The option table. Order is the order of the docs and of the dump.
 const OptionSpec kOptionTable[] = {
-    {"backend", "sim or cuda", "where memory comes from: the simulated device (CPU) or cudaMalloc",
+    {"backend", "sim, cuda or vmm",
+     "where memory comes from: the simulated device (CPU), cudaMalloc, or CUDA virtual memory with "
+     "stitching (docs/vmm.md)",
      [](absl::string_view v, Options& o) -> absl::Status {
        if (v == "sim") o.backend = BackendKind::kSim;
        else if (v == "cuda") o.backend = BackendKind::kCuda;
-       else return BadValue("backend", v, "sim or cuda");
+       else if (v == "vmm") o.backend = BackendKind::kVmm;
+       else return BadValue("backend", v, "sim, cuda or vmm");
        return absl::OkStatus();
      },
-     [](const Options& o) { return std::string(o.backend == BackendKind::kSim ? "sim" : "cuda"); }},
+     [](const Options& o) { return std::string(BackendName(o.backend)); }},
+    {"expandable_segments", "true or false (also True, 1, 0)",
+     "stitch large blocks from physical granules (PyTorch's key): on cuda it selects the vmm backend, on "
+     "sim the simulated device's virtual memory; implied by backend:vmm",
+     BOOL_OPTION(expandable_segments, "expandable_segments")},
     {"capacity", "a size (bytes, KiB, MiB, GiB); 0 = the device's memory",
      "per-device cap on reserved memory", SIZE_OPTION(capacity, "capacity")},
     {"memory_fraction", "a number in (0, 1]",
@@ -449,6 +456,18 @@ absl::Status ValidateOptions(const Options& o) {
     return bad("sim_fail_fraction", absl::StrCat(o.sim_fail_fraction), "a number in [0, 1]");
   }
   return absl::OkStatus();
+}
+
+absl::string_view BackendName(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kSim:
+      return "sim";
+    case BackendKind::kCuda:
+      return "cuda";
+    case BackendKind::kVmm:
+      return "vmm";
+  }
+  return "unknown";
 }
 
 absl::StatusOr<Options> ParseOptions(absl::string_view conf, const Options& base) {

@@ -30,6 +30,10 @@ absl::string_view TraceActionName(TraceAction action) {
       return "segment_alloc";
     case TraceAction::kSegmentFree:
       return "segment_free";
+    case TraceAction::kSegmentMap:
+      return "segment_map";
+    case TraceAction::kSegmentUnmap:
+      return "segment_unmap";
     case TraceAction::kOom:
       return "oom";
   }
@@ -64,7 +68,7 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
                         {"stream", s.stream},
                         {"segment_type", s.small ? "small" : "large"},
                         {"segment_pool_id", Json::array({0, 0})},
-                        {"is_expandable", false},
+                        {"is_expandable", s.expandable},
                         {"tier", s.tier},
                         {"frames", Json::array()},
                         {"blocks", std::move(blocks)}});

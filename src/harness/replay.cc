@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/stats.h"
@@ -33,6 +34,10 @@ class BucketallocReplay final : public ReplayAllocator {
   std::size_t peak_reserved_bytes() const override { return Reserved().peak; }
   void ResetPeak() override { a_->ResetPeakStats(0).IgnoreError(); }
   BackendCounters backend_counters() const override { return (*a_->backend(0))->counters(); }
+  std::uint64_t granules_stitched() const override {
+    absl::StatusOr<DeviceStats> stats = a_->GetStats(0);
+    return stats.ok() ? static_cast<std::uint64_t>(stats->num_granules_stitched) : 0;
+  }
   PoolFragmentation Fragmentation() const override {
     absl::StatusOr<FragmentationReport> f = a_->GetFragmentation(0);  // device 0 exists, as in Reserved()
     return f.ok() ? f->all : PoolFragmentation{};
@@ -339,19 +344,31 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::strin
   }
   if (spec == "bucketalloc" || absl::StartsWith(spec, "bucketalloc:")) {
     const absl::string_view conf = spec == "bucketalloc" ? absl::string_view() : spec.substr(12);
-    // The device and its size come from --device and --capacity, never from the CONF.
+    // The device and its size come from --device and --capacity, never from the CONF; backend:vmm
+    // (or expandable_segments) turns stitching on for that device.
+    bool stitching = false;
+    std::vector<std::string> policy;
     for (const std::string& item : SplitOutsideBrackets(conf)) {
       const absl::string_view key = absl::StripAsciiWhitespace(absl::string_view(item).substr(0, item.find(':')));
+      const absl::string_view value =
+          absl::StripAsciiWhitespace(item.find(':') == std::string::npos ? "" : absl::string_view(item).substr(item.find(':') + 1));
+      if (key == "backend" && value == "vmm") {
+        stitching = true;
+        continue;
+      }
       if (key == "backend" || key == "capacity" || key == "memory_fraction" || absl::StartsWith(key, "sim_")) {
         return absl::InvalidArgumentError(absl::StrCat(
             "allocator \"", spec, "\": the harness sets '", key,
-            "' from --capacity and --device; accepted in a CONF: the allocator's policy options (docs/configuration.md)"));
+            "' from --capacity and --device; accepted in a CONF: backend:vmm (stitching on the replay device) and "
+            "the allocator's policy options (docs/configuration.md)"));
       }
+      policy.push_back(item);
     }
     std::string full = kind == ReplayDeviceKind::kCuda
-                           ? absl::StrCat("backend:cuda,capacity:", capacity)
-                           : absl::StrCat("backend:sim,sim_memory:unbacked,sim_total_memory:", capacity);
-    if (!conf.empty()) absl::StrAppend(&full, ",", conf);
+                           ? absl::StrCat(stitching ? "backend:vmm" : "backend:cuda", ",capacity:", capacity)
+                           : absl::StrCat("backend:sim,sim_memory:unbacked,sim_total_memory:", capacity,
+                                          stitching ? ",expandable_segments:true" : "");
+    if (!policy.empty()) absl::StrAppend(&full, ",", absl::StrJoin(policy, ","));
     absl::StatusOr<Options> options = ParseOptions(full);
     if (!options.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("allocator \"", spec, "\": ", options.status().message()));
@@ -458,10 +475,14 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   r.p50_ns = Percentile(counts.latencies, 0.50);
   r.p99_ns = Percentile(counts.latencies, 0.99);
   const BackendCounters c = a.backend_counters();
-  r.backend_calls = static_cast<std::uint64_t>(c.allocs + c.failed_allocs + c.frees);
+  const std::int64_t vmm_calls =
+      c.physical_creates + c.failed_physical_creates + c.physical_releases + c.maps + c.unmaps;
+  r.backend_calls = static_cast<std::uint64_t>(c.allocs + c.failed_allocs + c.frees + vmm_calls);
   r.simulated_backend_ms = (static_cast<double>(c.allocs + c.failed_allocs) * options.cost.malloc_us +
-                            static_cast<double>(c.frees) * options.cost.free_us) /
+                            static_cast<double>(c.frees) * options.cost.free_us +
+                            static_cast<double>(vmm_calls) * options.cost.vmm_call_us) /
                            1000.0;
+  r.granules_stitched = a.granules_stitched();
   if (options.repeat == 1) {
     r.verdict = "single round";
   } else {
@@ -497,6 +518,7 @@ std::string ReplayResult::ToJson() const {
                               {"p50_ns", p50_ns},
                               {"p99_ns", p99_ns},
                               {"backend_calls", backend_calls},
+                              {"granules_stitched", granules_stitched},
                               {"simulated_backend_ms", simulated_backend_ms},
                               {"per_round_peak_reserved_bytes", per_round_peak_reserved_bytes},
                               {"verdict", verdict}};

@@ -43,6 +43,8 @@ namespace bucketalloc::harness {
 struct CostModel {
   double malloc_us = 50.0;
   double free_us = 10.0;
+  // One virtual-memory call (create, release, map with its access grant, or unmap of a granule).
+  double vmm_call_us = 10.0;
 };
 
 class ReplayAllocator {
@@ -56,6 +58,8 @@ class ReplayAllocator {
   virtual std::size_t peak_reserved_bytes() const = 0;
   virtual void ResetPeak() = 0;
   virtual BackendCounters backend_counters() const = 0;
+  // Physical granules moved from free blocks into stitched ranges (bucketalloc with stitching).
+  virtual std::uint64_t granules_stitched() const { return 0; }
   // Returns the allocator's cached free blocks in power-of-two bins, with its reserved, allocated
   // (block sizes of live allocations) and requested bytes. The default, for an allocator that
   // caches nothing, has empty bins and reports reserved bytes as allocated. Not timed: it may walk
@@ -166,7 +170,8 @@ struct ReplayResult {
   std::uint64_t fragmentation_ooms = 0;  // all other OOMs
   double p50_ns = 0.0;                   // per operation (allocate or free)
   double p99_ns = 0.0;
-  std::uint64_t backend_calls = 0;       // backend allocations + frees
+  std::uint64_t backend_calls = 0;       // backend allocations + frees (+ vmm creates, releases, maps, unmaps)
+  std::uint64_t granules_stitched = 0;   // granules of free blocks moved into stitched ranges (vmm)
   double simulated_backend_ms = 0.0;     // backend calls priced by the cost model
   std::vector<std::size_t> per_round_peak_reserved_bytes;
   // "stable"; "rising" (peak reserved still grows in the second half of the rounds, with two rounds

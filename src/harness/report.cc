@@ -123,7 +123,8 @@ std::string ResultsTable(const std::vector<CompareReport>& reports) {
       "<th>allocator</th><th>peak reserved</th><th>min capacity</th><th>min / live</th>",
       any_true_need ? "<th>min / true need</th>" : "",
       "<th>OOMs</th><th>capacity OOMs</th><th>fragmentation OOMs</th><th>p50 ns</th><th>p99 ns</th>"
-      "<th>backend calls</th><th>simulated backend ms</th><th>verdict</th></tr></thead>\n<tbody>\n");
+      "<th>backend calls</th><th>simulated backend ms</th><th>granules stitched</th><th>verdict</th></tr></thead>\n"
+      "<tbody>\n");
   for (const CompareReport& report : reports) {
     for (const CompareRow& row : report.rows) {
       const ReplayResult& r = row.at_capacity;
@@ -140,7 +141,7 @@ std::string ResultsTable(const std::vector<CompareReport>& reports) {
       absl::StrAppend(&t, "<td>", r.ooms, "</td><td>", r.capacity_ooms, "</td><td>", r.fragmentation_ooms, "</td><td>",
                       absl::StrFormat("%.0f", r.p50_ns), "</td><td>", absl::StrFormat("%.0f", r.p99_ns), "</td><td>",
                       r.backend_calls, "</td><td>", absl::StrFormat("%.1f", r.simulated_backend_ms), "</td><td>",
-                      EscapeHtml(r.verdict), "</td></tr>\n");
+                      r.granules_stitched, "</td><td>", EscapeHtml(r.verdict), "</td></tr>\n");
     }
   }
   absl::StrAppend(&t, "</tbody></table></div>\n");

@@ -10,6 +10,7 @@ Block* SplitBlock(Block* block, std::size_t size, BlockPool& blocks) {
   rest->ptr = block->ptr + size;
   rest->size = block->size - size;
   rest->segment = block->segment;
+  rest->free_since = block->free_since;
   rest->prev = block;
   rest->next = block->next;
   if (block->next != nullptr) block->next->prev = rest;

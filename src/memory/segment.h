@@ -13,7 +13,10 @@
 //   - active_blocks == number of blocks whose state is not kFree; free_blocks and free_bytes
 //     count and sum the kFree ones;
 //   - a segment is in the release order iff active_blocks == 0;
-//   - a tier segment holds exactly one block (tier blocks are never split or merged).
+//   - a tier segment holds exactly one block (tier blocks are never split or merged);
+//   - virtual-memory segments (stitching on) may hold holes (kUnmapped blocks): granule-aligned
+//     ranges with no physical memory behind them; two holes are never neighbours, a hole is in no
+//     list, and a segment is never all hole (it is released then).
 //
 // Example:
 //   Block* rest = SplitBlock(block, 4 << 20, blocks);   // block keeps 4 MiB, rest is the remainder
@@ -34,6 +37,7 @@ enum class BlockState : std::uint8_t {
   kFree,         // cached, in a free list
   kAllocated,    // held by a caller
   kPendingFree,  // freed by the caller, waiting for stream events (RecordStream)
+  kUnmapped,     // a hole of a virtual-memory segment: its granules were moved or released
 };
 
 struct Segment;
@@ -46,6 +50,7 @@ struct Block {
   Block* prev = nullptr;  // address-order neighbours inside the segment
   Block* next = nullptr;
   ListNode free_node;  // in a bin or tier free list while kFree
+  std::uint64_t free_since = 0;  // the pool clock when it was last returned (while kFree)
   BlockState state = BlockState::kFree;
 };
 
@@ -66,7 +71,7 @@ struct Segment {
 using BlockPool = ObjectPool<Block>;
 
 // Splits `block` (kFree, not in any list) so that it keeps `size` bytes; returns the new block
-// holding the remainder (kFree, not in any list). Precondition: size < block->size.
+// holding the remainder (kFree, not in any list, as old as `block`). Precondition: size < block->size.
 Block* SplitBlock(Block* block, std::size_t size, BlockPool& blocks);
 
 // Merges `block` (kFree, not in any list) with `neighbour` (kFree, already removed from its list)

@@ -5,7 +5,9 @@
 #include <limits>
 #include <span>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "internal/bits.h"
 #include "internal/check.h"
 
 namespace bucketalloc::internal {
@@ -142,29 +144,262 @@ Block* LargePool::TryAllocate(StreamState& ss, std::size_t rounded, int tier, bo
 absl::StatusOr<Block*> LargePool::Grow(StreamState& ss, Stream stream, std::size_t bytes, std::size_t rounded,
                                        int tier) {
   BA_DCHECK(bytes >= rounded, "a segment smaller than its request");
-  absl::StatusOr<std::uintptr_t> base = ctx_.source->AllocateSegment(bytes, kLargePool);
-  if (!base.ok()) return base.status();
+  Segment* seg = nullptr;
+  if (!stitching()) {
+    absl::StatusOr<std::uintptr_t> base = ctx_.source->AllocateSegment(bytes, kLargePool);
+    if (!base.ok()) return base.status();
+    seg = AddSegment(ss, stream, *base, bytes, tier, {});
+  } else {
+    absl::StatusOr<std::uintptr_t> base = ctx_.source->ReserveRange(bytes, bytes);
+    if (!base.ok()) return base.status();
+    std::vector<PhysicalHandle> granules;
+    if (absl::Status s = TakeGranules(bytes / config_.granule, &granules); !s.ok()) {
+      ReleaseGranules(&granules);
+      ctx_.source->ReleaseRange(*base, bytes);
+      return s;
+    }
+    absl::StatusOr<Segment*> made = MapNewSegment(ss, stream, *base, bytes, tier, std::move(granules));
+    if (!made.ok()) return made.status();
+    seg = *made;
+  }
+  // The new segment serves the request it was made for, whatever the admission rules for cached
+  // blocks would say.
+  Take(seg->first, rounded, tier);
+  return seg->first;
+}
+
+Segment* LargePool::AddSegment(StreamState& ss, Stream stream, std::uintptr_t base, std::size_t bytes, int tier,
+                               std::vector<PhysicalHandle> granules) {
   Segment* seg = segment_meta_.New();
-  seg->base = *base;
+  seg->base = base;
   seg->size = bytes;
   seg->stream = stream;
   seg->owner = &ss;
   seg->tier = tier;
-  Block* block = blocks_.New();
-  block->ptr = seg->base;
-  block->size = bytes;
-  block->segment = seg;
-  seg->first = block;
+  const std::size_t g = granules.empty() ? bytes : config_.granule;
+  const std::size_t n = granules.empty() ? 1 : granules.size();
+  BA_DCHECK(granules.empty() || n * g == bytes, "a segment's granules do not cover it");
+  std::size_t mapped = 0;
+  Block* prev = nullptr;
+  for (std::size_t i = 0; i < n;) {
+    const bool hole = !granules.empty() && granules[i] == 0;
+    std::size_t j = i + 1;
+    while (j < n && (granules[j] == 0) == hole) ++j;
+    Block* block = blocks_.New();
+    block->ptr = base + i * g;
+    block->size = (j - i) * g;
+    block->segment = seg;
+    block->prev = prev;
+    block->free_since = *ctx_.clock;
+    (prev == nullptr ? seg->first : prev->next) = block;
+    if (hole) {
+      block->state = BlockState::kUnmapped;
+    } else {
+      InsertFree(block);
+      mapped += block->size;
+    }
+    prev = block;
+    i = j;
+  }
+  if (!granules.empty()) granules_.emplace(seg, std::move(granules));
   segments_.insert(seg);
-  InsertFree(block);
   seg->free_since = *ctx_.clock;
   release_order_.PushBack(seg);
-  StatAdd(ctx_.stats->cached_bytes, kLargePool, static_cast<std::int64_t>(bytes));
+  StatAdd(ctx_.stats->cached_bytes, kLargePool, static_cast<std::int64_t>(mapped));
   if (bytes > config_.max_split_size) ctx_.stats->oversize_segments.Add(1);
-  // The new segment serves the request it was made for, whatever the admission rules for cached
-  // blocks would say.
-  Take(block, rounded, tier);
-  return block;
+  return seg;
+}
+
+void LargePool::DropSegment(Segment* seg) {
+  BA_DCHECK(seg->active_blocks == 0 && seg->free_blocks == 0, "dropping a segment that holds blocks");
+  if (seg->release_node.linked()) decltype(release_order_)::Unlink(seg);
+  if (seg->size > config_.max_split_size) ctx_.stats->oversize_segments.Add(-1);
+  for (Block* b = seg->first; b != nullptr;) {
+    Block* next = b->next;
+    blocks_.Delete(b);
+    b = next;
+  }
+  if (stitching()) {
+    granules_.erase(seg);
+    ctx_.source->ReleaseRange(seg->base, seg->size);
+  }
+  segments_.erase(seg);
+  segment_meta_.Delete(seg);
+}
+
+absl::Status LargePool::TakeGranules(std::size_t n, std::vector<PhysicalHandle>* out) {
+  while (out->size() < n && !spare_.empty()) {
+    out->push_back(spare_.back());
+    spare_.pop_back();
+    StatAdd(ctx_.stats->cached_bytes, kLargePool, -static_cast<std::int64_t>(config_.granule));
+  }
+  while (out->size() < n) {
+    absl::StatusOr<PhysicalHandle> h = ctx_.source->CreateGranule();
+    if (!h.ok()) return h.status();
+    out->push_back(*h);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Segment*> LargePool::MapNewSegment(StreamState& ss, Stream stream, std::uintptr_t base,
+                                                  std::size_t bytes, int tier,
+                                                  std::vector<PhysicalHandle> granules) {
+  std::size_t mapped = 0;
+  absl::Status s;
+  for (; mapped < granules.size(); ++mapped) {
+    s = ctx_.source->MapGranule(base + mapped * config_.granule, granules[mapped]);
+    if (!s.ok()) break;
+  }
+  if (s.ok()) return AddSegment(ss, stream, base, bytes, tier, std::move(granules));
+  std::vector<PhysicalHandle> unmapped(granules.begin() + static_cast<std::ptrdiff_t>(mapped), granules.end());
+  ReleaseGranules(&unmapped);
+  if (mapped == 0) {
+    ctx_.source->ReleaseRange(base, bytes);
+  } else {
+    // The mapped prefix is cached memory like any other (a plain segment: a tier segment has no holes).
+    std::fill(granules.begin() + static_cast<std::ptrdiff_t>(mapped), granules.end(), PhysicalHandle{0});
+    AddSegment(ss, stream, base, bytes, -1, std::move(granules));
+  }
+  return s;
+}
+
+absl::Status LargePool::UnmapRun(Block* block, std::size_t g0, std::size_t g1, std::vector<PhysicalHandle>* out) {
+  Segment* seg = block->segment;
+  const std::size_t g = config_.granule;
+  BA_DCHECK(block->state == BlockState::kFree && seg->base + g0 * g >= block->ptr &&
+                seg->base + g1 * g <= block->ptr + block->size,
+            "unmapping granules that are not wholly inside a free block");
+  std::vector<PhysicalHandle>& handles = granules_[seg];
+  absl::Status s;
+  std::size_t end = g0;
+  for (; end < g1; ++end) {
+    s = ctx_.source->UnmapGranule(seg->base + end * g);
+    if (!s.ok()) break;
+    out->push_back(handles[end]);
+    handles[end] = 0;
+  }
+  if (end == g0) return s;
+  // Carve the hole out of the block: [free rest][hole][free rest], holes merged with holes.
+  const Inactive before = InactiveOf(seg);
+  RemoveFree(block);
+  const std::uintptr_t lo = seg->base + g0 * g, hi = seg->base + end * g;
+  if (block->ptr < lo) {
+    Block* mid = SplitBlock(block, lo - block->ptr, blocks_);
+    InsertFree(block);
+    block = mid;
+  }
+  if (block->ptr + block->size > hi) InsertFree(SplitBlock(block, hi - block->ptr, blocks_));
+  block->state = BlockState::kUnmapped;
+  StatAdd(ctx_.stats->cached_bytes, kLargePool, -static_cast<std::int64_t>(block->size));
+  for (Block* neighbour : {block->prev, block->next}) {
+    if (neighbour != nullptr && neighbour->state == BlockState::kUnmapped) block = MergeBlocks(block, neighbour, blocks_);
+  }
+  UpdateInactiveSplit(before, seg);
+  return s;
+}
+
+void LargePool::AddSpare(PhysicalHandle handle) {
+  spare_.push_back(handle);
+  StatAdd(ctx_.stats->cached_bytes, kLargePool, static_cast<std::int64_t>(config_.granule));
+}
+
+void LargePool::ReleaseGranules(std::vector<PhysicalHandle>* handles) {
+  for (PhysicalHandle h : *handles) {
+    if (ctx_.source->ReleaseGranule(h)) {
+      ++ctx_.stats->num_granules_released;
+    } else {
+      AddSpare(h);
+    }
+  }
+  handles->clear();
+}
+
+absl::StatusOr<Block*> LargePool::Stitch(StreamState& ss, Stream stream, std::size_t rounded, int tier) {
+  BA_CHECK(stitching(), "Stitch without virtual memory");
+  const std::size_t g = config_.granule;
+  const std::size_t bytes = RoundUp(rounded, g);
+  const std::size_t n = bytes / g;
+  const std::size_t own = spare_.size() + ctx_.source->Headroom() / g;
+  const std::size_t want = n > own ? n - own : 0;
+  // The runs of whole granules inside free blocks, oldest first (the lowest address among equals).
+  struct Run {
+    std::uint64_t age;
+    std::uintptr_t ptr;
+    Block* block;
+    std::size_t g0, g1;
+  };
+  std::vector<Run> runs;
+  std::size_t available = 0;
+  for (Segment* seg : segments_) {
+    for (Block* b = seg->first; b != nullptr && want > 0; b = b->next) {
+      if (b->state != BlockState::kFree) continue;
+      const std::size_t g0 = RoundUp(b->ptr - seg->base, g) / g, g1 = (b->ptr + b->size - seg->base) / g;
+      if (g1 <= g0) continue;
+      runs.push_back(Run{b->free_since, b->ptr, b, g0, g1});
+      available += g1 - g0;
+    }
+  }
+  if (available < want) {
+    return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: stitching ", bytes, " bytes needs ", want,
+                                                     " granules of free blocks but only ", available, " are free"));
+  }
+  std::sort(runs.begin(), runs.end(),
+            [](const Run& a, const Run& b) { return a.age != b.age ? a.age < b.age : a.ptr < b.ptr; });
+  // Take the oldest runs; a tier block goes whole (tier segments are never split), any other run
+  // gives its top granules.
+  std::size_t chosen = 0, used = 0;
+  for (; chosen < want; ++used) {
+    Run& r = runs[used];
+    if (r.block->segment->tier < 0) r.g0 = r.g1 - std::min(r.g1 - r.g0, want - chosen);
+    chosen += r.g1 - r.g0;
+  }
+  runs.resize(used);
+  // Their streams must have passed their last use before anything is unmapped.
+  absl::InlinedVector<Segment*, 8> touched;
+  absl::InlinedVector<Stream, 4> streams;
+  for (const Run& r : runs) {
+    if (std::find(touched.begin(), touched.end(), r.block->segment) == touched.end()) touched.push_back(r.block->segment);
+    if (std::find(streams.begin(), streams.end(), r.block->segment->stream) == streams.end()) {
+      streams.push_back(r.block->segment->stream);
+    }
+  }
+  for (Stream s : streams) {
+    if (absl::Status st = ctx_.source->SynchronizeStream(s); !st.ok()) {
+      // Their last use cannot be waited for: their granules are not free to move.
+      return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: stitching ", bytes, " bytes: the free blocks' "
+                                                       "stream could not be synchronized: ", st.message()));
+    }
+  }
+  absl::StatusOr<std::uintptr_t> base = ctx_.source->ReserveRange(bytes, 0);
+  if (!base.ok()) return base.status();
+  std::vector<PhysicalHandle> granules;
+  absl::Status s;
+  for (const Run& r : runs) {
+    s = UnmapRun(r.block, r.g0, r.g1, &granules);
+    if (!s.ok()) break;
+  }
+  for (Segment* seg : touched) {
+    if (seg->active_blocks == 0 && seg->free_blocks == 0) DropSegment(seg);  // all hole now
+  }
+  const std::size_t stitched = granules.size();
+  if (s.ok()) s = TakeGranules(n, &granules);
+  if (s.ok() && granules.size() > n) {
+    // A whole tier block gave more than needed: the surplus goes back to the device.
+    std::vector<PhysicalHandle> surplus(granules.begin() + static_cast<std::ptrdiff_t>(n), granules.end());
+    granules.resize(n);
+    ReleaseGranules(&surplus);
+  }
+  if (!s.ok()) {
+    ReleaseGranules(&granules);
+    ctx_.source->ReleaseRange(*base, bytes);
+    return s;
+  }
+  absl::StatusOr<Segment*> seg = MapNewSegment(ss, stream, *base, bytes, tier, std::move(granules));
+  if (!seg.ok()) return seg.status();
+  ++ctx_.stats->num_stitches;
+  ctx_.stats->num_granules_stitched += static_cast<std::int64_t>(std::min(stitched, n));
+  Take((*seg)->first, rounded, tier);
+  return (*seg)->first;
 }
 
 void LargePool::Return(Block* block) {
@@ -184,6 +419,7 @@ void LargePool::Return(Block* block) {
       ++st.num_merges;
     }
   }
+  block->free_since = *ctx_.clock;
   InsertFree(block);
   if (seg->active_blocks == 0) {
     seg->free_since = *ctx_.clock;
@@ -198,24 +434,43 @@ std::uint64_t LargePool::OldestFree() const {
 }
 
 bool LargePool::ReleaseSegment(Segment* seg) {
-  Block* block = seg->first;
-  BA_CHECK(seg->active_blocks == 0 && block->next == nullptr && block->state == BlockState::kFree,
-           "releasing a segment that is not wholly free");
-  if (!ctx_.source->ReleaseSegment(seg->base, seg->size, kLargePool)) return false;  // stays cached
-  RemoveFree(block);
-  decltype(release_order_)::Unlink(seg);
-  StatAdd(ctx_.stats->cached_bytes, kLargePool, -static_cast<std::int64_t>(seg->size));
-  if (seg->size > config_.max_split_size) ctx_.stats->oversize_segments.Add(-1);
-  segments_.erase(seg);
-  blocks_.Delete(block);
-  segment_meta_.Delete(seg);
+  BA_CHECK(seg->active_blocks == 0, "releasing a segment that is not wholly free");
+  if (!stitching()) {
+    Block* block = seg->first;
+    BA_CHECK(block->next == nullptr && block->state == BlockState::kFree, "releasing a split segment");
+    if (!ctx_.source->ReleaseSegment(seg->base, seg->size, kLargePool)) return false;  // stays cached
+    RemoveFree(block);
+    StatAdd(ctx_.stats->cached_bytes, kLargePool, -static_cast<std::int64_t>(seg->size));
+    DropSegment(seg);
+    return true;
+  }
+  // Its stream must have passed the last use of its blocks before they are unmapped. Its free
+  // blocks lie between holes or the segment's ends, so they are whole granules.
+  if (!ctx_.source->SynchronizeStream(seg->stream).ok()) {
+    ++ctx_.stats->num_device_free_failures;
+    return false;
+  }
+  std::vector<PhysicalHandle> handles;
+  absl::Status s;
+  while (s.ok() && seg->free_blocks > 0) {
+    Block* b = seg->first;
+    while (b->state != BlockState::kFree) b = b->next;
+    s = UnmapRun(b, (b->ptr - seg->base) / config_.granule, (b->ptr + b->size - seg->base) / config_.granule,
+                 &handles);
+  }
+  ReleaseGranules(&handles);
+  if (!s.ok()) {
+    ++ctx_.stats->num_device_free_failures;
+    return false;
+  }
+  DropSegment(seg);
   return true;
 }
 
 std::size_t LargePool::ReleaseOldest() {
   Segment* seg = release_order_.front();
   if (seg == nullptr) return 0;
-  const std::size_t bytes = seg->size;
+  const std::size_t bytes = MappedBytes(*seg);
   return ReleaseSegment(seg) ? bytes : 0;
 }
 
@@ -226,7 +481,49 @@ std::size_t LargePool::ReleaseFree(std::size_t target) {
     if (n == 0) break;
     released += n;
   }
+  if (stitching() && target == std::numeric_limits<std::size_t>::max()) ReleaseFreeGranules();
   return released;
+}
+
+void LargePool::ReleaseFreeGranules() {
+  const std::size_t g = config_.granule;
+  std::vector<PhysicalHandle> handles;
+  handles.swap(spare_);
+  StatAdd(ctx_.stats->cached_bytes, kLargePool, -static_cast<std::int64_t>(handles.size() * g));
+  // The segments left (partly used ones, and wholly free ones whose release failed): their free
+  // blocks' whole granules, once the segment's stream has passed their last use.
+  std::vector<Segment*> partly(segments_.begin(), segments_.end());
+  std::sort(partly.begin(), partly.end(), [](const Segment* a, const Segment* b) { return a->base < b->base; });
+  absl::InlinedVector<Stream, 4> synced, failed;
+  for (Segment* seg : partly) {
+    if (seg->free_blocks == 0) continue;
+    if (std::find(synced.begin(), synced.end(), seg->stream) == synced.end()) {
+      if (std::find(failed.begin(), failed.end(), seg->stream) != failed.end()) continue;
+      if (!ctx_.source->SynchronizeStream(seg->stream).ok()) {
+        failed.push_back(seg->stream);
+        continue;
+      }
+      synced.push_back(seg->stream);
+    }
+    // Carving a block changes only it and the holes beside it, so the others stay valid.
+    absl::InlinedVector<Block*, 8> free_blocks;
+    for (Block* b = seg->first; b != nullptr; b = b->next) {
+      if (b->state == BlockState::kFree) free_blocks.push_back(b);
+    }
+    for (Block* b : free_blocks) {
+      const std::size_t g0 = RoundUp(b->ptr - seg->base, g) / g, g1 = (b->ptr + b->size - seg->base) / g;
+      if (g1 > g0 && !UnmapRun(b, g0, g1, &handles).ok()) break;
+    }
+    // A wholly free segment whose release failed part-way may be all hole now.
+    if (seg->active_blocks == 0 && seg->free_blocks == 0) DropSegment(seg);
+  }
+  ReleaseGranules(&handles);
+}
+
+std::size_t LargePool::MappedBytes(const Segment& seg) const {
+  std::size_t holes = 0;
+  for (const Block* b = seg.first; b != nullptr; b = b->next) holes += b->state == BlockState::kUnmapped ? b->size : 0;
+  return seg.size - holes;
 }
 
 std::size_t LargePool::largest_free_block() const {
@@ -246,6 +543,7 @@ void LargePool::Fragmentation(PoolFragmentation* out, std::vector<TierUsage>* ti
   }
   for (const Segment* seg : segments_) {
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      if (b->state == BlockState::kUnmapped) continue;
       if (seg->tier >= 0) {
         (b->state == BlockState::kFree ? (*tiers)[seg->tier].cached : (*tiers)[seg->tier].in_use) += 1;
       }
@@ -277,13 +575,36 @@ absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
     std::int32_t seg_active = 0, seg_free = 0;
     std::size_t seg_free_bytes = 0;
     int blocks = 0;
+    const std::vector<PhysicalHandle>* handles = nullptr;
+    if (stitching()) {
+      auto it = granules_.find(seg);
+      if (it == granules_.end() || it->second.size() * config_.granule != seg->size) {
+        return fail(seg, "its granule table does not cover it");
+      }
+      handles = &it->second;
+    } else if (granules_.contains(seg)) {
+      return fail(seg, "it has granules without stitching");
+    }
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
       ++blocks;
       if (b->segment != seg) return fail(seg, "a block points to another segment");
       if (b->ptr != expect || b->size == 0) return fail(seg, "its blocks do not tile it");
       if (b->next != nullptr && b->next->prev != b) return fail(seg, "broken neighbour links");
       expect += b->size;
-      if (b->state == BlockState::kFree) {
+      const bool hole = b->state == BlockState::kUnmapped;
+      if (handles != nullptr) {
+        // A hole is whole granules with no physical memory; every other block lies on mapped ones.
+        const std::size_t g = config_.granule;
+        if (hole && ((b->ptr - seg->base) % g != 0 || b->size % g != 0)) return fail(seg, "a hole is not granule-aligned");
+        for (std::size_t i = (b->ptr - seg->base) / g; i < (b->ptr + b->size - seg->base + g - 1) / g; ++i) {
+          if (((*handles)[i] == 0) != hole) return fail(seg, "a granule's mapping does not match its block");
+        }
+      }
+      if (hole) {
+        if (handles == nullptr) return fail(seg, "a hole in a segment without stitching");
+        if (b->free_node.linked()) return fail(seg, "a hole is in a free list");
+        if (b->next != nullptr && b->next->state == BlockState::kUnmapped) return fail(seg, "two neighbouring holes");
+      } else if (b->state == BlockState::kFree) {
         ++seg_free;
         seg_free_bytes += b->size;
         if (!b->free_node.linked()) return fail(seg, "a free block is in no free list");
@@ -301,6 +622,7 @@ absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
       return fail(seg, "its block counts are wrong");
     }
     if (seg->tier >= 0 && blocks != 1) return fail(seg, "a tier segment was split");
+    if (seg_active + seg_free == 0) return fail(seg, "it is all hole but was not released");
     if ((seg->active_blocks == 0) != seg->release_node.linked()) {
       return fail(seg, "release-order membership does not match its active blocks");
     }
@@ -308,6 +630,12 @@ absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
     active += seg_active;
   }
   if (wholly_free != in_order) return absl::InternalError("large pool: release order is inconsistent");
+  if (granules_.size() != (stitching() ? segments_.size() : 0)) {
+    return absl::InternalError("large pool: a granule table belongs to no segment");
+  }
+  for (PhysicalHandle h : spare_) {
+    if (h == 0) return absl::InternalError("large pool: a spare granule has no handle");
+  }
   if (active != active_blocks) {
     return absl::InternalError(absl::StrCat("large pool: segments hold ", active,
                                             " active blocks but ", active_blocks, " are recorded"));

@@ -9,7 +9,13 @@
 //     scans at most 32 entries of a bin; the slow path looks again at whole bins);
 //     a block of at most max_split_size is split when the remainder exceeds 1 MiB; larger blocks
 //     serve only requests within max_non_split_rounding of their size; free neighbours coalesce;
-//   - the release order of wholly free segments (oldest first) for GC and release-and-retry.
+//   - the release order of wholly free segments (oldest first) for GC and release-and-retry;
+//   - with stitching on (config.granule > 0, the vmm backends), each segment is an address range
+//     with one physical granule mapped per granule of it. When the cap is reached, Stitch serves a
+//     request from a fresh range: it unmaps the whole granules of free blocks (any stream or tier,
+//     oldest first; a free block's partial granules stay, so blocks smaller than a granule still
+//     share granules) and maps them there. The ranges they leave are holes (kUnmapped blocks).
+//     The fast path is the same in both modes.
 // Stats it keeps: active, cached, inactive_split, the split/merge counters and oversize counts.
 // Thread-safety: none; the device lock guards it.
 //
@@ -26,6 +32,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "bucketalloc/options.h"
@@ -45,6 +52,8 @@ struct LargePoolConfig {
   std::vector<std::uint32_t> roundup_power2_divisions;
   std::vector<std::size_t> tiers;  // ascending, multiples of the backend granularity
   double tier_min_fill = 0.5;
+  // > 0: stitching is on and this is the physical granule size (the backend's granularity).
+  std::size_t granule = 0;
 };
 
 class LargePool {
@@ -100,10 +109,24 @@ class LargePool {
   // Returns an active block to the free lists (coalescing); it is no longer active.
   void Return(Block* block);
 
+  // Stitching (granule > 0). Serves `rounded` bytes from a fresh range whose granules are created
+  // within the cap's headroom and, for the rest, taken from free blocks: oldest first, after their
+  // streams' work has completed. Returns ResourceExhausted, having changed nothing, when the free
+  // whole granules and the headroom together are too few; another error when a backend call
+  // failed (granules already unmapped then stay as spares: still reserved, used first by the next
+  // Grow or Stitch, released by ReleaseFree). Live blocks are never touched.
+  absl::StatusOr<Block*> Stitch(StreamState& ss, Stream stream, std::size_t rounded, int tier);
+  // Bytes of spare granules: unmapped but not released (counted in reserved_bytes).
+  std::size_t spare_bytes() const { return spare_.size() * config_.granule; }
+  // Bytes of `seg` backed by memory: its size, less its holes.
+  std::size_t MappedBytes(const Segment& seg) const;
+
   // Release order of wholly free segments.
   std::uint64_t OldestFree() const;
   std::size_t ReleaseOldest();
-  // Releases wholly free segments, oldest first, until `target` bytes are released.
+  // Releases wholly free segments, oldest first, until `target` bytes are released. With stitching
+  // on, a release of everything (target = max) also gives back the spare granules and the whole
+  // granules of free blocks in partly used segments.
   std::size_t ReleaseFree(std::size_t target);
 
   std::size_t largest_free_block() const;
@@ -135,8 +158,35 @@ class LargePool {
   // A segment's share of inactive_split: its free pieces while it also holds active blocks.
   static Inactive InactiveOf(const Segment* seg);
   void UpdateInactiveSplit(const Inactive& before, const Segment* seg);
-  // Releases a wholly free segment; false (nothing changed) when the source refused.
+  // Releases a wholly free segment; false when the source refused (it stays cached; with
+  // stitching the granules unmapped before the refusal are gone and holes mark them).
   bool ReleaseSegment(Segment* seg);
+
+  // Stitching helpers.
+  bool stitching() const { return config_.granule != 0; }
+  // A new segment over [base, base + bytes): without stitching one free block; with it, one free
+  // block per run of mapped granules and a hole per run of zeros in `granules`. Counts the mapped
+  // bytes cached and puts it in the release order.
+  Segment* AddSegment(StreamState& ss, Stream stream, std::uintptr_t base, std::size_t bytes, int tier,
+                      std::vector<PhysicalHandle> granules);
+  // Forgets a segment that holds no active block (its free blocks must be out of the lists).
+  void DropSegment(Segment* seg);
+  // Fills `out` up to `n` granules: spares first, then new ones. On failure `out` keeps what it got.
+  absl::Status TakeGranules(std::size_t n, std::vector<PhysicalHandle>* out);
+  // Maps `granules` into the fresh range [base, base + bytes) and makes it a segment. On a failed
+  // map the mapped prefix stays as a free segment (a hole after it) or, when nothing mapped, the
+  // range is released; the unmapped granules are released. Returns the segment or the error.
+  absl::StatusOr<Segment*> MapNewSegment(StreamState& ss, Stream stream, std::uintptr_t base, std::size_t bytes,
+                                         int tier, std::vector<PhysicalHandle> granules);
+  // Unmaps granules [g0, g1) of the segment of free `block` (whole granules inside it), one at a
+  // time, appending their handles to `out`; stops at the first failure. The unmapped run becomes a
+  // hole; the rest of the block stays free. The caller drops the segment if it is all hole now.
+  absl::Status UnmapRun(Block* block, std::size_t g0, std::size_t g1, std::vector<PhysicalHandle>* out);
+  // Releases `handles` to the device (one the backend refuses stays a spare).
+  void ReleaseGranules(std::vector<PhysicalHandle>* handles);
+  void AddSpare(PhysicalHandle handle);
+  // Unmaps and releases the whole granules of the free blocks of partly used segments and the spares.
+  void ReleaseFreeGranules();
 
   PoolContext ctx_;
   LargePoolConfig config_;
@@ -144,6 +194,9 @@ class LargePool {
   ObjectPool<Segment, 64> segment_meta_;
   IntrusiveList<Segment, &Segment::release_node> release_order_;  // wholly free, oldest first
   absl::flat_hash_set<Segment*> segments_;  // all segments; changes only on slow paths
+  // Stitching: each segment's granules (0 = a hole), and the spare granules.
+  absl::flat_hash_map<const Segment*, std::vector<PhysicalHandle>> granules_;
+  std::vector<PhysicalHandle> spare_;
 };
 
 // Checks that every list of `ss` holds only free blocks of its bin or tier and that the bitmap

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "bucketalloc/backend.h"
 #include "bucketalloc/stats.h"
 
 namespace bucketalloc::internal {
@@ -27,6 +28,28 @@ class MemorySource {
   // Returns false when the backend refused (a lost context, a capture in another thread): the
   // caller keeps the memory cached and stops releasing.
   virtual bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) = 0;
+
+  // Virtual memory: the large pool's segments when stitching is on. A segment is an address range
+  // with one physical granule (Granularity() bytes) mapped per granule of it, or none (a hole).
+  // reserved_bytes counts the granules that exist (mapped or spare), so moving a granule from one
+  // range to another changes no stat.
+  //
+  // Runs garbage collection for `to_map` bytes about to be mapped, then reserves and registers an
+  // address range of `bytes` (FailedPrecondition during a capture).
+  virtual absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t to_map) = 0;
+  // Releases a registered range that has nothing mapped.
+  virtual void ReleaseRange(std::uintptr_t va, std::size_t bytes) = 0;
+  // Creates one granule within the cap (ResourceExhausted past it or when the device refuses).
+  virtual absl::StatusOr<PhysicalHandle> CreateGranule() = 0;
+  // Releases an unmapped granule; false (it still exists) when the backend refused.
+  virtual bool ReleaseGranule(PhysicalHandle handle) = 0;
+  // Maps `handle` at `va`, inside a registered range, or unmaps the granule at `va`.
+  virtual absl::Status MapGranule(std::uintptr_t va, PhysicalHandle handle) = 0;
+  virtual absl::Status UnmapGranule(std::uintptr_t va) = 0;
+  // Waits until the work queued on `stream` so far has completed (before an unmap).
+  virtual absl::Status SynchronizeStream(Stream stream) = 0;
+  // Bytes that may still be created or allocated under the cap.
+  virtual std::size_t Headroom() const = 0;
 };
 
 // Adds `delta` to a pool's gauge and to the "all" gauge.

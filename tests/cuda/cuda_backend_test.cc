@@ -1,10 +1,11 @@
-// tests/cuda/cuda_backend_test.cc — the cudaMalloc backend and the allocator on a real device.
+// tests/cuda/cuda_backend_test.cc — the cudaMalloc and vmm backends and the allocator on a real device.
 //
-// Covers: cuda/cuda_backend.cc (MakeCudaBackend, CudaDeviceCount, CudaBackend) and the allocator
-// front end with `backend:cuda`.
+// Covers: cuda/cuda_backend.cc (MakeCudaBackend, MakeVmmBackend, CudaDeviceCount, CudaBackend,
+// VmmBackend) and the allocator front end with `backend:cuda` and `backend:vmm`.
 // Modes (never a silent pass):
 //   * No GPU, BUCKETALLOC_EXPECT_GPU unset or 0: CudaNoGpuTest asserts the typed
-//     FailedPrecondition error naming the CUDA error; the GPU tests are skipped with the reason.
+//     FailedPrecondition error naming the CUDA error (both backends); the GPU tests are skipped
+//     with the reason.
 //   * A GPU present (with or without the variable): the GPU tests run; CudaNoGpuTest is skipped.
 //   * BUCKETALLOC_EXPECT_GPU=1 (scripts/gpu_check.sh) and no GPU: every test fails.
 #include <cuda_runtime_api.h>
@@ -86,35 +87,49 @@ TEST_F(CudaNoGpuTest, DeviceCountIsFailedPreconditionNamingTheCudaError) {
   EXPECT_THAT(status.message(), HasSubstr("cudaGetDeviceCount"));
 }
 
-TEST_F(CudaNoGpuTest, MakeCudaBackendIsFailedPreconditionNamingTheDeviceAndError) {
-  for (int device : {0, 1}) {
-    absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(device);
-    ASSERT_FALSE(backend.ok());
-    const absl::Status& status = backend.status();
-    std::cout << "MakeCudaBackend(" << device << ") on this machine: " << status << "\n";
-    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-    EXPECT_THAT(status.message(), AnyOf(HasSubstr("cudaErrorInsufficientDriver"),
-                                        HasSubstr("cudaErrorNoDevice")));
-    EXPECT_THAT(status.message(), HasSubstr("device " + std::to_string(device)));
+// The backend factories and the name each one's error gives its backend.
+struct BackendFactory {
+  const char* name;
+  absl::StatusOr<std::unique_ptr<Backend>> (*make)(int device);
+};
+constexpr BackendFactory kCudaFactories[] = {{"cuda", &MakeCudaBackend}, {"vmm", &MakeVmmBackend}};
+
+TEST_F(CudaNoGpuTest, MakeCudaOrVmmBackendIsFailedPreconditionNamingTheDeviceAndError) {
+  for (const BackendFactory& factory : kCudaFactories) {
+    for (int device : {0, 1}) {
+      absl::StatusOr<std::unique_ptr<Backend>> backend = factory.make(device);
+      ASSERT_FALSE(backend.ok());
+      const absl::Status& status = backend.status();
+      std::cout << "the " << factory.name << " backend for device " << device << " on this machine: " << status
+                << "\n";
+      EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+      EXPECT_THAT(status.message(), AnyOf(HasSubstr("cudaErrorInsufficientDriver"),
+                                          HasSubstr("cudaErrorNoDevice")));
+      EXPECT_THAT(status.message(), HasSubstr(std::string(factory.name) + " backend"));
+      EXPECT_THAT(status.message(), HasSubstr("device " + std::to_string(device)));
+    }
   }
 }
 
-TEST_F(CudaNoGpuTest, AllocatorWithCudaBackendReportsTheMissingDriver) {
-  absl::StatusOr<Options> options = ParseOptions("backend:cuda");
-  ASSERT_TRUE(options.ok()) << options.status();
-  absl::StatusOr<std::unique_ptr<Allocator>> allocator = Allocator::Create(*options);
-  absl::Status status;
-  if (!allocator.ok()) {
-    status = allocator.status();  // Create may already probe the device
-  } else {
-    absl::StatusOr<void*> p = (*allocator)->Allocate(4 * kKiB, 0, nullptr);
-    ASSERT_FALSE(p.ok()) << "allocated " << *p << " without a GPU";
-    status = p.status();
+TEST_F(CudaNoGpuTest, AllocatorWithCudaOrVmmBackendReportsTheMissingDriver) {
+  for (const char* conf : {"backend:cuda", "backend:vmm"}) {
+    SCOPED_TRACE(conf);
+    absl::StatusOr<Options> options = ParseOptions(conf);
+    ASSERT_TRUE(options.ok()) << options.status();
+    absl::StatusOr<std::unique_ptr<Allocator>> allocator = Allocator::Create(*options);
+    absl::Status status;
+    if (!allocator.ok()) {
+      status = allocator.status();  // Create may already probe the device
+    } else {
+      absl::StatusOr<void*> p = (*allocator)->Allocate(4 * kKiB, 0, nullptr);
+      ASSERT_FALSE(p.ok()) << "allocated " << *p << " without a GPU";
+      status = p.status();
+    }
+    std::cout << "the allocator with " << conf << " on this machine: " << status << "\n";
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_THAT(status.message(), AnyOf(HasSubstr("cudaErrorInsufficientDriver"),
+                                        HasSubstr("cudaErrorNoDevice")));
   }
-  std::cout << "the allocator with backend:cuda on this machine: " << status << "\n";
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-  EXPECT_THAT(status.message(), AnyOf(HasSubstr("cudaErrorInsufficientDriver"),
-                                      HasSubstr("cudaErrorNoDevice")));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -183,11 +198,13 @@ TEST_F(CudaGpuTest, DeviceCountAndRangeChecks) {
     EXPECT_FALSE(backend->SupportsVirtualMemory());
   }
   for (int device : {-1, probe_.count}) {
-    absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(device);
-    ASSERT_FALSE(backend.ok());
-    EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument) << backend.status();
-    EXPECT_THAT(backend.status().message(), HasSubstr("device " + std::to_string(device)));
-    EXPECT_THAT(backend.status().message(), HasSubstr(std::to_string(probe_.count)));
+    for (const BackendFactory& factory : kCudaFactories) {
+      absl::StatusOr<std::unique_ptr<Backend>> backend = factory.make(device);
+      ASSERT_FALSE(backend.ok());
+      EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument) << backend.status();
+      EXPECT_THAT(backend.status().message(), HasSubstr("device " + std::to_string(device)));
+      EXPECT_THAT(backend.status().message(), HasSubstr(std::to_string(probe_.count)));
+    }
   }
 }
 
@@ -398,6 +415,213 @@ TEST_F(CudaGpuTest, EachCallUsesTheBackendsDeviceAndRestoresTheCurrentOne) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The vmm backend on a real device: the driver's virtual memory management through the Backend
+// interface.
+
+class VmmGpuTest : public CudaGpuTest {
+ protected:
+  void SetUp() override {
+    CudaGpuTest::SetUp();
+    if (HasFatalFailure() || IsSkipped()) return;
+    absl::StatusOr<std::unique_ptr<Backend>> backend = MakeVmmBackend(0);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = std::move(*backend);
+    granule_ = backend_->Granularity();
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::size_t granule_ = 0;
+};
+
+void* AsPointer(std::uintptr_t va) { return reinterpret_cast<void*>(va); }
+
+// The virtual-memory counters of `backend` as one comparable value.
+struct VmmCounts {
+  std::int64_t creates, releases, failed_creates, maps, unmaps;
+  bool operator==(const VmmCounts&) const = default;
+  friend std::ostream& operator<<(std::ostream& os, const VmmCounts& c) {
+    return os << "{creates " << c.creates << ", releases " << c.releases << ", failed creates " << c.failed_creates
+              << ", maps " << c.maps << ", unmaps " << c.unmaps << "}";
+  }
+};
+VmmCounts CountsOf(const Backend& backend) {
+  const BackendCounters c = backend.counters();
+  return {c.physical_creates, c.physical_releases, c.failed_physical_creates, c.maps, c.unmaps};
+}
+
+// A pattern of `bytes` that differs for every word and every `seed`.
+std::vector<std::uint32_t> Pattern(std::size_t bytes, std::uint32_t seed) {
+  std::vector<std::uint32_t> words(bytes / sizeof(std::uint32_t));
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    words[i] = (0x9E3779B9u * static_cast<std::uint32_t>(i + 1)) ^ seed;
+  }
+  return words;
+}
+
+TEST_F(VmmGpuTest, NameGranularityAndTheCudaBackendsCalls) {
+  EXPECT_EQ(backend_->Name(), "vmm");
+  EXPECT_EQ(backend_->device(), 0);
+  EXPECT_TRUE(backend_->SupportsVirtualMemory());
+  std::cout << "vmm minimum granularity on device 0: " << granule_ << " bytes\n";
+  ASSERT_GT(granule_, 0u);
+  EXPECT_EQ(granule_ & (granule_ - 1), 0u) << granule_ << " is not a power of two";
+  EXPECT_EQ(k2MiB % granule_, 0u) << granule_ << " does not divide 2 MiB";
+
+  // Allocate, Free and the events are the cuda backend's.
+  absl::StatusOr<void*> p = backend_->Allocate(k2MiB);
+  ASSERT_TRUE(p.ok()) << p.status();
+  WriteAndVerify(*p, k2MiB, 0x3C);
+  ASSERT_TRUE(backend_->Free(*p, k2MiB).ok());
+  absl::StatusOr<Event> event = backend_->RecordEvent(nullptr);
+  ASSERT_TRUE(event.ok()) << event.status();
+  EXPECT_TRUE(backend_->SynchronizeEvent(*event).ok());
+  backend_->DestroyEvent(*event);
+  const BackendCounters counters = backend_->counters();
+  EXPECT_EQ(counters.allocs, 1);
+  EXPECT_EQ(counters.frees, 1);
+  EXPECT_EQ(counters.events_recorded, 1);
+  EXPECT_EQ(CountsOf(*backend_), (VmmCounts{0, 0, 0, 0, 0}));
+}
+
+TEST_F(VmmGpuTest, AGranuleMovesFromOneRangeToAnotherWithItsData) {
+  const std::size_t range = 4 * granule_;
+  absl::StatusOr<std::uintptr_t> a = backend_->ReserveAddressRange(range, 0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<std::uintptr_t> b = backend_->ReserveAddressRange(range, 2 * range);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(*a % granule_, 0u);
+  EXPECT_EQ(*b % (2 * range), 0u) << "the alignment was not honoured";
+  EXPECT_TRUE(*a + range <= *b || *b + range <= *a) << "the two ranges overlap";
+  absl::StatusOr<PhysicalHandle> handle = backend_->CreatePhysical(granule_);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+
+  // The granule as the second granule of A: write a pattern through A.
+  const std::uintptr_t in_a = *a + granule_;
+  absl::Status map_a = backend_->Map(in_a, granule_, *handle);
+  ASSERT_TRUE(map_a.ok()) << map_a;
+  const std::vector<std::uint32_t> pattern = Pattern(granule_, 0xA5A5F00Du);
+  ASSERT_CUDA(cudaMemcpy(AsPointer(in_a), pattern.data(), granule_, cudaMemcpyHostToDevice));
+  absl::Status unmap_a = backend_->Unmap(in_a, granule_);
+  ASSERT_TRUE(unmap_a.ok()) << unmap_a;
+
+  // The same granule as the last granule of B: the pattern reads back through B.
+  const std::uintptr_t in_b = *b + range - granule_;
+  absl::Status map_b = backend_->Map(in_b, granule_, *handle);
+  ASSERT_TRUE(map_b.ok()) << map_b;
+  std::vector<std::uint32_t> back(pattern.size());
+  ASSERT_CUDA(cudaMemcpy(back.data(), AsPointer(in_b), granule_, cudaMemcpyDeviceToHost));
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < back.size(); ++i) mismatches += back[i] != pattern[i];
+  EXPECT_EQ(mismatches, 0u) << "words that did not follow the granule from A to B";
+  // And the device writes through B.
+  ASSERT_CUDA(cudaMemset(AsPointer(in_b), 0x5A, granule_));
+  unsigned char last = 0;
+  ASSERT_CUDA(cudaMemcpy(&last, AsPointer(in_b + granule_ - 1), 1, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(last, 0x5A);
+
+  absl::Status unmap_b = backend_->Unmap(in_b, granule_);
+  ASSERT_TRUE(unmap_b.ok()) << unmap_b;
+  absl::Status release = backend_->ReleasePhysical(*handle);
+  ASSERT_TRUE(release.ok()) << release;
+  absl::Status free_a = backend_->ReleaseAddressRange(*a, range);
+  EXPECT_TRUE(free_a.ok()) << free_a;
+  absl::Status free_b = backend_->ReleaseAddressRange(*b, range);
+  EXPECT_TRUE(free_b.ok()) << free_b;
+
+  EXPECT_EQ(CountsOf(*backend_), (VmmCounts{1, 1, 0, 2, 2}));
+  EXPECT_EQ(backend_->counters().allocs, 0);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// What the stitching large pool does: granules mapped side by side form one block the device
+// writes across; they are unmapped one at a time (and, as the Backend contract allows, a range of
+// whole mappings at once).
+TEST_F(VmmGpuTest, GranulesMappedSideBySideFormOneBlock) {
+  constexpr int kGranules = 4;
+  const std::size_t range = kGranules * granule_;
+  absl::StatusOr<std::uintptr_t> va = backend_->ReserveAddressRange(range, 0);
+  ASSERT_TRUE(va.ok()) << va.status();
+  std::vector<PhysicalHandle> handles;
+  for (int i = 0; i < kGranules; ++i) {
+    absl::StatusOr<PhysicalHandle> handle = backend_->CreatePhysical(granule_);
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    handles.push_back(*handle);
+    absl::Status map = backend_->Map(*va + i * granule_, granule_, *handle);
+    ASSERT_TRUE(map.ok()) << map;
+  }
+  WriteAndVerify(AsPointer(*va), range, 0x6B);
+  const std::vector<std::uint32_t> pattern = Pattern(2 * granule_, 0x1234u);
+  const std::uintptr_t across = *va + granule_ / 2;  // straddles granules 0, 1 and 2
+  ASSERT_CUDA(cudaMemcpy(AsPointer(across), pattern.data(), 2 * granule_, cudaMemcpyHostToDevice));
+  std::vector<std::uint32_t> back(pattern.size());
+  ASSERT_CUDA(cudaMemcpy(back.data(), AsPointer(across), 2 * granule_, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(back == pattern) << "a copy across granule boundaries did not read back";
+
+  absl::Status two = backend_->Unmap(*va, 2 * granule_);  // two whole mappings in one call
+  EXPECT_TRUE(two.ok()) << two;
+  for (int i = 2; i < kGranules; ++i) {
+    absl::Status unmap = backend_->Unmap(*va + i * granule_, granule_);
+    EXPECT_TRUE(unmap.ok()) << unmap;
+  }
+  for (PhysicalHandle handle : handles) {
+    absl::Status release = backend_->ReleasePhysical(handle);
+    EXPECT_TRUE(release.ok()) << release;
+  }
+  absl::Status free_range = backend_->ReleaseAddressRange(*va, range);
+  EXPECT_TRUE(free_range.ok()) << free_range;
+  EXPECT_EQ(CountsOf(*backend_), (VmmCounts{kGranules, kGranules, 0, kGranules, kGranules - 1}));
+}
+
+TEST_F(VmmGpuTest, MisuseAndOutOfMemoryAreTypedErrorsNamingTheCall) {
+  // Refused before the driver: sizes off the granularity, an alignment that is not a power of two.
+  for (std::size_t bytes : {std::size_t{0}, granule_ + 1}) {
+    absl::StatusOr<PhysicalHandle> handle = backend_->CreatePhysical(bytes);
+    ASSERT_FALSE(handle.ok());
+    EXPECT_EQ(handle.status().code(), absl::StatusCode::kInvalidArgument) << handle.status();
+  }
+  absl::StatusOr<std::uintptr_t> odd = backend_->ReserveAddressRange(granule_, 3 * granule_);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument) << odd.status();
+
+  // More physical memory than the device has: ResourceExhausted, and the next create succeeds.
+  absl::StatusOr<DeviceMemInfo> info = backend_->GetMemInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  const std::size_t huge = (info->total_bytes / granule_ + 1) * granule_;
+  absl::StatusOr<PhysicalHandle> too_big = backend_->CreatePhysical(huge);
+  ASSERT_FALSE(too_big.ok()) << "created " << huge << " bytes on a " << info->total_bytes << "-byte device";
+  std::cout << "oversized cuMemCreate: " << too_big.status() << "\n";
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted) << too_big.status();
+  EXPECT_THAT(too_big.status().message(), HasSubstr("cuMemCreate(" + std::to_string(huge) + " bytes"));
+  EXPECT_THAT(too_big.status().message(), HasSubstr("CUDA_ERROR_OUT_OF_MEMORY"));
+  EXPECT_THAT(too_big.status().message(), HasSubstr("device 0"));
+  EXPECT_EQ(CountsOf(*backend_), (VmmCounts{0, 0, 3, 0, 0}));
+
+  // Left to the driver: unmapping what is not mapped, mapping an unknown handle.
+  absl::StatusOr<std::uintptr_t> va = backend_->ReserveAddressRange(granule_, 0);
+  ASSERT_TRUE(va.ok()) << va.status();
+  absl::Status unmap = backend_->Unmap(*va, granule_);
+  ASSERT_FALSE(unmap.ok()) << "unmapped a range with nothing mapped";
+  std::cout << "cuMemUnmap of a bare reservation: " << unmap << "\n";
+  EXPECT_THAT(unmap.message(), HasSubstr("cuMemUnmap("));
+  EXPECT_THAT(unmap.message(), HasSubstr("device 0"));
+  absl::Status map = backend_->Map(*va, granule_, /*handle=*/0);
+  ASSERT_FALSE(map.ok()) << "mapped handle 0";
+  std::cout << "cuMemMap of handle 0: " << map << "\n";
+  EXPECT_THAT(map.message(), HasSubstr("cuMemMap("));
+
+  absl::StatusOr<PhysicalHandle> handle = backend_->CreatePhysical(granule_);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  absl::Status mapped = backend_->Map(*va, granule_, *handle);
+  ASSERT_TRUE(mapped.ok()) << mapped;
+  WriteAndVerify(AsPointer(*va), granule_, 0x77);
+  EXPECT_TRUE(backend_->Unmap(*va, granule_).ok());
+  EXPECT_TRUE(backend_->ReleasePhysical(*handle).ok());
+  EXPECT_TRUE(backend_->ReleaseAddressRange(*va, granule_).ok());
+  EXPECT_EQ(CountsOf(*backend_), (VmmCounts{1, 1, 3, 1, 1}));
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "a driver error was left as the runtime's last error";
+}
+
+// ---------------------------------------------------------------------------------------------
 // The allocator through the public API on a real device.
 
 class CudaAllocatorTest : public CudaGpuTest {
@@ -589,6 +813,118 @@ TEST_F(CudaAllocatorTest, RecordStreamDelaysReuseUntilTheOtherStreamIsDone) {
   DeviceStats stats = Stats();
   EXPECT_EQ(stats.reserved_bytes[kAllPools].current, 0);
   EXPECT_EQ(stats.active_bytes[kAllPools].current, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The allocator with backend:vmm: the large pool's segments are reserved ranges with granules
+// mapped in them, and at the cap free granules are stitched into new blocks.
+
+// Makes an allocator from `conf`, or fails the test.
+std::unique_ptr<Allocator> MakeAllocator(absl::string_view conf) {
+  absl::StatusOr<Options> options = ParseOptions(conf);
+  EXPECT_TRUE(options.ok()) << conf << ": " << options.status();
+  if (!options.ok()) return nullptr;
+  absl::StatusOr<std::unique_ptr<Allocator>> allocator = Allocator::Create(*options);
+  EXPECT_TRUE(allocator.ok()) << conf << ": " << allocator.status();
+  return allocator.ok() ? std::move(*allocator) : nullptr;
+}
+
+// Checks that the allocator gave everything back: no reserved bytes, and every granule created
+// was released and every map undone.
+void ExpectAllReleased(Allocator& allocator) {
+  absl::Status invariants = allocator.CheckInvariants(0);
+  EXPECT_TRUE(invariants.ok()) << invariants;
+  ASSERT_TRUE(allocator.EmptyCache().ok());
+  absl::StatusOr<DeviceStats> stats = allocator.GetStats(0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->allocated_bytes[kAllPools].current, 0);
+  EXPECT_EQ(stats->reserved_bytes[kAllPools].current, 0);
+  absl::StatusOr<Backend*> backend = allocator.backend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const BackendCounters counters = (*backend)->counters();
+  std::cout << "vmm backend calls: " << counters.physical_creates << " creates, " << counters.maps << " maps, "
+            << counters.unmaps << " unmaps, " << counters.allocs << " cudaMalloc\n";
+  EXPECT_GT(counters.maps, 0) << "the large pool did not use the virtual-memory family";
+  EXPECT_EQ(counters.physical_creates, counters.physical_releases);
+  EXPECT_EQ(counters.maps, counters.unmaps);
+  EXPECT_EQ(counters.allocs, counters.frees);
+}
+
+TEST_F(CudaGpuTest, AllocatorWithVmmBackendServesLargeBlocksWithTheirData) {
+  std::unique_ptr<Allocator> allocator = MakeAllocator("backend:vmm");
+  ASSERT_NE(allocator, nullptr);
+  absl::StatusOr<Backend*> backend = allocator->backend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->Name(), "vmm");
+
+  const std::vector<std::size_t> sizes = {64 * kMiB, 100 * kMiB + 1, 512 * kMiB, 20 * kMiB, 3 * kMiB,
+                                          4 * kKiB};
+  std::vector<void*> ptrs;
+  unsigned char value = 0x21;
+  for (std::size_t size : sizes) {
+    absl::StatusOr<void*> p = allocator->Allocate(size, 0, nullptr);
+    ASSERT_TRUE(p.ok()) << size << ": " << p.status();
+    EXPECT_EQ(PointerDevice(*p), 0);
+    WriteAndVerify(*p, size, value++);
+    ptrs.push_back(*p);
+  }
+  // The first blocks still hold their bytes after the later ones were written.
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    unsigned char byte = 0;
+    ASSERT_CUDA(cudaMemcpy(&byte, static_cast<char*>(ptrs[i]) + sizes[i] - 1, 1, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(byte, 0x21 + i) << "block of " << sizes[i] << " bytes";
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) ASSERT_TRUE(allocator->Free(ptrs[i], 0, sizes[i]).ok());
+  // Reuse from the cache, then a size the cache does not hold.
+  for (std::size_t size : {64 * kMiB, 640 * kMiB}) {
+    absl::StatusOr<void*> p = allocator->Allocate(size, 0, nullptr);
+    ASSERT_TRUE(p.ok()) << size << ": " << p.status();
+    WriteAndVerify(*p, size, 0x4D);
+    ASSERT_TRUE(allocator->Free(*p, 0, size).ok());
+  }
+  ExpectAllReleased(*allocator);
+}
+
+TEST_F(CudaGpuTest, AllocatorWithVmmBackendStitchesFreeGranulesAtTheCap) {
+  // Four 64 MiB segments fill the 256 MiB cap; with two non-adjacent ones freed, a 128 MiB request
+  // fits only in their granules, mapped side by side into a new range.
+  std::unique_ptr<Allocator> allocator = MakeAllocator("backend:vmm,capacity:256MiB");
+  ASSERT_NE(allocator, nullptr);
+  constexpr std::size_t kBlock = 64 * kMiB;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<void*> p = allocator->Allocate(kBlock, 0, nullptr);
+    ASSERT_TRUE(p.ok()) << "block " << i << ": " << p.status();
+    ASSERT_CUDA(cudaMemset(*p, 0x10 + i, kBlock));
+    blocks.push_back(*p);
+  }
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_TRUE(allocator->Free(blocks[0], 0, kBlock).ok());
+  ASSERT_TRUE(allocator->Free(blocks[2], 0, kBlock).ok());
+
+  absl::StatusOr<void*> big = allocator->Allocate(2 * kBlock, 0, nullptr);
+  ASSERT_TRUE(big.ok()) << "128 MiB under a 256 MiB cap with 128 MiB free: " << big.status();
+  WriteAndVerify(*big, 2 * kBlock, 0x99);
+  // The live blocks kept their bytes (the granules taken were the freed blocks' only).
+  for (int i : {1, 3}) {
+    std::vector<unsigned char> host(kMiB);
+    for (std::size_t offset : {std::size_t{0}, kBlock - kMiB}) {
+      ASSERT_CUDA(cudaMemcpy(host.data(), static_cast<char*>(blocks[i]) + offset, kMiB, cudaMemcpyDeviceToHost));
+      std::size_t wrong = 0;
+      for (unsigned char byte : host) wrong += byte != 0x10 + i;
+      EXPECT_EQ(wrong, 0u) << "block " << i << " at offset " << offset;
+    }
+  }
+  absl::StatusOr<DeviceStats> stats = allocator->GetStats(0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_LE(stats->reserved_bytes[kAllPools].current, static_cast<std::int64_t>(4 * kBlock));
+  absl::Status invariants = allocator->CheckInvariants(0);
+  EXPECT_TRUE(invariants.ok()) << invariants;
+
+  ASSERT_TRUE(allocator->Free(*big, 0, 2 * kBlock).ok());
+  ASSERT_TRUE(allocator->Free(blocks[1], 0, kBlock).ok());
+  ASSERT_TRUE(allocator->Free(blocks[3], 0, kBlock).ok());
+  ExpectAllReleased(*allocator);
 }
 
 }  // namespace

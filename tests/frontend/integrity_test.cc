@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "bucketalloc/allocator.h"
 #include "test_util.h"
 
@@ -122,8 +123,12 @@ TEST_P(IntegrityTest, AMillionRandomOperationsWithoutCorruption) {
   EXPECT_EQ(stats.reserved_bytes[kAllPools].current, 0);
   EXPECT_EQ(sim->used_bytes(), 0u);
   EXPECT_TRUE(allocator->CheckInvariants(0).ok());
+  if (absl::StrContains(GetParam().conf, "expandable_segments:true")) {
+    EXPECT_GT(stats.num_granules_stitched, 0) << "the configuration is meant to stitch";
+  }
   std::cout << GetParam().name << ": " << stats.allocation[kAllPools].allocated << " allocations, " << ooms
-            << " out of memory, " << stats.num_cache_hits << " cache hits, peak reserved "
+            << " out of memory, " << stats.num_cache_hits << " cache hits, " << stats.num_stitches << " stitches ("
+            << stats.num_granules_stitched << " granules), peak reserved "
             << FormatBytes(static_cast<std::size_t>(stats.reserved_bytes[kAllPools].peak)) << "\n";
 }
 
@@ -132,6 +137,8 @@ TEST_P(IntegrityTest, AMillionRandomOperationsWithoutCorruption) {
 std::vector<Config> IntegrityConfigs() {
   std::vector<Config> configs = AllConfigs();
   configs.push_back({"faulty_backend", "sim_fail_fraction:0.05,sim_seed:7,capacity:256MiB"});
+  // Stitching with 5% of the physical creates (and slab allocations) failing.
+  configs.push_back({"faulty_vmm", "expandable_segments:true,sim_fail_fraction:0.05,sim_seed:7,capacity:64MiB"});
   return configs;
 }
 

@@ -71,6 +71,23 @@ TEST(OptionsTest, SizesAndTiersInBytes) {
   EXPECT_EQ(ParseOptions("roundup_power2_divisions:4")->roundup_power2_divisions[3], 4u);
 }
 
+TEST(OptionsTest, StitchingIsBackendVmmOrPyTorchsExpandableSegments) {
+  EXPECT_FALSE(ParseOptions("")->Stitching());
+  absl::StatusOr<Options> vmm = ParseOptions("backend:vmm");
+  ASSERT_TRUE(vmm.ok()) << vmm.status();
+  EXPECT_EQ(vmm->backend, BackendKind::kVmm);
+  EXPECT_TRUE(vmm->Stitching());
+  absl::StatusOr<Options> alias = ParseOptions("expandable_segments:True");  // PyTorch's spelling
+  ASSERT_TRUE(alias.ok()) << alias.status();
+  EXPECT_TRUE(alias->expandable_segments);
+  EXPECT_TRUE(alias->Stitching());
+  EXPECT_TRUE(ParseOptions("backend:sim,expandable_segments:true")->Stitching());
+  EXPECT_FALSE(ParseOptions("expandable_segments:False")->Stitching());
+  // The dump parses back to the same choice.
+  EXPECT_EQ(ParseOptions(FormatOptions(*vmm))->backend, BackendKind::kVmm);
+  EXPECT_TRUE(ParseOptions(FormatOptions(*alias))->expandable_segments);
+}
+
 // Every error names the key, the value and what is accepted.
 void ExpectError(absl::string_view conf, absl::string_view key, absl::string_view value) {
   absl::StatusOr<Options> o = ParseOptions(conf);
@@ -83,7 +100,7 @@ void ExpectError(absl::string_view conf, absl::string_view key, absl::string_vie
 }
 
 TEST(OptionsTest, BadInputIsAClearError) {
-  ExpectError("expandable_segments:True", "expandable_segments", "True");
+  ExpectError("expandable_segments:maybe", "expandable_segments", "maybe");
   ExpectError("backend:rocm", "backend", "rocm");
   ExpectError("capacity:lots", "capacity", "lots");
   ExpectError("memory_fraction:1.5", "memory_fraction", "1.5");

@@ -118,11 +118,27 @@ TEST_P(SnapshotTest, HistoryRecordsEachEventInOrder) {
   ASSERT_TRUE(allocator_->EmptyCache().ok());
   const MemorySnapshot snap = Snap();
   ASSERT_EQ(snap.device_traces.size(), 1u);
+  // With stitching, the range's granules are mapped after segment_alloc and unmapped before
+  // segment_free, one entry each (PyTorch's segment_map and segment_unmap).
+  std::vector<TraceEntry> t;
+  int maps = 0, unmaps = 0;
+  for (const TraceEntry& e : snap.device_traces[0]) {
+    if (e.action == TraceAction::kSegmentMap) {
+      ++maps;
+      EXPECT_EQ(unmaps, 0) << "a map after an unmap";
+    } else if (e.action == TraceAction::kSegmentUnmap) {
+      ++unmaps;
+    } else {
+      t.push_back(e);
+    }
+  }
+  const bool stitching = absl::StrContains(GetParam().conf, "expandable_segments:true");
+  EXPECT_EQ(maps, stitching ? 2 : 0) << "3 MiB rounds to a 4 MiB range of two 2 MiB granules";
+  EXPECT_EQ(unmaps, maps);
   std::vector<std::string> actions;
-  for (const TraceEntry& e : snap.device_traces[0]) actions.emplace_back(TraceActionName(e.action));
+  for (const TraceEntry& e : t) actions.emplace_back(TraceActionName(e.action));
   EXPECT_EQ(actions, (std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "free_completed",
                                                "segment_free"}));
-  const std::vector<TraceEntry>& t = snap.device_traces[0];
   EXPECT_EQ(t[1].addr, reinterpret_cast<std::uintptr_t>(p));
   EXPECT_EQ(t[1].size, 3 * kMiB) << "the requested size, as PyTorch records it";
   EXPECT_EQ(t[1].stream, reinterpret_cast<std::uintptr_t>(TestStream(1)));

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+#include <vector>
+
 #include "test_util.h"
 
 namespace bucketalloc::internal {
@@ -253,6 +256,177 @@ TEST_F(LargePoolTest, GrowFailsCleanlyAtTheLimit) {
   EXPECT_TRUE(absl::IsResourceExhausted(pool_->Grow(*ss_, nullptr, 20 * kMiB, 3 * kMiB, -1).status()));
   Check(1);
   pool_->Return(a);
+}
+
+
+// ---- Stitching (granule > 0): the fake source maps 2 MiB granules as bookkeeping.
+
+class StitchingPoolTest : public LargePoolTest {
+ protected:
+  static constexpr std::size_t kG = bucketalloc::testing::FakeSource::kGranule;
+  void InitStitching(std::size_t limit, LargePoolConfig config = {}) {
+    config.granule = kG;
+    Init(std::move(config), limit);
+  }
+  // Fills two 20 MiB segments with ten 4 MiB blocks and frees every other one: 24 MiB free in
+  // six pieces that no 12 MiB request fits, and the 40 MiB cap reached.
+  std::vector<Block*> FragmentTwoSegments() {
+    std::vector<Block*> blocks;
+    for (int i = 0; i < 10; ++i) blocks.push_back(Allocate(4 * kMiB));
+    for (Block* b : blocks) EXPECT_NE(b, nullptr);
+    EXPECT_EQ(source_->used(), 40 * kMiB);
+    std::vector<Block*> live;
+    for (int i = 0; i < 10; ++i) {
+      if (i % 2 == 0) {
+        ++clock_;
+        pool_->Return(blocks[i]);
+      } else {
+        live.push_back(blocks[i]);
+      }
+    }
+    return live;
+  }
+};
+
+TEST_F(StitchingPoolTest, GrowMapsOneGranulePerGranuleOfTheSegment) {
+  InitStitching(64 * kMiB);
+  Block* a = Allocate(3 * kMiB);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->segment->size, 20 * kMiB);
+  EXPECT_EQ(source_->granules(), 10u);
+  EXPECT_EQ(source_->mapped(), 10u);
+  EXPECT_EQ(stats_.reserved_bytes[kLargePool].current, static_cast<std::int64_t>(20 * kMiB));
+  Check(1);
+  pool_->Return(a);
+  EXPECT_EQ(pool_->ReleaseFree(~std::size_t{0}), 20 * kMiB);
+  EXPECT_EQ(source_->granules(), 0u);
+  EXPECT_EQ(source_->mapped(), 0u);
+  EXPECT_EQ(stats_.num_granules_released, 10);
+  EXPECT_EQ(stats_.cached_bytes[kLargePool].current, 0);
+  Check(0);
+}
+
+TEST_F(StitchingPoolTest, StitchMovesTheGranulesOfFreeBlocksIntoOneRange) {
+  InitStitching(40 * kMiB);
+  std::vector<Block*> live = FragmentTwoSegments();
+  Check(5);
+  // No cached block fits 12 MiB and the cap is reached: growing fails, stitching serves it.
+  EXPECT_EQ(pool_->TryAllocate(*ss_, 12 * kMiB, -1, true), nullptr);
+  EXPECT_TRUE(absl::IsResourceExhausted(pool_->Grow(*ss_, nullptr, 12 * kMiB, 12 * kMiB, -1).status()));
+  const std::set<PhysicalHandle> before = [&] {
+    std::set<PhysicalHandle> h;
+    for (Block* b : live) h.insert(source_->HandleAt(b->ptr));
+    return h;
+  }();
+  absl::StatusOr<Block*> s = pool_->Stitch(*ss_, nullptr, 12 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  Block* big = *s;
+  EXPECT_EQ(big->size, 12 * kMiB);
+  EXPECT_EQ(stats_.num_stitches, 1);
+  EXPECT_EQ(stats_.num_granules_stitched, 6);
+  EXPECT_EQ(source_->granules(), 20u) << "no granule was created or released";
+  EXPECT_EQ(stats_.reserved_bytes[kLargePool].current, static_cast<std::int64_t>(40 * kMiB));
+  for (std::size_t g = 0; g < 6; ++g) {
+    const PhysicalHandle h = source_->HandleAt(big->ptr + g * kG);
+    EXPECT_NE(h, 0u);
+    EXPECT_FALSE(before.contains(h)) << "a granule of a live block was taken";
+  }
+  for (Block* b : live) EXPECT_EQ(b->state, BlockState::kAllocated);
+  EXPECT_EQ(source_->synced.size(), 1u) << "the free blocks' stream is synchronized once before the unmaps";
+  Check(6);
+  // Everything frees and releases; the holes leave nothing behind.
+  pool_->Return(big);
+  for (Block* b : live) pool_->Return(b);
+  Check(0);
+  pool_->ReleaseFree(~std::size_t{0});
+  EXPECT_EQ(source_->granules(), 0u);
+  EXPECT_EQ(source_->mapped(), 0u);
+  EXPECT_EQ(stats_.cached_bytes[kLargePool].current, 0);
+  Check(0);
+}
+
+TEST_F(StitchingPoolTest, StitchTakesTheOldestFreeGranulesFirst) {
+  InitStitching(40 * kMiB);
+  std::vector<Block*> live = FragmentTwoSegments();  // freed in address order: blocks 0, 2, 4, 6, 8
+  absl::StatusOr<Block*> s = pool_->Stitch(*ss_, nullptr, 4 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  // The oldest free block (the first of the first segment) became a hole; the others stay free.
+  Segment* first = live[0]->segment;
+  ASSERT_EQ(first->first->state, BlockState::kUnmapped);
+  EXPECT_EQ(first->first->size, 4 * kMiB);
+  EXPECT_EQ(pool_->largest_free_block(), 4 * kMiB);
+  Check(6);
+}
+
+TEST_F(StitchingPoolTest, PartialGranulesStayAndWholeOnesMove) {
+  InitStitching(20 * kMiB);
+  // 3 MiB blocks in one 20 MiB segment: the free ones cover whole granules only in part.
+  std::vector<Block*> blocks;
+  for (int i = 0; i < 6; ++i) blocks.push_back(Allocate(3 * kMiB));
+  for (Block* b : blocks) ASSERT_NE(b, nullptr);
+  pool_->Return(blocks[1]);  // [3, 6) MiB: whole granule [4, 6)
+  pool_->Return(blocks[3]);  // [9, 12) MiB: whole granule [10, 12)
+  Check(4);
+  absl::StatusOr<Block*> s = pool_->Stitch(*ss_, nullptr, 4 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(stats_.num_granules_stitched, 2);
+  // The oldest (all equally old: the lowest addresses) whole granules moved; what stays cached is
+  // the free pieces [3, 4) and [9, 10) MiB, below a granule, and the free tail [18, 20) MiB.
+  EXPECT_EQ(stats_.cached_bytes[kLargePool].current, static_cast<std::int64_t>(4 * kMiB));
+  Check(5);
+  // More than the whole free granules (one left, no headroom): refused, nothing changed.
+  const std::int64_t cached = stats_.cached_bytes[kLargePool].current;
+  EXPECT_TRUE(absl::IsResourceExhausted(pool_->Stitch(*ss_, nullptr, 6 * kMiB, -1).status()));
+  EXPECT_EQ(stats_.cached_bytes[kLargePool].current, cached);
+  Check(5);
+}
+
+TEST_F(StitchingPoolTest, ATierBlockMovesWholeAndItsSegmentGoes) {
+  LargePoolConfig config;
+  config.tiers = {8 * kMiB};
+  InitStitching(16 * kMiB, config);
+  Block* t1 = Allocate(8 * kMiB);
+  Block* t2 = Allocate(8 * kMiB);
+  ASSERT_NE(t1, nullptr);
+  ASSERT_NE(t2, nullptr);
+  pool_->Return(t1);
+  // A 6 MiB non-tier request at the cap takes the whole tier block (tier segments are never split),
+  // uses three granules and gives the fourth back to the device.
+  absl::StatusOr<Block*> s = pool_->Stitch(*ss_, nullptr, 6 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(stats_.num_granules_stitched, 3);
+  EXPECT_EQ(stats_.num_granules_released, 1);
+  EXPECT_EQ(source_->granules(), 7u);
+  int segments = 0;
+  pool_->ForEachSegment([&](const Segment&) { ++segments; });
+  EXPECT_EQ(segments, 2) << "the all-hole tier segment was released";
+  Check(2);
+}
+
+TEST_F(StitchingPoolTest, AFailedUnmapOrMapLeavesLiveBlocksAndTheStatsTrue) {
+  for (int fail : {1, 3, 6}) {  // the first, a middle and the last unmap of six
+    SCOPED_TRACE(fail);
+    stats_ = DeviceStats();
+    InitStitching(40 * kMiB);
+    std::vector<Block*> live = FragmentTwoSegments();
+    source_->fail_unmap_in = fail;
+    absl::StatusOr<Block*> s = pool_->Stitch(*ss_, nullptr, 12 * kMiB, -1);
+    EXPECT_FALSE(s.ok());
+    for (Block* b : live) EXPECT_EQ(b->state, BlockState::kAllocated);
+    Check(5);
+    EXPECT_EQ(stats_.reserved_bytes[kLargePool].current, static_cast<std::int64_t>(source_->used()));
+    EXPECT_EQ(stats_.num_granules_released, fail - 1) << "the granules unmapped before the failure went back";
+    // A map failure: the unmapped granules go back to the device, the fresh range is released.
+    source_->fail_map_in = 2;
+    s = pool_->Stitch(*ss_, nullptr, 12 * kMiB, -1);
+    EXPECT_FALSE(s.ok());
+    Check(5);
+    EXPECT_EQ(stats_.reserved_bytes[kLargePool].current, static_cast<std::int64_t>(source_->used()));
+    // The next stitch has headroom and whatever free granules are left.
+    s = pool_->Stitch(*ss_, nullptr, 12 * kMiB, -1);
+    ASSERT_TRUE(s.ok()) << s.status();
+    Check(6);
+  }
 }
 
 }  // namespace
