@@ -21,13 +21,18 @@
 //                                      (GetFragmentation(0).all) with the 64 blocks live,
 //                                      cache_hit_rate.
 //   BM_Mimalloc_MixedSizes             The same pattern with mi_malloc / mi_free (items/s only).
+//   BM_BucketAlloc_SlowPath/path:N     The slow path of one 12 MiB request after fragmentation: a
+//                                      plain backend allocation (0), a stitching range grown from
+//                                      new granules (1), or stitched from free ones at the cap (2).
+// AllocFree and MixedSizes run on two allocators, backend:0 (plain) and backend:1 (stitching on).
 //
 // What is NOT measured:
 //   - Anything on a GPU. The sim backend runs on the CPU; in unbacked mode its memory is a reserved,
 //     never-touched address range. cudaMalloc / cudaFree latency, event record/query costs, driver
 //     locks and device-side effects of fragmentation are outside this binary.
-//   - The slow path on its own: AllocFree is cache hits only; MixedSizes mixes in backend calls at
-//     whatever rate the churn produces (see cache_hit_rate) but they are simulated (cheap) calls.
+//   - The slow path on a GPU: AllocFree is cache hits only; MixedSizes mixes in backend calls at
+//     whatever rate the churn produces (see cache_hit_rate) but they are simulated (cheap) calls;
+//     SlowPath prices the simulated device's calls (mmap syscalls), not cuMemMap's.
 //   - Memory traffic: neither allocator's memory is written to.
 //   - A fair "same job" comparison: mimalloc is a host heap that returns memory to its own caches; it
 //     has no streams, no stats and no device lock. It is shown as a lower bound for a CPU allocator.
@@ -37,6 +42,7 @@
 //
 // One sim allocator (a function-local static: unbacked, 64 GiB card) serves every BucketAlloc
 // benchmark; each run starts from an emptied cache (EmptyCache in the Setup hook).
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -63,22 +69,28 @@ using bucketalloc::Stream;
 
 constexpr int kDevice = 0;
 
-Allocator& SimAllocator() {
-  static Allocator* const allocator = [] {
-    absl::StatusOr<bucketalloc::Options> options =
-        bucketalloc::ParseOptions("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB");
-    if (!options.ok()) {
-      std::fprintf(stderr, "bucketalloc_microbench: %s\n", std::string(options.status().message()).c_str());
-      std::abort();
-    }
-    absl::StatusOr<std::unique_ptr<Allocator>> created = Allocator::Create(*options);
-    if (!created.ok()) {
-      std::fprintf(stderr, "bucketalloc_microbench: %s\n", std::string(created.status().message()).c_str());
-      std::abort();
-    }
-    return created->release();  // lives for the whole process
-  }();
-  return *allocator;
+// Makes an allocator from `conf` or aborts (a benchmark binary has no one to report to).
+Allocator* MakeOrDie(const char* conf) {
+  absl::StatusOr<bucketalloc::Options> options = bucketalloc::ParseOptions(conf);
+  if (!options.ok()) {
+    std::fprintf(stderr, "bucketalloc_microbench: %s\n", std::string(options.status().message()).c_str());
+    std::abort();
+  }
+  absl::StatusOr<std::unique_ptr<Allocator>> created = Allocator::Create(*options);
+  if (!created.ok()) {
+    std::fprintf(stderr, "bucketalloc_microbench: %s\n", std::string(created.status().message()).c_str());
+    std::abort();
+  }
+  return created->release();  // lives for the whole process
+}
+
+// The allocator of a benchmark: backend 0 is the plain sim device, 1 the same with stitching
+// (expandable_segments, the sim's virtual memory: the vmm backend's twin).
+Allocator& SimAllocator(std::int64_t backend = 0) {
+  static Allocator* const plain = MakeOrDie("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB");
+  static Allocator* const vmm =
+      MakeOrDie("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB,expandable_segments:true");
+  return backend == 0 ? *plain : *vmm;
 }
 
 // Thread 0 uses the default stream; thread i > 0 a distinct non-null pseudo-stream (never
@@ -107,9 +119,9 @@ struct Snapshot {
 };
 Snapshot g_start;
 
-Snapshot TakeSnapshot() {
+Snapshot TakeSnapshot(Allocator& allocator) {
   Snapshot s;
-  absl::StatusOr<bucketalloc::DeviceStats> stats = SimAllocator().GetStats(kDevice);
+  absl::StatusOr<bucketalloc::DeviceStats> stats = allocator.GetStats(kDevice);
   if (!stats.ok()) {
     s.status = stats.status();
     return s;
@@ -126,8 +138,8 @@ double HitRate(const Snapshot& start, const Snapshot& end) {
 }
 
 // Reports reserved_bytes and cache_hit_rate (thread 0 only, after the timed loop).
-void ReportAllocatorCounters(benchmark::State& state) {
-  absl::StatusOr<bucketalloc::DeviceStats> stats = SimAllocator().GetStats(kDevice);
+void ReportAllocatorCounters(benchmark::State& state, Allocator& allocator) {
+  absl::StatusOr<bucketalloc::DeviceStats> stats = allocator.GetStats(kDevice);
   if (!stats.ok() || !g_start.status.ok()) {
     state.SkipWithError("GetStats failed");
     return;
@@ -147,7 +159,7 @@ void ReportAllocatorCounters(benchmark::State& state) {
 // Setup hook: empty the cache, warm one block of the size per thread's stream, snapshot the
 // counters, so that the timed loops are cache hits and the hit rate covers them alone.
 void SetupAllocFree(const benchmark::State& state) {
-  Allocator& allocator = SimAllocator();
+  Allocator& allocator = SimAllocator(state.range(1));
   g_start = Snapshot();
   if (absl::Status s = allocator.EmptyCache(); !s.ok()) {
     g_start.status = s;
@@ -165,11 +177,11 @@ void SetupAllocFree(const benchmark::State& state) {
       return;
     }
   }
-  g_start = TakeSnapshot();
+  g_start = TakeSnapshot(allocator);
 }
 
 void BM_BucketAlloc_AllocFree(benchmark::State& state) {
-  Allocator& allocator = SimAllocator();
+  Allocator& allocator = SimAllocator(state.range(1));
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const Stream stream = StreamOf(state.thread_index());
   if (!g_start.status.ok()) {
@@ -192,7 +204,7 @@ void BM_BucketAlloc_AllocFree(benchmark::State& state) {
     }
   }
   state.SetItemsProcessed(state.iterations());
-  if (state.thread_index() == 0) ReportAllocatorCounters(state);
+  if (state.thread_index() == 0) ReportAllocatorCounters(state, allocator);
 }
 
 void BM_Mimalloc_AllocFree(benchmark::State& state) {
@@ -207,7 +219,14 @@ void BM_Mimalloc_AllocFree(benchmark::State& state) {
 
 #define BUCKETALLOC_SIZES Arg(4096)->Arg(262144)->Arg(2097152)->Arg(67108864)
 
-BENCHMARK(BM_BucketAlloc_AllocFree)->BUCKETALLOC_SIZES->Setup(SetupAllocFree)->Threads(1)->Threads(2);
+// backend:0 is the plain sim device, backend:1 the same with stitching (expandable_segments): the
+// cache-hit pair must cost the same on both (the fast path never looks at granules).
+BENCHMARK(BM_BucketAlloc_AllocFree)
+    ->ArgsProduct({{4096, 262144, 2097152, 67108864}, {0, 1}})
+    ->ArgNames({"bytes", "backend"})
+    ->Setup(SetupAllocFree)
+    ->Threads(1)
+    ->Threads(2);
 BENCHMARK(BM_Mimalloc_AllocFree)->BUCKETALLOC_SIZES->Threads(1)->Threads(2);
 
 // ---------------------------------------------------------------------------------------------
@@ -232,9 +251,9 @@ const std::vector<std::size_t>& MixedSizes() {
   return sizes;
 }
 
-void SetupMixed(const benchmark::State&) {
+void SetupMixed(const benchmark::State& state) {
   g_start = Snapshot();
-  if (absl::Status s = SimAllocator().EmptyCache(); !s.ok()) g_start.status = s;
+  if (absl::Status s = SimAllocator(state.range(0)).EmptyCache(); !s.ok()) g_start.status = s;
 }
 
 void FreeAll(Allocator& allocator, std::vector<void*>& live) {
@@ -245,7 +264,7 @@ void FreeAll(Allocator& allocator, std::vector<void*>& live) {
 }
 
 void BM_BucketAlloc_MixedSizes(benchmark::State& state) {
-  Allocator& allocator = SimAllocator();
+  Allocator& allocator = SimAllocator(state.range(0));
   const std::vector<std::size_t>& sizes = MixedSizes();
   std::vector<void*> live(kLiveBlocks, nullptr);
   if (!g_start.status.ok()) {
@@ -267,7 +286,7 @@ void BM_BucketAlloc_MixedSizes(benchmark::State& state) {
     }
     p = *r;
   }
-  g_start = TakeSnapshot();
+  g_start = TakeSnapshot(allocator);
   std::size_t oldest = 0;
   for (auto _ : state) {
     if (absl::Status s = allocator.Free(live[oldest], kDevice); !s.ok()) {
@@ -289,7 +308,7 @@ void BM_BucketAlloc_MixedSizes(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
   // Counters with the 64 blocks still live (the steady state), then clean up.
   if (!state.error_occurred()) {
-    ReportAllocatorCounters(state);
+    ReportAllocatorCounters(state, allocator);
     absl::StatusOr<bucketalloc::FragmentationReport> frag = allocator.GetFragmentation(kDevice);
     if (frag.ok()) {
       state.counters["external_fragmentation"] = frag->all.external_fragmentation();
@@ -317,8 +336,62 @@ void BM_Mimalloc_MixedSizes(benchmark::State& state) {
   for (void* p : live) mi_free(p);
 }
 
-BENCHMARK(BM_BucketAlloc_MixedSizes)->Setup(SetupMixed);
+BENCHMARK(BM_BucketAlloc_MixedSizes)->Arg(0)->Arg(1)->ArgName("backend")->Setup(SetupMixed);
 BENCHMARK(BM_Mimalloc_MixedSizes);
+
+// ---------------------------------------------------------------------------------------------
+// The slow path that serves a 12 MiB request after a fragmenting pattern (ten 4 MiB blocks in two
+// 20 MiB segments, every other one freed: 24 MiB free, no piece fits). Backed sim memory, so a map
+// is a real mmap of the device's memfd and an unmap a real mmap(PROT_NONE). Only the Allocate is
+// timed; the set-up and the clean-up after it are not.
+//   path:0  plain sim device, headroom under the cap: one backend Allocate of 12 MiB (cudaMalloc)
+//   path:1  stitching on, headroom under the cap: a new range, 6 granules created and mapped
+//   path:2  stitching on, at the cap: a new range, the 6 free granules unmapped and mapped there
+// Counters: backend_calls per request, granules_stitched per request.
+
+Allocator& SlowPathAllocator(std::int64_t path) {
+  static Allocator* const plain = MakeOrDie("backend:sim,sim_total_memory:128MiB,capacity:64MiB");
+  static Allocator* const grow = MakeOrDie("backend:sim,sim_total_memory:128MiB,capacity:64MiB,expandable_segments:true");
+  static Allocator* const stitch =
+      MakeOrDie("backend:sim,sim_total_memory:128MiB,capacity:40MiB,expandable_segments:true");
+  return path == 0 ? *plain : path == 1 ? *grow : *stitch;
+}
+
+std::int64_t BackendCalls(Allocator& allocator) {
+  const bucketalloc::BackendCounters c = (*allocator.backend(kDevice))->counters();
+  return c.allocs + c.frees + c.physical_creates + c.physical_releases + c.maps + c.unmaps;
+}
+
+void BM_BucketAlloc_SlowPath(benchmark::State& state) {
+  Allocator& allocator = SlowPathAllocator(state.range(0));
+  std::int64_t calls = 0, stitched = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::vector<void*> blocks;
+    for (int i = 0; i < 10; ++i) blocks.push_back(*allocator.Allocate(std::size_t{4} << 20, kDevice));
+    for (int i = 0; i < 10; i += 2) allocator.Free(blocks[i], kDevice).IgnoreError();
+    const std::int64_t calls_before = BackendCalls(allocator);
+    const std::int64_t stitched_before = allocator.GetStats(kDevice)->num_granules_stitched;
+    state.ResumeTiming();
+    absl::StatusOr<void*> big = allocator.Allocate(std::size_t{12} << 20, kDevice);
+    state.PauseTiming();
+    if (!big.ok()) {
+      SkipWithStatus(state, "Allocate", big.status());
+      break;
+    }
+    calls += BackendCalls(allocator) - calls_before;
+    stitched += allocator.GetStats(kDevice)->num_granules_stitched - stitched_before;
+    allocator.Free(*big, kDevice).IgnoreError();
+    for (int i = 1; i < 10; i += 2) allocator.Free(blocks[i], kDevice).IgnoreError();
+    allocator.EmptyCache().IgnoreError();
+    state.ResumeTiming();
+  }
+  const double n = static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+  state.counters["backend_calls"] = static_cast<double>(calls) / n;
+  state.counters["granules_stitched"] = static_cast<double>(stitched) / n;
+}
+
+BENCHMARK(BM_BucketAlloc_SlowPath)->Arg(0)->Arg(1)->Arg(2)->ArgName("path");
 
 }  // namespace
 

@@ -114,6 +114,7 @@ class FakeSource : public internal::MemorySource {
     return next_handle_++;
   }
   bool ReleaseGranule(PhysicalHandle handle) override {
+    if (fail_release_in > 0 && --fail_release_in == 0) return false;
     EXPECT_EQ(handles_.erase(handle), 1u);
     used_ -= kGranule;
     internal::StatAdd(stats_->reserved_bytes, kLargePool, -static_cast<std::int64_t>(kGranule));
@@ -149,6 +150,7 @@ class FakeSource : public internal::MemorySource {
   int frees = 0;
   int fail_map_in = 0;    // > 0: the Nth map from now fails
   int fail_unmap_in = 0;  // > 0: the Nth unmap from now fails
+  int fail_release_in = 0;  // > 0: the Nth granule release from now is refused
   std::vector<Stream> synced;
 
  private:

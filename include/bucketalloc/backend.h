@@ -155,6 +155,9 @@ class SimBackend : public Backend {
   virtual void CompleteWork(Stream stream) = 0;
   // Makes SynchronizeEvent fail (simulates a lost context) until called with false.
   virtual void SetSynchronizeFails(bool fails) = 0;
+  // Makes SynchronizeEvent fail for the events of `stream` only (a hung stream) until called with
+  // false; its work does not complete by waiting.
+  virtual void SetStreamSynchronizeFails(Stream stream, bool fails) = 0;
   // Makes RecordEvent fail until called with false.
   virtual void SetRecordEventFails(bool fails) = 0;
   // Fails the Nth Allocate call from now on (1 = the next one; 0 = never). CreatePhysical calls

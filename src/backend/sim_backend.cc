@@ -43,6 +43,7 @@ struct SimStream {
   std::uint64_t queued = 0;     // units of work enqueued so far
   std::uint64_t completed = 0;  // units completed so far; completed <= queued
   bool capturing = false;
+  bool synchronize_fails = false;  // SetStreamSynchronizeFails: waiting for this stream fails
 };
 
 class SimBackendImpl final : public SimBackend {
@@ -326,6 +327,10 @@ class SimBackendImpl final : public SimBackend {
     }
     auto* e = static_cast<SimEvent*>(event);
     SimStream& s = streams_[e->stream];
+    if (s.synchronize_fails) {
+      return absl::InternalError(
+          absl::StrCat("sim backend: injected SynchronizeEvent failure on stream ", absl::Hex(e->stream)));
+    }
     if (s.completed < e->ticket) s.completed = e->ticket;  // waiting completes the work before it
     return absl::OkStatus();
   }
@@ -360,6 +365,10 @@ class SimBackendImpl final : public SimBackend {
     SimStream& s = streams_[stream];
     if (s.capturing != capturing) capturing_streams_ += capturing ? 1 : -1;
     s.capturing = capturing;
+  }
+  void SetStreamSynchronizeFails(Stream stream, bool fails) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_[stream].synchronize_fails = fails;
   }
   void SetSynchronizeFails(bool fails) override {
     std::lock_guard<std::mutex> lock(mu_);

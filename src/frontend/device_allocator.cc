@@ -231,14 +231,18 @@ absl::StatusOr<Block*> DeviceAllocator::AllocateLargeSlow(StreamPools& sp, Strea
   }
   if (!pending_.empty()) RetirePending(RetireMode::kPollAll);
   // A cached block or a new segment; at the cap, with stitching, the granules of free blocks.
-  auto serve = [&](std::size_t bytes, int t) {
+  auto serve = [&](std::size_t bytes, int t) -> absl::StatusOr<Block*> {
     absl::StatusOr<Block*> block = ServeLarge(sp, stream, bytes, t);
-    if (absl::IsResourceExhausted(block.status()) && options_.Stitching()) {
-      absl::StatusOr<Block*> stitched = large_.Stitch(sp.large, stream, bytes, t);
-      if (stitched.ok()) ++stats_.num_cache_misses;
-      if (!absl::IsResourceExhausted(stitched.status())) return stitched;
+    if (!absl::IsResourceExhausted(block.status()) || !options_.Stitching()) return block;
+    absl::StatusOr<Block*> stitched = large_.Stitch(sp.large, stream, bytes, t);
+    if (stitched.ok()) {
+      ++stats_.num_cache_misses;
+      return stitched;
     }
-    return block;
+    // A failed stitch changed nothing a caller can see (even a backend fault): release-and-retry
+    // and the OOM report follow, which names both failures.
+    return absl::ResourceExhaustedError(
+        absl::StrCat(block.status().message(), "; stitching: ", stitched.status().message()));
   };
   absl::StatusOr<Block*> block = serve(rounded, tier);
   if (!absl::IsResourceExhausted(block.status())) return block;
@@ -689,6 +693,12 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
         "%s; %s in the other pool; %s under the cap) but no free block fits %s",
         FormatBytes(headroom + r.cached), FormatBytes(pool_cached), pool_name, FormatBytes(r.largest_free),
         FormatBytes(r.cached - pool_cached), FormatBytes(headroom), FormatBytes(rounded));
+    if (options_.Stitching() && pool == kLargePool) {
+      const std::size_t movable = large_.free_granules() * backend_->Granularity();
+      absl::StrAppend(&r.diagnosis, absl::StrFormat(
+          "; stitching could move %s of whole free granules, and %s of the free large-pool memory lies in "
+          "granules shared with live blocks", FormatBytes(movable), FormatBytes(pool_cached - std::min(pool_cached, movable))));
+    }
   }
   Trace(TraceAction::kOom, 0, size, slow_path_stream_, r.device_free);
   std::string message = r.ToString();
@@ -987,6 +997,13 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
     }
   });
   if (!mapped_status.ok()) return mapped_status;
+  std::size_t vmm_ranges = 0, large_segments = 0;
+  for (const auto& [base, info] : registry_) vmm_ranges += info.vmm;
+  large_.ForEachSegment([&](const Segment&) { ++large_segments; });
+  if (vmm_ranges != (options_.Stitching() ? large_segments : 0)) {
+    return fail(absl::StrCat(vmm_ranges, " address ranges are registered for ", large_segments,
+                             " large-pool segments"));
+  }
   std::int64_t oversize_allocations = 0;
   live_.ForEach([&](std::uintptr_t, const LiveEntry& e) {
     oversize_allocations += !e.small && e.allocated_size() > options_.max_split_size;

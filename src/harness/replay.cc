@@ -444,8 +444,8 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   std::size_t peak_reserved = 0;  // as read after each event, with the first event that reached it
   std::uint64_t peak_event = 0;
   if (!options.record_timeline) {
-    auto nothing = [](std::uint64_t, std::size_t, bool) { return true; };
-    absl::Status s = RunPass(trace, options, r.capacity, a, counts, nothing);
+    auto until_oom = [&](std::uint64_t, std::size_t, bool oom) { return !(oom && options.stop_at_first_oom); };
+    absl::Status s = RunPass(trace, options, r.capacity, a, counts, until_oom);
     if (!s.ok()) return s;
   } else {
     TimelineBuilder timeline(events, options.timeline_points);
@@ -533,9 +533,11 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
     o.allocator = std::string(allocator);
     o.capacity = capacity;
     o.cost = cost;
+    o.stop_at_first_oom = true;  // a probe only asks whether the capacity serves the whole trace
     absl::StatusOr<ReplayResult> r = Replay(trace, o);
     if (r.ok() && progress != nullptr) {
-      progress(absl::StrCat("min-capacity ", allocator, ": ", FormatBytes(capacity), " -> ", r->ooms, " OOMs"));
+      progress(absl::StrCat("min-capacity ", allocator, ": ", FormatBytes(capacity), " -> ",
+                            r->ooms == 0 ? "serves the trace" : "fails (stopped at the first OOM)"));
     }
     return r;
   };

@@ -122,6 +122,9 @@ struct ReplayOptions {
   // replay, which min-capacity's probes need not pay.
   bool record_timeline = false;
   std::size_t timeline_points = 2000;  // >= 1
+  // Stops the replay at the first OOM (min-capacity's probes: whether a capacity serves the trace
+  // is all they ask). Not with record_timeline.
+  bool stop_at_first_oom = false;
 };
 
 // One point of a timeline: the events [event, event + Timeline::bucket_events) summarized by their

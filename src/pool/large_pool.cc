@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <optional>
 #include <span>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/types/span.h"
 #include "absl/strings/str_cat.h"
 #include "internal/bits.h"
 #include "internal/check.h"
@@ -42,7 +44,9 @@ std::size_t BinLowerBound(int bin) {
 }  // namespace
 
 LargePool::LargePool(const PoolContext& ctx, LargePoolConfig config)
-    : ctx_(ctx), config_(std::move(config)) {}
+    : ctx_(ctx),
+      config_(std::move(config)),
+      granule_shift_(config_.granule == 0 ? 0 : std::countr_zero(config_.granule)) {}
 
 LargePool::~LargePool() = default;  // metadata lives in the object pools
 
@@ -57,12 +61,22 @@ void LargePool::UpdateInactiveSplit(const Inactive& before, const Segment* seg) 
   if (after.count != before.count) StatAdd(ctx_.stats->inactive_split, kLargePool, after.count - before.count);
 }
 
+std::size_t LargePool::WholeGranules(const Block* block, std::size_t* g0, std::size_t* g1) const {
+  const std::uintptr_t base = block->segment->base;
+  const std::size_t lo = RoundUp(block->ptr - base, config_.granule) >> granule_shift_;
+  const std::size_t hi = (block->ptr + block->size - base) >> granule_shift_;
+  if (g0 != nullptr) *g0 = lo;
+  if (g1 != nullptr) *g1 = hi;
+  return hi > lo ? hi - lo : 0;
+}
+
 void LargePool::InsertFree(Block* block) {
   Segment* seg = block->segment;
   StreamState& ss = StateOf(seg);
   block->state = BlockState::kFree;
   seg->free_blocks += 1;
   seg->free_bytes += block->size;
+  if (stitching()) free_granules_ += WholeGranules(block);
   if (seg->tier >= 0) {
     ss.tier_free[seg->tier].PushFront(block);
     return;
@@ -77,6 +91,7 @@ void LargePool::RemoveFree(Block* block) {
   FreeList::Unlink(block);
   seg->free_blocks -= 1;
   seg->free_bytes -= block->size;
+  if (stitching()) free_granules_ -= WholeGranules(block);
   if (seg->tier >= 0) return;
   StreamState& ss = StateOf(seg);
   const int bin = BinOf(block->size);
@@ -282,6 +297,9 @@ absl::Status LargePool::UnmapRun(Block* block, std::size_t g0, std::size_t g1, s
   // Carve the hole out of the block: [free rest][hole][free rest], holes merged with holes.
   const Inactive before = InactiveOf(seg);
   RemoveFree(block);
+  // A tier block that loses some of its granules is no longer a tier block: what stays of it is
+  // plain free memory (the tier list would hand it out at the tier's size).
+  seg->tier = -1;
   const std::uintptr_t lo = seg->base + g0 * g, hi = seg->base + end * g;
   if (block->ptr < lo) {
     Block* mid = SplitBlock(block, lo - block->ptr, blocks_);
@@ -314,67 +332,120 @@ void LargePool::ReleaseGranules(std::vector<PhysicalHandle>* handles) {
   handles->clear();
 }
 
+namespace {
+
+// A run of whole granules [g0, g1) inside a free block, and its age.
+struct Run {
+  std::uint64_t age;
+  std::uintptr_t ptr;
+  Block* block;
+  std::size_t g0, g1;
+  std::size_t granules() const { return g1 - g0; }
+  bool tier() const { return block->segment->tier >= 0; }
+  Stream stream() const { return block->segment->stream; }
+};
+
+template <typename V, typename T>
+bool Contains(const V& v, const T& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// Chooses `want` granules from `runs` (oldest first), skipping the runs on `failed` streams, into
+// `chosen`; false when there are not enough. A plain run gives its top granules, as many as still
+// needed; a tier block goes whole (tier segments are never split), so it is taken in the first
+// pass only when all of it is needed, and otherwise at the end: the smallest that covers the rest.
+bool ChooseRuns(const std::vector<Run>& runs, std::size_t want, absl::Span<const Stream> failed,
+                std::vector<Run>* chosen) {
+  chosen->clear();
+  std::vector<bool> used(runs.size());
+  std::size_t got = 0;
+  for (std::size_t i = 0; i < runs.size() && got < want; ++i) {
+    Run r = runs[i];
+    if (Contains(failed, r.stream()) || (r.tier() && r.granules() > want - got)) continue;
+    if (!r.tier()) r.g0 = r.g1 - std::min(r.granules(), want - got);
+    got += r.granules();
+    chosen->push_back(r);
+    used[i] = true;
+  }
+  while (got < want) {
+    std::optional<std::size_t> pick;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      if (used[i] || !runs[i].tier() || Contains(failed, runs[i].stream())) continue;
+      const bool covers = runs[i].granules() >= want - got;
+      if (!pick.has_value() || (covers && (runs[*pick].granules() < want - got ||
+                                           runs[i].granules() < runs[*pick].granules()))) {
+        pick = i;
+      }
+    }
+    if (!pick.has_value()) return false;
+    used[*pick] = true;
+    got += runs[*pick].granules();
+    chosen->push_back(runs[*pick]);
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<Block*> LargePool::Stitch(StreamState& ss, Stream stream, std::size_t rounded, int tier) {
   BA_CHECK(stitching(), "Stitch without virtual memory");
-  const std::size_t g = config_.granule;
-  const std::size_t bytes = RoundUp(rounded, g);
-  const std::size_t n = bytes / g;
-  const std::size_t own = spare_.size() + ctx_.source->Headroom() / g;
+  const std::size_t bytes = RoundUp(rounded, config_.granule);
+  const std::size_t n = bytes >> granule_shift_;
+  // Stitch runs after a grow of `bytes` failed. With headroom for all of it, the device refused
+  // (another process holds memory), not the cap: then no granule is created, all of them move.
+  std::size_t headroom = ctx_.source->Headroom();
+  if (headroom >= bytes) headroom = 0;
+  const std::size_t own = spare_.size() + (headroom >> granule_shift_);
   const std::size_t want = n > own ? n - own : 0;
-  // The runs of whole granules inside free blocks, oldest first (the lowest address among equals).
-  struct Run {
-    std::uint64_t age;
-    std::uintptr_t ptr;
-    Block* block;
-    std::size_t g0, g1;
-  };
+  if (free_granules_ < want) {
+    return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: stitching ", bytes, " bytes needs ", want,
+                                                     " granules of free blocks but only ", free_granules_,
+                                                     " are free"));
+  }
   std::vector<Run> runs;
-  std::size_t available = 0;
   for (Segment* seg : segments_) {
     for (Block* b = seg->first; b != nullptr && want > 0; b = b->next) {
-      if (b->state != BlockState::kFree) continue;
-      const std::size_t g0 = RoundUp(b->ptr - seg->base, g) / g, g1 = (b->ptr + b->size - seg->base) / g;
-      if (g1 <= g0) continue;
-      runs.push_back(Run{b->free_since, b->ptr, b, g0, g1});
-      available += g1 - g0;
+      std::size_t g0 = 0, g1 = 0;
+      if (b->state == BlockState::kFree && WholeGranules(b, &g0, &g1) > 0) runs.push_back(Run{b->free_since, b->ptr, b, g0, g1});
     }
-  }
-  if (available < want) {
-    return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: stitching ", bytes, " bytes needs ", want,
-                                                     " granules of free blocks but only ", available, " are free"));
   }
   std::sort(runs.begin(), runs.end(),
             [](const Run& a, const Run& b) { return a.age != b.age ? a.age < b.age : a.ptr < b.ptr; });
-  // Take the oldest runs; a tier block goes whole (tier segments are never split), any other run
-  // gives its top granules.
-  std::size_t chosen = 0, used = 0;
-  for (; chosen < want; ++used) {
-    Run& r = runs[used];
-    if (r.block->segment->tier < 0) r.g0 = r.g1 - std::min(r.g1 - r.g0, want - chosen);
-    chosen += r.g1 - r.g0;
+  // The chosen runs' streams must have passed their last use before anything is unmapped; a
+  // stream that cannot be synchronized keeps its blocks' granules, and the choice is made again.
+  absl::InlinedVector<Stream, 4> synced, failed;
+  absl::Status sync_error;
+  std::vector<Run> chosen;
+  for (;;) {
+    if (!ChooseRuns(runs, want, failed, &chosen)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "bucketalloc: stitching ", bytes, " bytes needs ", want, " granules of free blocks; ", free_granules_,
+          " are free", sync_error.ok() ? "" : absl::StrCat(", but some on streams that could not be synchronized: ",
+                                                           sync_error.message())));
+    }
+    bool all_synced = true;
+    for (const Run& r : chosen) {
+      if (Contains(synced, r.stream())) continue;
+      if (absl::Status st = ctx_.source->SynchronizeStream(r.stream()); st.ok()) {
+        synced.push_back(r.stream());
+      } else {
+        failed.push_back(r.stream());
+        sync_error = st;
+        all_synced = false;
+        break;
+      }
+    }
+    if (all_synced) break;
   }
-  runs.resize(used);
-  // Their streams must have passed their last use before anything is unmapped.
   absl::InlinedVector<Segment*, 8> touched;
-  absl::InlinedVector<Stream, 4> streams;
-  for (const Run& r : runs) {
-    if (std::find(touched.begin(), touched.end(), r.block->segment) == touched.end()) touched.push_back(r.block->segment);
-    if (std::find(streams.begin(), streams.end(), r.block->segment->stream) == streams.end()) {
-      streams.push_back(r.block->segment->stream);
-    }
-  }
-  for (Stream s : streams) {
-    if (absl::Status st = ctx_.source->SynchronizeStream(s); !st.ok()) {
-      // Their last use cannot be waited for: their granules are not free to move.
-      return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: stitching ", bytes, " bytes: the free blocks' "
-                                                       "stream could not be synchronized: ", st.message()));
-    }
+  for (const Run& r : chosen) {
+    if (!Contains(touched, r.block->segment)) touched.push_back(r.block->segment);
   }
   absl::StatusOr<std::uintptr_t> base = ctx_.source->ReserveRange(bytes, 0);
   if (!base.ok()) return base.status();
   std::vector<PhysicalHandle> granules;
   absl::Status s;
-  for (const Run& r : runs) {
+  for (const Run& r : chosen) {
     s = UnmapRun(r.block, r.g0, r.g1, &granules);
     if (!s.ok()) break;
   }
@@ -486,10 +557,10 @@ std::size_t LargePool::ReleaseFree(std::size_t target) {
 }
 
 void LargePool::ReleaseFreeGranules() {
-  const std::size_t g = config_.granule;
+  if (free_granules_ == 0 && spare_.empty()) return;
   std::vector<PhysicalHandle> handles;
   handles.swap(spare_);
-  StatAdd(ctx_.stats->cached_bytes, kLargePool, -static_cast<std::int64_t>(handles.size() * g));
+  StatAdd(ctx_.stats->cached_bytes, kLargePool, -static_cast<std::int64_t>(handles.size() * config_.granule));
   // The segments left (partly used ones, and wholly free ones whose release failed): their free
   // blocks' whole granules, once the segment's stream has passed their last use.
   std::vector<Segment*> partly(segments_.begin(), segments_.end());
@@ -511,8 +582,8 @@ void LargePool::ReleaseFreeGranules() {
       if (b->state == BlockState::kFree) free_blocks.push_back(b);
     }
     for (Block* b : free_blocks) {
-      const std::size_t g0 = RoundUp(b->ptr - seg->base, g) / g, g1 = (b->ptr + b->size - seg->base) / g;
-      if (g1 > g0 && !UnmapRun(b, g0, g1, &handles).ok()) break;
+      std::size_t g0 = 0, g1 = 0;
+      if (WholeGranules(b, &g0, &g1) > 0 && !UnmapRun(b, g0, g1, &handles).ok()) break;
     }
     // A wholly free segment whose release failed part-way may be all hole now.
     if (seg->active_blocks == 0 && seg->free_blocks == 0) DropSegment(seg);
@@ -635,6 +706,16 @@ absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
   }
   for (PhysicalHandle h : spare_) {
     if (h == 0) return absl::InternalError("large pool: a spare granule has no handle");
+  }
+  std::size_t whole = 0;
+  for (const Segment* seg : segments_) {
+    for (const Block* b = seg->first; b != nullptr && stitching(); b = b->next) {
+      whole += b->state == BlockState::kFree ? WholeGranules(b) : 0;
+    }
+  }
+  if (whole != free_granules_) {
+    return absl::InternalError(absl::StrCat("large pool: free blocks hold ", whole, " whole granules but ",
+                                            free_granules_, " are counted"));
   }
   if (active != active_blocks) {
     return absl::InternalError(absl::StrCat("large pool: segments hold ", active,

@@ -109,15 +109,20 @@ class LargePool {
   // Returns an active block to the free lists (coalescing); it is no longer active.
   void Return(Block* block);
 
-  // Stitching (granule > 0). Serves `rounded` bytes from a fresh range whose granules are created
-  // within the cap's headroom and, for the rest, taken from free blocks: oldest first, after their
-  // streams' work has completed. Returns ResourceExhausted, having changed nothing, when the free
-  // whole granules and the headroom together are too few; another error when a backend call
-  // failed (granules already unmapped then stay as spares: still reserved, used first by the next
-  // Grow or Stitch, released by ReleaseFree). Live blocks are never touched.
+  // Stitching (granule > 0), after a grow of the request failed. Serves `rounded` bytes from a
+  // fresh range whose granules are created within the cap's headroom (none when the headroom would
+  // have fit the grow: the device refused) and, for the rest, moved from free blocks: oldest first,
+  // plain blocks before tier blocks that would give more than needed, after their streams' work
+  // has completed (a stream that cannot be synchronized keeps its granules). Returns
+  // ResourceExhausted, having changed nothing, when too few granules can move; another error when
+  // a backend call failed (the granules unmapped by then go back to the device, a refused release
+  // keeps one as a spare: still reserved, used first by the next Grow or Stitch, released by
+  // ReleaseFree). Live blocks are never touched.
   absl::StatusOr<Block*> Stitch(StreamState& ss, Stream stream, std::size_t rounded, int tier);
   // Bytes of spare granules: unmapped but not released (counted in reserved_bytes).
   std::size_t spare_bytes() const { return spare_.size() * config_.granule; }
+  // Whole granules inside free blocks: what Stitch may take (0 without stitching).
+  std::size_t free_granules() const { return free_granules_; }
   // Bytes of `seg` backed by memory: its size, less its holes.
   std::size_t MappedBytes(const Segment& seg) const;
 
@@ -164,6 +169,8 @@ class LargePool {
 
   // Stitching helpers.
   bool stitching() const { return config_.granule != 0; }
+  // The whole granules inside `block` (a block of a stitching segment), as [*g0, *g1) of its segment.
+  std::size_t WholeGranules(const Block* block, std::size_t* g0 = nullptr, std::size_t* g1 = nullptr) const;
   // A new segment over [base, base + bytes): without stitching one free block; with it, one free
   // block per run of mapped granules and a hole per run of zeros in `granules`. Counts the mapped
   // bytes cached and puts it in the release order.
@@ -190,6 +197,7 @@ class LargePool {
 
   PoolContext ctx_;
   LargePoolConfig config_;
+  int granule_shift_ = 0;  // log2(config_.granule) when stitching
   BlockPool blocks_;
   ObjectPool<Segment, 64> segment_meta_;
   IntrusiveList<Segment, &Segment::release_node> release_order_;  // wholly free, oldest first
@@ -197,6 +205,7 @@ class LargePool {
   // Stitching: each segment's granules (0 = a hole), and the spare granules.
   absl::flat_hash_map<const Segment*, std::vector<PhysicalHandle>> granules_;
   std::vector<PhysicalHandle> spare_;
+  std::size_t free_granules_ = 0;  // sum of WholeGranules over free blocks (kept by Insert/RemoveFree)
 };
 
 // Checks that every list of `ss` holds only free blocks of its bin or tier and that the bitmap

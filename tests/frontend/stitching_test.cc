@@ -34,8 +34,8 @@ bool Intact(const Filled& b) {
   return b.p[b.size - 1] == b.seed;
 }
 
-// 40 MiB cap: two 20 MiB segments of five 4 MiB blocks each; every other block freed leaves 24 MiB
-// free in six pieces that no 12 MiB request fits.
+// 40 MiB cap: two 20 MiB segments of five 4 MiB blocks each; every other block freed leaves 20 MiB
+// free in five pieces (ten whole granules) that no 12 MiB request fits.
 constexpr const char* kConf = "capacity:40MiB,sim_total_memory:64MiB";
 
 class StitchingTest : public ::testing::Test {
@@ -141,25 +141,29 @@ TEST_F(StitchingTest, EmptyCacheGivesBackTheFreeGranulesOfPartlyUsedSegments) {
 TEST_F(StitchingTest, AnUnmapWaitsForPendingCrossStreamUse) {
   Make("expandable_segments:true");
   std::vector<Filled> live = Fragment();
-  // One more live block is freed while a kernel on another stream still uses it.
+  // One more block is freed while a kernel on stream 2 still uses it (record_stream).
   Filled used = live.back();
   live.pop_back();
   ASSERT_TRUE(allocator_->RecordStream(used.p, 0, TestStream(2)).ok());
   sim_->EnqueueWork(TestStream(2));
   ASSERT_TRUE(allocator_->Free(used.p, 0).ok());
-  // 14 MiB needs seven granules: the six free ones are not enough without the pending block's.
-  // While its event cannot be waited for, its granules stay where they are, with their data.
-  sim_->SetSynchronizeFails(true);
-  absl::StatusOr<void*> p = allocator_->Allocate(14 * kMiB, 0, TestStream(1));
-  EXPECT_TRUE(absl::IsResourceExhausted(p.status())) << p.status();
+  // 22 MiB needs eleven granules: the ten free ones are not enough without the pending block's two.
+  // While stream 2 cannot be waited for, they stay mapped under the block, with its data; the
+  // free blocks' granules (stream 1) may go.
+  sim_->SetStreamSynchronizeFails(TestStream(2), true);
+  absl::StatusOr<void*> p = allocator_->Allocate(22 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(absl::IsResourceExhausted(p.status())) << p.status();
+  EXPECT_EQ((*allocator_->LastOomReport(0))->cause, OomCause::kCacheHeld);
   EXPECT_TRUE(Intact(used)) << "a granule still in use on stream 2 was unmapped";
+  EXPECT_EQ(Stats().active_bytes[kAllPools].current - Stats().allocated_bytes[kAllPools].current,
+            static_cast<std::int64_t>(4 * kMiB))
+      << "the block still waits for stream 2";
   ExpectConsistent();
-  // Once the wait works, the other stream's work completes first, then the granules move.
-  sim_->SetSynchronizeFails(false);
-  p = allocator_->Allocate(14 * kMiB, 0, TestStream(1));
+  // Once stream 2 can be waited for, its work completes first, then the granules are free to go.
+  sim_->SetStreamSynchronizeFails(TestStream(2), false);
+  p = allocator_->Allocate(22 * kMiB, 0, TestStream(1));
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_GE(Stats().num_granules_stitched, 7);
-  std::memset(*p, 0x77, 14 * kMiB);
+  std::memset(*p, 0x77, 22 * kMiB);
   for (const Filled& b : live) EXPECT_TRUE(Intact(b));
   ExpectConsistent();
 }
@@ -168,20 +172,65 @@ TEST_F(StitchingTest, AFreeBlocksOwnStreamIsWaitedForBeforeItsGranulesMove) {
   Make("expandable_segments:true");
   std::vector<Filled> live = Fragment(TestStream(3));
   sim_->EnqueueWork(TestStream(3));  // work queued after the frees may still touch the freed blocks
-  sim_->SetSynchronizeFails(true);
-  EXPECT_FALSE(allocator_->Allocate(12 * kMiB, 0, TestStream(1)).ok());
+  // Stream 3 hangs: none of its free blocks' granules may move (a request on stream 1 is refused),
+  // and none is released either.
+  sim_->SetStreamSynchronizeFails(TestStream(3), true);
+  EXPECT_TRUE(absl::IsResourceExhausted(allocator_->Allocate(12 * kMiB, 0, TestStream(1)).status()));
   EXPECT_EQ(Stats().num_granules_stitched, 0);
+  EXPECT_EQ(Stats().num_granules_released, 0);
+  ASSERT_TRUE(allocator_->EmptyCache().ok());
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, static_cast<std::int64_t>(40 * kMiB));
   ExpectConsistent();
-  sim_->SetSynchronizeFails(false);
+  sim_->SetStreamSynchronizeFails(TestStream(3), false);
   absl::StatusOr<void*> p = allocator_->Allocate(12 * kMiB, 0, TestStream(1));
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(Stats().num_granules_stitched, 6);
   for (const Filled& b : live) EXPECT_TRUE(Intact(b));
 }
 
-// Fault injection: the Nth create, map or unmap from the start of the stitch fails. The request
-// may fail (it may also succeed through release-and-retry), but live data and the stats stay true,
-// and once the fault is gone the same request succeeds.
+TEST_F(StitchingTest, ReleasingAWhollyFreeSegmentWaitsForItsStream) {
+  Make("expandable_segments:true");
+  std::vector<Filled> live = Fragment(TestStream(3));
+  for (const Filled& b : live) ASSERT_TRUE(allocator_->Free(b.p, 0).ok());
+  sim_->EnqueueWork(TestStream(3));
+  sim_->SetStreamSynchronizeFails(TestStream(3), true);
+  ASSERT_TRUE(allocator_->EmptyCache().ok());
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, static_cast<std::int64_t>(40 * kMiB))
+      << "unmapped while stream 3 may still use the memory";
+  ExpectConsistent();
+  sim_->SetStreamSynchronizeFails(TestStream(3), false);
+  ASSERT_TRUE(allocator_->EmptyCache().ok());
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
+  EXPECT_EQ(sim_->used_bytes(), 0u);
+}
+
+TEST_F(StitchingTest, AnUnmapFaultOnATierBlockNeverHandsOutASmallerBlock) {
+  Make("capacity:24MiB,expandable_segments:true,tiers:[8MiB]");
+  void* t1 = *allocator_->Allocate(8 * kMiB, 0, TestStream(1));
+  Filled t2{static_cast<unsigned char*>(*allocator_->Allocate(8 * kMiB, 0, TestStream(1))), 8 * kMiB, 5};
+  Filled x{static_cast<unsigned char*>(*allocator_->Allocate(3 * kMiB, 0, TestStream(1))), 3 * kMiB, 9};
+  Fill(t2);
+  Fill(x);
+  ASSERT_TRUE(allocator_->Free(t1, 0).ok());
+  // A 10 MiB request stitches the free tier block's granules; the second unmap fails part-way.
+  sim_->FailNthUnmap(2);
+  absl::StatusOr<void*> p = allocator_->Allocate(10 * kMiB, 0, TestStream(1));
+  if (p.ok()) ASSERT_TRUE(allocator_->Free(*p, 0).ok());
+  ExpectConsistent();
+  // What stayed of the tier block is plain free memory now: a tier request gets a whole 8 MiB.
+  const std::int64_t before = Stats().allocated_bytes[kAllPools].current;
+  absl::StatusOr<void*> t3 = allocator_->Allocate(8 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(t3.ok()) << t3.status();
+  EXPECT_GE(Stats().allocated_bytes[kAllPools].current - before, static_cast<std::int64_t>(8 * kMiB));
+  std::memset(*t3, 0x33, 8 * kMiB);
+  EXPECT_TRUE(Intact(t2));
+  EXPECT_TRUE(Intact(x));
+  ExpectConsistent();
+}
+
+// Fault injection: the Nth create, map or unmap from the start of the stitch fails. The caller
+// sees nothing of it: the stitch undoes itself and release-and-retry serves the request; live data
+// and the stats stay true.
 TEST_F(StitchingTest, CreateMapAndUnmapFaultsLoseNothing) {
   struct Fault {
     const char* what;
@@ -202,13 +251,9 @@ TEST_F(StitchingTest, CreateMapAndUnmapFaultsLoseNothing) {
       std::vector<Filled> live = Fragment();
       f.inject(sim_, n);
       absl::StatusOr<void*> p = allocator_->Allocate(12 * kMiB, 0, TestStream(1));
+      ASSERT_TRUE(p.ok()) << p.status();
       for (const Filled& b : live) EXPECT_TRUE(Intact(b));
       ExpectConsistent();
-      if (!p.ok()) {
-        f.inject(sim_, 0);
-        p = allocator_->Allocate(12 * kMiB, 0, TestStream(1));
-        ASSERT_TRUE(p.ok()) << p.status();
-      }
       std::memset(*p, 0x33, 12 * kMiB);
       for (const Filled& b : live) EXPECT_TRUE(Intact(b));
       ExpectConsistent();

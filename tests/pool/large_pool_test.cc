@@ -268,8 +268,19 @@ class StitchingPoolTest : public LargePoolTest {
     config.granule = kG;
     Init(std::move(config), limit);
   }
-  // Fills two 20 MiB segments with ten 4 MiB blocks and frees every other one: 24 MiB free in
-  // six pieces that no 12 MiB request fits, and the 40 MiB cap reached.
+  // An 8 MiB tier, a 16 MiB cap reached by two tier blocks; the first is freed, the second returned.
+  Block* TwoTierBlocksTheFirstFreed() {
+    LargePoolConfig config;
+    config.tiers = {8 * kMiB};
+    InitStitching(16 * kMiB, config);
+    Block* t1 = Allocate(8 * kMiB);
+    Block* t2 = Allocate(8 * kMiB);
+    if (t1 == nullptr || t2 == nullptr) return nullptr;
+    pool_->Return(t1);
+    return t2;
+  }
+  // Fills two 20 MiB segments with ten 4 MiB blocks and frees every other one: 20 MiB free in
+  // five pieces (ten whole granules) that no 12 MiB request fits, and the 40 MiB cap reached.
   std::vector<Block*> FragmentTwoSegments() {
     std::vector<Block*> blocks;
     for (int i = 0; i < 10; ++i) blocks.push_back(Allocate(4 * kMiB));
@@ -382,14 +393,8 @@ TEST_F(StitchingPoolTest, PartialGranulesStayAndWholeOnesMove) {
 }
 
 TEST_F(StitchingPoolTest, ATierBlockMovesWholeAndItsSegmentGoes) {
-  LargePoolConfig config;
-  config.tiers = {8 * kMiB};
-  InitStitching(16 * kMiB, config);
-  Block* t1 = Allocate(8 * kMiB);
-  Block* t2 = Allocate(8 * kMiB);
-  ASSERT_NE(t1, nullptr);
+  Block* t2 = TwoTierBlocksTheFirstFreed();
   ASSERT_NE(t2, nullptr);
-  pool_->Return(t1);
   // A 6 MiB non-tier request at the cap takes the whole tier block (tier segments are never split),
   // uses three granules and gives the fourth back to the device.
   absl::StatusOr<Block*> s = pool_->Stitch(*ss_, nullptr, 6 * kMiB, -1);
@@ -427,6 +432,71 @@ TEST_F(StitchingPoolTest, AFailedUnmapOrMapLeavesLiveBlocksAndTheStatsTrue) {
     ASSERT_TRUE(s.ok()) << s.status();
     Check(6);
   }
+}
+
+
+TEST_F(StitchingPoolTest, AFailedUnmapOfATierBlockLeavesPlainFreeMemory) {
+  Block* t2 = TwoTierBlocksTheFirstFreed();
+  ASSERT_NE(t2, nullptr);
+  source_->fail_unmap_in = 2;  // in the stitch: one granule goes, then the unmap fails
+  EXPECT_FALSE(pool_->Stitch(*ss_, nullptr, 6 * kMiB, -1).ok());
+  Check(1);
+  EXPECT_TRUE(ss_->tier_free[0].empty()) << "a tier list would hand the 6 MiB rest out as 8 MiB";
+  Block* again = pool_->TryAllocate(*ss_, 8 * kMiB, 0);
+  EXPECT_TRUE(again == nullptr || again->size >= 8 * kMiB);
+  if (again != nullptr) pool_->Return(again);
+  pool_->Return(t2);
+  // A release that fails part-way does the same.
+  source_->fail_unmap_in = 3;
+  pool_->ReleaseFree(8 * kMiB);
+  Check(0);
+  for (std::size_t t = 0; t < pool_->num_tiers(); ++t) {
+    for (Block* b = ss_->tier_free[t].front(); b != nullptr; b = ss_->tier_free[t].next(b)) {
+      EXPECT_EQ(b->size, pool_->tier_bytes(static_cast<int>(t)));
+    }
+  }
+}
+
+TEST_F(StitchingPoolTest, PlainFreeBlocksGoBeforeATierBlockThatWouldGiveMoreThanNeeded) {
+  LargePoolConfig config;
+  config.tiers = {16 * kMiB};
+  InitStitching(40 * kMiB, config);
+  Block* t1 = Allocate(16 * kMiB);  // a tier block, freed first (the oldest)
+  ++clock_;
+  pool_->Return(t1);
+  clock_ += 5;
+  Block* a = Allocate(3 * kMiB);  // a 20 MiB segment: [3, 20) MiB free, eight whole granules
+  ASSERT_NE(a, nullptr);
+  // 4 MiB of headroom: a 6 MiB request needs one granule from free blocks.
+  absl::StatusOr<Block*> s = pool_->Stitch(*ss_, nullptr, 6 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(stats_.num_granules_stitched, 1);
+  EXPECT_EQ(stats_.num_granules_released, 0);
+  EXPECT_FALSE(ss_->tier_free[0].empty()) << "the tier block was kept";
+  Check(2);
+}
+
+TEST_F(StitchingPoolTest, ARefusedReleaseKeepsASpareThatTheNextGrowUses) {
+  InitStitching(40 * kMiB);
+  Block* a = Allocate(12 * kMiB);
+  ASSERT_NE(a, nullptr);
+  pool_->Return(a);
+  source_->fail_release_in = 2;
+  pool_->ReleaseFree(1);  // the oldest segment (GC's call; a full release would retry the spare)
+  EXPECT_EQ(pool_->spare_bytes(), kG);
+  EXPECT_EQ(stats_.reserved_bytes[kLargePool].current, static_cast<std::int64_t>(kG)) << "a spare is reserved";
+  EXPECT_EQ(stats_.cached_bytes[kLargePool].current, static_cast<std::int64_t>(kG)) << "and cached";
+  Check(0);
+  Block* b = Allocate(12 * kMiB);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(pool_->spare_bytes(), 0u) << "the grow used the spare";
+  EXPECT_EQ(source_->granules(), 6u);
+  Check(1);
+  pool_->Return(b);
+  pool_->ReleaseFree(~std::size_t{0});
+  EXPECT_EQ(source_->granules(), 0u);
+  EXPECT_EQ(stats_.reserved_bytes[kLargePool].current, 0);
+  Check(0);
 }
 
 }  // namespace
