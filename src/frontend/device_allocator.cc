@@ -26,6 +26,7 @@ LargePoolConfig MakeLargeConfig(const Options& o, std::size_t granularity) {
   c.tiers = o.ResolvedTiers(granularity);
   c.tier_min_fill = o.tier_min_fill;
   c.granule = o.Stitching() ? granularity : 0;
+  if (o.Stitching()) c.keep_remainder = 0;
   return c;
 }
 

@@ -7,7 +7,8 @@
 //   - other sizes: PyTorch's rounding, then PyTorch's best fit (the smallest admissible block, the
 //     lowest address among equals) found in free lists binned 4 per power of two (the fast path
 //     scans at most 32 entries of a bin; the slow path looks again at whole bins);
-//     a block of at most max_split_size is split when the remainder exceeds 1 MiB; larger blocks
+//     a block of at most max_split_size is split when the remainder exceeds 1 MiB (with stitching:
+//     any remainder); larger blocks
 //     serve only requests within max_non_split_rounding of their size; free neighbours coalesce;
 //   - the release order of wholly free segments (oldest first) for GC and release-and-retry;
 //   - with stitching on (config.granule > 0, the vmm backends), each segment is an address range
@@ -54,6 +55,10 @@ struct LargePoolConfig {
   double tier_min_fill = 0.5;
   // > 0: stitching is on and this is the physical granule size (the backend's granularity).
   std::size_t granule = 0;
+  // A split leaves a remainder larger than this; a smaller one stays inside the block. PyTorch keeps
+  // up to 1 MiB (it could never serve a large request alone). With stitching every remainder is
+  // split off (0): free, it joins its free neighbours' granules, which can then move whole.
+  std::size_t keep_remainder = kMaxSmallSize;
 };
 
 class LargePool {
@@ -148,7 +153,7 @@ class LargePool {
            block_size - rounded <= config_.max_non_split_rounding;
   }
   bool ShouldSplit(const Block* block, std::size_t rounded) const {
-    return block->size <= config_.max_split_size && block->size - rounded > kMaxSmallSize;
+    return block->size <= config_.max_split_size && block->size - rounded > config_.keep_remainder;
   }
   Block* FindFree(StreamState& ss, std::size_t rounded, bool full_scan);
   // Takes free `block` (in a free list) for `rounded` bytes: splits off the rest when allowed.

@@ -215,7 +215,9 @@ TEST_F(StitchingTest, AnUnmapFaultOnATierBlockNeverHandsOutASmallerBlock) {
   // A 10 MiB request stitches the free tier block's granules; the second unmap fails part-way.
   sim_->FailNthUnmap(2);
   absl::StatusOr<void*> p = allocator_->Allocate(10 * kMiB, 0, TestStream(1));
-  if (p.ok()) ASSERT_TRUE(allocator_->Free(*p, 0).ok());
+  if (p.ok()) {
+    ASSERT_TRUE(allocator_->Free(*p, 0).ok());
+  }
   ExpectConsistent();
   // What stayed of the tier block is plain free memory now: a tier request gets a whole 8 MiB.
   const std::int64_t before = Stats().allocated_bytes[kAllPools].current;

@@ -320,6 +320,33 @@ TEST(ReplayTest, ACapacityOrDeviceInTheConfIsRefused) {
             (std::vector<std::string>{"bucketalloc:x]", "pytorch-policy"}));
 }
 
+// Fragmentation that only stitching serves: two 20 MiB segments of five 4 MiB blocks, every other
+// one freed (20 MiB free in pieces), then a 12 MiB request at a 40 MiB cap.
+Trace Fragmenting() {
+  Trace t;
+  for (std::uint64_t i = 0; i < 10; ++i) t.events.push_back({1, "", kAlloc, 0x100 + i, 4 * kMiB, 0, 0});
+  for (std::uint64_t i = 0; i < 10; i += 2) t.events.push_back({1, "", kFree, 0x100 + i, 4 * kMiB, 0, 0});
+  t.events.push_back({1, "", kAlloc, 0x200, 12 * kMiB, 0, 0});
+  return t;
+}
+
+TEST(ReplayTest, BackendVmmStitchesOnTheReplayDeviceAndCountsTheGranules) {
+  const ReplayResult plain = ReplayAt(Fragmenting(), "bucketalloc", 40 * kMiB);
+  EXPECT_EQ(plain.fragmentation_ooms, 1u);
+  EXPECT_EQ(plain.granules_stitched, 0u);
+  for (const char* spec : {"bucketalloc:backend:vmm", "bucketalloc:expandable_segments:true"}) {
+    const ReplayResult vmm = ReplayAt(Fragmenting(), spec, 40 * kMiB);
+    EXPECT_EQ(vmm.ooms, 0u) << spec;
+    EXPECT_EQ(vmm.granules_stitched, 6u) << spec;
+    EXPECT_EQ(vmm.peak_reserved_bytes, 40 * kMiB) << spec;
+    // 20 granules created and mapped for the two segments, then 6 unmapped and mapped again.
+    EXPECT_EQ(vmm.backend_calls, 20u + 20u + 6u + 6u) << spec;
+    EXPECT_TRUE(nlohmann::json::parse(vmm.ToJson()).contains("granules_stitched"));
+  }
+  // A policy CONF goes with it.
+  EXPECT_EQ(ReplayAt(Fragmenting(), "bucketalloc:backend:vmm,max_split_size_mb:64", 40 * kMiB).ooms, 0u);
+}
+
 TEST(ReplayTest, PeakLiveCountsWhatEarlierRoundsNeverFreed) {
   absl::StatusOr<Trace> t = ParseTrace(
       "Thread,Time,Action,Pointer,Size,Stream\n"

@@ -435,6 +435,17 @@ TEST_F(StitchingPoolTest, AFailedUnmapOrMapLeavesLiveBlocksAndTheStatsTrue) {
 }
 
 
+TEST_F(StitchingPoolTest, WithKeepRemainderZeroEveryRemainderIsSplitOff) {
+  LargePoolConfig config;
+  config.keep_remainder = 0;  // the front end's choice with stitching
+  InitStitching(64 * kMiB, config);
+  Block* a = Allocate(19 * kMiB + 512 * kKiB);  // PyTorch's rule would hand out all 20 MiB
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->size, 19 * kMiB + 512 * kKiB);
+  EXPECT_EQ(stats_.num_splits, 1);
+  Check(1);
+}
+
 TEST_F(StitchingPoolTest, AFailedUnmapOfATierBlockLeavesPlainFreeMemory) {
   Block* t2 = TwoTierBlocksTheFirstFreed();
   ASSERT_NE(t2, nullptr);
