@@ -30,7 +30,8 @@ namespace bucketalloc {
 using Stream = void*;
 // A backend event recorded on a stream; opaque, owned by the backend that made it.
 using Event = void*;
-// A physical memory granule (virtual-memory backends only); opaque.
+// A physical memory granule (virtual-memory backends only); opaque, never 0 (the allocator uses 0
+// for "no granule").
 using PhysicalHandle = std::uint64_t;
 
 // Free and total bytes of the device as the backend sees them.
@@ -56,7 +57,8 @@ struct BackendCounters {
   std::int64_t unmaps = 0;  // successful Unmap calls
 };
 
-// The memory source of one device. Implementations: sim (CPU), cuda (cudaMalloc), and later vmm.
+// The memory source of one device. Implementations: sim (CPU, with a VMM twin), cuda (cudaMalloc),
+// and vmm (cudaMalloc for Allocate, the driver's virtual memory management for the VMM family).
 //
 // Errors: Allocate returns `absl::ResourceExhaustedError` when the device is out of memory (the
 // allocator then releases its cache and retries), and another code for anything else (a missing
