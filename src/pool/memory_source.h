@@ -34,8 +34,9 @@ class MemorySource {
   // reserved_bytes counts the granules that exist (mapped or spare), so moving a granule from one
   // range to another changes no stat.
   //
-  // Runs garbage collection for `to_map` bytes about to be mapped, then reserves and registers an
-  // address range of `bytes` (FailedPrecondition during a capture).
+  // Runs garbage collection for `to_map` bytes about to be mapped (none when 0: a stitch reserves
+  // its range with its free blocks already chosen, which a collection must not release), then
+  // reserves and registers an address range of `bytes` (FailedPrecondition during a capture).
   virtual absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t to_map) = 0;
   // Releases a registered range that has nothing mapped.
   virtual void ReleaseRange(std::uintptr_t va, std::size_t bytes) = 0;
