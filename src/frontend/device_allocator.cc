@@ -269,11 +269,7 @@ absl::StatusOr<std::uintptr_t> DeviceAllocator::AllocateSegment(std::size_t byte
     return absl::FailedPreconditionError("bucketalloc: no device allocation during stream capture");
   }
   CollectGarbage(bytes);
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
-  if (reserved + bytes > cap_) {
-    return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: reserving ", bytes, " more bytes would exceed the cap of ",
-                                                     cap_, " bytes (", reserved, " reserved)"));
-  }
+  if (absl::Status s = CheckHeadroom(bytes); !s.ok()) return s;
   absl::StatusOr<void*> p = backend_->Allocate(bytes);
   if (!p.ok()) return p.status();
   const auto base = reinterpret_cast<std::uintptr_t>(*p);
@@ -322,11 +318,7 @@ void DeviceAllocator::ReleaseRange(std::uintptr_t va, std::size_t bytes) {
 
 absl::StatusOr<PhysicalHandle> DeviceAllocator::CreateGranule() {
   const std::size_t g = backend_->Granularity();
-  if (Headroom() < g) {
-    return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: one more granule (", g, " bytes) would exceed the cap of ",
-                                                     cap_, " bytes (", stats_.reserved_bytes[kAllPools].current,
-                                                     " reserved)"));
-  }
+  if (absl::Status s = CheckHeadroom(g); !s.ok()) return s;
   absl::StatusOr<PhysicalHandle> h = backend_->CreatePhysical(g);
   if (!h.ok()) return h.status();
   StatAdd(stats_.reserved_bytes, kLargePool, static_cast<std::int64_t>(g));
@@ -364,6 +356,13 @@ absl::Status DeviceAllocator::SynchronizeStream(Stream stream) {
   absl::Status s = backend_->SynchronizeEvent(*e);
   backend_->DestroyEvent(*e);
   return s;
+}
+
+absl::Status DeviceAllocator::CheckHeadroom(std::size_t bytes) const {
+  if (Headroom() >= bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: reserving ", bytes, " more bytes would exceed the cap of ",
+                                                   cap_, " bytes (", stats_.reserved_bytes[kAllPools].current,
+                                                   " reserved)"));
 }
 
 std::size_t DeviceAllocator::Headroom() const {

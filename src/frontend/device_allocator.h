@@ -174,6 +174,8 @@ class DeviceAllocator final : public MemorySource {
   absl::Status OutOfMemory(PoolIndex pool, std::size_t size, std::size_t rounded, std::size_t minimal_segment,
                            const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status InvalidFree(void* ptr, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ResourceExhausted when reserving `bytes` more would exceed the cap.
+  absl::Status CheckHeadroom(std::size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records one event per stream of `uses` into `events`; on failure destroys those recorded.
   absl::Status RecordUseEvents(absl::Span<const Stream> uses, absl::InlinedVector<Event, 2>* events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -350,6 +350,33 @@ bool Contains(const V& v, const T& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
+// Synchronizes each stream once, before the first unmap of its blocks' granules, and remembers
+// the ones that could not be synchronized (their blocks' granules must stay) and the last error.
+class StreamWaits {
+ public:
+  explicit StreamWaits(MemorySource* source) : source_(source) {}
+  // True when the work queued on `stream` has completed (waiting for it on the first call).
+  bool Passed(Stream stream) {
+    if (Contains(passed_, stream)) return true;
+    if (Contains(failed_, stream)) return false;
+    absl::Status s = source_->SynchronizeStream(stream);
+    if (s.ok()) {
+      passed_.push_back(stream);
+      return true;
+    }
+    failed_.push_back(stream);
+    error_ = std::move(s);
+    return false;
+  }
+  absl::Span<const Stream> failed() const { return failed_; }
+  const absl::Status& error() const { return error_; }
+
+ private:
+  MemorySource* source_;
+  absl::InlinedVector<Stream, 4> passed_, failed_;
+  absl::Status error_;
+};
+
 // Chooses `want` granules from `runs` (oldest first), skipping the runs on `failed` streams, into
 // `chosen`; false when there are not enough. A plain run gives its top granules, as many as still
 // needed; a tier block goes whole (tier segments are never split), so it is taken in the first
@@ -413,29 +440,16 @@ absl::StatusOr<Block*> LargePool::Stitch(StreamState& ss, Stream stream, std::si
             [](const Run& a, const Run& b) { return a.age != b.age ? a.age < b.age : a.ptr < b.ptr; });
   // The chosen runs' streams must have passed their last use before anything is unmapped; a
   // stream that cannot be synchronized keeps its blocks' granules, and the choice is made again.
-  absl::InlinedVector<Stream, 4> synced, failed;
-  absl::Status sync_error;
+  StreamWaits waits(ctx_.source);
   std::vector<Run> chosen;
   for (;;) {
-    if (!ChooseRuns(runs, want, failed, &chosen)) {
+    if (!ChooseRuns(runs, want, waits.failed(), &chosen)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "bucketalloc: stitching ", bytes, " bytes needs ", want, " granules of free blocks; ", free_granules_,
-          " are free", sync_error.ok() ? "" : absl::StrCat(", but some on streams that could not be synchronized: ",
-                                                           sync_error.message())));
+          " are free", waits.error().ok() ? "" : absl::StrCat(", but some on streams that could not be synchronized: ",
+                                                               waits.error().message())));
     }
-    bool all_synced = true;
-    for (const Run& r : chosen) {
-      if (Contains(synced, r.stream())) continue;
-      if (absl::Status st = ctx_.source->SynchronizeStream(r.stream()); st.ok()) {
-        synced.push_back(r.stream());
-      } else {
-        failed.push_back(r.stream());
-        sync_error = st;
-        all_synced = false;
-        break;
-      }
-    }
-    if (all_synced) break;
+    if (std::all_of(chosen.begin(), chosen.end(), [&](const Run& r) { return waits.Passed(r.stream()); })) break;
   }
   absl::InlinedVector<Segment*, 8> touched;
   for (const Run& r : chosen) {
@@ -526,8 +540,9 @@ bool LargePool::ReleaseSegment(Segment* seg) {
   while (s.ok() && seg->free_blocks > 0) {
     Block* b = seg->first;
     while (b->state != BlockState::kFree) b = b->next;
-    s = UnmapRun(b, (b->ptr - seg->base) / config_.granule, (b->ptr + b->size - seg->base) / config_.granule,
-                 &handles);
+    std::size_t g0 = 0, g1 = 0;
+    WholeGranules(b, &g0, &g1);  // all of it: its neighbours are holes or the segment's ends
+    s = UnmapRun(b, g0, g1, &handles);
   }
   ReleaseGranules(&handles);
   if (!s.ok()) {
@@ -565,17 +580,9 @@ void LargePool::ReleaseFreeGranules() {
   // blocks' whole granules, once the segment's stream has passed their last use.
   std::vector<Segment*> partly(segments_.begin(), segments_.end());
   std::sort(partly.begin(), partly.end(), [](const Segment* a, const Segment* b) { return a->base < b->base; });
-  absl::InlinedVector<Stream, 4> synced, failed;
+  StreamWaits waits(ctx_.source);
   for (Segment* seg : partly) {
-    if (seg->free_blocks == 0) continue;
-    if (std::find(synced.begin(), synced.end(), seg->stream) == synced.end()) {
-      if (std::find(failed.begin(), failed.end(), seg->stream) != failed.end()) continue;
-      if (!ctx_.source->SynchronizeStream(seg->stream).ok()) {
-        failed.push_back(seg->stream);
-        continue;
-      }
-      synced.push_back(seg->stream);
-    }
+    if (seg->free_blocks == 0 || !waits.Passed(seg->stream)) continue;
     // Carving a block changes only it and the holes beside it, so the others stay valid.
     absl::InlinedVector<Block*, 8> free_blocks;
     for (Block* b = seg->first; b != nullptr; b = b->next) {
