@@ -18,7 +18,7 @@
 //                                      seeded list (log-uniform, 512 B to 64 MiB). Both pools,
 //                                      splitting, coalescing and some slow paths (new segments) run.
 //                                      Counters: reserved_bytes and external_fragmentation
-//                                      (GetFragmentation(0).all) with the 64 blocks live,
+//                                      (GetFragmentation(0).all()) with the 64 blocks live,
 //                                      cache_hit_rate.
 //   BM_Mimalloc_MixedSizes             The same pattern with mi_malloc / mi_free (items/s only).
 //   BM_BucketAlloc_SlowPath/path:N     The slow path of one 12 MiB request after fragmentation: a
@@ -311,7 +311,7 @@ void BM_BucketAlloc_MixedSizes(benchmark::State& state) {
     ReportAllocatorCounters(state, allocator);
     absl::StatusOr<bucketalloc::FragmentationReport> frag = allocator.GetFragmentation(kDevice);
     if (frag.ok()) {
-      state.counters["external_fragmentation"] = frag->all.external_fragmentation();
+      state.counters["external_fragmentation"] = frag->all().external_fragmentation();
     } else {
       state.SkipWithError("GetFragmentation failed");
     }

@@ -22,6 +22,7 @@
 #include "bench_generate.h"
 #include "bucketalloc/options.h"
 #include "harness/importers.h"
+#include "harness/policies.h"
 #include "harness/replay.h"
 #include "harness/report.h"
 #include "harness/serving.h"
@@ -101,7 +102,8 @@ int main(int argc, char** argv) {
 
   CLI::App* replay = app.add_subcommand("replay", "replay a trace at one capacity");
   replay->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
-  replay->add_option("--allocator", allocator, "bucketalloc, bucketalloc:CONF, pytorch-policy or nocache")->capture_default_str();
+  const std::string policies = bucketalloc::harness::PolicySpecsText();
+  replay->add_option("--allocator", allocator, absl::StrCat("one of: ", policies))->capture_default_str();
   replay->add_option("--capacity", capacity_text, "the simulated card's memory, e.g. 24GiB")->required();
   replay->add_option("--repeat", repeat, "rounds of the trace on one allocator (a rising peak is a leak)")
       ->check(CLI::Range(1, 1000));
@@ -109,7 +111,7 @@ int main(int argc, char** argv) {
 
   CLI::App* min_capacity = app.add_subcommand("min-capacity", "the smallest card that serves the trace");
   min_capacity->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
-  min_capacity->add_option("--allocator", allocator, "bucketalloc, bucketalloc:CONF, pytorch-policy or nocache")->capture_default_str();
+  min_capacity->add_option("--allocator", allocator, absl::StrCat("one of: ", policies))->capture_default_str();
   min_capacity->add_option("--json", json_path, "also write the result as JSON");
 
   std::string allocator_list;
@@ -119,7 +121,7 @@ int main(int argc, char** argv) {
                  "layout of the same requests) go in one table");
   compare->add_option("traces", compare_traces, "the traces (RMM CSV)")->required();
   compare->add_option("--allocators", allocator_list,
-                      "comma-separated: bucketalloc[:CONF], pytorch-policy, nocache (a CONF keeps its own commas)")
+                      absl::StrCat("comma-separated, each one of: ", policies, " (a CONF keeps its own commas)"))
       ->required();
   compare->add_option("--capacity", capacity_text, "the simulated card's memory, e.g. 24GiB")->required();
   compare->add_option("--json", json_path, "also write the results as a JSON array (with timelines and histograms)");
@@ -171,7 +173,9 @@ int main(int argc, char** argv) {
     // The timelines and histograms cost a second replay per allocator: only for the files.
     const bool record = !json_path.empty() || !html_path.empty();
     const bool several = compare_traces.size() > 1;
-    const std::vector<std::string> allocators = bucketalloc::harness::SplitAllocatorList(allocator_list);
+    absl::StatusOr<std::vector<std::string>> split = bucketalloc::harness::SplitAllocatorList(allocator_list);
+    if (!split.ok()) return Fail(split.status());
+    const std::vector<std::string>& allocators = *split;
     int width = 14;  // the allocator column: as wide as the longest name
     for (const std::string& a : allocators) width = std::max(width, static_cast<int>(a.size()));
     std::printf("%s%-*s %10s %10s %8s %8s %6s %6s %6s %8s %8s %10s %12s %8s %8s\n", several ? "trace\n  " : "", width,

@@ -1,15 +1,18 @@
 // bucketalloc/backend.h — the memory source (layer L1).
 //
 // Owns: the type-erased `Backend` interface through which every layer above obtains device memory,
-// stream events and (for the virtual-memory backend) address ranges and physical granules.
-// Layer: L1. Included by the pools and the front end; implemented by `sim` (src/backend) and `cuda`
-// (cuda/). Nothing here includes a CUDA header: streams and events are opaque pointers.
-// Thread-safety: a Backend is used by one device state at a time, under that device's lock; the sim
-// backend's test controls (streams, fault injection) are additionally safe to call from any thread.
+// stream events and (for the virtual-memory backend) address ranges and physical granules, its
+// call counters, the settings a backend reads from BUCKETALLOC_CONF, and the factories of the CUDA
+// backends for embedders (Allocator::CreateWithBackend). Backends are made by name through the
+// registry (src/backend/registry.h): sim (src/backend, its test controls in
+// bucketalloc/testing/sim_backend.h), cuda and vmm (cuda/).
+// Layer: L1. Included by the pools and the front end. Nothing here includes a CUDA header: streams
+// and events are opaque pointers.
+// Thread-safety: a Backend is used by one device state at a time, under that device's lock.
 // Cost: every call is a slow-path call. The fast path (a cache hit) never calls the backend.
 //
 // Example:
-//   auto backend = bucketalloc::MakeSimBackend({.total_memory = 1ull << 30});
+//   absl::StatusOr<std::unique_ptr<bucketalloc::Backend>> backend = bucketalloc::MakeCudaBackend(0);
 //   absl::StatusOr<void*> p = (*backend)->Allocate(2 << 20);
 //   (*backend)->Free(*p, 2 << 20).IgnoreError();
 #ifndef BUCKETALLOC_BACKEND_H_
@@ -17,12 +20,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace bucketalloc {
 
@@ -34,6 +39,11 @@ using Event = void*;
 // for "no granule").
 using PhysicalHandle = std::uint64_t;
 
+// The BUCKETALLOC_CONF keys a backend owns (e.g. the simulated device's sim_total_memory), as
+// text: key -> value. The option table validates them against the backend's own option rows; a
+// key not set takes its row's default.
+using BackendSettings = std::map<std::string, std::string, std::less<>>;
+
 // Free and total bytes of the device as the backend sees them.
 struct DeviceMemInfo {
   std::size_t free_bytes = 0;
@@ -44,6 +54,8 @@ struct DeviceMemInfo {
 struct BackendCounters {
   std::int64_t allocs = 0;         // successful Allocate calls
   std::int64_t frees = 0;          // successful Free calls
+  std::int64_t alloc_bytes = 0;    // bytes of the successful Allocate calls
+  std::int64_t free_bytes = 0;     // bytes of the successful Free calls
   std::int64_t failed_allocs = 0;  // Allocate calls that returned an error
   std::int64_t events_recorded = 0;
   // Calls CUDA forbids while a stream capture is running (Allocate, Free, QueryEvent,
@@ -67,7 +79,7 @@ class Backend {
  public:
   virtual ~Backend() = default;
 
-  // Returns a short name ("sim", "cuda").
+  // Returns its registry name ("sim", "cuda", "vmm").
   virtual absl::string_view Name() const = 0;
   // Returns the device ordinal this backend serves.
   virtual int device() const = 0;
@@ -119,73 +131,6 @@ class Backend {
   virtual BackendCounters counters() const = 0;
 };
 
-// ---------------------------------------------------------------------------------------------
-// The simulated device.
-//
-// It also implements the virtual-memory family with real page mapping: physical memory is a memfd
-// (one per device, sized to the device's memory, pages allocated on first touch), so in backed mode
-// a physical allocation mapped at two addresses shows the same bytes at both, and an unmapped range
-// goes back to PROT_NONE (nothing stale can be read through it). Physical bytes count against the
-// device's memory together with Allocate's. In unbacked mode the same bookkeeping runs without
-// touching pages.
-
-enum class SimMemoryMode {
-  kBacked,    // real host memory: the caller may write and read every allocated byte
-  kUnbacked,  // addresses from a reserved, never-touched range: simulates an 80-141 GB card
-};
-
-struct SimBackendOptions {
-  int device = 0;
-  std::size_t total_memory = std::size_t{16} << 30;  // the simulated card's memory
-  std::size_t granularity = std::size_t{2} << 20;    // the driver's allocation granularity
-  SimMemoryMode memory = SimMemoryMode::kBacked;
-  // Fault injection: fail the Nth Allocate call (1-based; 0 = never) ...
-  std::int64_t fail_nth_alloc = 0;
-  // ... and/or a seeded fraction of Allocate calls (0 = never).
-  double fail_fraction = 0.0;
-  std::uint64_t seed = 1;
-};
-
-// The sim backend's test controls, reached through `AsSim(backend)`.
-// Streams are simulated: work "queued" on a stream completes only when a test says so, so that
-// stream-ordered reuse and RecordStream are testable without a GPU.
-class SimBackend : public Backend {
- public:
-  // Queues one unit of simulated work on `stream` (an event recorded now waits for it).
-  virtual void EnqueueWork(Stream stream) = 0;
-  // Completes all work queued on `stream` so far.
-  virtual void CompleteWork(Stream stream) = 0;
-  // Makes SynchronizeEvent fail (simulates a lost context) until called with false.
-  virtual void SetSynchronizeFails(bool fails) = 0;
-  // Makes SynchronizeEvent fail for the events of `stream` only (a hung stream) until called with
-  // false; its work does not complete by waiting.
-  virtual void SetStreamSynchronizeFails(Stream stream, bool fails) = 0;
-  // Makes RecordEvent fail until called with false.
-  virtual void SetRecordEventFails(bool fails) = 0;
-  // Fails the Nth Allocate call from now on (1 = the next one; 0 = never). CreatePhysical calls
-  // count as Allocate calls here, as they do for fail_nth_alloc and fail_fraction.
-  virtual void FailNthAlloc(std::int64_t n) = 0;
-  // Fails the Nth Map call from now on (1 = the next one; 0 = never).
-  virtual void FailNthMap(std::int64_t n) = 0;
-  // Fails the Nth Unmap call from now on (1 = the next one; 0 = never); the range stays mapped.
-  virtual void FailNthUnmap(std::int64_t n) = 0;
-  // Simulates `bytes` of the device used outside this backend (another process or library): the
-  // device's free memory shrinks by that much. 0 ends it.
-  virtual void SetExternalUsage(std::size_t bytes) = 0;
-  // Starts (true) or ends a simulated CUDA stream capture on `stream`. While any stream captures,
-  // Allocate, Free, QueryEvent and SynchronizeEvent fail with FailedPrecondition (as CUDA's global
-  // capture mode does) and count a capture violation; an event recorded on a capturing stream is
-  // a graph node: it reports completion at once, which is what makes it unsafe to rely on.
-  virtual void SetCapturing(Stream stream, bool capturing) = 0;
-  // Returns the bytes currently allocated from the simulated device through this backend.
-  virtual std::size_t used_bytes() const = 0;
-  virtual SimMemoryMode memory_mode() const = 0;
-};
-
-// Creates a simulated device. Fails with InvalidArgument on a bad option (zero memory, a
-// granularity that is not a power of two, a fraction outside [0, 1]).
-absl::StatusOr<std::unique_ptr<SimBackend>> MakeSimBackend(const SimBackendOptions& options);
-
 // Creates the cudaMalloc backend for `device`. On a machine without a usable driver or device it
 // returns FailedPreconditionError naming the CUDA error (e.g. error 35, "driver version is
 // insufficient"). Implemented in cuda/; always compiled.
@@ -203,9 +148,6 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeVmmBackend(int device);
 
 // Returns the number of CUDA devices, or the CUDA error as FailedPrecondition.
 absl::StatusOr<int> CudaDeviceCount();
-
-// Returns `backend` as a SimBackend, or nullptr when it is not one.
-SimBackend* AsSim(Backend* backend);
 
 }  // namespace bucketalloc
 

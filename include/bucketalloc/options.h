@@ -1,8 +1,11 @@
 // bucketalloc/options.h — runtime options (BUCKETALLOC_CONF and the C++ API).
 //
 // Owns: the `Options` struct, its parser for the `key:value,key:value` syntax of PyTorch's
-// PYTORCH_CUDA_ALLOC_CONF, and the one option table from which parsing, docs/configuration.md and
-// the debug dump are generated (src/frontend/options.cc).
+// PYTORCH_CUDA_ALLOC_CONF, and the one option table (src/frontend/options.cc) whose rows each
+// carry their key, accepted values, meaning, parsing, validation and formatting, from which
+// parsing, validation, docs/configuration.md and the debug dump are generated. The keys a backend
+// owns (the simulated device's sim_*) are rows of that backend's registry entry
+// (src/backend/registry.h), read into `backend_settings`.
 // Layer: L4 (front end); plain data, no allocation decisions.
 // Thread-safety: Options is a value type; the functions are pure.
 //
@@ -16,25 +19,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "bucketalloc/backend.h"
+#include "bucketalloc/units.h"
 
 namespace bucketalloc {
 
-inline constexpr std::size_t kKiB = std::size_t{1} << 10;
-inline constexpr std::size_t kMiB = std::size_t{1} << 20;
-inline constexpr std::size_t kGiB = std::size_t{1} << 30;
-// "No limit" for size options (PyTorch's SIZE_MAX default of max_split_size).
-inline constexpr std::size_t kUnlimited = ~std::size_t{0};
-
-// kVmm: the CUDA device through the driver's virtual memory management API, with stitching.
-enum class BackendKind { kSim, kCuda, kVmm };
-
 // Every field is one row of the option table; see docs/configuration.md for the meaning of each.
 struct Options {
-  BackendKind backend = BackendKind::kCuda;
+  // A registered backend: "sim", "cuda" or "vmm" (the vmm backend stitches, see docs/vmm.md).
+  std::string backend = "cuda";
+  // The keys the backends own (sim_total_memory, ...), canonical text; an unset key takes its
+  // default. Set by ParseOptions; a key or value set by hand is checked by ValidateOptions.
+  BackendSettings backend_settings;
 
   // Capacity: the cap is the smaller of `capacity` (0 = none) and memory_fraction x device memory.
   std::size_t capacity = 0;
@@ -61,14 +61,6 @@ struct Options {
   // A request is rounded to tier t only when request >= tier_min_fill x t.
   double tier_min_fill = 0.5;
 
-  // The simulated device.
-  std::size_t sim_total_memory = 16 * kGiB;
-  bool sim_unbacked = false;
-  int sim_devices = 1;
-  std::int64_t sim_fail_nth_alloc = 0;
-  double sim_fail_fraction = 0.0;
-  std::uint64_t sim_seed = 1;
-
   // Before a slow path, ask the backend whether the allocating stream is capturing a CUDA graph
   // (for hosts that do not announce captures). Hosts whose stream arguments are not CUDA stream
   // handles (the LD_PRELOAD shim's pool keys) turn it off and handle capture themselves.
@@ -81,8 +73,11 @@ struct Options {
   // Returns the tier sizes in bytes (from `tiers` or `tiers_tokens` x `bytes_per_token`), each
   // rounded up to `granularity`, ascending and unique.
   std::vector<std::size_t> ResolvedTiers(std::size_t granularity) const;
-  // True when the large pool stitches: backend:vmm, or expandable_segments.
-  bool Stitching() const { return backend == BackendKind::kVmm || expandable_segments; }
+  // True when the large pool stitches: a backend that always does (vmm), or expandable_segments.
+  bool Stitching() const;
+  // The backend that serves the devices: `backend`, or the one that stitches in its place when
+  // expandable_segments asks for stitching (cuda -> vmm).
+  std::string DeviceBackend() const;
 };
 
 // Parses `conf` ("key:value,key:value", lists as "[a,b,c]") on top of `base`. An unknown key, a
@@ -93,7 +88,7 @@ absl::StatusOr<Options> ParseOptions(absl::string_view conf, const Options& base
 // Parses the BUCKETALLOC_CONF environment variable (unset = defaults).
 absl::StatusOr<Options> OptionsFromEnv();
 
-// Checks the combination of fields (ranges, tiers); ParseOptions calls it too.
+// Checks every field against its row's accepted values, and the combinations; ParseOptions calls it.
 absl::Status ValidateOptions(const Options& options);
 
 // Returns every option as "key:value" joined by ',' (parseable by ParseOptions).
@@ -103,13 +98,23 @@ std::string FormatOptions(const Options& options);
 // docs/configuration.md embeds; a test keeps the two equal.
 std::string OptionsMarkdownTable();
 
-// Returns "sim", "cuda" or "vmm".
-absl::string_view BackendName(BackendKind kind);
+// Splits a list at the commas outside brackets ("a:[1,2],b:3" -> "a:[1,2]", "b:3"), each piece
+// stripped of spaces, empty pieces dropped: how ParseOptions splits a CONF. InvalidArgument names
+// unbalanced brackets.
+absl::StatusOr<std::vector<std::string>> SplitOptionList(absl::string_view text);
 
-// Parses a size: "123", "64KiB", "20MiB", "1.5GiB" (also KB/MB/GB as binary units, case-insensitive).
-absl::StatusOr<std::size_t> ParseSize(absl::string_view text);
-// Formats bytes as e.g. "20.00 MiB".
-std::string FormatBytes(std::size_t bytes);
+// One "key:value" of a CONF, split as ParseOptions splits it.
+struct OptionSetting {
+  std::string key;
+  std::string value;
+};
+// Splits `conf` into its settings (keys are not looked up). InvalidArgument names a piece without
+// a value or unbalanced brackets.
+absl::StatusOr<std::vector<OptionSetting>> SplitOptions(absl::string_view conf);
+
+// True when `key` chooses or sizes the device rather than the allocator's policy: backend,
+// capacity, memory_fraction, and every key a backend owns. (The harness sets these itself.)
+bool IsDeviceOption(absl::string_view key);
 
 }  // namespace bucketalloc
 

@@ -1,9 +1,8 @@
 // plugins/c_abi/c_abi.cc — the C ABI of libbucketalloc.so (layer L5): one process-wide Allocator
 // behind the extern "C" functions of bucketalloc/bucketalloc.h.
 //
-// The allocator is created on first use from bucketalloc_configure()'s text, else BUCKETALLOC_CONF,
-// and is never destroyed: the host (PyTorch above all) may free tensors during its own teardown,
-// after this library's static destructors would have run.
+// The allocator (plugins/common/process_allocator.h) is created on first use from
+// bucketalloc_configure()'s text, else BUCKETALLOC_CONF, and is never destroyed.
 // Every function catches every exception (a host allocation failure inside the allocator is the
 // only source) and turns it into an error; only bucketalloc_malloc_or_throw throws, by design.
 // The allocation path adds one atomic load to the C++ call it wraps.
@@ -27,14 +26,15 @@
 #include "bucketalloc/options.h"
 #include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
+#include "bucketalloc/testing/sim_backend.h"
+#include "plugins/common/process_allocator.h"
 
 namespace bucketalloc {
 namespace {
 
 // Constant-initialized, so usable from any static constructor of the host; never destroyed.
-std::atomic<Allocator*> g_allocator{nullptr};
-std::mutex g_init_mu;
-std::string* g_conf = nullptr;  // bucketalloc_configure's text (guarded by g_init_mu; leaked)
+constinit plugins::ProcessAllocator g_process;
+std::string* g_conf = nullptr;  // bucketalloc_configure's text (guarded by g_process's lock; leaked)
 
 // Trivially destructible, so that a call from a host's thread-exit or static destructor is safe;
 // a longer message (an OOM report with large histograms) is truncated.
@@ -76,28 +76,28 @@ absl::StatusOr<Options> ConfiguredOptions() {
   return OptionsFromEnv();
 }
 
+// Creates the allocator from the configured options; a failure sets the last error, and the next
+// call tries again (bucketalloc_configure may have fixed the options meanwhile).
 Allocator* CreateAllocator() {
-  std::lock_guard<std::mutex> lock(g_init_mu);
-  if (Allocator* a = g_allocator.load(std::memory_order_acquire)) return a;
-  absl::StatusOr<Options> options = ConfiguredOptions();
-  if (!options.ok()) {
-    SetError(options.status());
-    return nullptr;
-  }
-  absl::StatusOr<std::unique_ptr<Allocator>> created = Allocator::Create(*options);
-  if (!created.ok()) {
-    SetError(absl::Status(created.status().code(),
-                          absl::StrCat("bucketalloc: cannot create the allocator: ", created.status().message())));
-    return nullptr;
-  }
-  Allocator* a = created->release();  // never destroyed (see the file comment)
-  g_allocator.store(a, std::memory_order_release);
-  return a;
+  return g_process.CreateOnce([]() -> std::unique_ptr<Allocator> {
+    absl::StatusOr<Options> options = ConfiguredOptions();
+    if (!options.ok()) {
+      SetError(options.status());
+      return nullptr;
+    }
+    absl::StatusOr<std::unique_ptr<Allocator>> created = Allocator::Create(*options);
+    if (!created.ok()) {
+      SetError(absl::Status(created.status().code(),
+                            absl::StrCat("bucketalloc: cannot create the allocator: ", created.status().message())));
+      return nullptr;
+    }
+    return std::move(*created);
+  });
 }
 
 // The allocator, created on first use; nullptr with the last error set when it cannot be created.
 inline Allocator* Get() {
-  if (Allocator* a = g_allocator.load(std::memory_order_acquire)) [[likely]] return a;
+  if (Allocator* a = g_process.get()) [[likely]] return a;
   return CreateAllocator();
 }
 
@@ -239,7 +239,7 @@ void bucketalloc_init(int device_count) {
     }
     if (device_count != a->device_count()) {
       std::fprintf(stderr, "bucketalloc: the host reports %d devices, the '%s' backend serves %d\n", device_count,
-                   std::string(bucketalloc::BackendName(a->options().backend)).c_str(), a->device_count());
+                   a->options().backend.c_str(), a->device_count());
     }
     return 0;
   });
@@ -247,7 +247,7 @@ void bucketalloc_init(int device_count) {
 
 void bucketalloc_empty_cache(void) {
   Guarded<int>(0, [&]() -> int {
-    Allocator* a = bucketalloc::g_allocator.load(std::memory_order_acquire);
+    Allocator* a = bucketalloc::g_process.get();
     if (a == nullptr) return 0;  // nothing cached yet
     if (absl::Status s = a->EmptyCache(); !s.ok()) bucketalloc::ReportError(s);
     return 0;
@@ -367,19 +367,20 @@ int bucketalloc_configure(const char* conf) {
       SetError(options.status());
       return -1;
     }
-    std::lock_guard<std::mutex> lock(bucketalloc::g_init_mu);
-    if (Allocator* a = bucketalloc::g_allocator.load(std::memory_order_acquire)) {
-      const std::string current = bucketalloc::FormatOptions(a->options());
-      if (bucketalloc::FormatOptions(*options) == current) return 0;  // the same configuration again
-      SetError(absl::FailedPreconditionError(absl::StrCat(
-          "bucketalloc_configure: the allocator already exists (it is created on first use) with \"", current,
-          "\"; configure must be called before the first allocation, or set BUCKETALLOC_CONF before the process "
-          "starts")));
-      return -1;
-    }
-    if (bucketalloc::g_conf == nullptr) bucketalloc::g_conf = new std::string;
-    bucketalloc::g_conf->assign(text.data(), text.size());
-    return 0;
+    return bucketalloc::g_process.Locked([&](Allocator* a) -> int {
+      if (a != nullptr) {
+        const std::string current = bucketalloc::FormatOptions(a->options());
+        if (bucketalloc::FormatOptions(*options) == current) return 0;  // the same configuration again
+        SetError(absl::FailedPreconditionError(absl::StrCat(
+            "bucketalloc_configure: the allocator already exists (it is created on first use) with \"", current,
+            "\"; configure must be called before the first allocation, or set BUCKETALLOC_CONF before the process "
+            "starts")));
+        return -1;
+      }
+      if (bucketalloc::g_conf == nullptr) bucketalloc::g_conf = new std::string;
+      bucketalloc::g_conf->assign(text.data(), text.size());
+      return 0;
+    });
   });
 }
 
@@ -394,7 +395,7 @@ int bucketalloc_check_invariants(int device) {
 const char* bucketalloc_last_error(void) { return bucketalloc::t_last_error; }
 
 int bucketalloc_is_initialized(void) {
-  return bucketalloc::g_allocator.load(std::memory_order_acquire) != nullptr ? 1 : 0;
+  return bucketalloc::g_process.get() != nullptr ? 1 : 0;
 }
 
 int bucketalloc_device_count(void) {

@@ -51,6 +51,7 @@
 #include "bucketalloc/options.h"
 #include "bucketalloc/stats.h"
 #include "cuda/cuda_runtime.h"
+#include "plugins/common/process_allocator.h"
 
 namespace bucketalloc {
 namespace internal {
@@ -62,11 +63,9 @@ namespace {
 
 constexpr int kMaxTrackedDevices = 64;
 
-std::atomic<Allocator*> g_allocator{nullptr};
+constinit plugins::ProcessAllocator g_process;
 std::atomic<bool> g_unavailable{false};        // creation failed: everything goes to the runtime
 std::atomic<std::uint64_t> g_used_devices{0};  // devices that served an allocation (stats at exit)
-std::mutex g_init_mu;
-thread_local bool t_initializing = false;
 
 // Pool keys: bucketalloc reuses a freed block at once only for the same key, and for other keys
 // only after the events of the streams it was freed on. A user stream is its own key; these stand
@@ -94,44 +93,43 @@ void Verbose(absl::string_view call, absl::string_view what, cudaError_t error) 
 
 void PrintStatsAtExit();
 
+// Creates the allocator from BUCKETALLOC_CONF. A failure is printed once and is final: every call
+// goes to the runtime from then on. Before libcudart is loaded (backend:cuda) nothing is created and
+// the next call tries again.
 Allocator* CreateAllocator() {
-  std::lock_guard<std::mutex> lock(g_init_mu);
-  if (Allocator* a = g_allocator.load(std::memory_order_acquire)) return a;
-  if (g_unavailable.load(std::memory_order_relaxed)) return nullptr;
-  absl::StatusOr<Options> options = OptionsFromEnv();
-  if (options.ok() && options->backend != BackendKind::kSim && !internal::CudaRuntimeLoaded()) {
-    return nullptr;  // libcudart is not loaded yet: forward this call, try again on the next one
-  }
-  t_initializing = true;
-  absl::StatusOr<std::unique_ptr<Allocator>> created =
-      options.ok() ? [&] {
-        options->probe_stream_capture = false;  // pool keys are not streams; captures are forwarded
-        return Allocator::Create(*options);
-      }()
-                   : absl::StatusOr<std::unique_ptr<Allocator>>(options.status());
-  t_initializing = false;
-  if (!created.ok()) {
-    std::fprintf(stderr,
-                 "bucketalloc preload: the allocator is not available (%s); CUDA calls go to the runtime unchanged\n",
-                 std::string(created.status().message()).c_str());
-    g_unavailable.store(true, std::memory_order_relaxed);
-    return nullptr;
-  }
-  Allocator* a = created->release();  // never destroyed: the program may free memory during exit
-  g_allocator.store(a, std::memory_order_release);
-  if (std::getenv("BUCKETALLOC_STATS_ON_EXIT") != nullptr) std::atexit(&PrintStatsAtExit);
-  return a;
+  return g_process.CreateOnce([]() -> std::unique_ptr<Allocator> {
+    if (g_unavailable.load(std::memory_order_relaxed)) return nullptr;
+    absl::StatusOr<Options> options = OptionsFromEnv();
+    if (options.ok() && options->backend != "sim" && !internal::CudaRuntimeLoaded()) {
+      return nullptr;  // libcudart is not loaded yet: forward this call, try again on the next one
+    }
+    absl::StatusOr<std::unique_ptr<Allocator>> created =
+        options.ok() ? [&] {
+          options->probe_stream_capture = false;  // pool keys are not streams; captures are forwarded
+          return Allocator::Create(*options);
+        }()
+                     : absl::StatusOr<std::unique_ptr<Allocator>>(options.status());
+    if (!created.ok()) {
+      std::fprintf(stderr,
+                   "bucketalloc preload: the allocator is not available (%s); CUDA calls go to the runtime unchanged\n",
+                   std::string(created.status().message()).c_str());
+      g_unavailable.store(true, std::memory_order_relaxed);
+      return nullptr;
+    }
+    if (std::getenv("BUCKETALLOC_STATS_ON_EXIT") != nullptr) std::atexit(&PrintStatsAtExit);
+    return std::move(*created);
+  });
 }
 
 // The allocator, or nullptr when calls must go to the runtime (unavailable, or re-entered during
 // creation on this thread).
 inline Allocator* Get() {
-  if (Allocator* a = g_allocator.load(std::memory_order_acquire)) [[likely]] return a;
-  if (t_initializing || g_unavailable.load(std::memory_order_relaxed)) return nullptr;
+  if (Allocator* a = g_process.get()) [[likely]] return a;
+  if (g_unavailable.load(std::memory_order_relaxed)) return nullptr;
   return CreateAllocator();
 }
 
-bool IsSim(const Allocator& a) { return a.options().backend == BackendKind::kSim; }
+bool IsSim(const Allocator& a) { return a.options().backend == "sim"; }
 
 // The runtime's current device (device 0 on the simulated device, which has none).
 absl::StatusOr<int> CurrentDevice(const Allocator& a) {
@@ -259,7 +257,7 @@ std::optional<cudaError_t> Free(absl::string_view call, void* ptr, cudaStream_t 
 }
 
 void PrintStatsAtExit() {
-  Allocator* a = g_allocator.load(std::memory_order_acquire);
+  Allocator* a = g_process.get();
   const char* target = std::getenv("BUCKETALLOC_STATS_ON_EXIT");
   if (a == nullptr || target == nullptr) return;
   const std::string where(target);

@@ -1,4 +1,4 @@
-// The defaults of the optional (virtual-memory) part of the Backend interface.
+// src/backend/backend.cc — the defaults of the optional (virtual-memory) part of the Backend interface.
 #include "bucketalloc/backend.h"
 
 #include "absl/strings/str_cat.h"
@@ -29,7 +29,5 @@ absl::Status Backend::Map(std::uintptr_t, std::size_t, PhysicalHandle) {
   return NoVirtualMemory(*this, "Map");
 }
 absl::Status Backend::Unmap(std::uintptr_t, std::size_t) { return NoVirtualMemory(*this, "Unmap"); }
-
-SimBackend* AsSim(Backend* backend) { return dynamic_cast<SimBackend*>(backend); }
 
 }  // namespace bucketalloc

@@ -17,18 +17,24 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "bucketalloc/backend.h"
-#include "bucketalloc/options.h"
+#include "backend/registry.h"
+#include "bucketalloc/testing/sim_backend.h"
+#include "bucketalloc/units.h"
 #include "internal/bits.h"
 
 namespace bucketalloc {
+using internal::BackendEntry;
+using internal::BackendOptionSpec;
+using internal::SettingOf;
 namespace {
 
 // How much address space to reserve per byte of simulated memory.
@@ -100,6 +106,7 @@ class SimBackendImpl final : public SimBackend {
       used_ += bytes;
       live_.emplace(addr, bytes);
       ++counters_.allocs;
+      counters_.alloc_bytes += static_cast<std::int64_t>(bytes);
       return reinterpret_cast<void*>(addr);
     }
     ++counters_.failed_allocs;
@@ -123,6 +130,7 @@ class SimBackendImpl final : public SimBackend {
     InsertFreeRange(addr, bytes);
     used_ -= bytes;
     ++counters_.frees;
+    counters_.free_bytes += static_cast<std::int64_t>(bytes);
     return absl::OkStatus();
   }
 
@@ -544,5 +552,107 @@ absl::StatusOr<std::unique_ptr<SimBackend>> MakeSimBackend(const SimBackendOptio
   if (absl::Status s = backend->Init(); !s.ok()) return s;
   return std::unique_ptr<SimBackend>(std::move(backend));
 }
+
+SimBackend* AsSim(Backend* backend) { return dynamic_cast<SimBackend*>(backend); }
+
+// ---------------------------------------------------------------------------------------------
+// The registry row: the simulated device's BUCKETALLOC_CONF keys and its factory.
+
+namespace {
+
+absl::Status NotAccepted() { return absl::InvalidArgumentError("not accepted"); }
+
+absl::StatusOr<std::int64_t> IntIn(absl::string_view v, std::int64_t lo, std::int64_t hi) {
+  std::int64_t i;
+  if (!absl::SimpleAtoi(v, &i) || i < lo || i > hi) return NotAccepted();
+  return i;
+}
+
+absl::StatusOr<std::string> ParseTotalMemory(absl::string_view v) {
+  absl::StatusOr<std::size_t> s = ParseSize(v);
+  if (!s.ok() || *s == 0 || *s % (2 * kMiB) != 0 || *s > (std::size_t{1} << 42)) return NotAccepted();
+  return SizeText(*s);
+}
+absl::StatusOr<std::string> ParseMemoryMode(absl::string_view v) {
+  if (v == "backed" || v == "unbacked") return std::string(v);
+  return NotAccepted();
+}
+absl::StatusOr<std::string> ParseDevices(absl::string_view v) {
+  absl::StatusOr<std::int64_t> i = IntIn(v, 1, 64);
+  if (!i.ok()) return i.status();
+  return absl::StrCat(*i);
+}
+absl::StatusOr<std::string> ParseNonNegative(absl::string_view v) {
+  absl::StatusOr<std::int64_t> i = IntIn(v, 0, std::numeric_limits<std::int64_t>::max());
+  if (!i.ok()) return i.status();
+  return absl::StrCat(*i);
+}
+absl::StatusOr<std::string> ParseFraction(absl::string_view v) {
+  double d;
+  if (!absl::SimpleAtod(v, &d) || !(d >= 0.0 && d <= 1.0)) return NotAccepted();
+  return absl::StrCat(d);
+}
+
+constexpr BackendOptionSpec kSimOptions[] = {
+    {"sim_total_memory", "a positive multiple of 2MiB up to 4TiB", "memory of each simulated device", "16GiB",
+     ParseTotalMemory},
+    {"sim_memory", "backed or unbacked",
+     "backed: real host memory that tests can write; unbacked: reserved addresses never touched", "backed",
+     ParseMemoryMode},
+    {"sim_devices", "an integer from 1 to 64", "number of simulated devices", "1", ParseDevices},
+    {"sim_fail_nth_alloc", "an integer >= 0", "fault injection: fail the Nth backend allocation (0 = never)", "0",
+     ParseNonNegative},
+    {"sim_fail_fraction", "a number in [0, 1]", "fault injection: fail this fraction of backend allocations", "0",
+     ParseFraction},
+    {"sim_seed", "an integer >= 0", "seed of the fault injection", "1", ParseNonNegative},
+};
+
+// The settings as SimBackendOptions for `device`; they passed their specs' parse.
+absl::StatusOr<SimBackendOptions> SimOptionsOf(const BackendSettings& settings, int device) {
+  auto get = [&](absl::string_view key) { return SettingOf(internal::kSimBackendEntry, settings, key); };
+  SimBackendOptions o;
+  o.device = device;
+  absl::StatusOr<std::size_t> total = ParseSize(get("sim_total_memory"));
+  std::int64_t nth = 0, seed = 0;
+  double fraction = 0;
+  if (!total.ok() || !absl::SimpleAtoi(get("sim_fail_nth_alloc"), &nth) ||
+      !absl::SimpleAtod(get("sim_fail_fraction"), &fraction) || !absl::SimpleAtoi(get("sim_seed"), &seed)) {
+    return absl::InvalidArgumentError("sim backend: a setting is not valid (ParseOptions checks them)");
+  }
+  o.total_memory = *total;
+  o.memory = get("sim_memory") == "unbacked" ? SimMemoryMode::kUnbacked : SimMemoryMode::kBacked;
+  o.fail_nth_alloc = nth;
+  o.fail_fraction = fraction;
+  o.seed = static_cast<std::uint64_t>(seed) + static_cast<std::uint64_t>(device);
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeSimFromSettings(const BackendSettings& settings, int device) {
+  absl::StatusOr<SimBackendOptions> o = SimOptionsOf(settings, device);
+  if (!o.ok()) return o.status();
+  absl::StatusOr<std::unique_ptr<SimBackend>> sim = MakeSimBackend(*o);
+  if (!sim.ok()) return sim.status();
+  return std::unique_ptr<Backend>(std::move(*sim));
+}
+
+absl::StatusOr<int> SimDeviceCount(const BackendSettings& settings) {
+  int n = 0;
+  if (!absl::SimpleAtoi(SettingOf(internal::kSimBackendEntry, settings, "sim_devices"), &n)) {
+    return absl::InvalidArgumentError("sim backend: sim_devices is not valid (ParseOptions checks it)");
+  }
+  return n;
+}
+
+}  // namespace
+
+constinit const BackendEntry internal::kSimBackendEntry = {
+    "sim",
+    "the simulated device (CPU; virtual memory with real page mapping, streams, fault injection)",
+    kSimOptions,
+    /*stitching_backend=*/"sim",
+    /*always_stitches=*/false,
+    SimDeviceCount,
+    MakeSimFromSettings,
+};
 
 }  // namespace bucketalloc

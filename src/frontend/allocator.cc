@@ -6,7 +6,9 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "backend/registry.h"
 #include "frontend/device_allocator.h"
+#include "internal/check.h"
 
 namespace bucketalloc {
 
@@ -25,21 +27,11 @@ struct Allocator::Devices {
 
 namespace {
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Options& o, int device) {
-  if (o.backend == BackendKind::kVmm || (o.backend == BackendKind::kCuda && o.expandable_segments)) {
-    return MakeVmmBackend(device);
-  }
-  if (o.backend == BackendKind::kCuda) return MakeCudaBackend(device);
-  SimBackendOptions so;
-  so.device = device;
-  so.total_memory = o.sim_total_memory;
-  so.memory = o.sim_unbacked ? SimMemoryMode::kUnbacked : SimMemoryMode::kBacked;
-  so.fail_nth_alloc = o.sim_fail_nth_alloc;
-  so.fail_fraction = o.sim_fail_fraction;
-  so.seed = o.sim_seed + static_cast<std::uint64_t>(device);
-  absl::StatusOr<std::unique_ptr<SimBackend>> sim = MakeSimBackend(so);
-  if (!sim.ok()) return sim.status();
-  return std::unique_ptr<Backend>(std::move(*sim));
+// The backend registry's row of the backend that serves the devices (ValidateOptions checked it).
+const internal::BackendEntry& DeviceBackendEntry(const Options& o) {
+  const internal::BackendEntry* entry = internal::FindBackend(o.DeviceBackend());
+  BA_CHECK(entry != nullptr, "validated options name an unregistered backend");
+  return *entry;
 }
 
 }  // namespace
@@ -51,14 +43,14 @@ Allocator::~Allocator() = default;
 
 absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Create(const Options& options) {
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
-  int count = options.sim_devices;
-  if (options.backend != BackendKind::kSim) {
-    absl::StatusOr<int> n = CudaDeviceCount();
-    if (!n.ok()) return n.status();
-    if (*n <= 0) return absl::FailedPreconditionError("bucketalloc: backend:cuda but no CUDA device is present");
-    count = *n;
+  const internal::BackendEntry& backend = DeviceBackendEntry(options);
+  absl::StatusOr<int> count = backend.device_count(options.backend_settings);
+  if (!count.ok()) return count.status();
+  if (*count <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("bucketalloc: backend:", backend.name, " but no device is present"));
   }
-  return std::unique_ptr<Allocator>(new Allocator(options, count));
+  return std::unique_ptr<Allocator>(new Allocator(options, *count));
 }
 
 absl::StatusOr<std::unique_ptr<Allocator>> Allocator::CreateWithBackend(const Options& options,
@@ -90,7 +82,8 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
   if (devices_->preset_backend != nullptr) {
     backend = std::move(devices_->preset_backend);
   } else {
-    absl::StatusOr<std::unique_ptr<Backend>> b = MakeBackend(options_, device);
+    absl::StatusOr<std::unique_ptr<Backend>> b =
+        DeviceBackendEntry(options_).make(options_.backend_settings, device);
     if (!b.ok()) return b.status();
     backend = std::move(*b);
   }

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/strings/str_format.h"
 #include "bucketalloc/allocator.h"
+#include "bucketalloc/testing/sim_backend.h"
 #include "internal/check.h"
 #include "memory/size_classes.h"
 
@@ -661,7 +662,7 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   r.active = static_cast<std::size_t>(stats_.active_bytes[kAllPools].current);
   r.cached = r.reserved - r.active;  // invariant: reserved >= active >= allocated
   r.fragmentation = FragmentationLocked();
-  const PoolFragmentation& own = pool == kSmallPool ? r.fragmentation.small_pool : r.fragmentation.large_pool;
+  const PoolFragmentation& own = r.fragmentation.pools[pool];
   r.largest_free = static_cast<std::size_t>(own.largest_free);
   if (absl::StatusOr<DeviceMemInfo> info = backend_->GetMemInfo(); info.ok()) r.device_free = info->free_bytes;
   const std::size_t headroom = cap_ > r.reserved ? cap_ - r.reserved : 0;
@@ -752,25 +753,14 @@ FragmentationReport DeviceAllocator::GetFragmentation() const {
 
 FragmentationReport DeviceAllocator::FragmentationLocked() const {
   FragmentationReport r;
-  small_.Fragmentation(&r.small_pool);
-  large_.Fragmentation(&r.large_pool, &r.tiers);
-  for (auto [pool, out] : {std::pair{kSmallPool, &r.small_pool}, std::pair{kLargePool, &r.large_pool}}) {
+  small_.Fragmentation(&r.pools[kSmallPool]);
+  large_.Fragmentation(&r.pools[kLargePool], &r.tiers);
+  for (auto [pool, out] : {std::pair{kSmallPool, &r.pools[kSmallPool]}, std::pair{kLargePool, &r.pools[kLargePool]}}) {
     out->requested = stats_.requested_bytes[pool].current;
     out->allocated = stats_.allocated_bytes[pool].current;
     out->reserved = stats_.reserved_bytes[pool].current;
   }
-  PoolFragmentation& all = r.all;
-  for (const PoolFragmentation* p : {&r.small_pool, &r.large_pool}) {
-    for (int i = 0; i < kHistogramBins; ++i) {
-      all.free_count[i] += p->free_count[i];
-      all.free_bytes[i] += p->free_bytes[i];
-    }
-    all.total_free += p->total_free;
-    all.largest_free = std::max(all.largest_free, p->largest_free);
-    all.requested += p->requested;
-    all.allocated += p->allocated;
-    all.reserved += p->reserved;
-  }
+  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) r.all().Merge(r.pools[p]);
   return r;
 }
 

@@ -1,23 +1,22 @@
 // src/frontend/options.cc — the one option table: parsing, validation, the docs table and the
-// debug dump all come from kOptionTable below.
+// debug dump all come from the rows of Table() below, each written once. The backends' own keys
+// are rows too, taken from the backend registry.
 #include "bucketalloc/options.h"
 
 #include <algorithm>
-#include <array>
-#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
-#include <span>
+#include <optional>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "backend/registry.h"
 #include "internal/bits.h"
 
 namespace bucketalloc {
@@ -25,28 +24,36 @@ namespace {
 
 using internal::IsPowerOfTwo;
 
-struct OptionSpec {
-  const char* name;
-  const char* accepted;  // what values are accepted, for errors and docs
-  const char* meaning;
-  absl::Status (*parse)(absl::string_view value, Options& o);
-  std::string (*format)(const Options& o);
+// Why a value is not accepted: `why` (may be empty) and, when the value named in the error is not
+// the row's whole value (one tier of a list), that value.
+struct Problem {
+  std::string why;
+  std::optional<std::string> value;
+};
+
+// One row of the option table.
+struct OptionRow {
+  std::string name;
+  std::string accepted;  // the accepted values: every error of this key names them
+  std::string meaning;
+  bool device = false;   // see IsDeviceOption
+  // Reads `value` into the options; an error's message says why it is not accepted (may be empty).
+  std::function<absl::Status(absl::string_view value, Options& o)> parse;
+  std::function<std::string(const Options& o)> format;
+  // The row's validation on the whole options (ranges, combinations); nullopt when accepted.
+  // Empty: every value parse accepts is valid.
+  std::function<std::optional<Problem>(const Options& o)> check;
+  std::string doc_default;  // the docs' default when it is not format(Options())
 };
 
 absl::Status BadValue(absl::string_view key, absl::string_view value, absl::string_view accepted,
                       absl::string_view why = "") {
-  return absl::InvalidArgumentError(absl::StrCat("bucketalloc option '", key, "': bad value '", value,
-                                                 "'", why.empty() ? "" : absl::StrCat(" (", why, ")"),
+  return absl::InvalidArgumentError(absl::StrCat("bucketalloc option '", key, "': bad value '", value, "'",
+                                                 why.empty() ? "" : absl::StrCat(" (", why, ")"),
                                                  "; accepted: ", accepted));
 }
 
-std::string FormatSize(std::size_t bytes) {
-  if (bytes == kUnlimited) return "unlimited";
-  for (auto [unit, name] : {std::pair{kGiB, "GiB"}, std::pair{kMiB, "MiB"}, std::pair{kKiB, "KiB"}}) {
-    if (bytes != 0 && bytes % unit == 0) return absl::StrCat(bytes / unit, name);
-  }
-  return absl::StrCat(bytes);
-}
+absl::Status Why(absl::string_view why = "") { return absl::InvalidArgumentError(why); }
 
 std::string FormatMiB(std::size_t bytes) {
   if (bytes == kUnlimited) return "unlimited";
@@ -55,13 +62,13 @@ std::string FormatMiB(std::size_t bytes) {
 
 absl::StatusOr<double> ParseDouble(absl::string_view v) {
   double d;
-  if (!absl::SimpleAtod(v, &d) || !std::isfinite(d)) return absl::InvalidArgumentError("not a number");
+  if (!absl::SimpleAtod(v, &d) || !std::isfinite(d)) return Why();
   return d;
 }
 
 absl::StatusOr<std::int64_t> ParseInt(absl::string_view v) {
   std::int64_t i;
-  if (!absl::SimpleAtoi(v, &i)) return absl::InvalidArgumentError("not an integer");
+  if (!absl::SimpleAtoi(v, &i)) return Why();
   return i;
 }
 
@@ -69,7 +76,7 @@ absl::StatusOr<bool> ParseBool(absl::string_view v) {
   const std::string l = absl::AsciiStrToLower(v);
   if (l == "true" || l == "1") return true;
   if (l == "false" || l == "0") return false;
-  return absl::InvalidArgumentError("not a boolean");
+  return Why();
 }
 
 // "[a,b,c]" -> {"a","b","c"}; a bare value is a one-element list.
@@ -82,13 +89,11 @@ std::vector<absl::string_view> ListItems(absl::string_view v) {
   return items;
 }
 
-// A size in MB as PyTorch's *_mb keys take it, or "unlimited" where allowed.
+// A size in MB as PyTorch's *_mb keys take it, or "unlimited".
 absl::StatusOr<std::size_t> ParseMiB(absl::string_view v) {
   if (absl::AsciiStrToLower(v) == "unlimited") return kUnlimited;
   absl::StatusOr<std::int64_t> mb = ParseInt(v);
-  if (!mb.ok() || *mb < 0 || *mb > (std::int64_t{1} << 26)) {
-    return absl::InvalidArgumentError("not a whole number of MiB in [0, 2^26]");
-  }
+  if (!mb.ok() || *mb < 0 || *mb > (std::int64_t{1} << 26)) return Why();
   return static_cast<std::size_t>(*mb) * kMiB;
 }
 
@@ -102,14 +107,9 @@ std::string JoinList(const std::vector<T>& v, std::string (*fmt)(T)) {
 // PyTorch's roundup_power2_divisions: "N" for every interval, or "[256:1,512:2,>:8]" where each
 // key is the start of a power-of-two interval in MB and ">" covers the intervals after the last.
 absl::Status ParseDivisions(absl::string_view v, Options& o) {
-  constexpr const char* kAccepted =
-      "a power of two or 0 for every interval, or a list like [256:1,512:2,1024:4,>:8] whose keys "
-      "are power-of-two MB interval starts (ascending) or '>' and whose values are powers of two or 0";
   auto division = [&](absl::string_view text) -> absl::StatusOr<std::uint32_t> {
     absl::StatusOr<std::int64_t> d = ParseInt(text);
-    if (!d.ok() || *d < 0 || *d > 1024 || (*d != 0 && !IsPowerOfTwo(static_cast<std::size_t>(*d)))) {
-      return BadValue("roundup_power2_divisions", v, kAccepted);
-    }
+    if (!d.ok() || *d < 0 || *d > 1024 || (*d != 0 && !IsPowerOfTwo(static_cast<std::size_t>(*d)))) return Why();
     return static_cast<std::uint32_t>(*d);
   };
   std::vector<std::uint32_t> divs(16, 0);
@@ -121,7 +121,7 @@ absl::Status ParseDivisions(absl::string_view v, Options& o) {
     return absl::OkStatus();
   }
   std::vector<absl::string_view> items = ListItems(v);
-  if (items.empty()) return BadValue("roundup_power2_divisions", v, kAccepted);
+  if (items.empty()) return Why();
   int next = 0;  // first interval not yet set
   for (absl::string_view item : items) {
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
@@ -134,12 +134,10 @@ absl::Status ParseDivisions(absl::string_view v, Options& o) {
     } else {
       absl::StatusOr<std::int64_t> mb = ParseInt(key);
       if (!mb.ok() || *mb <= 0 || !IsPowerOfTwo(static_cast<std::size_t>(*mb))) {
-        return BadValue("roundup_power2_divisions", v, kAccepted, absl::StrCat("bad interval '", key, "'"));
+        return Why(absl::StrCat("bad interval '", key, "'"));
       }
       last = std::min(internal::Log2Floor(static_cast<std::size_t>(*mb)), 15);
-      if (last < next) {
-        return BadValue("roundup_power2_divisions", v, kAccepted, "interval keys must ascend");
-      }
+      if (last < next) return Why("interval keys must ascend");
     }
     for (int i = next; i <= last; ++i) divs[i] = *d;
     next = last + 1;
@@ -155,234 +153,286 @@ std::string FormatDivisions(const Options& o) {
   }
   std::vector<std::string> parts;
   for (std::size_t i = 0; i < d.size(); ++i) {
-    parts.push_back(i + 1 == d.size() ? absl::StrCat(">:", d[i])
-                                      : absl::StrCat(std::size_t{1} << i, ":", d[i]));
+    parts.push_back(i + 1 == d.size() ? absl::StrCat(">:", d[i]) : absl::StrCat(std::size_t{1} << i, ":", d[i]));
   }
   return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
 }
 
-#define SIZE_OPTION(field, key)                                                        \
-  [](absl::string_view v, Options& o) -> absl::Status {                                 \
-    absl::StatusOr<std::size_t> s = ParseSize(v);                                      \
-    if (!s.ok()) return BadValue(key, v, "a size in bytes or with KiB/MiB/GiB, e.g. 16GiB"); \
-    o.field = *s;                                                                      \
-    return absl::OkStatus();                                                           \
-  },                                                                                   \
-      [](const Options& o) { return FormatSize(o.field); }
+// Field kinds: the parse and format of a typed field.
+template <std::size_t Options::*Field>
+absl::Status SizeField(absl::string_view v, Options& o) {
+  absl::StatusOr<std::size_t> s = ParseSize(v);
+  if (!s.ok()) return Why();
+  o.*Field = *s;
+  return absl::OkStatus();
+}
+template <std::size_t Options::*Field>
+std::string FormatSizeField(const Options& o) {
+  return SizeText(o.*Field);
+}
+template <std::size_t Options::*Field>
+absl::Status MiBField(absl::string_view v, Options& o) {
+  absl::StatusOr<std::size_t> s = ParseMiB(v);
+  if (!s.ok()) return s.status();
+  o.*Field = *s;
+  return absl::OkStatus();
+}
+template <std::size_t Options::*Field>
+std::string FormatMiBField(const Options& o) {
+  return FormatMiB(o.*Field);
+}
+template <double Options::*Field>
+absl::Status DoubleField(absl::string_view v, Options& o) {
+  absl::StatusOr<double> d = ParseDouble(v);
+  if (!d.ok()) return d.status();
+  o.*Field = *d;
+  return absl::OkStatus();
+}
+template <double Options::*Field>
+std::string FormatDoubleField(const Options& o) {
+  return absl::StrCat(o.*Field);
+}
+template <bool Options::*Field>
+absl::Status BoolField(absl::string_view v, Options& o) {
+  absl::StatusOr<bool> b = ParseBool(v);
+  if (!b.ok()) return b.status();
+  o.*Field = *b;
+  return absl::OkStatus();
+}
+template <bool Options::*Field>
+std::string FormatBoolField(const Options& o) {
+  return o.*Field ? "true" : "false";
+}
 
-#define MIB_OPTION(field, key, accepted)                         \
-  [](absl::string_view v, Options& o) -> absl::Status {          \
-    absl::StatusOr<std::size_t> s = ParseMiB(v);                \
-    if (!s.ok()) return BadValue(key, v, accepted);             \
-    o.field = *s;                                               \
-    return absl::OkStatus();                                    \
-  },                                                            \
-      [](const Options& o) { return FormatMiB(o.field); }
+// A check that accepts the field when `ok(value)` holds.
+template <typename T, T Options::*Field>
+std::function<std::optional<Problem>(const Options&)> Require(bool (*ok)(T), const char* why = "") {
+  return [ok, why](const Options& o) -> std::optional<Problem> {
+    if (ok(o.*Field)) return std::nullopt;
+    return Problem{why};
+  };
+}
 
-#define DOUBLE_OPTION(field, key, accepted)                      \
-  [](absl::string_view v, Options& o) -> absl::Status {          \
-    absl::StatusOr<double> d = ParseDouble(v);                  \
-    if (!d.ok()) return BadValue(key, v, accepted);             \
-    o.field = *d;                                               \
-    return absl::OkStatus();                                    \
-  },                                                            \
-      [](const Options& o) { return absl::StrCat(o.field); }
+// The row of a key a backend owns: the value lives in backend_settings, canonical.
+OptionRow BackendRow(const internal::BackendOptionSpec& spec) {
+  OptionRow row;
+  row.name = spec.name;
+  row.accepted = spec.accepted;
+  row.meaning = spec.meaning;
+  row.device = true;
+  row.parse = [&spec](absl::string_view v, Options& o) -> absl::Status {
+    absl::StatusOr<std::string> canonical = spec.parse(v);
+    if (!canonical.ok()) return Why();
+    o.backend_settings[spec.name] = *canonical;
+    return absl::OkStatus();
+  };
+  row.format = [&spec](const Options& o) {
+    auto it = o.backend_settings.find(spec.name);
+    return it == o.backend_settings.end() ? std::string(spec.default_value) : it->second;
+  };
+  row.check = [&spec](const Options& o) -> std::optional<Problem> {
+    auto it = o.backend_settings.find(spec.name);
+    if (it == o.backend_settings.end() || spec.parse(it->second).ok()) return std::nullopt;
+    return Problem{};
+  };
+  return row;
+}
 
-#define INT_OPTION(field, key, accepted)                         \
-  [](absl::string_view v, Options& o) -> absl::Status {          \
-    absl::StatusOr<std::int64_t> i = ParseInt(v);               \
-    if (!i.ok() || *i < 0) return BadValue(key, v, accepted);   \
-    o.field = static_cast<decltype(o.field)>(*i);               \
-    return absl::OkStatus();                                    \
-  },                                                            \
-      [](const Options& o) { return absl::StrCat(o.field); }
+// The option table. Order is the order of the docs, the dump and validation.
+std::vector<OptionRow> MakeTable() {
+  std::vector<OptionRow> t;
+  t.push_back({"backend", internal::BackendNamesText(),
+               "where memory comes from: the simulated device (CPU), cudaMalloc, or CUDA virtual memory with "
+               "stitching (docs/vmm.md)",
+               true,
+               [](absl::string_view v, Options& o) -> absl::Status {
+                 if (internal::FindBackend(v) == nullptr) return Why();
+                 o.backend = std::string(v);
+                 return absl::OkStatus();
+               },
+               [](const Options& o) { return o.backend; },
+               [](const Options& o) -> std::optional<Problem> {
+                 if (internal::FindBackend(o.backend) != nullptr) return std::nullopt;
+                 return Problem{};
+               }});
+  t.push_back({"expandable_segments", "true or false (also True, 1, 0)",
+               "stitch large blocks from physical granules (PyTorch's key): on cuda it selects the vmm backend, on "
+               "sim the simulated device's virtual memory; implied by backend:vmm",
+               false, BoolField<&Options::expandable_segments>, FormatBoolField<&Options::expandable_segments>});
+  t.push_back({"capacity", "a size (bytes, KiB, MiB, GiB); 0 = the device's memory",
+               "per-device cap on reserved memory", true, SizeField<&Options::capacity>,
+               FormatSizeField<&Options::capacity>});
+  t.push_back({"memory_fraction", "a number in (0, 1]",
+               "per-device cap as a fraction of the device's memory (the smaller cap wins); "
+               "PyTorch's set_per_process_memory_fraction",
+               true, DoubleField<&Options::memory_fraction>, FormatDoubleField<&Options::memory_fraction>,
+               Require<double, &Options::memory_fraction>([](double f) { return f > 0.0 && f <= 1.0; })});
+  t.push_back({"garbage_collection_threshold", "0 (off) or a number in (0, 1)",
+               "when reserved memory exceeds threshold x cap, release cached segments, oldest first, before "
+               "growing (PyTorch's key)",
+               false, DoubleField<&Options::garbage_collection_threshold>,
+               FormatDoubleField<&Options::garbage_collection_threshold>,
+               Require<double, &Options::garbage_collection_threshold>(
+                   [](double g) { return g == 0.0 || (g > 0.0 && g < 1.0); })});
+  t.push_back({"small_pool_limit", "a size from 512 to 1MiB",
+               "requests up to this size go to the small pool (size classes packed in 2 MiB slabs)", false,
+               SizeField<&Options::small_pool_limit>, FormatSizeField<&Options::small_pool_limit>,
+               Require<std::size_t, &Options::small_pool_limit>(
+                   [](std::size_t s) { return s >= 512 && s <= kMiB; },
+                   "small blocks are packed in 2 MiB slabs, two or more per slab")});
+  t.push_back({"max_split_size_mb", "a whole number of MiB >= 20, or unlimited",
+               "free blocks larger than this are never split and serve only requests within "
+               "max_non_split_rounding_mb of their size (PyTorch's key)",
+               false, MiBField<&Options::max_split_size>, FormatMiBField<&Options::max_split_size>,
+               Require<std::size_t, &Options::max_split_size>([](std::size_t s) { return s >= 20 * kMiB; },
+                                                              "blocks of large segments (20 MiB) must stay splittable")});
+  t.push_back({"max_non_split_rounding_mb", "a whole number of MiB",
+               "how much larger than a request an unsplittable block may be, inclusive (PyTorch's key)", false,
+               MiBField<&Options::max_non_split_rounding>, FormatMiBField<&Options::max_non_split_rounding>,
+               Require<std::size_t, &Options::max_non_split_rounding>([](std::size_t s) { return s != kUnlimited; })});
+  t.push_back({"large_segment_size_mb", "an even whole number of MiB >= 2, at most max_split_size_mb",
+               "segment size for large requests under 10 MiB, which share it by splitting (PyTorch's key)", false,
+               MiBField<&Options::large_segment_size>, FormatMiBField<&Options::large_segment_size>,
+               [](const Options& o) -> std::optional<Problem> {
+                 const std::size_t s = o.large_segment_size;
+                 if (s < 2 * kMiB || s % (2 * kMiB) != 0 || s == kUnlimited) return Problem{};
+                 if (s > o.max_split_size) return Problem{"segments shared by requests under 10 MiB must stay splittable"};
+                 return std::nullopt;
+               }});
+  t.push_back({"roundup_power2_divisions", "N, or [256:1,512:2,1024:4,>:8], where N and the values are 0 or powers "
+               "of two up to 1024 and the keys power-of-two MB interval starts (ascending) or '>'",
+               "round large requests to 1/N steps of their power-of-two interval; per interval (MB) in the "
+               "list form (PyTorch's key)",
+               false, ParseDivisions, FormatDivisions,
+               [](const Options& o) -> std::optional<Problem> {
+                 if (o.roundup_power2_divisions.size() == 16) return std::nullopt;
+                 return Problem{"16 intervals"};
+               }});
+  t.push_back({"tiers", "a list of sizes, e.g. [64MiB,128MiB,256MiB], each larger than small_pool_limit and at "
+               "most 16TiB; not with tiers_tokens",
+               "large-pool tiers in bytes: a request within tier range rounds up to its tier and is reused "
+               "from that tier's own free list",
+               false,
+               [](absl::string_view v, Options& o) -> absl::Status {
+                 std::vector<std::size_t> tiers;
+                 for (absl::string_view item : ListItems(v)) {
+                   absl::StatusOr<std::size_t> s = ParseSize(item);
+                   if (!s.ok() || *s == 0) return Why(absl::StrCat("bad size '", item, "'"));
+                   tiers.push_back(*s);
+                 }
+                 if (tiers.empty() && v != "[]") return Why();
+                 o.tiers = std::move(tiers);
+                 return absl::OkStatus();
+               },
+               [](const Options& o) { return JoinList<std::size_t>(o.tiers, SizeText); },
+               [](const Options& o) -> std::optional<Problem> {
+                 if (!o.tiers.empty() && !o.tiers_tokens.empty()) return Problem{"either tiers or tiers_tokens, not both"};
+                 for (std::size_t t : o.ResolvedTiers(1)) {
+                   if (t <= o.small_pool_limit || t > (std::size_t{1} << 44)) {
+                     return Problem{o.tiers.empty() ? "tiers_tokens x bytes_per_token" : "", SizeText(t)};
+                   }
+                 }
+                 return std::nullopt;
+               }});
+  t.push_back({"tiers_tokens", "a list of positive token counts, e.g. [512,1024,2048,4096]",
+               "tiers as token counts; each is multiplied by bytes_per_token", false,
+               [](absl::string_view v, Options& o) -> absl::Status {
+                 std::vector<std::uint64_t> tokens;
+                 for (absl::string_view item : ListItems(v)) {
+                   absl::StatusOr<std::int64_t> n = ParseInt(item);
+                   if (!n.ok() || *n <= 0) return Why(absl::StrCat("bad count '", item, "'"));
+                   tokens.push_back(static_cast<std::uint64_t>(*n));
+                 }
+                 if (tokens.empty() && v != "[]") return Why();
+                 o.tiers_tokens = std::move(tokens);
+                 return absl::OkStatus();
+               },
+               [](const Options& o) {
+                 return JoinList<std::uint64_t>(o.tiers_tokens, [](std::uint64_t n) { return absl::StrCat(n); });
+               }});
+  t.push_back({"bytes_per_token", "a size; positive when tiers_tokens is set",
+               "KV-cache bytes per token of the model (see docs/configuration.md)", false,
+               SizeField<&Options::bytes_per_token>, FormatSizeField<&Options::bytes_per_token>,
+               [](const Options& o) -> std::optional<Problem> {
+                 if (o.tiers_tokens.empty() || o.bytes_per_token > 0) return std::nullopt;
+                 return Problem{"tiers_tokens needs bytes_per_token"};
+               }});
+  t.push_back({"tier_min_fill", "a number in (0, 1]",
+               "a request rounds up to tier t only when it is at least tier_min_fill x t", false,
+               DoubleField<&Options::tier_min_fill>, FormatDoubleField<&Options::tier_min_fill>,
+               Require<double, &Options::tier_min_fill>([](double f) { return f > 0.0 && f <= 1.0; })});
+  for (const internal::BackendEntry* backend : internal::Backends()) {
+    for (const internal::BackendOptionSpec& spec : backend->options) t.push_back(BackendRow(spec));
+  }
+  t.push_back({"probe_stream_capture", "true or false (also 1 or 0)",
+               "before a slow path, ask whether the allocating stream captures a CUDA graph (no cudaMalloc then)",
+               false, BoolField<&Options::probe_stream_capture>, FormatBoolField<&Options::probe_stream_capture>});
+  t.push_back({"debug_check_invariants", "true or false (also 1 or 0)",
+               "check every invariant after each slow-path event (always on in a debug build of the library)", false,
+               BoolField<&Options::debug_check_invariants>, FormatBoolField<&Options::debug_check_invariants>,
+               nullptr, "false (always true in a debug build)"});
+  return t;
+}
 
-#define BOOL_OPTION(field, key)                                          \
-  [](absl::string_view v, Options& o) -> absl::Status {                  \
-    absl::StatusOr<bool> b = ParseBool(v);                              \
-    if (!b.ok()) return BadValue(key, v, "true or false (also 1 or 0)"); \
-    o.field = *b;                                                       \
-    return absl::OkStatus();                                            \
-  },                                                                    \
-      [](const Options& o) { return std::string(o.field ? "true" : "false"); }
+const std::vector<OptionRow>& Table() {
+  static const std::vector<OptionRow>* const table = new std::vector<OptionRow>(MakeTable());
+  return *table;
+}
 
-// The option table. Order is the order of the docs and of the dump.
-const OptionSpec kOptionTable[] = {
-    {"backend", "sim, cuda or vmm",
-     "where memory comes from: the simulated device (CPU), cudaMalloc, or CUDA virtual memory with "
-     "stitching (docs/vmm.md)",
-     [](absl::string_view v, Options& o) -> absl::Status {
-       if (v == "sim") o.backend = BackendKind::kSim;
-       else if (v == "cuda") o.backend = BackendKind::kCuda;
-       else if (v == "vmm") o.backend = BackendKind::kVmm;
-       else return BadValue("backend", v, "sim, cuda or vmm");
-       return absl::OkStatus();
-     },
-     [](const Options& o) { return std::string(BackendName(o.backend)); }},
-    {"expandable_segments", "true or false (also True, 1, 0)",
-     "stitch large blocks from physical granules (PyTorch's key): on cuda it selects the vmm backend, on "
-     "sim the simulated device's virtual memory; implied by backend:vmm",
-     BOOL_OPTION(expandable_segments, "expandable_segments")},
-    {"capacity", "a size (bytes, KiB, MiB, GiB); 0 = the device's memory",
-     "per-device cap on reserved memory", SIZE_OPTION(capacity, "capacity")},
-    {"memory_fraction", "a number in (0, 1]",
-     "per-device cap as a fraction of the device's memory (the smaller cap wins); "
-     "PyTorch's set_per_process_memory_fraction",
-     DOUBLE_OPTION(memory_fraction, "memory_fraction", "a number in (0, 1]")},
-    {"garbage_collection_threshold", "0 (off) or a number in (0, 1)",
-     "when reserved memory exceeds threshold x cap, release cached segments, oldest first, before "
-     "growing (PyTorch's key)",
-     DOUBLE_OPTION(garbage_collection_threshold, "garbage_collection_threshold",
-                   "0 (off) or a number in (0, 1)")},
-    {"small_pool_limit", "a size from 512 to 1MiB",
-     "requests up to this size go to the small pool (size classes packed in 2 MiB slabs)",
-     SIZE_OPTION(small_pool_limit, "small_pool_limit")},
-    {"max_split_size_mb", "a whole number of MiB >= 20, or unlimited",
-     "free blocks larger than this are never split and serve only requests within "
-     "max_non_split_rounding_mb of their size (PyTorch's key)",
-     MIB_OPTION(max_split_size, "max_split_size_mb", "a whole number of MiB >= 20, or unlimited")},
-    {"max_non_split_rounding_mb", "a whole number of MiB",
-     "how much larger than a request an unsplittable block may be, inclusive (PyTorch's key)",
-     MIB_OPTION(max_non_split_rounding, "max_non_split_rounding_mb", "a whole number of MiB")},
-    {"large_segment_size_mb", "an even whole number of MiB >= 2",
-     "segment size for large requests under 10 MiB, which share it by splitting (PyTorch's key)",
-     MIB_OPTION(large_segment_size, "large_segment_size_mb", "an even whole number of MiB >= 2")},
-    {"roundup_power2_divisions", "N, or [256:1,512:2,1024:4,>:8]",
-     "round large requests to 1/N steps of their power-of-two interval; per interval (MB) in the "
-     "list form (PyTorch's key)",
-     ParseDivisions, FormatDivisions},
-    {"tiers", "a list of sizes, e.g. [64MiB,128MiB,256MiB]",
-     "large-pool tiers in bytes: a request within tier range rounds up to its tier and is reused "
-     "from that tier's own free list",
-     [](absl::string_view v, Options& o) -> absl::Status {
-       constexpr const char* kAccepted = "a bracketed list of sizes, e.g. [64MiB,128MiB]";
-       std::vector<std::size_t> tiers;
-       for (absl::string_view item : ListItems(v)) {
-         absl::StatusOr<std::size_t> s = ParseSize(item);
-         if (!s.ok() || *s == 0) return BadValue("tiers", v, kAccepted, absl::StrCat("bad size '", item, "'"));
-         tiers.push_back(*s);
-       }
-       if (tiers.empty() && v != "[]") return BadValue("tiers", v, kAccepted);
-       o.tiers = std::move(tiers);
-       return absl::OkStatus();
-     },
-     [](const Options& o) { return JoinList<std::size_t>(o.tiers, FormatSize); }},
-    {"tiers_tokens", "a list of token counts, e.g. [512,1024,2048,4096]",
-     "tiers as token counts; each is multiplied by bytes_per_token",
-     [](absl::string_view v, Options& o) -> absl::Status {
-       constexpr const char* kAccepted = "a bracketed list of positive integers, e.g. [512,1024,2048,4096]";
-       std::vector<std::uint64_t> tokens;
-       for (absl::string_view item : ListItems(v)) {
-         absl::StatusOr<std::int64_t> t = ParseInt(item);
-         if (!t.ok() || *t <= 0) return BadValue("tiers_tokens", v, kAccepted, absl::StrCat("bad count '", item, "'"));
-         tokens.push_back(static_cast<std::uint64_t>(*t));
-       }
-       if (tokens.empty() && v != "[]") return BadValue("tiers_tokens", v, kAccepted);
-       o.tiers_tokens = std::move(tokens);
-       return absl::OkStatus();
-     },
-     [](const Options& o) {
-       return JoinList<std::uint64_t>(o.tiers_tokens, [](std::uint64_t t) { return absl::StrCat(t); });
-     }},
-    {"bytes_per_token", "a size", "KV-cache bytes per token of the model (see docs/configuration.md)",
-     SIZE_OPTION(bytes_per_token, "bytes_per_token")},
-    {"tier_min_fill", "a number in (0, 1]",
-     "a request rounds up to tier t only when it is at least tier_min_fill x t",
-     DOUBLE_OPTION(tier_min_fill, "tier_min_fill", "a number in (0, 1]")},
-    {"sim_total_memory", "a size (a multiple of 2MiB)", "memory of each simulated device",
-     SIZE_OPTION(sim_total_memory, "sim_total_memory")},
-    {"sim_memory", "backed or unbacked",
-     "backed: real host memory that tests can write; unbacked: reserved addresses never touched",
-     [](absl::string_view v, Options& o) -> absl::Status {
-       if (v == "backed") o.sim_unbacked = false;
-       else if (v == "unbacked") o.sim_unbacked = true;
-       else return BadValue("sim_memory", v, "backed or unbacked");
-       return absl::OkStatus();
-     },
-     [](const Options& o) { return std::string(o.sim_unbacked ? "unbacked" : "backed"); }},
-    {"sim_devices", "an integer from 1 to 64", "number of simulated devices",
-     INT_OPTION(sim_devices, "sim_devices", "an integer from 1 to 64")},
-    {"sim_fail_nth_alloc", "an integer >= 0", "fault injection: fail the Nth backend allocation (0 = never)",
-     INT_OPTION(sim_fail_nth_alloc, "sim_fail_nth_alloc", "an integer >= 0")},
-    {"sim_fail_fraction", "a number in [0, 1]", "fault injection: fail this fraction of backend allocations",
-     DOUBLE_OPTION(sim_fail_fraction, "sim_fail_fraction", "a number in [0, 1]")},
-    {"sim_seed", "an integer >= 0", "seed of the fault injection",
-     INT_OPTION(sim_seed, "sim_seed", "an integer >= 0")},
-    {"probe_stream_capture", "true or false",
-     "before a slow path, ask whether the allocating stream captures a CUDA graph (no cudaMalloc then)",
-     BOOL_OPTION(probe_stream_capture, "probe_stream_capture")},
-    {"debug_check_invariants", "true or false",
-     "check every invariant after each slow-path event (always on in a debug build of the library)",
-     BOOL_OPTION(debug_check_invariants, "debug_check_invariants")},
-};
-
-#undef SIZE_OPTION
-#undef MIB_OPTION
-#undef DOUBLE_OPTION
-#undef INT_OPTION
-#undef BOOL_OPTION
+const OptionRow* FindRow(absl::string_view key) {
+  for (const OptionRow& row : Table()) {
+    if (key == row.name) return &row;
+  }
+  return nullptr;
+}
 
 std::string AcceptedKeys() {
   std::vector<absl::string_view> names;
-  for (const OptionSpec& spec : kOptionTable) names.push_back(spec.name);
+  for (const OptionRow& row : Table()) names.push_back(row.name);
   return absl::StrJoin(names, ", ");
-}
-
-// Splits "a:1,b:[x,y],c:2" at the commas outside brackets.
-absl::StatusOr<std::vector<absl::string_view>> SplitTopLevel(absl::string_view conf) {
-  std::vector<absl::string_view> parts;
-  int depth = 0;
-  std::size_t start = 0;
-  for (std::size_t i = 0; i <= conf.size(); ++i) {
-    const char c = i < conf.size() ? conf[i] : ',';
-    if (c == '[') ++depth;
-    if (c == ']' && --depth < 0) break;
-    if (c == ',' && depth == 0) {
-      absl::string_view part = absl::StripAsciiWhitespace(conf.substr(start, i - start));
-      if (!part.empty()) parts.push_back(part);
-      start = i + 1;
-    }
-  }
-  if (depth != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bucketalloc options '", conf,
-                                                   "': unbalanced brackets; lists are written [a,b,c]"));
-  }
-  return parts;
 }
 
 }  // namespace
 
-absl::StatusOr<std::size_t> ParseSize(absl::string_view text) {
-  absl::string_view t = absl::StripAsciiWhitespace(text);
-  std::size_t split = 0;
-  while (split < t.size() && (std::isdigit(static_cast<unsigned char>(t[split])) || t[split] == '.')) ++split;
-  const absl::string_view number = t.substr(0, split);
-  const std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t.substr(split)));
-  double multiplier;
-  if (unit.empty() || unit == "b") multiplier = 1;
-  else if (unit == "k" || unit == "kb" || unit == "kib") multiplier = static_cast<double>(kKiB);
-  else if (unit == "m" || unit == "mb" || unit == "mib") multiplier = static_cast<double>(kMiB);
-  else if (unit == "g" || unit == "gb" || unit == "gib") multiplier = static_cast<double>(kGiB);
-  else if (unit == "t" || unit == "tb" || unit == "tib") multiplier = static_cast<double>(kGiB) * 1024;
-  else return absl::InvalidArgumentError(absl::StrCat("size '", text, "': unknown unit '", unit, "'"));
-  double value;
-  if (number.empty() || !absl::SimpleAtod(number, &value) || value < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("size '", text, "' is not a non-negative number"));
+absl::StatusOr<std::vector<std::string>> SplitOptionList(absl::string_view text) {
+  std::vector<std::string> parts;
+  int depth = 0;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= text.size(); ++i) {
+    const char c = i < text.size() ? text[i] : ',';
+    if (c == '[') ++depth;
+    if (c == ']' && --depth < 0) break;
+    if (c == ',' && depth == 0) {
+      absl::string_view part = absl::StripAsciiWhitespace(text.substr(start, i - start));
+      if (!part.empty()) parts.emplace_back(part);
+      start = i + 1;
+    }
   }
-  const double bytes = std::ceil(value * multiplier);
-  if (bytes >= 18446744073709551615.0) {
-    return absl::InvalidArgumentError(absl::StrCat("size '", text, "' is too large"));
+  if (depth != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucketalloc options '", text, "': unbalanced brackets; lists are written [a,b,c]"));
   }
-  return static_cast<std::size_t>(bytes);
+  return parts;
 }
 
-std::string FormatBytes(std::size_t bytes) {
-  if (bytes == kUnlimited) return "unlimited";
-  const double b = static_cast<double>(bytes);
-  if (bytes >= kGiB) return absl::StrFormat("%.2f GiB", b / static_cast<double>(kGiB));
-  if (bytes >= kMiB) return absl::StrFormat("%.2f MiB", b / static_cast<double>(kMiB));
-  if (bytes >= kKiB) return absl::StrFormat("%.2f KiB", b / static_cast<double>(kKiB));
-  return absl::StrCat(bytes, " B");
+absl::StatusOr<std::vector<OptionSetting>> SplitOptions(absl::string_view conf) {
+  absl::StatusOr<std::vector<std::string>> parts = SplitOptionList(conf);
+  if (!parts.ok()) return parts.status();
+  std::vector<OptionSetting> settings;
+  for (const std::string& part : *parts) {
+    const std::size_t colon = part.find(':');
+    if (colon == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("bucketalloc option '", part, "' has no value; write key:value"));
+    }
+    settings.push_back({std::string(absl::StripAsciiWhitespace(absl::string_view(part).substr(0, colon))),
+                        std::string(absl::StripAsciiWhitespace(absl::string_view(part).substr(colon + 1)))});
+  }
+  return settings;
+}
+
+bool IsDeviceOption(absl::string_view key) {
+  const OptionRow* row = FindRow(key);
+  return row != nullptr && row->device;
 }
 
 std::vector<std::size_t> Options::ResolvedTiers(std::size_t granularity) const {
@@ -398,100 +448,47 @@ std::vector<std::size_t> Options::ResolvedTiers(std::size_t granularity) const {
   return out;
 }
 
+bool Options::Stitching() const {
+  const internal::BackendEntry* entry = internal::FindBackend(backend);
+  return expandable_segments || (entry != nullptr && entry->always_stitches);
+}
+
+std::string Options::DeviceBackend() const {
+  const internal::BackendEntry* entry = internal::FindBackend(backend);
+  if (entry != nullptr && Stitching() && entry->stitching_backend != nullptr) return entry->stitching_backend;
+  return backend;
+}
+
 absl::Status ValidateOptions(const Options& o) {
-  auto bad = [](absl::string_view key, const std::string& value, absl::string_view accepted,
-                absl::string_view why = "") { return BadValue(key, value, accepted, why); };
-  if (!(o.memory_fraction > 0.0 && o.memory_fraction <= 1.0)) {
-    return bad("memory_fraction", absl::StrCat(o.memory_fraction), "a number in (0, 1]");
-  }
-  if (!(o.garbage_collection_threshold == 0.0 ||
-        (o.garbage_collection_threshold > 0.0 && o.garbage_collection_threshold < 1.0))) {
-    return bad("garbage_collection_threshold", absl::StrCat(o.garbage_collection_threshold),
-               "0 (off) or a number in (0, 1)");
-  }
-  if (o.small_pool_limit < 512 || o.small_pool_limit > kMiB) {
-    return bad("small_pool_limit", FormatSize(o.small_pool_limit), "a size from 512 to 1MiB",
-               "small blocks are packed in 2 MiB slabs, two or more per slab");
-  }
-  if (o.max_split_size < 20 * kMiB) {
-    return bad("max_split_size_mb", FormatMiB(o.max_split_size), "a whole number of MiB >= 20, or unlimited",
-               "blocks of large segments (20 MiB) must stay splittable");
-  }
-  if (o.large_segment_size > o.max_split_size) {
-    return bad("large_segment_size_mb", FormatMiB(o.large_segment_size),
-               "at most max_split_size_mb", "segments shared by requests under 10 MiB must stay splittable");
-  }
-  if (o.max_non_split_rounding == kUnlimited) {
-    return bad("max_non_split_rounding_mb", "unlimited", "a whole number of MiB");
-  }
-  if (o.large_segment_size < 2 * kMiB || o.large_segment_size % (2 * kMiB) != 0 ||
-      o.large_segment_size == kUnlimited) {
-    return bad("large_segment_size_mb", FormatMiB(o.large_segment_size), "an even whole number of MiB >= 2");
-  }
-  if (o.roundup_power2_divisions.size() != 16) {
-    return bad("roundup_power2_divisions", FormatDivisions(o), "16 intervals");
-  }
-  if (!o.tiers.empty() && !o.tiers_tokens.empty()) {
-    return bad("tiers", FormatSize(o.tiers.size()), "either tiers or tiers_tokens, not both");
-  }
-  if (!o.tiers_tokens.empty() && o.bytes_per_token == 0) {
-    return bad("bytes_per_token", "0", "a positive size", "tiers_tokens needs bytes_per_token");
-  }
-  for (std::size_t t : o.ResolvedTiers(1)) {
-    if (t <= o.small_pool_limit || t > (std::size_t{1} << 44)) {
-      return bad("tiers", FormatSize(t), "tiers larger than small_pool_limit and at most 16TiB");
+  for (const auto& [key, value] : o.backend_settings) {
+    if (internal::FindBackendOption(key) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("bucketalloc option '", key, "' (value '", value,
+                                                     "') in backend_settings is unknown; accepted keys: ",
+                                                     AcceptedKeys()));
     }
   }
-  if (!(o.tier_min_fill > 0.0 && o.tier_min_fill <= 1.0)) {
-    return bad("tier_min_fill", absl::StrCat(o.tier_min_fill), "a number in (0, 1]");
-  }
-  if (o.sim_total_memory == 0 || o.sim_total_memory % (2 * kMiB) != 0 ||
-      o.sim_total_memory > (std::size_t{1} << 42)) {
-    return bad("sim_total_memory", FormatSize(o.sim_total_memory), "a positive multiple of 2MiB up to 4TiB");
-  }
-  if (o.sim_devices < 1 || o.sim_devices > 64) {
-    return bad("sim_devices", absl::StrCat(o.sim_devices), "an integer from 1 to 64");
-  }
-  if (!(o.sim_fail_fraction >= 0.0 && o.sim_fail_fraction <= 1.0)) {
-    return bad("sim_fail_fraction", absl::StrCat(o.sim_fail_fraction), "a number in [0, 1]");
+  for (const OptionRow& row : Table()) {
+    if (!row.check) continue;
+    if (std::optional<Problem> p = row.check(o); p.has_value()) {
+      return BadValue(row.name, p->value.has_value() ? *p->value : row.format(o), row.accepted, p->why);
+    }
   }
   return absl::OkStatus();
 }
 
-absl::string_view BackendName(BackendKind kind) {
-  switch (kind) {
-    case BackendKind::kSim:
-      return "sim";
-    case BackendKind::kCuda:
-      return "cuda";
-    case BackendKind::kVmm:
-      return "vmm";
-  }
-  return "unknown";
-}
-
 absl::StatusOr<Options> ParseOptions(absl::string_view conf, const Options& base) {
   Options o = base;
-  absl::StatusOr<std::vector<absl::string_view>> parts = SplitTopLevel(conf);
-  if (!parts.ok()) return parts.status();
-  for (absl::string_view part : *parts) {
-    const std::size_t colon = part.find(':');
-    if (colon == absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("bucketalloc option '", part,
-                                                     "' has no value; write key:value"));
+  absl::StatusOr<std::vector<OptionSetting>> settings = SplitOptions(conf);
+  if (!settings.ok()) return settings.status();
+  for (const OptionSetting& s : *settings) {
+    const OptionRow* row = FindRow(s.key);
+    if (row == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("bucketalloc option '", s.key, "' (value '", s.value,
+                                                     "') is unknown; accepted keys: ", AcceptedKeys()));
     }
-    const absl::string_view key = absl::StripAsciiWhitespace(part.substr(0, colon));
-    const absl::string_view value = absl::StripAsciiWhitespace(part.substr(colon + 1));
-    const OptionSpec* spec = nullptr;
-    for (const OptionSpec& s : kOptionTable) {
-      if (key == s.name) spec = &s;
+    if (absl::Status why = row->parse(s.value, o); !why.ok()) {
+      return BadValue(row->name, s.value, row->accepted, why.message());
     }
-    if (spec == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("bucketalloc option '", key,
-                                                     "' (value '", value, "') is unknown; accepted keys: ",
-                                                     AcceptedKeys()));
-    }
-    if (absl::Status s = spec->parse(value, o); !s.ok()) return s;
   }
   if (absl::Status s = ValidateOptions(o); !s.ok()) return s;
   return o;
@@ -504,17 +501,16 @@ absl::StatusOr<Options> OptionsFromEnv() {
 
 std::string FormatOptions(const Options& o) {
   std::vector<std::string> parts;
-  for (const OptionSpec& spec : kOptionTable) parts.push_back(absl::StrCat(spec.name, ":", spec.format(o)));
+  for (const OptionRow& row : Table()) parts.push_back(absl::StrCat(row.name, ":", row.format(o)));
   return absl::StrJoin(parts, ",");
 }
 
 std::string OptionsMarkdownTable() {
   const Options defaults;
   std::string out = "| key | accepted values | default | meaning |\n|---|---|---|---|\n";
-  for (const OptionSpec& spec : kOptionTable) {
-    std::string def = spec.format(defaults);
-    if (absl::string_view(spec.name) == "debug_check_invariants") def = "false (always true in a debug build)";
-    absl::StrAppend(&out, "| `", spec.name, "` | ", spec.accepted, " | `", def, "` | ", spec.meaning, " |\n");
+  for (const OptionRow& row : Table()) {
+    const std::string def = row.doc_default.empty() ? row.format(defaults) : row.doc_default;
+    absl::StrAppend(&out, "| `", row.name, "` | ", row.accepted, " | `", def, "` | ", row.meaning, " |\n");
   }
   return out;
 }

@@ -7,15 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
-#include "bucketalloc/options.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-constexpr const char* kPoolNames[kNumPoolIndices] = {"all", "small_pool", "large_pool"};
 
 Json HistogramJson(const PoolFragmentation& p) {
   Json bins = Json::array();
@@ -41,10 +38,10 @@ Json FragmentationJson(const FragmentationReport& r) {
   for (const TierUsage& t : r.tiers) {
     tiers.push_back({{"tier_bytes", t.tier_bytes}, {"in_use", t.in_use}, {"cached", t.cached}});
   }
-  return Json{{"all", HistogramJson(r.all)},
-              {"small_pool", HistogramJson(r.small_pool)},
-              {"large_pool", HistogramJson(r.large_pool)},
-              {"tiers", tiers}};
+  Json j = Json::object();
+  for (int p = 0; p < kNumPoolIndices; ++p) j[kPoolNames[p].key] = HistogramJson(r.pools[p]);
+  j["tiers"] = tiers;
+  return j;
 }
 
 void AppendPoolTable(std::string* out, const char* name, const PoolFragmentation& p) {
@@ -67,21 +64,11 @@ void AppendPoolTable(std::string* out, const char* name, const PoolFragmentation
 
 }  // namespace
 
-void DeviceStats::ResetPeaks() {
-#define BUCKETALLOC_RESET_PEAK(name, doc) \
-  for (Stat & s : name) s.ResetPeak();
-  BUCKETALLOC_POOL_STATS(BUCKETALLOC_RESET_PEAK)
-#undef BUCKETALLOC_RESET_PEAK
-#define BUCKETALLOC_RESET_DEVICE_PEAK(name, doc) name.ResetPeak();
-  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_RESET_DEVICE_PEAK)
-#undef BUCKETALLOC_RESET_DEVICE_PEAK
-}
-
 std::string StatsToJson(const DeviceStats& stats) {
   Json j = Json::object();
 #define BUCKETALLOC_STAT_JSON(name, doc)                                          \
   for (int p = 0; p < kNumPoolIndices; ++p) {                                    \
-    const std::string prefix = absl::StrCat(#name, ".", kPoolNames[p], ".");     \
+    const std::string prefix = absl::StrCat(#name, ".", kPoolNames[p].key, ".");     \
     j[prefix + "current"] = stats.name[p].current;                               \
     j[prefix + "peak"] = stats.name[p].peak;                                     \
     j[prefix + "allocated"] = stats.name[p].allocated;                           \
@@ -104,23 +91,13 @@ std::string StatsToJson(const DeviceStats& stats) {
   return j.dump();
 }
 
-double PoolFragmentation::external_fragmentation() const {
-  return total_free == 0 ? 0.0 : 1.0 - static_cast<double>(largest_free) / static_cast<double>(total_free);
-}
-
-double PoolFragmentation::internal_fragmentation() const {
-  return allocated == 0 ? 0.0 : 1.0 - static_cast<double>(requested) / static_cast<double>(allocated);
-}
-
 std::string FragmentationToJson(const FragmentationReport& report) {
   return FragmentationJson(report).dump();
 }
 
 std::string FragmentationToTable(const FragmentationReport& report) {
   std::string out;
-  AppendPoolTable(&out, "all pools", report.all);
-  AppendPoolTable(&out, "small pool", report.small_pool);
-  AppendPoolTable(&out, "large pool", report.large_pool);
+  for (int p = 0; p < kNumPoolIndices; ++p) AppendPoolTable(&out, kPoolNames[p].label, report.pools[p]);
   if (!report.tiers.empty()) {
     absl::StrAppend(&out, "tiers:        tier size     in use     cached\n");
     for (const TierUsage& t : report.tiers) {
@@ -187,12 +164,14 @@ std::string StatsSummary(const DeviceStats& s, int device) {
     absl::StrAppendFormat(&out, "| %-26s | %12s | %12s | %12s | %12s |\n", label, fmt(st.current), fmt(st.peak),
                           fmt(st.allocated), fmt(st.freed));
   };
+  // PyTorch's order: the total, then the pools from the last (large) to the first (small).
 #define BUCKETALLOC_SUMMARY_ROW(name, doc)                                                   \
   {                                                                                          \
-    const bool bytes = absl::EndsWith(#name, "_bytes");                          \
+    const bool bytes = absl::EndsWith(#name, "_bytes");                                      \
     row(#name, s.name[kAllPools], bytes);                                                    \
-    row("  from large pool", s.name[kLargePool], bytes);                                    \
-    row("  from small pool", s.name[kSmallPool], bytes);                                    \
+    for (int p = kNumPoolIndices - 1; p > kAllPools; --p) {                                  \
+      row(absl::StrCat("  from ", kPoolNames[p].label), s.name[p], bytes);                   \
+    }                                                                                        \
   }
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_SUMMARY_ROW)
 #undef BUCKETALLOC_SUMMARY_ROW

@@ -8,14 +8,10 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "bucketalloc/allocator.h"
-#include "bucketalloc/options.h"
-#include "bucketalloc/stats.h"
-#include "harness/pytorch_policy.h"
+#include "bucketalloc/units.h"
+#include "harness/policies.h"
 #include "internal/bits.h"
 #include "nlohmann/json.hpp"
 
@@ -23,93 +19,6 @@ namespace bucketalloc::harness {
 namespace {
 
 constexpr std::size_t kGranularity = std::size_t{2} << 20;
-
-// bucketalloc on a simulated device of `capacity` bytes.
-class BucketallocReplay final : public ReplayAllocator {
- public:
-  explicit BucketallocReplay(std::unique_ptr<Allocator> a) : a_(std::move(a)) {}
-  absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) override { return a_->Allocate(size, 0, stream); }
-  absl::Status Free(void* ptr, std::size_t size) override { return a_->Free(ptr, 0, size); }
-  std::size_t reserved_bytes() const override { return Reserved().current; }
-  std::size_t peak_reserved_bytes() const override { return Reserved().peak; }
-  void ResetPeak() override { a_->ResetPeakStats(0).IgnoreError(); }
-  BackendCounters backend_counters() const override { return (*a_->backend(0))->counters(); }
-  std::uint64_t granules_stitched() const override {
-    absl::StatusOr<DeviceStats> stats = a_->GetStats(0);
-    return stats.ok() ? static_cast<std::uint64_t>(stats->num_granules_stitched) : 0;
-  }
-  PoolFragmentation Fragmentation() const override {
-    absl::StatusOr<FragmentationReport> f = a_->GetFragmentation(0);  // device 0 exists, as in Reserved()
-    return f.ok() ? f->all : PoolFragmentation{};
-  }
-
- private:
-  struct Gauge {
-    std::size_t current;
-    std::size_t peak;
-  };
-  Gauge Reserved() const {
-    absl::StatusOr<DeviceStats> stats = a_->GetStats(0);  // device 0 exists: it was created with the allocator
-    if (!stats.ok()) return {0, 0};
-    const Stat s = stats->reserved_bytes[kAllPools];
-    return {static_cast<std::size_t>(s.current), static_cast<std::size_t>(s.peak)};
-  }
-  std::unique_ptr<Allocator> a_;
-};
-
-// One backend call per request: what cudaMalloc/cudaFree without a cache does.
-class NoCacheReplay final : public ReplayAllocator {
- public:
-  explicit NoCacheReplay(std::unique_ptr<ReplayDevice> b) : b_(std::move(b)) {}
-  absl::StatusOr<void*> Allocate(std::size_t size, Stream) override {
-    if (size == 0) return nullptr;
-    absl::StatusOr<void*> p = b_->Allocate(internal::RoundUp(size, b_->Granularity()));
-    if (p.ok()) {
-      peak_ = std::max(peak_, b_->used_bytes());
-      requested_ += size;
-    }
-    return p;
-  }
-  absl::Status Free(void* ptr, std::size_t size) override {
-    if (ptr == nullptr) return absl::OkStatus();
-    absl::Status s = b_->Free(ptr, internal::RoundUp(size, b_->Granularity()));
-    if (s.ok()) requested_ -= size;
-    return s;
-  }
-  std::size_t reserved_bytes() const override { return b_->used_bytes(); }
-  std::size_t peak_reserved_bytes() const override { return peak_; }
-  void ResetPeak() override { peak_ = b_->used_bytes(); }
-  BackendCounters backend_counters() const override { return b_->counters(); }
-  // Nothing is cached: every reserved byte belongs to a live block, and the rounding to 2 MiB is
-  // internal fragmentation (allocated - requested), not free blocks.
-  PoolFragmentation Fragmentation() const override {
-    PoolFragmentation f = ReplayAllocator::Fragmentation();
-    f.requested = static_cast<std::int64_t>(requested_);
-    return f;
-  }
-
- private:
-  std::unique_ptr<ReplayDevice> b_;
-  std::size_t peak_ = 0;
-  std::size_t requested_ = 0;  // bytes asked for by live blocks
-};
-
-// Splits at commas outside brackets ("a:[1,2],b:3" -> "a:[1,2]", "b:3"); a stray "]" does not
-// make the depth negative.
-std::vector<std::string> SplitOutsideBrackets(absl::string_view text) {
-  std::vector<std::string> pieces(1);
-  int depth = 0;
-  for (char c : text) {
-    if (c == '[') ++depth;
-    if (c == ']' && depth > 0) --depth;
-    if (c == ',' && depth == 0) {
-      pieces.emplace_back();
-    } else {
-      pieces.back() += c;
-    }
-  }
-  return pieces;
-}
 
 double Percentile(std::vector<std::uint32_t>& v, double q) {
   if (v.empty()) return 0.0;
@@ -279,126 +188,6 @@ absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, con
 
 }  // namespace
 
-PoolFragmentation ReplayAllocator::Fragmentation() const {
-  PoolFragmentation f;
-  f.reserved = static_cast<std::int64_t>(reserved_bytes());
-  f.allocated = f.reserved;
-  f.requested = f.reserved;
-  return f;
-}
-
-absl::StatusOr<ReplayDeviceKind> ParseReplayDeviceKind(absl::string_view name) {
-  if (name == "sim") return ReplayDeviceKind::kSim;
-  if (name == "cuda") return ReplayDeviceKind::kCuda;
-  return absl::InvalidArgumentError(absl::StrCat("--device ", name, ": accepted sim or cuda"));
-}
-
-absl::StatusOr<void*> ReplayDevice::Allocate(std::size_t bytes) {
-  if (enforce_capacity_ && used_ + bytes > capacity_) {
-    ++refused_;
-    return absl::ResourceExhaustedError(absl::StrCat("the replay's capacity of ", capacity_, " bytes is reached (",
-                                                     used_, " used, ", bytes, " asked)"));
-  }
-  absl::StatusOr<void*> p = backend_->Allocate(bytes);
-  if (p.ok()) used_ += bytes;
-  return p;
-}
-
-absl::Status ReplayDevice::Free(void* ptr, std::size_t bytes) {
-  absl::Status s = backend_->Free(ptr, bytes);
-  if (s.ok()) used_ -= bytes;
-  return s;
-}
-
-BackendCounters ReplayDevice::counters() const {
-  BackendCounters c = backend_->counters();
-  c.failed_allocs += refused_;
-  return c;
-}
-
-absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity, ReplayDeviceKind kind) {
-  if (kind == ReplayDeviceKind::kCuda) {
-    absl::StatusOr<std::unique_ptr<Backend>> cuda = MakeCudaBackend(0);
-    if (!cuda.ok()) return cuda.status();
-    return std::make_unique<ReplayDevice>(std::move(*cuda), capacity, /*enforce_capacity=*/true);
-  }
-  SimBackendOptions o;
-  o.total_memory = capacity;
-  o.memory = SimMemoryMode::kUnbacked;
-  absl::StatusOr<std::unique_ptr<SimBackend>> sim = MakeSimBackend(o);
-  if (!sim.ok()) return sim.status();
-  return std::make_unique<ReplayDevice>(std::move(*sim), capacity, /*enforce_capacity=*/false);
-}
-
-absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity,
-                                                                     ReplayDeviceKind kind) {
-  if (capacity < kGranularity) {
-    return absl::InvalidArgumentError(absl::StrCat("capacity ", capacity, " bytes is too small; accepted: 2 MiB or more"));
-  }
-  capacity = capacity / kGranularity * kGranularity;
-  if (spec == "pytorch-policy") return MakePyTorchPolicy(capacity, kind);
-  if (spec == "nocache") {
-    absl::StatusOr<std::unique_ptr<ReplayDevice>> b = MakeReplayDevice(capacity, kind);
-    if (!b.ok()) return b.status();
-    return std::unique_ptr<ReplayAllocator>(std::make_unique<NoCacheReplay>(std::move(*b)));
-  }
-  if (spec == "bucketalloc" || absl::StartsWith(spec, "bucketalloc:")) {
-    const absl::string_view conf = spec == "bucketalloc" ? absl::string_view() : spec.substr(12);
-    // The device and its size come from --device and --capacity, never from the CONF; backend:vmm
-    // (or expandable_segments) turns stitching on for that device.
-    bool stitching = false;
-    std::vector<std::string> policy;
-    for (const std::string& item : SplitOutsideBrackets(conf)) {
-      const absl::string_view key = absl::StripAsciiWhitespace(absl::string_view(item).substr(0, item.find(':')));
-      const absl::string_view value =
-          absl::StripAsciiWhitespace(item.find(':') == std::string::npos ? "" : absl::string_view(item).substr(item.find(':') + 1));
-      if (key == "backend" && value == "vmm") {
-        stitching = true;
-        continue;
-      }
-      if (key == "backend" || key == "capacity" || key == "memory_fraction" || absl::StartsWith(key, "sim_")) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "allocator \"", spec, "\": the harness sets '", key,
-            "' from --capacity and --device; accepted in a CONF: backend:vmm (stitching on the replay device) and "
-            "the allocator's policy options (docs/configuration.md)"));
-      }
-      policy.push_back(item);
-    }
-    std::string full = kind == ReplayDeviceKind::kCuda
-                           ? absl::StrCat(stitching ? "backend:vmm" : "backend:cuda", ",capacity:", capacity)
-                           : absl::StrCat("backend:sim,sim_memory:unbacked,sim_total_memory:", capacity,
-                                          stitching ? ",expandable_segments:true" : "");
-    if (!policy.empty()) absl::StrAppend(&full, ",", absl::StrJoin(policy, ","));
-    absl::StatusOr<Options> options = ParseOptions(full);
-    if (!options.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("allocator \"", spec, "\": ", options.status().message()));
-    }
-    absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::Create(*options);
-    if (!a.ok()) return a.status();
-    return std::unique_ptr<ReplayAllocator>(std::make_unique<BucketallocReplay>(std::move(*a)));
-  }
-  return absl::InvalidArgumentError(absl::StrCat("allocator \"", spec,
-                                                 "\" is unknown; accepted: bucketalloc, bucketalloc:CONF, "
-                                                 "pytorch-policy, nocache"));
-}
-
-std::vector<std::string> SplitAllocatorList(absl::string_view list) {
-  std::vector<std::string> pieces = SplitOutsideBrackets(list);
-  for (std::string& p : pieces) p = std::string(absl::StripAsciiWhitespace(p));
-  auto names_an_allocator = [](absl::string_view p) {
-    return p == "bucketalloc" || absl::StartsWith(p, "bucketalloc:") || p == "pytorch-policy" || p == "nocache";
-  };
-  std::vector<std::string> out;
-  for (std::string& p : pieces) {
-    if (!out.empty() && !p.empty() && !names_an_allocator(p) && absl::StartsWith(out.back(), "bucketalloc:")) {
-      absl::StrAppend(&out.back(), ",", p);
-    } else if (!p.empty()) {
-      out.push_back(std::move(p));
-    }
-  }
-  return out;
-}
-
 std::size_t PeakLiveBytes(const Trace& trace, int rounds) {
   absl::flat_hash_map<std::uint64_t, std::uint64_t> live;
   std::size_t now = 0, peak = 0;
@@ -434,7 +223,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   ReplayAllocator& a = **made;
   ReplayResult r;
   r.allocator = options.allocator;
-  r.device = options.device == ReplayDeviceKind::kCuda ? "cuda" : "sim";
+  r.device = std::string(ReplayDeviceName(options.device));
   r.capacity = options.capacity / kGranularity * kGranularity;
   r.peak_live_bytes = PeakLiveBytes(trace, options.repeat);
   const std::uint64_t events =

@@ -1,13 +1,10 @@
-// src/harness/replay.h — replays an allocation trace against an allocator on the simulated device
-// and measures what it costs in bytes, failures, nanoseconds and backend calls (layer L5).
+// src/harness/replay.h — replays an allocation trace against an allocator policy on the simulated
+// device (or a GPU) and measures what it costs in bytes, failures, nanoseconds and backend calls,
+// and finds the smallest card that serves it (layer L5).
 //
-// Allocators (MakeReplayAllocator's spec):
-//   bucketalloc            bucketalloc with its defaults
-//   bucketalloc:CONF       bucketalloc with a BUCKETALLOC_CONF string, e.g. bucketalloc:max_split_size_mb:256
-//   pytorch-policy         a model of PyTorch's native caching allocator (harness/pytorch_policy.h)
-//   nocache                one backend call per request (cudaMalloc/cudaFree), memory rounded to 2 MiB
-// Each runs on a simulated device of exactly `capacity` bytes (unbacked: addresses, no memory), so
-// a request that the allocator cannot place fails as it would on a card of that size.
+// The policies (bucketalloc[:CONF], pytorch-policy, nocache) are named by harness/policies.h; each
+// runs on a device of exactly `capacity` bytes (simulated: unbacked, addresses and no memory), so a
+// request that the policy cannot place fails as it would on a card of that size.
 //
 // The replay is sequential in file order (RMM's logs are in timestamp order even for several
 // threads). A free of a pointer whose allocation failed in the replay is skipped; "allocate
@@ -33,7 +30,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "bucketalloc/backend.h"
-#include "bucketalloc/stats.h"
+#include "bucketalloc/stat_types.h"
+#include "harness/replay_allocator.h"
 #include "harness/trace.h"
 
 namespace bucketalloc::harness {
@@ -46,70 +44,6 @@ struct CostModel {
   // One virtual-memory call (create, release, map with its access grant, or unmap of a granule).
   double vmm_call_us = 10.0;
 };
-
-class ReplayAllocator {
- public:
-  virtual ~ReplayAllocator() = default;
-  // Allocates `size` bytes for `stream`; ResourceExhausted when it cannot (an OOM).
-  virtual absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) = 0;
-  virtual absl::Status Free(void* ptr, std::size_t size) = 0;
-  // Reserved from the device now, and the peak since the last ResetPeak().
-  virtual std::size_t reserved_bytes() const = 0;
-  virtual std::size_t peak_reserved_bytes() const = 0;
-  virtual void ResetPeak() = 0;
-  virtual BackendCounters backend_counters() const = 0;
-  // Physical granules moved from free blocks into stitched ranges (bucketalloc with stitching).
-  virtual std::uint64_t granules_stitched() const { return 0; }
-  // Returns the allocator's cached free blocks in power-of-two bins, with its reserved, allocated
-  // (block sizes of live allocations) and requested bytes. The default, for an allocator that
-  // caches nothing, has empty bins and reports reserved bytes as allocated. Not timed: it may walk
-  // every free block.
-  virtual PoolFragmentation Fragmentation() const;
-};
-
-// Where a replay runs: the simulated device (unbacked: addresses, no memory; the default, and what
-// every figure in docs/harness.md uses, since it is reproducible) or CUDA device 0 through cudaMalloc
-// (bucketalloc with backend:cuda; nocache and pytorch-policy on cudaMalloc), capped at the capacity.
-enum class ReplayDeviceKind : std::uint8_t { kSim, kCuda };
-absl::StatusOr<ReplayDeviceKind> ParseReplayDeviceKind(absl::string_view name);  // sim, cuda
-
-// The memory under nocache and pytorch-policy: a backend of exactly `capacity` bytes. Allocate
-// returns ResourceExhausted past the capacity (the simulated device enforces it itself; on CUDA
-// this wrapper does, and counts the refusal as a failed backend allocation, as the simulated device
-// counts its own).
-class ReplayDevice {
- public:
-  ReplayDevice(std::unique_ptr<Backend> backend, std::size_t capacity, bool enforce_capacity)
-      : backend_(std::move(backend)), capacity_(capacity), enforce_capacity_(enforce_capacity) {}
-  absl::StatusOr<void*> Allocate(std::size_t bytes);  // bytes: a multiple of Granularity()
-  absl::Status Free(void* ptr, std::size_t bytes);
-  std::size_t used_bytes() const { return used_; }
-  std::size_t Granularity() const { return backend_->Granularity(); }
-  BackendCounters counters() const;
-
- private:
-  std::unique_ptr<Backend> backend_;
-  std::size_t capacity_;
-  bool enforce_capacity_;
-  std::size_t used_ = 0;
-  std::int64_t refused_ = 0;
-};
-
-absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity,
-                                                               ReplayDeviceKind kind = ReplayDeviceKind::kSim);
-
-// Creates the allocator named by `spec` (see the file comment) on a device of `capacity` bytes.
-// InvalidArgument names a bad spec or configuration and what is accepted; on CUDA without a usable
-// device, FailedPrecondition names the CUDA error.
-absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity,
-                                                                     ReplayDeviceKind kind = ReplayDeviceKind::kSim);
-
-// Splits compare's --allocators list. A BUCKETALLOC_CONF has commas of its own, so the list splits at
-// commas outside brackets, and a piece that does not start with an allocator name (bucketalloc,
-// pytorch-policy, nocache) continues the previous one's CONF:
-//   "bucketalloc,bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048,nocache"
-//   -> {"bucketalloc", "bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048", "nocache"}
-std::vector<std::string> SplitAllocatorList(absl::string_view list);
 
 struct ReplayOptions {
   std::string allocator = "bucketalloc";

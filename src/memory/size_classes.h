@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <span>
 
-#include "bucketalloc/options.h"
+#include "bucketalloc/units.h"
 #include "internal/bits.h"
 
 namespace bucketalloc::internal {

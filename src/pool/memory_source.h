@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "bucketalloc/backend.h"
-#include "bucketalloc/stats.h"
+#include "bucketalloc/stat_types.h"
 
 namespace bucketalloc::internal {
 

@@ -20,7 +20,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
-#include "bucketalloc/stats.h"
+#include "bucketalloc/stat_types.h"
 #include "internal/intrusive_list.h"
 #include "internal/object_pool.h"
 #include "memory/size_classes.h"

@@ -1,5 +1,6 @@
 // The Backend interface's defaults: a backend without virtual memory says so for every VMM call.
 #include "bucketalloc/backend.h"
+#include "bucketalloc/testing/sim_backend.h"
 
 #include <gtest/gtest.h>
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "bucketalloc/backend.h"
+#include "bucketalloc/testing/sim_backend.h"
 #include "bucketalloc/options.h"
 
 namespace bucketalloc {

@@ -1,7 +1,8 @@
 // tests/cuda/cuda_backend_test.cc — the cudaMalloc and vmm backends and the allocator on a real device.
 //
-// Covers: cuda/cuda_backend.cc (MakeCudaBackend, MakeVmmBackend, CudaDeviceCount, CudaBackend,
-// VmmBackend) and the allocator front end with `backend:cuda` and `backend:vmm`.
+// Covers: cuda/ (MakeCudaBackend, MakeVmmBackend, CudaDeviceCount, CudaBackend, VmmBackend), the
+// Backend contract on both (tests/backend/backend_conformance.h), and the allocator front end with
+// `backend:cuda` and `backend:vmm`.
 // Modes (never a silent pass):
 //   * No GPU, BUCKETALLOC_EXPECT_GPU unset or 0: CudaNoGpuTest asserts the typed
 //     FailedPrecondition error naming the CUDA error (both backends); the GPU tests are skipped
@@ -24,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "backend/backend_conformance.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/options.h"
@@ -927,5 +929,25 @@ TEST_F(CudaGpuTest, AllocatorWithVmmBackendStitchesFreeGranulesAtTheCap) {
   ExpectAllReleased(*allocator);
 }
 
+// The Backend contract (tests/backend/backend_conformance.h) on both CUDA backends. Without a GPU
+// every case is skipped with the reason (a failure under BUCKETALLOC_EXPECT_GPU=1).
+struct CudaTraits {
+  static constexpr const char* kName = "cuda";
+  static constexpr bool kNeedsGpu = true;
+  static constexpr bool kHostAccessible = false;
+  static BackendSettings Settings() { return {}; }
+};
+struct VmmTraits {
+  static constexpr const char* kName = "vmm";
+  static constexpr bool kNeedsGpu = true;
+  static constexpr bool kHostAccessible = false;
+  static BackendSettings Settings() { return {}; }
+};
+
 }  // namespace
 }  // namespace bucketalloc
+
+namespace bucketalloc::testing {
+BUCKETALLOC_INSTANTIATE_BACKEND_CONFORMANCE(Cuda, ::bucketalloc::CudaTraits);
+BUCKETALLOC_INSTANTIATE_BACKEND_CONFORMANCE(Vmm, ::bucketalloc::VmmTraits);
+}  // namespace bucketalloc::testing

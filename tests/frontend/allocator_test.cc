@@ -1,6 +1,7 @@
 // The public API over every test configuration (tests/test_util.h): round trips, stream ordering,
 // RecordStream, EmptyCache, devices, and every kind of bad input.
 #include "bucketalloc/allocator.h"
+#include "bucketalloc/testing/sim_backend.h"
 
 #include <gtest/gtest.h>
 
@@ -181,15 +182,15 @@ TEST_P(AllocatorTest, SummaryAndFragmentationReport) {
   EXPECT_TRUE(absl::StrContains(*summary, "allocated_bytes"));
   EXPECT_TRUE(absl::StrContains(*summary, "external fragmentation"));
   FragmentationReport f = *allocator_->GetFragmentation(0);
-  EXPECT_EQ(f.all.allocated, Stats().allocated_bytes[kAllPools].current);
-  EXPECT_EQ(f.all.total_free, Stats().cached_bytes[kAllPools].current);
+  EXPECT_EQ(f.all().allocated, Stats().allocated_bytes[kAllPools].current);
+  EXPECT_EQ(f.all().total_free, Stats().cached_bytes[kAllPools].current);
   if (f.tiers.empty()) {
-    EXPECT_GT(f.large_pool.total_free, 0);  // the rest of the 20 MiB segment
+    EXPECT_GT(f.large_pool().total_free, 0);  // the rest of the 20 MiB segment
   } else {
     EXPECT_EQ(f.tiers[1].in_use, 1);  // 3 MiB rounds up to the 4 MiB tier, a whole segment
-    EXPECT_EQ(f.large_pool.total_free, 0);
+    EXPECT_EQ(f.large_pool().total_free, 0);
   }
-  EXPECT_LE(f.all.largest_free, f.all.total_free);
+  EXPECT_LE(f.all().largest_free, f.all().total_free);
   for (void* x : {p, q}) ASSERT_TRUE(allocator_->Free(x).ok());
 }
 
@@ -216,7 +217,7 @@ TEST(AllocatorDevicesTest, EachDeviceHasItsOwnState) {
 
 TEST(AllocatorCreateTest, InvalidOptionsAreRefused) {
   Options o;
-  o.backend = BackendKind::kSim;
+  o.backend = "sim";
   o.memory_fraction = 2.0;
   absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::Create(o);
   EXPECT_TRUE(absl::IsInvalidArgument(a.status()));

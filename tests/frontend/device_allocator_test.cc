@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "bucketalloc/allocator.h"
+#include "bucketalloc/testing/sim_backend.h"
 #include "test_util.h"
 
 namespace bucketalloc {
@@ -56,8 +57,8 @@ TEST(OomDiagnosisTest, Fragmentation) {
   OomReport r = ExpectOom(*a, 16 * kMiB, OomCause::kFragmentation);
   EXPECT_EQ(r.largest_free, 12 * kMiB);
   EXPECT_EQ(r.cached, 36 * kMiB);
-  EXPECT_DOUBLE_EQ(r.fragmentation.large_pool.external_fragmentation(), 1.0 - 12.0 / 36.0);
-  EXPECT_EQ(r.fragmentation.large_pool.free_count[23], 3);  // three blocks in [8, 16) MiB
+  EXPECT_DOUBLE_EQ(r.fragmentation.large_pool().external_fragmentation(), 1.0 - 12.0 / 36.0);
+  EXPECT_EQ(r.fragmentation.large_pool().free_count[23], 3);  // three blocks in [8, 16) MiB
   EXPECT_TRUE(absl::StrContains(r.ToString(), "external fragmentation 66.7%")) << r.ToString();
   for (void* p : keep) ASSERT_TRUE(a->Free(p).ok());
 }

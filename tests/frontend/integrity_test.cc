@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "bucketalloc/allocator.h"
+#include "bucketalloc/testing/sim_backend.h"
 #include "test_util.h"
 
 namespace bucketalloc {

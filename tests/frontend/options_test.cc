@@ -12,7 +12,8 @@ namespace {
 
 TEST(OptionsTest, DefaultsMatchPyTorch) {
   const Options o;
-  EXPECT_EQ(o.backend, BackendKind::kCuda);
+  EXPECT_EQ(o.backend, "cuda");
+  EXPECT_TRUE(o.backend_settings.empty());
   EXPECT_EQ(o.small_pool_limit, kMiB);
   EXPECT_EQ(o.max_split_size, kUnlimited);
   EXPECT_EQ(o.max_non_split_rounding, 20 * kMiB);
@@ -29,7 +30,7 @@ TEST(OptionsTest, ParsesEveryKind) {
       "bytes_per_token:131072,tier_min_fill:0.25,sim_total_memory:80GiB,sim_memory:unbacked,sim_devices:2,"
       "sim_fail_nth_alloc:3,sim_fail_fraction:0.1,sim_seed:9,debug_check_invariants:true");
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->backend, BackendKind::kSim);
+  EXPECT_EQ(o->backend, "sim");
   EXPECT_EQ(o->capacity, 8 * kGiB);
   EXPECT_DOUBLE_EQ(o->memory_fraction, 0.9);
   EXPECT_DOUBLE_EQ(o->garbage_collection_threshold, 0.8);
@@ -46,10 +47,10 @@ TEST(OptionsTest, ParsesEveryKind) {
   EXPECT_EQ(o->ResolvedTiers(2 * kMiB),
             (std::vector<std::size_t>{64 * kMiB, 128 * kMiB, 256 * kMiB, 512 * kMiB}));
   EXPECT_DOUBLE_EQ(o->tier_min_fill, 0.25);
-  EXPECT_TRUE(o->sim_unbacked);
-  EXPECT_EQ(o->sim_devices, 2);
-  EXPECT_EQ(o->sim_fail_nth_alloc, 3);
-  EXPECT_EQ(o->sim_seed, 9u);
+  // The simulated device's keys are its own (the backend registry's sim row), kept canonical.
+  EXPECT_EQ(o->backend_settings, (BackendSettings{{"sim_devices", "2"}, {"sim_fail_fraction", "0.1"},
+                                                  {"sim_fail_nth_alloc", "3"}, {"sim_memory", "unbacked"},
+                                                  {"sim_seed", "9"}, {"sim_total_memory", "80GiB"}}));
   EXPECT_TRUE(o->debug_check_invariants);
   // The dump parses back to the same options.
   absl::StatusOr<Options> again = ParseOptions(FormatOptions(*o));
@@ -75,7 +76,8 @@ TEST(OptionsTest, StitchingIsBackendVmmOrPyTorchsExpandableSegments) {
   EXPECT_FALSE(ParseOptions("")->Stitching());
   absl::StatusOr<Options> vmm = ParseOptions("backend:vmm");
   ASSERT_TRUE(vmm.ok()) << vmm.status();
-  EXPECT_EQ(vmm->backend, BackendKind::kVmm);
+  EXPECT_EQ(vmm->backend, "vmm");
+  EXPECT_EQ(vmm->DeviceBackend(), "vmm");
   EXPECT_TRUE(vmm->Stitching());
   absl::StatusOr<Options> alias = ParseOptions("expandable_segments:True");  // PyTorch's spelling
   ASSERT_TRUE(alias.ok()) << alias.status();
@@ -84,7 +86,11 @@ TEST(OptionsTest, StitchingIsBackendVmmOrPyTorchsExpandableSegments) {
   EXPECT_TRUE(ParseOptions("backend:sim,expandable_segments:true")->Stitching());
   EXPECT_FALSE(ParseOptions("expandable_segments:False")->Stitching());
   // The dump parses back to the same choice.
-  EXPECT_EQ(ParseOptions(FormatOptions(*vmm))->backend, BackendKind::kVmm);
+  EXPECT_EQ(ParseOptions(FormatOptions(*vmm))->backend, "vmm");
+  // expandable_segments asks the backend registry which backend stitches in cuda's place.
+  EXPECT_EQ(alias->DeviceBackend(), "vmm");
+  EXPECT_EQ(ParseOptions("backend:sim,expandable_segments:true")->DeviceBackend(), "sim");
+  EXPECT_EQ(ParseOptions("")->DeviceBackend(), "cuda");
   EXPECT_TRUE(ParseOptions(FormatOptions(*alias))->expandable_segments);
 }
 
@@ -122,8 +128,61 @@ TEST(OptionsTest, BadInputIsAClearError) {
   ExpectError("sim_devices:0", "sim_devices", "0");
   ExpectError("sim_total_memory:3MiB", "sim_total_memory", "3MiB");
   ExpectError("debug_check_invariants:maybe", "debug_check_invariants", "maybe");
+  ExpectError("sim_fail_fraction:2", "sim_fail_fraction", "2");
+  ExpectError("sim_seed:-1", "sim_seed", "-1");
   EXPECT_FALSE(ParseOptions("capacity").ok());             // no value
   EXPECT_FALSE(ParseOptions("tiers:[64MiB,128MiB").ok());  // unbalanced
+}
+
+// A value set by hand in the C++ struct is checked by its row as a parsed one is.
+TEST(OptionsTest, ValidateChecksHandSetFields) {
+  Options o;
+  o.backend = "tpu";
+  absl::Status s = ValidateOptions(o);
+  EXPECT_TRUE(absl::StrContains(s.message(), "option 'backend': bad value 'tpu'; accepted: sim, cuda or vmm")) << s;
+  o = Options();
+  o.backend_settings["sim_memory"] = "virtual";
+  s = ValidateOptions(o);
+  EXPECT_TRUE(absl::StrContains(s.message(), "option 'sim_memory': bad value 'virtual'; accepted: backed or unbacked"))
+      << s;
+  o = Options();
+  o.backend_settings["sim_colour"] = "blue";
+  s = ValidateOptions(o);
+  EXPECT_TRUE(absl::StrContains(s.message(), "'sim_colour' (value 'blue') in backend_settings is unknown")) << s;
+  o = Options();
+  o.max_split_size = 32 * kMiB;
+  o.large_segment_size = 64 * kMiB;
+  s = ValidateOptions(o);
+  EXPECT_TRUE(absl::StrContains(s.message(), "'large_segment_size_mb': bad value '64' (segments shared by requests "
+                                             "under 10 MiB must stay splittable); accepted: an even whole number"))
+      << s;
+  // Parse errors and validation errors of a key name the same accepted values.
+  absl::StatusOr<Options> p = ParseOptions("small_pool_limit:lots");
+  absl::StatusOr<Options> v = ParseOptions("small_pool_limit:4MiB");
+  ASSERT_FALSE(p.ok());
+  ASSERT_FALSE(v.ok());
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "accepted: a size from 512 to 1MiB")) << p.status();
+  EXPECT_TRUE(absl::StrContains(v.status().message(), "accepted: a size from 512 to 1MiB")) << v.status();
+}
+
+// What the harness asks of the table: the CONF's settings, and which keys choose the device.
+TEST(OptionsTest, SplitsSettingsAndNamesDeviceKeys) {
+  absl::StatusOr<std::vector<OptionSetting>> s = SplitOptions(" tiers:[64MiB, 128MiB] ,backend:vmm");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->size(), 2u);
+  EXPECT_EQ((*s)[0].key, "tiers");
+  EXPECT_EQ((*s)[0].value, "[64MiB, 128MiB]");
+  EXPECT_EQ((*s)[1].key, "backend");
+  EXPECT_EQ((*s)[1].value, "vmm");
+  EXPECT_FALSE(SplitOptions("capacity").ok());
+  EXPECT_FALSE(SplitOptions("tiers:[1").ok());
+  for (const char* key : {"backend", "capacity", "memory_fraction", "sim_total_memory", "sim_seed"}) {
+    EXPECT_TRUE(IsDeviceOption(key)) << key;
+  }
+  for (const char* key : {"expandable_segments", "tiers", "max_split_size_mb", "no_such_key"}) {
+    EXPECT_FALSE(IsDeviceOption(key)) << key;
+  }
+  EXPECT_EQ(*SplitOptionList("a,b:[1,2], ,c"), (std::vector<std::string>{"a", "b:[1,2]", "c"}));
 }
 
 TEST(OptionsTest, EnvironmentVariable) {

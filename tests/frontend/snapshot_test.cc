@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "bucketalloc/allocator.h"
+#include "bucketalloc/testing/sim_backend.h"
 #include "nlohmann/json.hpp"
 #include "test_util.h"
 

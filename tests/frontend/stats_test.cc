@@ -51,9 +51,9 @@ TEST(FragmentationTest, Ratios) {
   EXPECT_DOUBLE_EQ(p.external_fragmentation(), 0.75);
   EXPECT_DOUBLE_EQ(p.internal_fragmentation(), 0.25);
   FragmentationReport r;
-  r.large_pool = p;
-  r.large_pool.free_count[20] = 3;
-  r.large_pool.free_bytes[20] = 3 << 20;
+  r.pools[kLargePool] = p;
+  r.pools[kLargePool].free_count[20] = 3;
+  r.pools[kLargePool].free_bytes[20] = 3 << 20;
   r.tiers.push_back({64 << 20, 2, 1});
   const nlohmann::json j = nlohmann::json::parse(FragmentationToJson(r));
   EXPECT_DOUBLE_EQ(j["large_pool"]["external_fragmentation"].get<double>(), 0.75);

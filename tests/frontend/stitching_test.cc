@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bucketalloc/allocator.h"
+#include "bucketalloc/testing/sim_backend.h"
 #include "test_util.h"
 
 namespace bucketalloc {

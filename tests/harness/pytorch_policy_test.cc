@@ -1,7 +1,7 @@
-// The model of PyTorch's caching allocator (src/harness/pytorch_policy.cc): its segment sizes,
+// The model of PyTorch's caching allocator (src/harness/policy_pytorch.cc): its segment sizes,
 // packing, splitting, per-stream best fit, coalescing, and release-and-retry, each checked on a case
 // whose answer follows from reference/pytorch.md §1.
-#include "harness/pytorch_policy.h"
+#include "harness/policies.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 Stream S(int i) { return reinterpret_cast<Stream>(static_cast<std::uintptr_t>(0x100 + i)); }
 
 std::unique_ptr<ReplayAllocator> Make(std::size_t capacity) {
-  absl::StatusOr<std::unique_ptr<ReplayAllocator>> a = MakePyTorchPolicy(capacity);
+  absl::StatusOr<std::unique_ptr<ReplayAllocator>> a = MakeReplayAllocator("pytorch-policy", capacity);
   EXPECT_TRUE(a.ok()) << a.status();
   return a.ok() ? std::move(*a) : nullptr;
 }

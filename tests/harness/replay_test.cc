@@ -1,6 +1,7 @@
 // Trace replay, its metrics and the min-capacity bisection (src/harness/replay.cc), on small traces
 // whose answers are known.
 #include "harness/replay.h"
+#include "harness/policies.h"
 
 #include <gtest/gtest.h>
 
@@ -275,14 +276,14 @@ TEST(ReplayTest, BadAllocatorsAndCapacitiesAreRefused) {
 }
 
 TEST(ReplayTest, AllocatorListsKeepTheirConfsCommas) {
-  EXPECT_EQ(SplitAllocatorList("bucketalloc,pytorch-policy,nocache"),
+  EXPECT_EQ(*SplitAllocatorList("bucketalloc,pytorch-policy,nocache"),
             (std::vector<std::string>{"bucketalloc", "pytorch-policy", "nocache"}));
-  EXPECT_EQ(SplitAllocatorList("bucketalloc,bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048,nocache"),
+  EXPECT_EQ(*SplitAllocatorList("bucketalloc,bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048,nocache"),
             (std::vector<std::string>{"bucketalloc", "bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048",
                                       "nocache"}));
   // An unknown name stays a piece of its own, so MakeReplayAllocator names it.
-  EXPECT_EQ(SplitAllocatorList("pytorch-policy,cub"), (std::vector<std::string>{"pytorch-policy", "cub"}));
-  EXPECT_EQ(SplitAllocatorList("bucketalloc:max_split_size_mb:256,,nocache"),
+  EXPECT_EQ(*SplitAllocatorList("pytorch-policy,cub"), (std::vector<std::string>{"pytorch-policy", "cub"}));
+  EXPECT_EQ(*SplitAllocatorList("bucketalloc:max_split_size_mb:256,,nocache"),
             (std::vector<std::string>{"bucketalloc:max_split_size_mb:256", "nocache"}));
 }
 
@@ -315,9 +316,13 @@ TEST(ReplayTest, ACapacityOrDeviceInTheConfIsRefused) {
     ASSERT_FALSE(a.ok()) << spec;
     EXPECT_TRUE(absl::StrContains(a.status().message(), "from --capacity and --device")) << a.status();
   }
-  EXPECT_EQ(SplitAllocatorList(" bucketalloc , nocache"), (std::vector<std::string>{"bucketalloc", "nocache"}));
-  EXPECT_EQ(SplitAllocatorList("bucketalloc:x],pytorch-policy"),
-            (std::vector<std::string>{"bucketalloc:x]", "pytorch-policy"}));
+  EXPECT_EQ(*SplitAllocatorList(" bucketalloc , nocache"), (std::vector<std::string>{"bucketalloc", "nocache"}));
+  // The list splits as the option table splits a CONF: unbalanced brackets are an error that says so.
+  absl::StatusOr<std::vector<std::string>> stray = SplitAllocatorList("bucketalloc:x],pytorch-policy");
+  EXPECT_TRUE(absl::StrContains(stray.status().message(), "unbalanced brackets")) << stray.status();
+  // A policy without options takes no CONF.
+  absl::StatusOr<std::unique_ptr<ReplayAllocator>> nocache = MakeReplayAllocator("nocache:capacity:1GiB", 64 * kMiB);
+  EXPECT_TRUE(absl::StrContains(nocache.status().message(), "nocache takes no CONF")) << nocache.status();
 }
 
 // Fragmentation that only stitching serves: two 20 MiB segments of five 4 MiB blocks, every other

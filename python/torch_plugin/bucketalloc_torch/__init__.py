@@ -35,7 +35,13 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 from . import _lib
 from ._lib import BucketallocError
 
-__version__ = "0.1.0"
+# The project's version (CMakeLists.txt, through this package's metadata; the C ABI reports the same).
+try:
+    from importlib.metadata import PackageNotFoundError, version as _metadata_version
+
+    __version__ = _metadata_version("bucketalloc-torch")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "unknown"
 
 __all__ = [
     "BucketallocError",

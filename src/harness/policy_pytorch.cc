@@ -1,5 +1,19 @@
-// src/harness/pytorch_policy.cc — the model of PyTorch's caching allocator (see the header).
-#include "harness/pytorch_policy.h"
+// src/harness/policy_pytorch.cc — the "pytorch-policy" replay policy: a model of PyTorch's native
+// CUDA caching allocator (harness/policies.h), the baseline bucketalloc is compared with.
+//
+// It follows ../shared/reference/pytorch.md §1 (CUDACachingAllocator, default configuration):
+//   - sizes round up to 512 B (kMinBlockSize); requests <= 1 MiB use the small pool, others the large;
+//   - segment sizes: <= 1 MiB -> 2 MiB; < 10 MiB -> 20 MiB; else rounded up to 2 MiB;
+//   - best fit per pool by (stream, size, address): the smallest free block of the stream that fits;
+//   - a small block is split when at least 512 B remain; a large one when more than 1 MiB remains
+//     (max_split_size unlimited, so no oversize rules apply);
+//   - a freed block coalesces at once with its free neighbours in the same segment;
+//   - a failed cudaMalloc releases every cached block that is a whole segment (not split), in both
+//     pools, and retries once; then the request is an OOM.
+// Fragmentation() walks both pools' cached free blocks (whole segments and the free pieces of split
+// ones) into power-of-two bins, as bucketalloc's histogram does.
+// Not modelled: record_stream events, garbage collection, expandable segments, memory fractions,
+// roundup_power2_divisions, max_split_size (all off by default).
 
 #include <algorithm>
 #include <set>
@@ -9,7 +23,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/backend.h"
-#include "bucketalloc/stats.h"
+#include "bucketalloc/stat_types.h"
+#include "harness/replay_allocator.h"
 #include "internal/bits.h"
 
 namespace bucketalloc::harness {
@@ -135,14 +150,7 @@ class PyTorchPolicy final : public ReplayAllocator {
   PoolFragmentation Fragmentation() const override {
     PoolFragmentation f;
     for (const BlockPool* pool : {&small_, &large_}) {
-      for (const Block* b : *pool) {
-        const int bin = std::min(internal::Log2Floor(b->size), kHistogramBins - 1);
-        const auto size = static_cast<std::int64_t>(b->size);
-        ++f.free_count[static_cast<std::size_t>(bin)];
-        f.free_bytes[static_cast<std::size_t>(bin)] += size;
-        f.total_free += size;
-        f.largest_free = std::max(f.largest_free, size);
-      }
+      for (const Block* b : *pool) f.AddFree(b->size);
     }
     f.requested = static_cast<std::int64_t>(requested_);
     f.allocated = static_cast<std::int64_t>(allocated_);
@@ -184,7 +192,8 @@ class PyTorchPolicy final : public ReplayAllocator {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(std::size_t capacity, ReplayDeviceKind kind) {
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(absl::string_view, std::size_t capacity,
+                                                                   ReplayDeviceKind kind) {
   absl::StatusOr<std::unique_ptr<ReplayDevice>> device = MakeReplayDevice(capacity, kind);
   if (!device.ok()) return device.status();
   return std::unique_ptr<ReplayAllocator>(std::make_unique<PyTorchPolicy>(std::move(*device)));

@@ -1,0 +1,38 @@
+// bucketalloc/units.h — byte units, and sizes as text (layer L0: usable by every layer).
+//
+// Owns: the binary units every layer counts in (kKiB, kMiB, kGiB), the "no limit" size, and the one
+// parser and formatter of sizes, used by the option table, the reports and the tools.
+// Thread-safety: constants and pure functions.
+//
+// Example:
+//   absl::StatusOr<std::size_t> s = bucketalloc::ParseSize("1.5GiB");  // 1610612736
+//   std::string t = bucketalloc::FormatBytes(20 * bucketalloc::kMiB);   // "20.00 MiB"
+#ifndef BUCKETALLOC_UNITS_H_
+#define BUCKETALLOC_UNITS_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace bucketalloc {
+
+inline constexpr std::size_t kKiB = std::size_t{1} << 10;
+inline constexpr std::size_t kMiB = std::size_t{1} << 20;
+inline constexpr std::size_t kGiB = std::size_t{1} << 30;
+// "No limit" for size options (PyTorch's SIZE_MAX default of max_split_size).
+inline constexpr std::size_t kUnlimited = ~std::size_t{0};
+
+// Parses a size: "123", "64KiB", "20MiB", "1.5GiB", "2TiB" (also K/KB/M/MB/G/GB/T/TB as binary units,
+// case-insensitive). InvalidArgument names the text and what is wrong with it.
+absl::StatusOr<std::size_t> ParseSize(absl::string_view text);
+// Formats bytes as e.g. "20.00 MiB" ("unlimited" for kUnlimited).
+std::string FormatBytes(std::size_t bytes);
+// Formats bytes as the shortest exact text ParseSize reads back: "16GiB", "3KiB", "1000", "0"
+// ("unlimited" for kUnlimited, which the size options read).
+std::string SizeText(std::size_t bytes);
+
+}  // namespace bucketalloc
+
+#endif  // BUCKETALLOC_UNITS_H_

@@ -1,0 +1,64 @@
+// src/harness/policies.h — the allocator policies a replay can run, by name (layer L5).
+//
+// Owns: `PolicyEntry`, one row per policy (its name, whether it takes a BUCKETALLOC_CONF, its help
+// text, its factory), MakeReplayAllocator, which makes the policy a spec names, and
+// SplitAllocatorList, which splits compare's --allocators list.
+//   bucketalloc            bucketalloc with its defaults            (harness/policy_bucketalloc.cc)
+//   bucketalloc:CONF       bucketalloc with a BUCKETALLOC_CONF string, e.g. bucketalloc:max_split_size_mb:256
+//   pytorch-policy         a model of PyTorch's native caching allocator (harness/policy_pytorch.cc)
+//   nocache                one backend call per request (cudaMalloc/cudaFree) (harness/policy_nocache.cc)
+// Each runs on a device of exactly the capacity (harness/replay_allocator.h), so a request that the
+// policy cannot place fails as it would on a card of that size.
+// Adding a policy: its file (defining its factory), its row in policies.cc, and its test.
+// Thread-safety: a constant table.
+//
+// Example:
+//   absl::StatusOr<std::unique_ptr<ReplayAllocator>> a = MakeReplayAllocator("bucketalloc:tiers:[64MiB]", 80ull << 30);
+#ifndef BUCKETALLOC_HARNESS_POLICIES_H_
+#define BUCKETALLOC_HARNESS_POLICIES_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "harness/replay_allocator.h"
+
+namespace bucketalloc::harness {
+
+struct PolicyEntry {
+  const char* name;
+  // True when the policy takes "name:CONF" (a BUCKETALLOC_CONF of its options).
+  bool takes_conf;
+  const char* help;
+  // Makes the policy over a device of `capacity` bytes (a positive multiple of 2 MiB) of `kind`.
+  // `conf` is empty unless takes_conf. InvalidArgument names a bad CONF and what is accepted.
+  absl::StatusOr<std::unique_ptr<ReplayAllocator>> (*make)(absl::string_view conf, std::size_t capacity,
+                                                           ReplayDeviceKind kind);
+};
+
+// Every policy, in the order of the docs and of "accepted" texts.
+absl::Span<const PolicyEntry> Policies();
+// "bucketalloc, bucketalloc:CONF, pytorch-policy, nocache": what a spec may be.
+std::string PolicySpecsText();
+
+// Creates the allocator named by `spec` ("name" or "name:CONF") on a device of `capacity` bytes
+// (rounded down to 2 MiB). InvalidArgument names a bad spec, capacity or configuration and what is
+// accepted; on CUDA without a usable device, FailedPrecondition names the CUDA error.
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity,
+                                                                     ReplayDeviceKind kind = ReplayDeviceKind::kSim);
+
+// Splits compare's --allocators list. A BUCKETALLOC_CONF has commas of its own, so the list splits
+// as the option table splits a CONF (at commas outside brackets), and a piece that does not start
+// with a policy's name continues the previous one's CONF:
+//   "bucketalloc,bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048,nocache"
+//   -> {"bucketalloc", "bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048", "nocache"}
+// InvalidArgument names unbalanced brackets.
+absl::StatusOr<std::vector<std::string>> SplitAllocatorList(absl::string_view list);
+
+}  // namespace bucketalloc::harness
+
+#endif  // BUCKETALLOC_HARNESS_POLICIES_H_

@@ -1,0 +1,90 @@
+// src/harness/policy_bucketalloc.cc — the "bucketalloc[:CONF]" replay policy: bucketalloc itself,
+// on a device of the replay's capacity (harness/policies.h).
+//
+// The device and its size come from the replay (--capacity, --device), never from the CONF: the
+// option table splits the CONF, and a key that chooses or sizes the device (IsDeviceOption) is
+// refused, except backend:vmm, which turns stitching on for the replay's device (on the simulated
+// device its virtual memory, on CUDA the vmm backend).
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "bucketalloc/allocator.h"
+#include "bucketalloc/options.h"
+#include "bucketalloc/units.h"
+#include "harness/replay_allocator.h"
+
+namespace bucketalloc::harness {
+namespace {
+
+class BucketallocReplay final : public ReplayAllocator {
+ public:
+  explicit BucketallocReplay(std::unique_ptr<Allocator> a) : a_(std::move(a)) {}
+  absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) override { return a_->Allocate(size, 0, stream); }
+  absl::Status Free(void* ptr, std::size_t size) override { return a_->Free(ptr, 0, size); }
+  std::size_t reserved_bytes() const override { return Reserved().current; }
+  std::size_t peak_reserved_bytes() const override { return Reserved().peak; }
+  void ResetPeak() override { a_->ResetPeakStats(0).IgnoreError(); }
+  BackendCounters backend_counters() const override { return (*a_->backend(0))->counters(); }
+  std::uint64_t granules_stitched() const override {
+    absl::StatusOr<DeviceStats> stats = a_->GetStats(0);
+    return stats.ok() ? static_cast<std::uint64_t>(stats->num_granules_stitched) : 0;
+  }
+  PoolFragmentation Fragmentation() const override {
+    absl::StatusOr<FragmentationReport> f = a_->GetFragmentation(0);  // device 0 exists, as in Reserved()
+    return f.ok() ? f->all() : PoolFragmentation{};
+  }
+
+ private:
+  struct Gauge {
+    std::size_t current;
+    std::size_t peak;
+  };
+  Gauge Reserved() const {
+    absl::StatusOr<DeviceStats> stats = a_->GetStats(0);  // device 0 exists: it was created with the allocator
+    if (!stats.ok()) return {0, 0};
+    const Stat s = stats->reserved_bytes[kAllPools];
+    return {static_cast<std::size_t>(s.current), static_cast<std::size_t>(s.peak)};
+  }
+  std::unique_ptr<Allocator> a_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::string_view conf, std::size_t capacity,
+                                                                       ReplayDeviceKind kind) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("allocator \"bucketalloc:", conf, "\": ", why));
+  };
+  absl::StatusOr<std::vector<OptionSetting>> settings = SplitOptions(conf);
+  if (!settings.ok()) return bad(settings.status().message());
+  bool stitching = false;
+  std::vector<std::string> policy;
+  for (const OptionSetting& s : *settings) {
+    if (s.key == "backend" && s.value == "vmm") {
+      stitching = true;
+      continue;
+    }
+    if (IsDeviceOption(s.key)) {
+      return bad(absl::StrCat("the harness sets '", s.key,
+                              "' from --capacity and --device; accepted in a CONF: backend:vmm (stitching on the "
+                              "replay device) and the allocator's policy options (docs/configuration.md)"));
+    }
+    policy.push_back(absl::StrCat(s.key, ":", s.value));
+  }
+  const std::string device =
+      kind == ReplayDeviceKind::kCuda
+          ? absl::StrCat(stitching ? "backend:vmm" : "backend:cuda", ",capacity:", capacity)
+          : absl::StrCat("backend:sim,sim_memory:unbacked,sim_total_memory:", capacity,
+                         stitching ? ",expandable_segments:true" : "");
+  absl::StatusOr<Options> base = ParseOptions(device);
+  if (!base.ok()) return base.status();
+  absl::StatusOr<Options> options = ParseOptions(absl::StrJoin(policy, ","), *base);
+  if (!options.ok()) return bad(options.status().message());
+  absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::Create(*options);
+  if (!a.ok()) return a.status();
+  return std::unique_ptr<ReplayAllocator>(std::make_unique<BucketallocReplay>(std::move(*a)));
+}
+
+}  // namespace bucketalloc::harness

@@ -1,0 +1,57 @@
+// src/harness/policy_nocache.cc — the "nocache" replay policy: one backend call per request, what
+// cudaMalloc/cudaFree without a cache does (harness/policies.h).
+#include <algorithm>
+#include <memory>
+
+#include "harness/replay_allocator.h"
+#include "internal/bits.h"
+
+namespace bucketalloc::harness {
+namespace {
+
+class NoCacheReplay final : public ReplayAllocator {
+ public:
+  explicit NoCacheReplay(std::unique_ptr<ReplayDevice> b) : b_(std::move(b)) {}
+  absl::StatusOr<void*> Allocate(std::size_t size, Stream) override {
+    if (size == 0) return nullptr;
+    absl::StatusOr<void*> p = b_->Allocate(internal::RoundUp(size, b_->Granularity()));
+    if (p.ok()) {
+      peak_ = std::max(peak_, b_->used_bytes());
+      requested_ += size;
+    }
+    return p;
+  }
+  absl::Status Free(void* ptr, std::size_t size) override {
+    if (ptr == nullptr) return absl::OkStatus();
+    absl::Status s = b_->Free(ptr, internal::RoundUp(size, b_->Granularity()));
+    if (s.ok()) requested_ -= size;
+    return s;
+  }
+  std::size_t reserved_bytes() const override { return b_->used_bytes(); }
+  std::size_t peak_reserved_bytes() const override { return peak_; }
+  void ResetPeak() override { peak_ = b_->used_bytes(); }
+  BackendCounters backend_counters() const override { return b_->counters(); }
+  // Nothing is cached: every reserved byte belongs to a live block, and the rounding to 2 MiB is
+  // internal fragmentation (allocated - requested), not free blocks.
+  PoolFragmentation Fragmentation() const override {
+    PoolFragmentation f = ReplayAllocator::Fragmentation();
+    f.requested = static_cast<std::int64_t>(requested_);
+    return f;
+  }
+
+ private:
+  std::unique_ptr<ReplayDevice> b_;
+  std::size_t peak_ = 0;
+  std::size_t requested_ = 0;  // bytes asked for by live blocks
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeNoCachePolicy(absl::string_view, std::size_t capacity,
+                                                                   ReplayDeviceKind kind) {
+  absl::StatusOr<std::unique_ptr<ReplayDevice>> b = MakeReplayDevice(capacity, kind);
+  if (!b.ok()) return b.status();
+  return std::unique_ptr<ReplayAllocator>(std::make_unique<NoCacheReplay>(std::move(*b)));
+}
+
+}  // namespace bucketalloc::harness

@@ -1,0 +1,62 @@
+// src/harness/replay_allocator.cc — the replay device and the allocator interface's default.
+#include "harness/replay_allocator.h"
+
+#include "absl/strings/str_cat.h"
+#include "backend/registry.h"
+#include "bucketalloc/units.h"
+
+namespace bucketalloc::harness {
+
+PoolFragmentation ReplayAllocator::Fragmentation() const {
+  PoolFragmentation f;
+  f.reserved = static_cast<std::int64_t>(reserved_bytes());
+  f.allocated = f.reserved;
+  f.requested = f.reserved;
+  return f;
+}
+
+absl::StatusOr<ReplayDeviceKind> ParseReplayDeviceKind(absl::string_view name) {
+  if (name == "sim") return ReplayDeviceKind::kSim;
+  if (name == "cuda") return ReplayDeviceKind::kCuda;
+  return absl::InvalidArgumentError(absl::StrCat("--device ", name, ": accepted sim or cuda"));
+}
+
+absl::string_view ReplayDeviceName(ReplayDeviceKind kind) { return kind == ReplayDeviceKind::kCuda ? "cuda" : "sim"; }
+
+absl::StatusOr<void*> ReplayDevice::Allocate(std::size_t bytes) {
+  if (enforce_capacity_ && used_ + bytes > capacity_) {
+    ++refused_;
+    return absl::ResourceExhaustedError(absl::StrCat("the replay's capacity of ", capacity_, " bytes is reached (",
+                                                     used_, " used, ", bytes, " asked)"));
+  }
+  absl::StatusOr<void*> p = backend_->Allocate(bytes);
+  if (p.ok()) used_ += bytes;
+  return p;
+}
+
+absl::Status ReplayDevice::Free(void* ptr, std::size_t bytes) {
+  absl::Status s = backend_->Free(ptr, bytes);
+  if (s.ok()) used_ -= bytes;
+  return s;
+}
+
+BackendCounters ReplayDevice::counters() const {
+  BackendCounters c = backend_->counters();
+  c.failed_allocs += refused_;
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity, ReplayDeviceKind kind) {
+  const internal::BackendEntry* entry = internal::FindBackend(ReplayDeviceName(kind));
+  if (entry == nullptr) return absl::InternalError("the replay device's backend is not registered");
+  // The simulated device is exactly `capacity` (it enforces it itself); a GPU is capped here.
+  const BackendSettings settings =
+      kind == ReplayDeviceKind::kSim ? BackendSettings{{"sim_memory", "unbacked"}, {"sim_total_memory", SizeText(capacity)}}
+                                     : BackendSettings{};
+  absl::StatusOr<std::unique_ptr<Backend>> backend = entry->make(settings, /*device=*/0);
+  if (!backend.ok()) return backend.status();
+  return std::make_unique<ReplayDevice>(std::move(*backend), capacity,
+                                        /*enforce_capacity=*/kind != ReplayDeviceKind::kSim);
+}
+
+}  // namespace bucketalloc::harness

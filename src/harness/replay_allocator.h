@@ -1,0 +1,81 @@
+// src/harness/replay_allocator.h — what a replay drives: an allocator policy over a device of a
+// given capacity (layer L5, the benchmark harness).
+//
+// Owns: `ReplayAllocator`, the interface every policy implements (harness/policies.h names them);
+// `ReplayDeviceKind`, where a replay runs; and `ReplayDevice`, the memory of exactly `capacity`
+// bytes under the policies that do their own caching (pytorch-policy, nocache).
+// Thread-safety: none; one replay at a time per allocator.
+//
+// Example:
+//   absl::StatusOr<std::unique_ptr<ReplayDevice>> d = MakeReplayDevice(64 << 20);  // simulated
+//   absl::StatusOr<void*> p = (*d)->Allocate(2 << 20);
+#ifndef BUCKETALLOC_HARNESS_REPLAY_ALLOCATOR_H_
+#define BUCKETALLOC_HARNESS_REPLAY_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "bucketalloc/backend.h"
+#include "bucketalloc/stat_types.h"
+
+namespace bucketalloc::harness {
+
+class ReplayAllocator {
+ public:
+  virtual ~ReplayAllocator() = default;
+  // Allocates `size` bytes for `stream`; ResourceExhausted when it cannot (an OOM).
+  virtual absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) = 0;
+  virtual absl::Status Free(void* ptr, std::size_t size) = 0;
+  // Reserved from the device now, and the peak since the last ResetPeak().
+  virtual std::size_t reserved_bytes() const = 0;
+  virtual std::size_t peak_reserved_bytes() const = 0;
+  virtual void ResetPeak() = 0;
+  virtual BackendCounters backend_counters() const = 0;
+  // Physical granules moved from free blocks into stitched ranges (bucketalloc with stitching).
+  virtual std::uint64_t granules_stitched() const { return 0; }
+  // Returns the allocator's cached free blocks in power-of-two bins, with its reserved, allocated
+  // (block sizes of live allocations) and requested bytes. The default, for an allocator that
+  // caches nothing, has empty bins and reports reserved bytes as allocated. Not timed: it may walk
+  // every free block.
+  virtual PoolFragmentation Fragmentation() const;
+};
+
+// Where a replay runs: the simulated device (unbacked: addresses, no memory; the default, and what
+// every figure in docs/harness.md uses, since it is reproducible) or CUDA device 0 through cudaMalloc
+// (bucketalloc with backend:cuda; nocache and pytorch-policy on cudaMalloc), capped at the capacity.
+enum class ReplayDeviceKind : std::uint8_t { kSim, kCuda };
+absl::StatusOr<ReplayDeviceKind> ParseReplayDeviceKind(absl::string_view name);  // sim, cuda
+absl::string_view ReplayDeviceName(ReplayDeviceKind kind);                      // "sim", "cuda"
+
+// The memory under nocache and pytorch-policy: a backend of exactly `capacity` bytes. Allocate
+// returns ResourceExhausted past the capacity (the simulated device enforces it itself; on CUDA
+// this wrapper does, and counts the refusal as a failed backend allocation, as the simulated device
+// counts its own).
+class ReplayDevice {
+ public:
+  ReplayDevice(std::unique_ptr<Backend> backend, std::size_t capacity, bool enforce_capacity)
+      : backend_(std::move(backend)), capacity_(capacity), enforce_capacity_(enforce_capacity) {}
+  absl::StatusOr<void*> Allocate(std::size_t bytes);  // bytes: a multiple of Granularity()
+  absl::Status Free(void* ptr, std::size_t bytes);
+  std::size_t used_bytes() const { return used_; }
+  std::size_t Granularity() const { return backend_->Granularity(); }
+  BackendCounters counters() const;
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::size_t capacity_;
+  bool enforce_capacity_;
+  std::size_t used_ = 0;
+  std::int64_t refused_ = 0;
+};
+
+// The device of `capacity` bytes of `kind`, made through the backend registry (sim: unbacked).
+absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity,
+                                                               ReplayDeviceKind kind = ReplayDeviceKind::kSim);
+
+}  // namespace bucketalloc::harness
+
+#endif  // BUCKETALLOC_HARNESS_REPLAY_ALLOCATOR_H_
