@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/options.h"
+#include "bucketalloc/testing/sim_backend.h"
+#include "internal/stat_ledger.h"
 #include "pool/memory_source.h"
 
 namespace bucketalloc::testing {
@@ -75,21 +77,21 @@ inline Stream TestStream(int i) { return reinterpret_cast<Stream>(static_cast<st
 // A memory source that hands out fake, never-touched addresses, with an optional byte limit.
 class FakeSource : public internal::MemorySource {
  public:
-  explicit FakeSource(DeviceStats* stats, std::size_t limit = ~std::size_t{0}) : stats_(stats), limit_(limit) {}
+  explicit FakeSource(internal::StatLedger* stats, std::size_t limit = ~std::size_t{0}) : stats_(stats), limit_(limit) {}
   absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) override {
     if (used_ + bytes > limit_) return absl::ResourceExhaustedError("fake source: limit");
     const std::uintptr_t base = next_;
     next_ += bytes + (2 << 20);  // a gap, so that segments are never adjacent
     used_ += bytes;
     live_[base] = bytes;
-    internal::StatAdd(stats_->reserved_bytes, pool, static_cast<std::int64_t>(bytes));
+    stats_->Increase(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(bytes));
     ++allocs;
     return base;
   }
   bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override {
     live_.erase(base);
     used_ -= bytes;
-    internal::StatAdd(stats_->reserved_bytes, pool, -static_cast<std::int64_t>(bytes));
+    stats_->Decrease(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(bytes));
     ++frees;
     return true;
   }
@@ -109,7 +111,7 @@ class FakeSource : public internal::MemorySource {
   absl::StatusOr<PhysicalHandle> CreateGranule() override {
     if (used_ + kGranule > limit_) return absl::ResourceExhaustedError("fake source: limit");
     used_ += kGranule;
-    internal::StatAdd(stats_->reserved_bytes, kLargePool, static_cast<std::int64_t>(kGranule));
+    stats_->Increase(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(kGranule));
     handles_.insert(next_handle_);
     return next_handle_++;
   }
@@ -117,7 +119,7 @@ class FakeSource : public internal::MemorySource {
     if (fail_release_in > 0 && --fail_release_in == 0) return false;
     EXPECT_EQ(handles_.erase(handle), 1u);
     used_ -= kGranule;
-    internal::StatAdd(stats_->reserved_bytes, kLargePool, -static_cast<std::int64_t>(kGranule));
+    stats_->Decrease(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(kGranule));
     return true;
   }
   absl::Status MapGranule(std::uintptr_t va, PhysicalHandle handle) override {
@@ -154,7 +156,7 @@ class FakeSource : public internal::MemorySource {
   std::vector<Stream> synced;
 
  private:
-  DeviceStats* stats_;
+  internal::StatLedger* stats_;
   std::size_t limit_;
   std::size_t used_ = 0;
   std::uintptr_t next_ = std::uintptr_t{1} << 40;

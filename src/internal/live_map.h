@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -27,6 +28,8 @@ namespace bucketalloc::internal {
 
 template <typename V>
 class LiveMap {
+  static_assert(std::is_trivially_destructible_v<V>, "a slot's value is overwritten in place");
+
  public:
   LiveMap() { Rebuild(kMinCapacity); }
   LiveMap(const LiveMap&) = delete;
@@ -44,8 +47,10 @@ class LiveMap {
   const V* Find(std::uintptr_t key) const { return const_cast<LiveMap*>(this)->Find(key); }
   bool contains(std::uintptr_t key) const { return Find(key) != nullptr; }
 
-  // Inserts `key` (non-zero, not present).
-  void Insert(std::uintptr_t key, const V& value) {
+  // Inserts `key` (non-zero, not present) with the value V(args...), made in its slot (no
+  // temporary: the fast path writes each field once).
+  template <typename... Args>
+  V* Emplace(std::uintptr_t key, Args&&... args) {
     BA_DCHECK(key != 0, "LiveMap keys are non-zero addresses");
     if ((size_ + 1) * 2 > capacity_) Rebuild(capacity_ * 2);
     std::size_t i = Home(key);
@@ -54,9 +59,11 @@ class LiveMap {
       i = (i + 1) & mask_;
     }
     slots_[i].key = key;
-    slots_[i].value = value;
+    V* value = std::construct_at(&slots_[i].value, std::forward<Args>(args)...);
     ++size_;
+    return value;
   }
+  void Insert(std::uintptr_t key, const V& value) { Emplace(key, value); }
 
   // Removes the entry `found` (a pointer returned by Find).
   void Erase(V* found) {
@@ -117,7 +124,7 @@ class LiveMap {
     shift_ = 64 - __builtin_ctzll(capacity);
     size_ = 0;
     for (std::size_t i = 0; i < old_capacity; ++i) {
-      if (old[i].key != 0) Insert(old[i].key, old[i].value);
+      if (old[i].key != 0) Emplace(old[i].key, old[i].value);
     }
   }
 

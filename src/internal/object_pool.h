@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <memory>
 #include <new>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,8 @@ namespace bucketalloc::internal {
 
 template <typename T, std::size_t kChunk = 256>
 class ObjectPool {
+  static_assert(std::is_trivially_destructible_v<T>, "an ObjectPool holds trivially destructible metadata");
+
  public:
   ObjectPool() = default;
   ObjectPool(const ObjectPool&) = delete;

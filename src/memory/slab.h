@@ -20,7 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
+#include <type_traits>
 
 #include "bucketalloc/backend.h"
 #include "internal/intrusive_list.h"
@@ -37,12 +37,13 @@ struct Slab {
   std::uint32_t capacity = 0;
   std::uint32_t live = 0;
   std::uint32_t free_top = 0;
-  std::unique_ptr<std::uint16_t[]> free_stack =
-      std::make_unique<std::uint16_t[]>(SmallSizeClasses::kMaxSlotsPerSlab);
   ListNode list_node;     // in its stream's partial list of its class while live < capacity
   ListNode empty_node;    // in its stream's empty list while live == 0
   ListNode release_node;  // in the pool's release order while live == 0
   std::uint64_t free_since = 0;
+  // The free slots, [0, free_top); inline, so that a Slab is trivially destructible metadata
+  // recycled by an ObjectPool like a Block.
+  std::uint16_t free_stack[SmallSizeClasses::kMaxSlotsPerSlab];
 
   // Gives an empty slab the slots of class `cls`.
   void Assign(int new_cls);
@@ -53,6 +54,7 @@ struct Slab {
   std::uint32_t free_slots() const { return capacity - live; }
 };
 static_assert(SmallSizeClasses::kMaxSlotsPerSlab <= 65536, "slot indices fit in uint16");
+static_assert(std::is_trivially_destructible_v<Slab>, "slabs are recycled by an ObjectPool");
 
 }  // namespace bucketalloc::internal
 

@@ -1,8 +1,9 @@
 // src/pool/memory_source.h — what a pool needs from the front end (layer L3 contract).
 //
-// Owns: `MemorySource`, through which the pools obtain and return backend memory (the front end
-// implements it: the capacity cap, the backend call, the reserved/segment stats, the address
-// registry), and `PoolContext`, the shared pieces every pool updates (stats, the release clock).
+// Owns: `MemorySource`, through which the pools obtain and return backend memory (the front end's
+// segment registry implements it: the capacity cap, the backend call, the reserved/segment stats,
+// the address registry), and `PoolContext`, the shared pieces every pool updates (the stat ledger,
+// the release clock).
 // Thread-safety: called under the device lock only.
 //
 // Example:
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/stat_types.h"
+#include "internal/stat_ledger.h"
 
 namespace bucketalloc::internal {
 
@@ -53,14 +55,8 @@ class MemorySource {
   virtual std::size_t Headroom() const = 0;
 };
 
-// Adds `delta` to a pool's gauge and to the "all" gauge.
-inline void StatAdd(StatArray& stat, PoolIndex pool, std::int64_t delta) {
-  stat[kAllPools].Add(delta);
-  stat[pool].Add(delta);
-}
-
 struct PoolContext {
-  DeviceStats* stats = nullptr;
+  StatLedger* stats = nullptr;
   MemorySource* source = nullptr;
   const std::uint64_t* clock = nullptr;  // advances on every free; orders cached memory by age
 };

@@ -1,3 +1,4 @@
+// src/pool/small_pool.cc — the small pool's slow path, release, reports and checks.
 #include "pool/small_pool.h"
 
 #include <algorithm>
@@ -8,85 +9,34 @@
 
 namespace bucketalloc::internal {
 
-SmallPool::~SmallPool() {
-  for (Slab* slab : all_) delete slab;
-}
+static_assert(Pool<SmallPool>);
 
-// inactive_split counts the free slots of slabs that also hold active slots. When a slab's live
-// count goes from `before` to `before + step` (step = +1 or -1) it changes by this much.
-void SmallPool::AddInactive(const Slab* slab, std::uint32_t before, int step) {
-  const std::uint32_t after = before + step;
-  auto contribution = [slab](std::uint32_t live) -> std::int64_t {
-    return live == 0 ? 0 : static_cast<std::int64_t>(slab->capacity - live);
-  };
-  const std::int64_t slots = contribution(after) - contribution(before);
-  StatAdd(ctx_.stats->inactive_split_bytes, kSmallPool, slots * slab->slot_size);
-  StatAdd(ctx_.stats->inactive_split, kSmallPool, slots);
-}
-
-void SmallPool::TakeSlot(Slab* slab, Slot* out) {
-  AddInactive(slab, slab->live, +1);
-  if (slab->empty_node.linked()) {  // an empty slab comes back into use
-    EmptyList::Unlink(slab);
-    ReleaseList::Unlink(slab);
+absl::StatusOr<SmallPool::Handle> SmallPool::Serve(StreamState& ss, Stream stream, const Request& r, Served* served) {
+  if (std::optional<Handle> h = TryAllocate(ss, r)) {
+    *served = Served::kFromCache;
+    return *h;
   }
-  out->slab = slab;
-  out->slot = slab->PopSlot();
-  if (slab->full()) SlabList::Unlink(slab);
-  const std::int64_t size = slab->slot_size;
-  DeviceStats& st = *ctx_.stats;
-  StatAdd(st.active_bytes, kSmallPool, size);
-  StatAdd(st.active, kSmallPool, 1);
-  StatAdd(st.cached_bytes, kSmallPool, -size);
-}
-
-absl::Status SmallPool::AllocateSlow(StreamState& ss, Stream stream, int cls, Slot* out,
-                                     bool* from_cache) {
   // Every empty slab of this class is in the partial list, so an empty slab here has another class.
   Slab* slab = ss.empty.front();
-  *from_cache = slab != nullptr;
+  *served = slab != nullptr ? Served::kFromCache : Served::kFromNewMemory;
   if (slab != nullptr) {
     SlabList::Unlink(slab);  // from its old class's partial list
   } else {
     absl::StatusOr<std::uintptr_t> base = ctx_.source->AllocateSegment(kSlabBytes, kSmallPool);
     if (!base.ok()) return base.status();
-    slab = new Slab;
+    slab = slab_meta_.New();
     slab->base = *base;
     slab->stream = stream;
     slab->owner = &ss;
     all_.insert(slab);
-    StatAdd(ctx_.stats->cached_bytes, kSmallPool, kSlabBytes);
+    ctx_.stats->Increase(&DeviceStats::cached_bytes, kSmallPool, kSlabBytes);
   }
-  if (slab->cls != cls) {
+  if (slab->cls != r.cls) {
     // The bytes of the slab tail that the new class cannot use stay cached but unusable.
-    slab->Assign(cls);
+    slab->Assign(r.cls);
   }
-  ss.partial[cls].PushFront(slab);
-  TakeSlot(slab, out);
-  return absl::OkStatus();
-}
-
-void SmallPool::Return(Slab* slab, std::uint32_t slot) {
-  AddInactive(slab, slab->live, -1);
-  const bool was_full = slab->full();
-  slab->PushSlot(slot);
-  const std::int64_t size = slab->slot_size;
-  DeviceStats& st = *ctx_.stats;
-  StatAdd(st.active_bytes, kSmallPool, -size);
-  StatAdd(st.active, kSmallPool, -1);
-  StatAdd(st.cached_bytes, kSmallPool, size);
-  StreamState* ss = static_cast<StreamState*>(slab->owner);
-  if (was_full) ss->partial[slab->cls].PushBack(slab);
-  if (slab->live == 0) {
-    slab->free_since = *ctx_.clock;
-    ss->empty.PushBack(slab);
-    release_order_.PushBack(slab);
-  }
-}
-
-std::uint64_t SmallPool::OldestEmpty() const {
-  const Slab* s = release_order_.front();
-  return s == nullptr ? std::numeric_limits<std::uint64_t>::max() : s->free_since;
+  ss.partial[r.cls].PushFront(slab);
+  return TakeSlot(slab);
 }
 
 bool SmallPool::ReleaseSlab(Slab* slab) {
@@ -94,54 +44,59 @@ bool SmallPool::ReleaseSlab(Slab* slab) {
   if (!ctx_.source->ReleaseSegment(slab->base, kSlabBytes, kSmallPool)) return false;  // stays cached
   SlabList::Unlink(slab);
   EmptyList::Unlink(slab);
-  ReleaseList::Unlink(slab);
-  StatAdd(ctx_.stats->cached_bytes, kSmallPool, -static_cast<std::int64_t>(kSlabBytes));
+  decltype(release_order_)::Remove(slab);
+  ctx_.stats->Decrease(&DeviceStats::cached_bytes, kSmallPool, kSlabBytes);
   all_.erase(slab);
-  delete slab;
+  slab_meta_.Delete(slab);
   return true;
 }
 
 std::size_t SmallPool::ReleaseOldest() {
-  Slab* slab = release_order_.front();
+  Slab* slab = release_order_.Oldest();
   if (slab == nullptr) return 0;
   return ReleaseSlab(slab) ? kSlabBytes : 0;
 }
 
-std::size_t SmallPool::ReleaseEmpty(std::size_t target) {
-  std::size_t released = 0;
-  while (released < target) {
-    const std::size_t n = ReleaseOldest();
-    if (n == 0) break;
-    released += n;
-  }
-  return released;
-}
-
-void SmallPool::Fragmentation(PoolFragmentation* out) const {
-  auto add_free = [out](std::int64_t size, std::int64_t count) {
-    if (count == 0) return;
-    const int bin = std::min(Log2Floor(static_cast<std::size_t>(size)), kHistogramBins - 1);
-    out->free_count[bin] += count;
-    out->free_bytes[bin] += size * count;
-    out->total_free += size * count;
-    out->largest_free = std::max(out->largest_free, size);
-  };
+void SmallPool::AddFragmentation(FragmentationReport* report) const {
+  PoolFragmentation& out = report->pools[kSmallPool];
   for (const Slab* slab : all_) {
     if (slab->live == 0) {
-      add_free(kSlabBytes, 1);  // an empty slab serves any class
+      out.AddFree(kSlabBytes);  // an empty slab serves any class
     } else {
-      add_free(slab->slot_size, slab->free_slots());
+      out.AddFree(slab->slot_size, slab->free_slots());
     }
   }
 }
 
-absl::Status SmallPool::CheckInvariants(std::int64_t live_slots) const {
-  std::int64_t live = 0;
-  std::int64_t empty_in_order = 0;
-  for (const Slab* s = release_order_.front(); s != nullptr; s = release_order_.next(s)) {
-    ++empty_in_order;
-    if (s->live != 0) return absl::InternalError("small pool: a slab with live slots is in the release order");
+void SmallPool::Describe(std::vector<SpanView>* spans) const {
+  for (const Slab* slab : all_) {
+    SpanView& span = spans->emplace_back();
+    span.base = slab->base;
+    span.size = kSlabBytes;
+    span.stream = slab->stream;
+    span.pool = kSmallPool;
+    std::vector<bool> in_use(slab->capacity, true);
+    for (std::uint32_t i = 0; i < slab->free_top; ++i) in_use[slab->free_stack[i]] = false;
+    for (std::uint32_t i = 0; i < slab->capacity; ++i) {
+      span.blocks.push_back({slab->SlotAddress(i), slab->slot_size, in_use[i]});
+    }
+    const std::size_t used = std::size_t{slab->capacity} * slab->slot_size;
+    if (used < kSlabBytes) span.blocks.push_back({slab->base + used, kSlabBytes - used, false});
   }
+}
+
+InactiveSplit SmallPool::inactive_split() const {
+  InactiveSplit split;
+  for (const Slab* s : all_) {
+    if (s->live == 0) continue;
+    split.bytes += static_cast<std::int64_t>(s->free_slots()) * s->slot_size;
+    split.count += s->free_slots();
+  }
+  return split;
+}
+
+absl::Status SmallPool::CheckInvariants(std::int64_t active_slots) const {
+  std::int64_t live = 0;
   std::int64_t empty = 0;
   for (const Slab* slab : all_) {
     if (slab->live > slab->capacity || slab->free_top != slab->capacity - slab->live) {
@@ -162,17 +117,45 @@ absl::Status SmallPool::CheckInvariants(std::int64_t live_slots) const {
       return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base), " is ",
                                               listed ? "full but listed" : "not full but unlisted"));
     }
-    if ((slab->live == 0) != slab->empty_node.linked() || (slab->live == 0) != slab->release_node.linked()) {
+    if ((slab->live == 0) != slab->empty_node.linked() || (slab->live == 0) != decltype(release_order_)::Contains(slab)) {
       return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base),
                                               " is in the empty list and release order iff it is empty: violated"));
     }
     empty += slab->live == 0;
     live += slab->live;
   }
-  if (empty != empty_in_order) return absl::InternalError("small pool: release order misses empty slabs");
-  if (live != live_slots) {
-    return absl::InternalError(absl::StrCat("small pool: slabs hold ", live, " active slots but ",
-                                            live_slots, " small blocks are active"));
+  if (empty != release_order_.Count()) return absl::InternalError("small pool: release order misses empty slabs");
+  if (live != active_slots) {
+    return absl::InternalError(absl::StrCat("small pool: slabs hold ", live, " active slots but ", active_slots,
+                                            " small blocks are active"));
+  }
+  if (static_cast<std::size_t>(all_.size()) != slab_meta_.live()) {
+    return absl::InternalError("small pool: slab metadata is held that belongs to no slab");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SmallPool::CheckHandle(Handle h, bool) const {
+  if (!all_.contains(h.slab) || h.slot >= h.slab->capacity) {
+    return absl::InternalError(absl::StrCat("small pool: a handle names slot ", h.slot, " of no slab of this pool"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SmallPool::CheckStreamState(const StreamState& ss) const {
+  for (int cls = 0; cls < SmallSizeClasses::kNumClasses; ++cls) {
+    for (const Slab* s = ss.partial[cls].front(); s != nullptr; s = ss.partial[cls].next(s)) {
+      if (s->cls != cls || s->owner != &ss || s->full()) {
+        return absl::InternalError(absl::StrCat("small pool: the class ", cls, " list holds slab ", absl::Hex(s->base),
+                                                " of class ", s->cls, " that does not belong there"));
+      }
+    }
+  }
+  for (const Slab* s = ss.empty.front(); s != nullptr; s = ss.empty.next(s)) {
+    if (s->live != 0 || s->owner != &ss) {
+      return absl::InternalError(absl::StrCat("small pool: the empty list holds slab ", absl::Hex(s->base),
+                                              " with live slots or of another stream"));
+    }
   }
   return absl::OkStatus();
 }

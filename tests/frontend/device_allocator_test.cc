@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/testing/sim_backend.h"
+#include "internal/stat_ledger.h"
 #include "test_util.h"
 
 namespace bucketalloc {
@@ -321,8 +322,8 @@ namespace internal {
 // Reaches into a device state to corrupt it, so that each kind of check is seen to fire.
 class DeviceAllocatorTestPeer {
  public:
-  static DeviceStats& Stats(DeviceAllocator& d) { return d.stats_; }
-  static LargePool& Large(DeviceAllocator& d) { return d.large_; }
+  static StatLedger& Stats(DeviceAllocator& d) { return d.stats_; }
+  static LargePool& Large(DeviceAllocator& d) { return d.pools_.large(); }
   template <typename F>
   static void WithLock(DeviceAllocator& d, F&& f) {
     MutexLock lock(d.mu_);
@@ -342,22 +343,23 @@ TEST(CheckInvariantsTest, DetectsCorruptedStats) {
   auto d = MakeDevice();
   void* p = *d->Allocate(3 * kMiB, nullptr);
   ASSERT_TRUE(d->CheckInvariants().ok());
+  // A gauge that disagrees with the blocks.
   DeviceAllocatorTestPeer::WithLock(*d, [&] {
-    DeviceAllocatorTestPeer::Stats(*d).allocated_bytes[kLargePool].Add(512);
-    DeviceAllocatorTestPeer::Stats(*d).allocated_bytes[kAllPools].Add(512);
+    DeviceAllocatorTestPeer::Stats(*d).Increase(&DeviceStats::allocated_bytes, kLargePool, 512);
   });
   absl::Status s = d->CheckInvariants();
   EXPECT_TRUE(absl::IsInternal(s));
-  EXPECT_TRUE(absl::StrContains(s.message(), "allocated_bytes")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "allocated_bytes.large_pool is")) << s;
+  // A gauge that is inconsistent in itself (below zero): the ledger's own check.
   DeviceAllocatorTestPeer::WithLock(*d, [&] {
-    DeviceAllocatorTestPeer::Stats(*d).allocated_bytes[kLargePool].Add(-512);
-    DeviceAllocatorTestPeer::Stats(*d).allocated_bytes[kAllPools].Add(-512);
-    // A gauge whose "all" is not the sum of its pools.
-    DeviceAllocatorTestPeer::Stats(*d).requested_bytes[kAllPools].Add(1);
+    DeviceAllocatorTestPeer::Stats(*d).Decrease(&DeviceStats::allocated_bytes, kLargePool, 512);
+    DeviceAllocatorTestPeer::Stats(*d).Decrease(&DeviceStats::requested_bytes, kSmallPool, 1);
   });
   s = d->CheckInvariants();
-  EXPECT_TRUE(absl::StrContains(s.message(), "requested_bytes")) << s;
-  DeviceAllocatorTestPeer::WithLock(*d, [&] { DeviceAllocatorTestPeer::Stats(*d).requested_bytes[kAllPools].Add(-1); });
+  EXPECT_TRUE(absl::StrContains(s.message(), "requested_bytes.small_pool is inconsistent")) << s;
+  DeviceAllocatorTestPeer::WithLock(*d, [&] {
+    DeviceAllocatorTestPeer::Stats(*d).Increase(&DeviceStats::requested_bytes, kSmallPool, 1);
+  });
   EXPECT_TRUE(d->CheckInvariants().ok());
   ASSERT_TRUE(d->Free(p, std::nullopt).ok());
 }

@@ -1,0 +1,62 @@
+// src/frontend/oom_diagnosis.cc — the cause of an OOM, and its report (frontend/oom_diagnosis.h).
+#include "frontend/oom_diagnosis.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace bucketalloc::internal {
+
+OomReport DiagnoseOom(const OomSituation& s) {
+  OomReport r;
+  r.device = s.device;
+  r.requested = s.requested;
+  r.rounded = s.rounded;
+  r.capacity = s.capacity;
+  r.reserved = s.reserved;
+  r.allocated = s.allocated;
+  r.active = s.active;
+  r.cached = s.reserved - s.active;  // reserved >= active >= allocated
+  r.fragmentation = s.fragmentation;
+  r.largest_free = static_cast<std::size_t>(s.fragmentation.pools[s.pool].largest_free);
+  r.device_free = s.device_free;
+  const std::size_t headroom = s.capacity > s.reserved ? s.capacity - s.reserved : 0;
+  const std::size_t pending = s.active - s.allocated;
+  const char* pool_name = s.pool == kSmallPool ? "small" : "large";
+  if (s.allocated + s.rounded > s.capacity) {
+    r.cause = OomCause::kCapacity;
+    r.diagnosis = absl::StrFormat(
+        "capacity: live allocations (%s) plus this request (%s) exceed the cap (%s); the working set "
+        "needs more memory than the device allows (reduce batch, context or concurrency, or raise the cap)",
+        FormatBytes(s.allocated), FormatBytes(s.rounded), FormatBytes(s.capacity));
+  } else if (headroom >= s.segment) {
+    r.cause = OomCause::kDeviceExhausted;
+    r.diagnosis = absl::StrFormat(
+        "device exhausted: the cap leaves %s for this request but the device refused %s (device free %s): "
+        "memory is used outside this allocator (%s)",
+        FormatBytes(headroom), FormatBytes(s.segment), FormatBytes(s.device_free), s.failure);
+  } else if (pending > 0 && headroom + s.pool_cached < s.rounded) {
+    r.cause = OomCause::kCacheHeld;
+    r.diagnosis = absl::StrFormat(
+        "cache held: %s is held by freed blocks awaiting stream events that could not be synchronized "
+        "(reserved %s, allocated %s); release did not help",
+        FormatBytes(pending), FormatBytes(s.reserved), FormatBytes(s.allocated));
+  } else {
+    r.cause = OomCause::kFragmentation;
+    r.diagnosis = absl::StrFormat(
+        "fragmentation: %s is free in total (%s cached in pieces of partly used %s-pool memory, the largest "
+        "%s; %s in the other pool; %s under the cap) but no free block fits %s",
+        FormatBytes(headroom + r.cached), FormatBytes(s.pool_cached), pool_name, FormatBytes(r.largest_free),
+        FormatBytes(r.cached - s.pool_cached), FormatBytes(headroom), FormatBytes(s.rounded));
+    if (s.stitching) {
+      absl::StrAppend(&r.diagnosis,
+                      absl::StrFormat("; stitching could move %s of whole free granules, and %s of the free "
+                                      "large-pool memory lies in granules shared with live blocks",
+                                      FormatBytes(s.movable), FormatBytes(s.pool_cached - std::min(s.pool_cached, s.movable))));
+    }
+  }
+  return r;
+}
+
+}  // namespace bucketalloc::internal

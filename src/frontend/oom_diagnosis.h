@@ -1,0 +1,52 @@
+// src/frontend/oom_diagnosis.h — why a request could not be served (layer L4).
+//
+// Owns: `DiagnoseOom`, a pure function from the numbers of a failed request (`OomSituation`) to
+// the OOM report whose first line names the cause. With `allocated` the live bytes, `reserved` the
+// backend bytes, `pending = active - allocated` (freed blocks awaiting stream events), `headroom =
+// cap - reserved`, `rounded` the rounded request, `segment` the backend allocation it needed, and
+// `pool_cached` the free cached bytes of the request's pool, the first matching row names it:
+//   capacity          allocated + rounded > cap
+//   device exhausted  headroom >= segment (the cap allows it but the device refused)
+//   cache held        pending > 0 and headroom + pool_cached < rounded
+//   fragmentation     otherwise
+// Every failure matches one row (docs/architecture.md, "The OOM diagnosis"); tests/frontend/
+// oom_diagnosis_test.cc holds a table of situations.
+// Thread-safety: pure.
+//
+// Example:
+//   OomReport r = DiagnoseOom({.device = 0, .pool = kLargePool, .requested = n, ...});
+//   r.cause == OomCause::kFragmentation;  r.ToString();  // the diagnosis, numbers and histograms
+#ifndef BUCKETALLOC_FRONTEND_OOM_DIAGNOSIS_H_
+#define BUCKETALLOC_FRONTEND_OOM_DIAGNOSIS_H_
+
+#include <cstddef>
+#include <string>
+
+#include "bucketalloc/stats.h"
+
+namespace bucketalloc::internal {
+
+struct OomSituation {
+  int device = 0;
+  PoolIndex pool = kLargePool;     // the request's pool
+  std::size_t requested = 0;
+  std::size_t rounded = 0;
+  std::size_t segment = 0;         // the backend allocation the request needed
+  std::size_t capacity = 0;        // the cap
+  std::size_t reserved = 0;
+  std::size_t allocated = 0;
+  std::size_t active = 0;          // >= allocated
+  std::size_t pool_cached = 0;     // the request's pool's cached bytes
+  std::size_t device_free = 0;     // as the backend reported it
+  std::string failure;             // the failed call's message
+  // With stitching (large pool): the bytes of whole free granules a stitch could move.
+  bool stitching = false;
+  std::size_t movable = 0;
+  FragmentationReport fragmentation;
+};
+
+OomReport DiagnoseOom(const OomSituation& s);
+
+}  // namespace bucketalloc::internal
+
+#endif  // BUCKETALLOC_FRONTEND_OOM_DIAGNOSIS_H_

@@ -1,0 +1,126 @@
+// src/frontend/pools.h — the device's pools as one list, and what the front end records of a block
+// a pool handed out (layer L4).
+//
+// Owns: `Pools`, the pools of one device (small, large) with the routing rule (a request goes to
+// the first pool whose limit it is within) and the means to run one piece of code over every pool
+// (ForEach) or over the pool of a handle (Visit); `StreamPools`, every pool's free lists of one
+// stream; `PoolHandle`, a block of any pool (typed: the pool it came from is its type);
+// `LiveEntry`, one live or pending allocation.
+// Adding a pool: its files (pool/); here its member, its routing rule, its place in ForEach and
+// PoolHandle and StreamPools; and its index and names in bucketalloc/stat_types.h.
+// Thread-safety: none; the device lock guards it.
+//
+// Example:
+//   pools.Route(size, [&](auto& pool, auto& stream_state) { ... });
+//   pools.ForEach([&](auto& pool) { pool.ReleaseAll(); });
+#ifndef BUCKETALLOC_FRONTEND_POOLS_H_
+#define BUCKETALLOC_FRONTEND_POOLS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+#include <memory>
+#include <type_traits>
+#include <variant>
+
+#include "pool/large_pool.h"
+#include "pool/pool.h"
+#include "pool/small_pool.h"
+
+namespace bucketalloc::internal {
+
+// A block of one of the pools.
+using PoolHandle = std::variant<SmallPool::Handle, LargePool::Handle>;
+
+// One live or pending allocation.
+struct LiveEntry {
+  PoolHandle handle;
+  std::size_t requested = 0;
+  std::uint16_t graph = 0;  // the graph pool's tag (GraphCaptures) if allocated during a capture
+};
+
+// Every pool's free lists of one stream.
+class StreamPools {
+ public:
+  StreamPools(const SmallPool& small, const LargePool& large) : states_(small, large) {}
+  template <typename P>
+  typename P::StreamState& of() {
+    return std::get<typename P::StreamState>(states_);
+  }
+  template <typename P>
+  const typename P::StreamState& of() const {
+    return std::get<typename P::StreamState>(states_);
+  }
+
+ private:
+  std::tuple<SmallPool::StreamState, LargePool::StreamState> states_;
+};
+
+class Pools {
+ public:
+  Pools(const PoolContext& ctx, std::size_t small_limit, LargePoolConfig large)
+      : small_limit_(small_limit), small_(ctx), large_(ctx, std::move(large)) {}
+  Pools(const Pools&) = delete;
+  Pools& operator=(const Pools&) = delete;
+
+  SmallPool& small() { return small_; }
+  const SmallPool& small() const { return small_; }
+  LargePool& large() { return large_; }
+  const LargePool& large() const { return large_; }
+
+  // Runs f(pool) with the pool a request of `size` bytes goes to: the small pool up to
+  // small_pool_limit, the large pool above.
+  template <typename F>
+  decltype(auto) Route(std::size_t size, F&& f) {
+    if (size <= small_limit_) return f(small());
+    return f(large());
+  }
+  // Runs f(pool) for every pool, in PoolIndex order.
+  template <typename F>
+  void ForEach(F&& f) {
+    f(small_);
+    f(large_);
+  }
+  template <typename F>
+  void ForEach(F&& f) const {
+    f(small_);
+    f(large_);
+  }
+  // Runs f(pool, handle) with the pool `handle` came from.
+  template <typename F>
+  decltype(auto) Visit(const PoolHandle& handle, F&& f) {
+    return std::visit([&](auto h) -> decltype(auto) { return f(PoolOf<decltype(h)>(), h); }, handle);
+  }
+  template <typename F>
+  decltype(auto) Visit(const PoolHandle& handle, F&& f) const {
+    return std::visit([&](auto h) -> decltype(auto) { return f(PoolOf<decltype(h)>(), h); }, handle);
+  }
+  std::unique_ptr<StreamPools> NewStreamPools() const { return std::make_unique<StreamPools>(small(), large()); }
+
+ private:
+  template <typename H>
+  auto& PoolOf() {
+    if constexpr (std::is_same_v<H, SmallPool::Handle>) {
+      return small();
+    } else {
+      return large();
+    }
+  }
+  template <typename H>
+  const auto& PoolOf() const {
+    if constexpr (std::is_same_v<H, SmallPool::Handle>) {
+      return small();
+    } else {
+      return large();
+    }
+  }
+
+  const std::size_t small_limit_;
+  SmallPool small_;
+  LargePool large_;
+};
+
+}  // namespace bucketalloc::internal
+
+#endif  // BUCKETALLOC_FRONTEND_POOLS_H_

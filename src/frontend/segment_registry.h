@@ -1,0 +1,107 @@
+// src/frontend/segment_registry.h — the device memory of one device: the cap and the registry of
+// what the backend gave (layer L4).
+//
+// Owns: the pools' MemorySource: every backend allocation (segments and slabs) and, with
+// stitching, every address range with its mapped bytes, registered by address; the cap, checked
+// before any growth; the reserved and segment stats; the history's segment events; a collection
+// hook run before growth (garbage collection, which the device runs over its pools); and, for the
+// slow path of a CUDA graph capture, the refusal of any backend call that allocates.
+// Invariants (CheckInvariants): registered ranges do not overlap; the backend holds exactly the
+// registered allocations (count and bytes) and exactly the mapped plus spare granules; reserved
+// bytes never exceed what the backend holds.
+// Thread-safety: none; the device lock guards it.
+//
+// Example:
+//   SegmentRegistry registry(backend, &ledger, &history, cap);
+//   absl::StatusOr<std::uintptr_t> base = registry.AllocateSegment(2 << 20, kSmallPool);
+//   std::optional<SegmentRegistry::Range> r = registry.Holding(ptr);  // the segment or slab of ptr
+#ifndef BUCKETALLOC_FRONTEND_SEGMENT_REGISTRY_H_
+#define BUCKETALLOC_FRONTEND_SEGMENT_REGISTRY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+#include "absl/container/btree_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "bucketalloc/backend.h"
+#include "bucketalloc/stat_types.h"
+#include "frontend/history.h"
+#include "internal/stat_ledger.h"
+#include "pool/memory_source.h"
+
+namespace bucketalloc::internal {
+
+class SegmentRegistry final : public MemorySource {
+ public:
+  // A registered backend allocation, or (vmm) an address range with `mapped` bytes of granules.
+  struct Range {
+    std::uintptr_t base = 0;
+    std::size_t bytes = 0;
+    PoolIndex pool = kLargePool;
+    bool virtual_memory = false;
+    std::size_t mapped = 0;
+  };
+  // What the registry holds, per pool, for the device-wide check.
+  struct Totals {
+    std::int64_t reserved[kNumPoolIndices] = {};  // allocations' bytes and mapped granules
+    std::int64_t segments[kNumPoolIndices] = {};
+    std::size_t ranges = 0;  // virtual-memory ranges
+  };
+
+  SegmentRegistry(Backend* backend, StatLedger* stats, HistoryRing* history)
+      : backend_(backend), stats_(stats), history_(history), granularity_(backend->Granularity()) {}
+
+  std::size_t cap() const { return cap_; }
+  void set_cap(std::size_t cap) { cap_ = cap; }
+  // `collect(incoming)` runs before the backend is asked for `incoming` more bytes.
+  void set_collector(std::function<void(std::size_t)> collect) { collect_ = std::move(collect); }
+  // The slow path now running: its stream (for the history), and whether it runs during a capture,
+  // when no backend call may allocate (the calls that would are refused with FailedPrecondition).
+  void BeginSlowPath(Stream stream) { slow_path_stream_ = stream; }
+  Stream slow_path_stream() const { return slow_path_stream_; }
+  void set_capturing(bool capturing) { capturing_ = capturing; }
+
+  // MemorySource.
+  absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) override;
+  bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override;
+  absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t to_map) override;
+  void ReleaseRange(std::uintptr_t va, std::size_t bytes) override;
+  absl::StatusOr<PhysicalHandle> CreateGranule() override;
+  bool ReleaseGranule(PhysicalHandle handle) override;
+  absl::Status MapGranule(std::uintptr_t va, PhysicalHandle handle) override;
+  absl::Status UnmapGranule(std::uintptr_t va) override;
+  absl::Status SynchronizeStream(Stream stream) override;
+  std::size_t Headroom() const override;
+
+  // The registered range that contains [addr, addr + size), or nullopt.
+  std::optional<Range> Holding(std::uintptr_t addr, std::size_t size = 1) const;
+  // The registered range that starts at `base`, or nullopt.
+  std::optional<Range> At(std::uintptr_t base) const;
+  Totals totals() const;
+  // The number of large-pool ranges larger than `bytes` (oversize segments).
+  std::int64_t LargeRangesOver(std::size_t bytes) const;
+  // `spare_bytes`: granules the pools hold unmapped (they exist, and are reserved).
+  absl::Status CheckInvariants(std::size_t spare_bytes) const;
+
+ private:
+  // ResourceExhausted when reserving `bytes` more would exceed the cap.
+  absl::Status CheckHeadroom(std::size_t bytes) const;
+  absl::Status RefuseDuringCapture() const;
+
+  Backend* const backend_;
+  StatLedger* const stats_;
+  HistoryRing* const history_;
+  const std::size_t granularity_;
+  std::size_t cap_ = 0;
+  std::function<void(std::size_t)> collect_;
+  Stream slow_path_stream_ = nullptr;
+  bool capturing_ = false;
+  absl::btree_map<std::uintptr_t, Range> ranges_;
+};
+
+}  // namespace bucketalloc::internal
+
+#endif  // BUCKETALLOC_FRONTEND_SEGMENT_REGISTRY_H_

@@ -1,0 +1,82 @@
+// src/internal/stat_ledger.cc — reading and checking the ledger (src/internal/stat_ledger.h).
+#include "internal/stat_ledger.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace bucketalloc::internal {
+
+std::int64_t StatLedger::Current(PoolGauge gauge, PoolIndex pool) const {
+  const StatArray& s = stats_.*gauge;
+  if (pool != kAllPools) return s[pool].current;
+  std::int64_t sum = 0;
+  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) sum += s[p].current;
+  return sum;
+}
+
+DeviceStats StatLedger::Snapshot() const {
+  DeviceStats out = stats_;
+#define BUCKETALLOC_FILL_ALL(name, doc)                          \
+  {                                                              \
+    Stat& all = out.name[kAllPools];                             \
+    all.current = all.allocated = all.freed = 0;                 \
+    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {      \
+      all.current += out.name[p].current;                        \
+      all.allocated += out.name[p].allocated;                    \
+      all.freed += out.name[p].freed;                            \
+    }                                                            \
+  }
+  BUCKETALLOC_POOL_STATS(BUCKETALLOC_FILL_ALL)
+#undef BUCKETALLOC_FILL_ALL
+  return out;
+}
+
+void StatLedger::ResetPeaks() {
+#define BUCKETALLOC_RESET_PEAK(name, doc)                                                 \
+  {                                                                                       \
+    std::int64_t sum = 0;                                                                 \
+    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {                               \
+      stats_.name[p].ResetPeak();                                                         \
+      sum += stats_.name[p].current;                                                      \
+    }                                                                                     \
+    stats_.name[kAllPools].peak = sum;                                                    \
+  }
+  BUCKETALLOC_POOL_STATS(BUCKETALLOC_RESET_PEAK)
+#undef BUCKETALLOC_RESET_PEAK
+#define BUCKETALLOC_RESET_DEVICE_PEAK(name, doc) stats_.name.ResetPeak();
+  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_RESET_DEVICE_PEAK)
+#undef BUCKETALLOC_RESET_DEVICE_PEAK
+}
+
+absl::Status StatLedger::CheckInvariants() const {
+  auto consistent = [](const Stat& s) {
+    return s.current == s.allocated - s.freed && s.peak >= s.current && s.current >= 0;
+  };
+#define BUCKETALLOC_CHECK_GAUGE(name, doc)                                                              \
+  {                                                                                                     \
+    std::int64_t sum = 0;                                                                               \
+    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {                                             \
+      const Stat& s = stats_.name[p];                                                                   \
+      if (!consistent(s)) {                                                                             \
+        return absl::InternalError(absl::StrCat("stats: ", #name, ".", kPoolNames[p].key,               \
+                                                " is inconsistent: current ", s.current, ", peak ", s.peak, \
+                                                ", allocated ", s.allocated, ", freed ", s.freed));     \
+      }                                                                                                 \
+      sum += s.current;                                                                                 \
+    }                                                                                                   \
+    if (stats_.name[kAllPools].peak < sum) {                                                            \
+      return absl::InternalError(absl::StrCat("stats: ", #name, ".all peak ", stats_.name[kAllPools].peak, \
+                                              " is below the pools' sum ", sum));                       \
+    }                                                                                                   \
+  }
+  BUCKETALLOC_POOL_STATS(BUCKETALLOC_CHECK_GAUGE)
+#undef BUCKETALLOC_CHECK_GAUGE
+#define BUCKETALLOC_CHECK_DEVICE_GAUGE(name, doc)                                                       \
+  if (!consistent(stats_.name)) {                                                                       \
+    return absl::InternalError(absl::StrCat("stats: ", #name, " is inconsistent: current ", stats_.name.current)); \
+  }
+  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_CHECK_DEVICE_GAUGE)
+#undef BUCKETALLOC_CHECK_DEVICE_GAUGE
+  return absl::OkStatus();
+}
+
+}  // namespace bucketalloc::internal

@@ -1,0 +1,74 @@
+// src/internal/stat_ledger.h — the live statistics of one device (layer L0).
+//
+// Owns: `StatLedger`, the one place every layer counts into. Each pool keeps its own gauges; the
+// "all" entry of a gauge is derived when the stats are read (current, allocated and freed are the
+// sums over the pools), and only its peak is kept as it happens: on an increase, the sum of the
+// pools' currents is compared with it. So a change of a pool's gauge updates one Stat, not two, on
+// the fast path. The counters (num_*) and the device-wide gauges are kept as they are.
+// Invariants (CheckInvariants): for every pool gauge current == allocated - freed, peak >= current
+// >= 0; the all-peak of a gauge is at least the sum of the pools' currents; device gauges likewise.
+// Thread-safety: none; the device lock guards it.
+//
+// Example:
+//   ledger.Increase(&DeviceStats::active_bytes, kSmallPool, 4096);
+//   ledger.Count(&DeviceStats::num_cache_hits);
+//   DeviceStats s = ledger.Snapshot();   // s.active_bytes[kAllPools].current == the sum
+#ifndef BUCKETALLOC_INTERNAL_STAT_LEDGER_H_
+#define BUCKETALLOC_INTERNAL_STAT_LEDGER_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "bucketalloc/stat_types.h"
+
+namespace bucketalloc::internal {
+
+// A pool gauge of DeviceStats (e.g. &DeviceStats::active_bytes).
+using PoolGauge = StatArray DeviceStats::*;
+
+class StatLedger {
+ public:
+  // Adds n >= 0 to `gauge` of `pool`, and keeps the all-peak.
+  void Increase(PoolGauge gauge, PoolIndex pool, std::int64_t n) {
+    StatArray& s = stats_.*gauge;
+    s[pool].Increase(n);
+    std::int64_t sum = 0;
+    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) sum += s[p].current;
+    if (sum > s[kAllPools].peak) s[kAllPools].peak = sum;
+  }
+  // Subtracts n >= 0 from `gauge` of `pool`.
+  void Decrease(PoolGauge gauge, PoolIndex pool, std::int64_t n) { (stats_.*gauge)[pool].Decrease(n); }
+  // Adds `delta` (either sign).
+  void Add(PoolGauge gauge, PoolIndex pool, std::int64_t delta) {
+    if (delta > 0) {
+      Increase(gauge, pool, delta);
+    } else if (delta < 0) {
+      Decrease(gauge, pool, -delta);
+    }
+  }
+  // The current value of a pool's gauge (pool > kAllPools), or of the sum (kAllPools).
+  std::int64_t Current(PoolGauge gauge, PoolIndex pool) const;
+
+  // A counter (e.g. &DeviceStats::num_cache_hits).
+  void Count(std::int64_t DeviceStats::* counter, std::int64_t n = 1) { stats_.*counter += n; }
+  std::int64_t counter(std::int64_t DeviceStats::* counter) const { return stats_.*counter; }
+  // A device-wide gauge (e.g. &DeviceStats::oversize_segments).
+  Stat& device(Stat DeviceStats::* gauge) { return stats_.*gauge; }
+
+  // The fields that are not gauges: the cap and max_split_size.
+  void SetCapacity(std::int64_t bytes) { stats_.capacity_bytes = bytes; }
+  void SetMaxSplitSize(std::int64_t bytes) { stats_.max_split_size = bytes; }
+
+  // The stats with every "all" entry filled in.
+  DeviceStats Snapshot() const;
+  // Resets every peak to its current value (the all-peaks to the sums).
+  void ResetPeaks();
+  absl::Status CheckInvariants() const;
+
+ private:
+  DeviceStats stats_;  // the "all" entries hold only the peak
+};
+
+}  // namespace bucketalloc::internal
+
+#endif  // BUCKETALLOC_INTERNAL_STAT_LEDGER_H_

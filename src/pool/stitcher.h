@@ -1,0 +1,54 @@
+// src/pool/stitcher.h — stitching: serving a large request at the cap from the whole physical
+// granules of free blocks, wherever they lie (layer L3; docs/vmm.md).
+//
+// Owns: the choice of runs (the whole granules inside free blocks, oldest first; plain blocks
+// before tier blocks that would give more than needed, a tier block moving whole), the stream
+// waits before an unmap (each stream synchronized once; a stream that cannot be synchronized
+// keeps its blocks' granules and the choice is made again), the stitch itself (a fresh range, the
+// chosen runs unmapped into holes, granules created within the headroom, all mapped there), and
+// giving back the free granules of partly used segments (empty_cache, release-and-retry).
+// It works on the large pool's blocks through the pool's block-level calls and on granules through
+// the pool's VirtualBacking. Live blocks are never touched.
+// Thread-safety: none; the device lock guards it.
+//
+// Example:
+//   absl::StatusOr<Block*> b = stitcher.Stitch(pool, ss, stream, 12 << 20, /*tier=*/-1);
+#ifndef BUCKETALLOC_POOL_STITCHER_H_
+#define BUCKETALLOC_POOL_STITCHER_H_
+
+#include <cstddef>
+
+#include "absl/status/statusor.h"
+#include "memory/segment.h"
+#include "pool/large_pool.h"
+#include "pool/memory_source.h"
+#include "pool/segment_backing.h"
+
+namespace bucketalloc::internal {
+
+class Stitcher {
+ public:
+  Stitcher(const PoolContext& ctx, VirtualBacking* backing, std::size_t granule);
+
+  // After a grow of the request failed: serves `rounded` bytes from a fresh range whose granules
+  // are created within the cap's headroom (none when the headroom would have fit the grow: the
+  // device refused) and, for the rest, moved from free blocks. Returns ResourceExhausted, having
+  // changed nothing, when too few granules can move; another error when a backend call failed
+  // (the granules unmapped by then go back to the device, a refused release keeps one as a spare).
+  absl::StatusOr<Block*> Stitch(LargePool& pool, LargePool::StreamState& ss, Stream stream, std::size_t rounded,
+                                int tier);
+  // Unmaps and releases the spare granules and the whole granules of the free blocks of the
+  // segments left (partly used ones, and wholly free ones whose release failed), once each
+  // segment's stream has passed their last use.
+  void ReleaseFreeGranules(LargePool& pool);
+
+ private:
+  PoolContext ctx_;
+  VirtualBacking* backing_;
+  const std::size_t granule_;
+  const int shift_;
+};
+
+}  // namespace bucketalloc::internal
+
+#endif  // BUCKETALLOC_POOL_STITCHER_H_

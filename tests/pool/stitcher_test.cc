@@ -1,0 +1,228 @@
+// Stitching (src/pool/stitcher.cc, src/pool/segment_backing.cc): a large pool over fake 2 MiB
+// granules; the choice of runs, oldest first, partial granules, tier blocks, unmap and map faults,
+// split remainders, spares.
+#include "pool/stitcher.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <vector>
+
+#include "pool/large_pool_fixture.h"
+#include "pool/segment_backing.h"
+
+namespace bucketalloc::internal {
+namespace {
+
+TEST_F(StitchingPoolTest, GrowMapsOneGranulePerGranuleOfTheSegment) {
+  InitStitching(64 * kMiB);
+  Block* a = Allocate(3 * kMiB);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->segment->size, 20 * kMiB);
+  EXPECT_EQ(source_->granules(), 10u);
+  EXPECT_EQ(source_->mapped(), 10u);
+  EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(20 * kMiB));
+  Check(1);
+  Return(a);
+  EXPECT_EQ(ReleaseAll(), 20 * kMiB);
+  EXPECT_EQ(source_->granules(), 0u);
+  EXPECT_EQ(source_->mapped(), 0u);
+  EXPECT_EQ(Stats().num_granules_released, 10);
+  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, 0);
+  Check(0);
+}
+
+TEST_F(StitchingPoolTest, StitchMovesTheGranulesOfFreeBlocksIntoOneRange) {
+  InitStitching(40 * kMiB);
+  std::vector<Block*> live = FragmentTwoSegments();
+  Check(5);
+  // No cached block fits 12 MiB and the cap is reached: growing fails, stitching serves it.
+  EXPECT_LT(pool_->largest_free_block(), 12 * kMiB);
+  EXPECT_TRUE(absl::IsResourceExhausted(pool_->Grow(*ss_, nullptr, 12 * kMiB, 12 * kMiB, -1).status()));
+  const std::set<PhysicalHandle> before = [&] {
+    std::set<PhysicalHandle> h;
+    for (Block* b : live) h.insert(source_->HandleAt(b->ptr));
+    return h;
+  }();
+  absl::StatusOr<Block*> s = Stitch(12 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  Block* big = *s;
+  EXPECT_EQ(big->size, 12 * kMiB);
+  EXPECT_EQ(Stats().num_stitches, 1);
+  EXPECT_EQ(Stats().num_granules_stitched, 6);
+  EXPECT_EQ(source_->granules(), 20u) << "no granule was created or released";
+  EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(40 * kMiB));
+  for (std::size_t g = 0; g < 6; ++g) {
+    const PhysicalHandle h = source_->HandleAt(big->ptr + g * kG);
+    EXPECT_NE(h, 0u);
+    EXPECT_FALSE(before.contains(h)) << "a granule of a live block was taken";
+  }
+  for (Block* b : live) EXPECT_EQ(b->state, BlockState::kAllocated);
+  EXPECT_EQ(source_->synced.size(), 1u) << "the free blocks' stream is synchronized once before the unmaps";
+  Check(6);
+  // Everything frees and releases; the holes leave nothing behind.
+  Return(big);
+  for (Block* b : live) Return(b);
+  Check(0);
+  ReleaseAll();
+  EXPECT_EQ(source_->granules(), 0u);
+  EXPECT_EQ(source_->mapped(), 0u);
+  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, 0);
+  Check(0);
+}
+
+TEST_F(StitchingPoolTest, StitchTakesTheOldestFreeGranulesFirst) {
+  InitStitching(40 * kMiB);
+  std::vector<Block*> live = FragmentTwoSegments();  // freed in address order: blocks 0, 2, 4, 6, 8
+  absl::StatusOr<Block*> s = Stitch(4 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  // The oldest free block (the first of the first segment) became a hole; the others stay free.
+  Segment* first = live[0]->segment;
+  ASSERT_EQ(first->first->state, BlockState::kUnmapped);
+  EXPECT_EQ(first->first->size, 4 * kMiB);
+  EXPECT_EQ(pool_->largest_free_block(), 4 * kMiB);
+  Check(6);
+}
+
+TEST_F(StitchingPoolTest, PartialGranulesStayAndWholeOnesMove) {
+  InitStitching(20 * kMiB);
+  // 3 MiB blocks in one 20 MiB segment: the free ones cover whole granules only in part.
+  std::vector<Block*> blocks;
+  for (int i = 0; i < 6; ++i) blocks.push_back(Allocate(3 * kMiB));
+  for (Block* b : blocks) ASSERT_NE(b, nullptr);
+  Return(blocks[1]);  // [3, 6) MiB: whole granule [4, 6)
+  Return(blocks[3]);  // [9, 12) MiB: whole granule [10, 12)
+  Check(4);
+  absl::StatusOr<Block*> s = Stitch(4 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Stats().num_granules_stitched, 2);
+  // The oldest (all equally old: the lowest addresses) whole granules moved; what stays cached is
+  // the free pieces [3, 4) and [9, 10) MiB, below a granule, and the free tail [18, 20) MiB.
+  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, static_cast<std::int64_t>(4 * kMiB));
+  Check(5);
+  // More than the whole free granules (one left, no headroom): refused, nothing changed.
+  const std::int64_t cached = Stats().cached_bytes[kLargePool].current;
+  EXPECT_TRUE(absl::IsResourceExhausted(Stitch(6 * kMiB, -1).status()));
+  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, cached);
+  Check(5);
+}
+
+TEST_F(StitchingPoolTest, ATierBlockMovesWholeAndItsSegmentGoes) {
+  Block* t2 = TwoTierBlocksTheFirstFreed();
+  ASSERT_NE(t2, nullptr);
+  // A 6 MiB non-tier request at the cap takes the whole tier block (tier segments are never split),
+  // uses three granules and gives the fourth back to the device.
+  absl::StatusOr<Block*> s = Stitch(6 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Stats().num_granules_stitched, 3);
+  EXPECT_EQ(Stats().num_granules_released, 1);
+  EXPECT_EQ(source_->granules(), 7u);
+  int segments = 0;
+  pool_->ForEachSegment([&](const Segment&) { ++segments; });
+  EXPECT_EQ(segments, 2) << "the all-hole tier segment was released";
+  Check(2);
+}
+
+TEST_F(StitchingPoolTest, AFailedUnmapOrMapLeavesLiveBlocksAndTheStatsTrue) {
+  for (int fail : {1, 3, 6}) {  // the first, a middle and the last unmap of six
+    SCOPED_TRACE(fail);
+        InitStitching(40 * kMiB);
+    std::vector<Block*> live = FragmentTwoSegments();
+    source_->fail_unmap_in = fail;
+    absl::StatusOr<Block*> s = Stitch(12 * kMiB, -1);
+    EXPECT_FALSE(s.ok());
+    for (Block* b : live) EXPECT_EQ(b->state, BlockState::kAllocated);
+    Check(5);
+    EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(source_->used()));
+    EXPECT_EQ(Stats().num_granules_released, fail - 1) << "the granules unmapped before the failure went back";
+    // A map failure: the unmapped granules go back to the device, the fresh range is released.
+    source_->fail_map_in = 2;
+    s = Stitch(12 * kMiB, -1);
+    EXPECT_FALSE(s.ok());
+    Check(5);
+    EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(source_->used()));
+    // The next stitch has headroom and whatever free granules are left.
+    s = Stitch(12 * kMiB, -1);
+    ASSERT_TRUE(s.ok()) << s.status();
+    Check(6);
+  }
+}
+
+
+TEST_F(StitchingPoolTest, WithKeepRemainderZeroEveryRemainderIsSplitOff) {
+  LargePoolConfig config;
+  config.keep_remainder = 0;  // the front end's choice with stitching
+  InitStitching(64 * kMiB, config);
+  Block* a = Allocate(19 * kMiB + 512 * kKiB);  // PyTorch's rule would hand out all 20 MiB
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->size, 19 * kMiB + 512 * kKiB);
+  EXPECT_EQ(Stats().num_splits, 1);
+  Check(1);
+}
+
+TEST_F(StitchingPoolTest, AFailedUnmapOfATierBlockLeavesPlainFreeMemory) {
+  Block* t2 = TwoTierBlocksTheFirstFreed();
+  ASSERT_NE(t2, nullptr);
+  source_->fail_unmap_in = 2;  // in the stitch: one granule goes, then the unmap fails
+  EXPECT_FALSE(Stitch(6 * kMiB, -1).ok());
+  Check(1);
+  EXPECT_TRUE(ss_->tier_free[0].empty()) << "a tier list would hand the 6 MiB rest out as 8 MiB";
+  Block* again = TryAllocate(8 * kMiB, 0);
+  EXPECT_TRUE(again == nullptr || again->size >= 8 * kMiB);
+  if (again != nullptr) Return(again);
+  Return(t2);
+  // A release that fails part-way does the same.
+  source_->fail_unmap_in = 3;
+  ReleaseOldestUntil(*pool_, 8 * kMiB);
+  Check(0);
+  for (std::size_t t = 0; t < pool_->num_tiers(); ++t) {
+    for (Block* b = ss_->tier_free[t].front(); b != nullptr; b = ss_->tier_free[t].next(b)) {
+      EXPECT_EQ(b->size, pool_->tier_bytes(static_cast<int>(t)));
+    }
+  }
+}
+
+TEST_F(StitchingPoolTest, PlainFreeBlocksGoBeforeATierBlockThatWouldGiveMoreThanNeeded) {
+  LargePoolConfig config;
+  config.tiers = {16 * kMiB};
+  InitStitching(40 * kMiB, config);
+  Block* t1 = Allocate(16 * kMiB);  // a tier block, freed first (the oldest)
+  ++clock_;
+  Return(t1);
+  clock_ += 5;
+  Block* a = Allocate(3 * kMiB);  // a 20 MiB segment: [3, 20) MiB free, eight whole granules
+  ASSERT_NE(a, nullptr);
+  // 4 MiB of headroom: a 6 MiB request needs one granule from free blocks.
+  absl::StatusOr<Block*> s = Stitch(6 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Stats().num_granules_stitched, 1);
+  EXPECT_EQ(Stats().num_granules_released, 0);
+  EXPECT_FALSE(ss_->tier_free[0].empty()) << "the tier block was kept";
+  Check(2);
+}
+
+TEST_F(StitchingPoolTest, ARefusedReleaseKeepsASpareThatTheNextGrowUses) {
+  InitStitching(40 * kMiB);
+  Block* a = Allocate(12 * kMiB);
+  ASSERT_NE(a, nullptr);
+  Return(a);
+  source_->fail_release_in = 2;
+  ReleaseOldestUntil(*pool_, 1);  // the oldest segment (GC's call; a full release would retry the spare)
+  EXPECT_EQ(pool_->spare_bytes(), kG);
+  EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(kG)) << "a spare is reserved";
+  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, static_cast<std::int64_t>(kG)) << "and cached";
+  Check(0);
+  Block* b = Allocate(12 * kMiB);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(pool_->spare_bytes(), 0u) << "the grow used the spare";
+  EXPECT_EQ(source_->granules(), 6u);
+  Check(1);
+  Return(b);
+  ReleaseAll();
+  EXPECT_EQ(source_->granules(), 0u);
+  EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, 0);
+  Check(0);
+}
+
+}  // namespace
+}  // namespace bucketalloc::internal
