@@ -89,6 +89,7 @@ class FakeSource : public internal::MemorySource {
     return base;
   }
   bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override {
+    if (fail_segment_release_in > 0 && --fail_segment_release_in == 0) return false;
     live_.erase(base);
     used_ -= bytes;
     stats_->Decrease(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(bytes));
@@ -153,6 +154,7 @@ class FakeSource : public internal::MemorySource {
   int fail_map_in = 0;    // > 0: the Nth map from now fails
   int fail_unmap_in = 0;  // > 0: the Nth unmap from now fails
   int fail_release_in = 0;  // > 0: the Nth granule release from now is refused
+  int fail_segment_release_in = 0;  // > 0: the Nth segment release from now is refused
   std::vector<Stream> synced;
 
  private:

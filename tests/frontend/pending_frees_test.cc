@@ -1,0 +1,103 @@
+// Pending frees and stream uses (src/frontend/pending_frees.cc) on the simulated device's streams:
+// which blocks retire in each mode, deferred frees armed later, graph pools holding blocks, and the
+// checks of the invariants.
+#include "frontend/pending_frees.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "bucketalloc/testing/sim_backend.h"
+#include "test_util.h"
+
+namespace bucketalloc::internal {
+namespace {
+
+using ::bucketalloc::testing::TestStream;
+
+class PendingFreesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<SimBackend>> made = MakeSimBackend({.total_memory = 64 * kMiB});
+    ASSERT_TRUE(made.ok());
+    sim_ = std::move(*made);
+    pending_ = std::make_unique<PendingFrees>(sim_.get());
+  }
+  // Holds a block at `ptr` used on `stream` (work queued there), its event recorded now.
+  void HoldUsedOn(std::uintptr_t ptr, Stream stream, std::uint16_t graph = 0) {
+    sim_->EnqueueWork(stream);
+    pending_->AddUse(ptr, stream);
+    PendingFrees::Uses uses = pending_->TakeUses(ptr);
+    ASSERT_EQ(uses.size(), 1u);
+    PendingFrees::Events events;
+    ASSERT_TRUE(pending_->RecordEvents(uses, &events).ok());
+    pending_->Hold(ptr, LiveEntry{LargePool::Handle{}, 100, graph}, std::move(events), std::move(uses));
+  }
+  // Retires in `mode`; the addresses done, in order.
+  std::vector<std::uintptr_t> Retire(PendingFrees::Mode mode, bool may_arm = true,
+                                     std::uint16_t held_tag = 0) {
+    std::vector<std::uintptr_t> done;
+    pending_->Retire(
+        mode, may_arm, [&](const LiveEntry& e) { return held_tag != 0 && e.graph == held_tag; },
+        [&](std::uintptr_t ptr, const LiveEntry&) { done.push_back(ptr); });
+    return done;
+  }
+  std::unique_ptr<SimBackend> sim_;
+  std::unique_ptr<PendingFrees> pending_;
+};
+
+TEST_F(PendingFreesTest, UsesAreRecordedOncePerStreamAndTakenAtTheFree) {
+  pending_->AddUse(0x10, TestStream(1));
+  pending_->AddUse(0x10, TestStream(1));
+  pending_->AddUse(0x10, TestStream(2));
+  EXPECT_TRUE(pending_->has_uses());
+  EXPECT_EQ(pending_->TakeUses(0x10).size(), 2u);
+  EXPECT_FALSE(pending_->has_uses());
+  EXPECT_TRUE(pending_->TakeUses(0x20).empty());
+}
+
+TEST_F(PendingFreesTest, PollUntilBusyStopsAtTheFirstBusyBlockAndPollAllDoesNot) {
+  HoldUsedOn(0x100, TestStream(1));
+  HoldUsedOn(0x200, TestStream(2));
+  sim_->CompleteWork(TestStream(2));  // the second is done, the first is not
+  EXPECT_TRUE(Retire(PendingFrees::Mode::kPollUntilBusy).empty()) << "stops at the busy first block";
+  EXPECT_EQ(Retire(PendingFrees::Mode::kPollAll), (std::vector<std::uintptr_t>{0x200}));
+  EXPECT_TRUE(pending_->Contains(0x100));
+  EXPECT_EQ(Retire(PendingFrees::Mode::kSynchronize), (std::vector<std::uintptr_t>{0x100})) << "waiting completes it";
+  EXPECT_TRUE(pending_->empty());
+}
+
+TEST_F(PendingFreesTest, ADeferredFreeIsArmedLaterAndAHeldOneWaitsForItsPool) {
+  HoldUsedOn(0x400, TestStream(2), /*graph=*/7);
+  sim_->CompleteWork(TestStream(2));
+  sim_->EnqueueWork(TestStream(1));
+  PendingFrees::Uses uses{TestStream(1)};
+  sim_->SetRecordEventFails(true);
+  PendingFrees::Events events;
+  EXPECT_FALSE(pending_->RecordEvents(uses, &events).ok());
+  EXPECT_TRUE(events.empty()) << "a failed recording keeps no event";
+  pending_->Hold(0x300, LiveEntry{LargePool::Handle{}, 1, 0}, {}, uses);  // deferred: no events yet
+  EXPECT_TRUE(pending_->CheckInvariants([](std::uintptr_t) { return false; }).ok());
+  // Arming is not allowed (a capture runs), and the graph pool holds the other block.
+  EXPECT_TRUE(Retire(PendingFrees::Mode::kPollAll, /*may_arm=*/false, /*held_tag=*/7).empty());
+  sim_->SetRecordEventFails(false);
+  // Armed now: its event waits for stream 1's work.
+  EXPECT_TRUE(Retire(PendingFrees::Mode::kPollAll, true, 7).empty());
+  sim_->CompleteWork(TestStream(1));
+  EXPECT_EQ(Retire(PendingFrees::Mode::kPollAll, true, 7), (std::vector<std::uintptr_t>{0x300}));
+  EXPECT_EQ(Retire(PendingFrees::Mode::kPollAll, true, /*held_tag=*/0), (std::vector<std::uintptr_t>{0x400}))
+      << "its pool released";
+  EXPECT_TRUE(pending_->empty());
+}
+
+TEST_F(PendingFreesTest, TheChecksCatchAUseOfNoLiveBlockAndAFreeWaitingForNothing) {
+  pending_->AddUse(0x500, TestStream(1));
+  EXPECT_FALSE(pending_->CheckInvariants([](std::uintptr_t) { return false; }).ok());
+  EXPECT_TRUE(pending_->CheckInvariants([](std::uintptr_t p) { return p == 0x500; }).ok());
+  pending_->TakeUses(0x500);
+  pending_->Hold(0x600, LiveEntry{LargePool::Handle{}, 1, 0}, {}, {});
+  EXPECT_FALSE(pending_->CheckInvariants([](std::uintptr_t) { return true; }).ok());
+}
+
+}  // namespace
+}  // namespace bucketalloc::internal

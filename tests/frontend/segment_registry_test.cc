@@ -1,0 +1,103 @@
+// The segment registry and cap (src/frontend/segment_registry.cc) over the simulated device: the
+// cap, the stats and history it keeps, refusal during a capture, the collector, virtual-memory
+// ranges, lookups, and the check against the backend's own counts.
+#include "frontend/segment_registry.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "bucketalloc/testing/sim_backend.h"
+#include "bucketalloc/units.h"
+
+namespace bucketalloc::internal {
+namespace {
+
+class SegmentRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<SimBackend>> made = MakeSimBackend({.total_memory = 64 * kMiB});
+    ASSERT_TRUE(made.ok());
+    sim_ = std::move(*made);
+    registry_ = std::make_unique<SegmentRegistry>(sim_.get(), &ledger_, &history_);
+    registry_->set_cap(20 * kMiB);
+    history_.Reset(100);
+  }
+  DeviceStats Stats() const { return ledger_.Snapshot(); }
+  StatLedger ledger_;
+  HistoryRing history_;
+  std::unique_ptr<SimBackend> sim_;
+  std::unique_ptr<SegmentRegistry> registry_;
+};
+
+TEST_F(SegmentRegistryTest, AllocationsCountAgainstTheCapAndAreRegistered) {
+  absl::StatusOr<std::uintptr_t> a = registry_->AllocateSegment(16 * kMiB, kLargePool);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<std::uintptr_t> b = registry_->AllocateSegment(2 * kMiB, kSmallPool);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(registry_->Headroom(), 2 * kMiB);
+  absl::StatusOr<std::uintptr_t> c = registry_->AllocateSegment(4 * kMiB, kLargePool);
+  EXPECT_TRUE(absl::IsResourceExhausted(c.status()));
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "would exceed the cap of 20971520 bytes")) << c.status();
+  EXPECT_EQ(sim_->counters().allocs, 2) << "refused before the backend call";
+  const DeviceStats s = Stats();
+  EXPECT_EQ(s.reserved_bytes[kLargePool].current, static_cast<std::int64_t>(16 * kMiB));
+  EXPECT_EQ(s.segment[kAllPools].current, 2);
+  EXPECT_EQ(s.num_device_alloc, 2);
+  ASSERT_TRUE(registry_->Holding(*a + 5 * kMiB).has_value());
+  EXPECT_EQ(registry_->Holding(*a + 5 * kMiB)->base, *a);
+  EXPECT_FALSE(registry_->Holding(*a + 15 * kMiB, 2 * kMiB).has_value()) << "a range that crosses its end";
+  EXPECT_EQ(registry_->At(*b)->pool, kSmallPool);
+  EXPECT_EQ(registry_->LargeRangesOver(10 * kMiB), 1);
+  EXPECT_TRUE(registry_->CheckInvariants(0).ok());
+  EXPECT_TRUE(registry_->ReleaseSegment(*a, 16 * kMiB, kLargePool));
+  EXPECT_EQ(Stats().num_device_free, 1);
+  EXPECT_FALSE(registry_->Holding(*a).has_value());
+  ASSERT_EQ(history_.Entries().size(), 3u);
+  EXPECT_EQ(history_.Entries()[2].action, TraceAction::kSegmentFree);
+  EXPECT_TRUE(registry_->CheckInvariants(0).ok());
+}
+
+TEST_F(SegmentRegistryTest, DuringACaptureNothingIsAllocatedAndTheCollectorRunsBeforeGrowth) {
+  std::size_t collected = 0;
+  registry_->set_collector([&](std::size_t incoming) { collected += incoming; });
+  registry_->set_capturing(true);
+  EXPECT_TRUE(absl::IsFailedPrecondition(registry_->AllocateSegment(2 * kMiB, kLargePool).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(registry_->ReserveRange(2 * kMiB, 2 * kMiB).status()));
+  EXPECT_EQ(collected, 0u);
+  EXPECT_EQ(sim_->counters().allocs, 0);
+  registry_->set_capturing(false);
+  ASSERT_TRUE(registry_->AllocateSegment(2 * kMiB, kLargePool).ok());
+  EXPECT_EQ(collected, 2 * kMiB);
+}
+
+TEST_F(SegmentRegistryTest, RangesCountTheirMappedGranules) {
+  absl::StatusOr<std::uintptr_t> va = registry_->ReserveRange(4 * kMiB, 4 * kMiB);
+  ASSERT_TRUE(va.ok()) << va.status();
+  absl::StatusOr<PhysicalHandle> g = registry_->CreateGranule();
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(2 * kMiB));
+  ASSERT_TRUE(registry_->MapGranule(*va, *g).ok());
+  EXPECT_EQ(registry_->At(*va)->mapped, 2 * kMiB);
+  EXPECT_EQ(registry_->totals().ranges, 1u);
+  EXPECT_TRUE(registry_->CheckInvariants(0).ok());
+  ASSERT_TRUE(registry_->UnmapGranule(*va).ok());
+  EXPECT_FALSE(registry_->CheckInvariants(0).ok()) << "an unmapped granule that is not counted as a spare";
+  EXPECT_TRUE(registry_->CheckInvariants(2 * kMiB).ok());
+  EXPECT_TRUE(registry_->ReleaseGranule(*g));
+  registry_->ReleaseRange(*va, 4 * kMiB);
+  EXPECT_EQ(Stats().segment[kLargePool].current, 0);
+  EXPECT_TRUE(registry_->CheckInvariants(0).ok());
+}
+
+TEST_F(SegmentRegistryTest, TheCheckCatchesMemoryTakenBehindItsBack) {
+  ASSERT_TRUE(registry_->AllocateSegment(2 * kMiB, kLargePool).ok());
+  absl::StatusOr<void*> stray = sim_->Allocate(2 * kMiB);  // not through the registry
+  ASSERT_TRUE(stray.ok());
+  absl::Status s = registry_->CheckInvariants(0);
+  EXPECT_TRUE(absl::StrContains(s.message(), "the backend holds 2 allocations")) << s;
+  ASSERT_TRUE(sim_->Free(*stray, 2 * kMiB).ok());
+  EXPECT_TRUE(registry_->CheckInvariants(0).ok());
+}
+
+}  // namespace
+}  // namespace bucketalloc::internal
