@@ -144,7 +144,7 @@ absl::Status CudaBackend::Error(absl::string_view call, cudaError_t error) const
   return CudaStatus(absl::StrCat(call, " on device ", device_), error);
 }
 
-void CudaBackend::Count(std::int64_t BackendCounters::* counter, std::int64_t n) {
+void CudaBackend::Count(std::int64_t BackendCounters::*counter, std::int64_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   counters_.*counter += n;
 }

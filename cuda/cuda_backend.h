@@ -58,7 +58,7 @@ class CudaBackend : public Backend {
   // The typed status of a failed `call` (with its arguments) on this device.
   absl::Status Error(absl::string_view call, cudaError_t error) const;
   // Adds `n` to `counter` (e.g. &BackendCounters::allocs).
-  void Count(std::int64_t BackendCounters::* counter, std::int64_t n = 1);
+  void Count(std::int64_t BackendCounters::*counter, std::int64_t n = 1);
 
  private:
   static constexpr std::size_t kMaxPooledEvents = 256;  // beyond this, events are destroyed

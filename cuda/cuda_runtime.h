@@ -37,9 +37,8 @@ struct CudaRuntime {
   const char* (*GetErrorName)(cudaError_t error);
   const char* (*GetErrorString)(cudaError_t error);
   // The vmm backend reaches the driver API (cuMem*) only through this: libcuda is never linked.
-  cudaError_t (*GetDriverEntryPointByVersion)(const char* symbol, void** function,
-                                              unsigned int cuda_version, unsigned long long flags,
-                                              cudaDriverEntryPointQueryResult* status);
+  cudaError_t (*GetDriverEntryPointByVersion)(const char* symbol, void** function, unsigned int cuda_version,
+                                              unsigned long long flags, cudaDriverEntryPointQueryResult* status);
 };
 
 // The runtime of this library (see the file comment). Thread-safe.

@@ -5,11 +5,25 @@ namespace bucketalloc::internal {
 
 const CudaRuntime& CudaRuntimeApi() {
   static constexpr CudaRuntime kStatic = {
-      &cudaMalloc,        &cudaFree,          &cudaMemGetInfo,    &cudaEventCreateWithFlags,
-      &cudaEventRecord,   &cudaEventQuery,    &cudaEventSynchronize, &cudaEventDestroy,
-      &cudaStreamIsCapturing, &cudaGetDevice, &cudaSetDevice,     &cudaGetDeviceCount,
-      &cudaGetLastError,  &cudaPeekAtLastError, &cudaDeviceSynchronize, &cudaStreamSynchronize,
-      &cudaStreamGetDevice, &cudaGetErrorName, &cudaGetErrorString,
+      &cudaMalloc,
+      &cudaFree,
+      &cudaMemGetInfo,
+      &cudaEventCreateWithFlags,
+      &cudaEventRecord,
+      &cudaEventQuery,
+      &cudaEventSynchronize,
+      &cudaEventDestroy,
+      &cudaStreamIsCapturing,
+      &cudaGetDevice,
+      &cudaSetDevice,
+      &cudaGetDeviceCount,
+      &cudaGetLastError,
+      &cudaPeekAtLastError,
+      &cudaDeviceSynchronize,
+      &cudaStreamSynchronize,
+      &cudaStreamGetDevice,
+      &cudaGetErrorName,
+      &cudaGetErrorString,
       &cudaGetDriverEntryPointByVersion,
   };
   return kStatic;

@@ -25,11 +25,11 @@ absl::Status ResolveEntryPoint(const char* symbol, unsigned int version, Functio
     return absl::FailedPreconditionError(CudaErrorMessage(call, error));
   }
   if (found != cudaDriverEntryPointSuccess || address == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(call, ": ",
-                     found == cudaDriverEntryPointVersionNotSufficent ? "the driver has the symbol but not at this version"
-                                                                       : "the driver has no such symbol",
-                     " (cudaDriverEntryPointQueryResult ", static_cast<int>(found), ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        call, ": ",
+        found == cudaDriverEntryPointVersionNotSufficent ? "the driver has the symbol but not at this version"
+                                                         : "the driver has no such symbol",
+        " (cudaDriverEntryPointQueryResult ", static_cast<int>(found), ")"));
   }
   *function = reinterpret_cast<Function>(address);
   return absl::OkStatus();
@@ -41,13 +41,14 @@ absl::StatusOr<const DriverApi*> Driver() {
   static std::mutex mu;
   static DriverApi api;  // written once under mu, before `resolved` is set
   static std::atomic<bool> resolved{false};
-  if (resolved.load(std::memory_order_acquire)) [[likely]] return &api;
+  if (resolved.load(std::memory_order_acquire)) [[likely]]
+    return &api;
   std::lock_guard<std::mutex> lock(mu);
   if (resolved.load(std::memory_order_relaxed)) return &api;
   DriverApi found;
-#define BUCKETALLOC_RESOLVE(field, symbol, version)                                           \
+#define BUCKETALLOC_RESOLVE(field, symbol, version)                                            \
   if (absl::Status status = ResolveEntryPoint(#symbol, version, &found.field); !status.ok()) { \
-    return status;                                                                            \
+    return status;                                                                             \
   }
   BUCKETALLOC_DRIVER_FUNCTIONS(BUCKETALLOC_RESOLVE)
 #undef BUCKETALLOC_RESOLVE

@@ -41,10 +41,8 @@ class VmmBackend final : public CudaBackend {
   std::size_t Granularity() const override { return granularity_; }
   bool SupportsVirtualMemory() const override { return true; }
 
-  absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t bytes,
-                                                     std::size_t alignment) override {
-    const std::string call =
-        absl::StrCat("cuMemAddressReserve(", bytes, " bytes, alignment ", alignment, ")");
+  absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t bytes, std::size_t alignment) override {
+    const std::string call = absl::StrCat("cuMemAddressReserve(", bytes, " bytes, alignment ", alignment, ")");
     if (!IsGranuleMultiple(bytes) || (alignment != 0 && !internal::IsPowerOfTwo(alignment))) {
       return Refuse(call, "a positive multiple of the granularity and an alignment of 0 or a power of two");
     }
@@ -103,10 +101,8 @@ class VmmBackend final : public CudaBackend {
   absl::Status Map(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle) override {
     ScopedDevice guard(device());
     if (absl::Status status = guard.Enter("cuMemMap"); !status.ok()) return status;
-    if (CUresult error = driver_.MemMap(va, bytes, /*offset=*/0, handle, /*flags=*/0);
-        error != CUDA_SUCCESS) {
-      return CuError(absl::StrCat("cuMemMap(", Hex(va), ", ", bytes, " bytes, handle ", Hex(handle), ")"),
-                     error);
+    if (CUresult error = driver_.MemMap(va, bytes, /*offset=*/0, handle, /*flags=*/0); error != CUDA_SUCCESS) {
+      return CuError(absl::StrCat("cuMemMap(", Hex(va), ", ", bytes, " bytes, handle ", Hex(handle), ")"), error);
     }
     CUmemAccessDesc access = {};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -114,10 +110,10 @@ class VmmBackend final : public CudaBackend {
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     if (CUresult error = driver_.MemSetAccess(va, bytes, &access, 1); error != CUDA_SUCCESS) {
       const CUresult undo = driver_.MemUnmap(va, bytes);
-      return CuError(absl::StrCat("cuMemSetAccess(", Hex(va), ", ", bytes, " bytes, read-write for device ",
-                                  device(), ") after cuMemMap (",
-                                  undo == CUDA_SUCCESS ? "unmapped again" : "cuMemUnmap also failed", ")"),
-                     error);
+      return CuError(
+          absl::StrCat("cuMemSetAccess(", Hex(va), ", ", bytes, " bytes, read-write for device ", device(),
+                       ") after cuMemMap (", undo == CUDA_SUCCESS ? "unmapped again" : "cuMemUnmap also failed", ")"),
+          error);
     }
     Count(&BackendCounters::maps);
     return absl::OkStatus();
@@ -138,8 +134,8 @@ class VmmBackend final : public CudaBackend {
 
   // The InvalidArgument of a `call` refused before reaching the driver.
   absl::Status Refuse(absl::string_view call, absl::string_view accepted) const {
-    return absl::InvalidArgumentError(absl::StrCat(call, " on device ", device(), ": accepted ", accepted,
-                                                   " (granularity ", granularity_, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, " on device ", device(), ": accepted ", accepted, " (granularity ", granularity_, ")"));
   }
 
   // The typed status of a failed driver `call` (with its arguments) on this device.
@@ -150,7 +146,6 @@ class VmmBackend final : public CudaBackend {
   const DriverApi& driver_;  // resolved by Driver(); lives as long as the process
   const std::size_t granularity_;
 };
-
 
 absl::StatusOr<int> CudaDevices(const BackendSettings&) { return CudaDeviceCount(); }
 absl::StatusOr<std::unique_ptr<Backend>> MakeVmm(const BackendSettings&, int device) { return MakeVmmBackend(device); }
@@ -178,8 +173,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeVmmBackend(int device) {
   if (absl::Status status = internal::InitDevice("vmm", device); !status.ok()) return status;
   absl::StatusOr<const DriverApi*> driver = internal::Driver();
   if (!driver.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot create the vmm backend for device ", device,
-                                                      ": ", driver.status().message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the vmm backend for device ", device, ": ", driver.status().message()));
   }
   const DriverApi& api = **driver;
   ScopedDevice guard(device);
@@ -189,19 +184,20 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeVmmBackend(int device) {
     return CuStatus(api, absl::StrCat("cuDeviceGet(", device, ")"), error);
   }
   int supported = 0;
-  if (CUresult error = api.DeviceGetAttribute(
-          &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu_device);
+  if (CUresult error =
+          api.DeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu_device);
       error != CUDA_SUCCESS) {
     return CuStatus(api,
                     absl::StrCat("cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) "
-                                 "on device ", device),
+                                 "on device ",
+                                 device),
                     error);
   }
   if (supported == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot create the vmm backend for device ", device,
-        ": the device does not support virtual memory management "
-        "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0); backend:cuda works without it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the vmm backend for device ", device,
+                     ": the device does not support virtual memory management "
+                     "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0); backend:cuda works without it"));
   }
   const CUmemAllocationProp prop = PinnedDeviceMemory(device);
   std::size_t granularity = 0;
@@ -215,10 +211,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeVmmBackend(int device) {
   // The allocator's sizes (2 MiB slabs, segments rounded to 2 MiB) must be whole numbers of
   // granules.
   if (!internal::IsPowerOfTwo(granularity) || kGranularity % granularity != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot create the vmm backend for device ", device, ": its minimum allocation granularity is ",
-        granularity, " bytes; the allocator needs a power of two that divides ", kGranularity,
-        " (backend:cuda works on this device)"));
+    return absl::InvalidArgumentError(absl::StrCat("cannot create the vmm backend for device ", device,
+                                                   ": its minimum allocation granularity is ", granularity,
+                                                   " bytes; the allocator needs a power of two that divides ",
+                                                   kGranularity, " (backend:cuda works on this device)"));
   }
   return std::unique_ptr<Backend>(std::make_unique<internal::VmmBackend>(device, api, granularity));
 }

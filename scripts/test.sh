@@ -5,7 +5,8 @@
 #      NDEBUG so that invariants are checked after every slow-path event;
 #   3. the concurrency stress test under ThreadSanitizer;
 #   4. the PyTorch plugin's pytest suite (python/torch_plugin) against the built libbucketalloc.so;
-#   5. the installed package: examples/consumer built with find_package(bucketalloc).
+#   5. the installed package: examples/consumer built with find_package(bucketalloc);
+#   6. the format: every C, C++ and CUDA file as .clang-format says (scripts/format.sh --check).
 # Ends with "N passed, N failed". Environment: JOBS (default 2).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -58,5 +59,6 @@ step "tests (ASan+UBSan)" test_asan
 step "build (TSan)" build_tsan
 step "concurrency stress (TSan)" test_tsan
 step "installed package (examples/consumer)" scripts/check_install.sh
+step "format (clang-format)" scripts/format.sh --check
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -5,9 +5,9 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <memory>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,15 +39,16 @@ inline std::vector<Config> AllConfigs() {
       {"tiny_capacity", "capacity:64MiB,sim_total_memory:128MiB"},
       {"small_max_split", "max_split_size_mb:24,max_non_split_rounding_mb:4,roundup_power2_divisions:4"},
       // Stitching on the simulated device's virtual memory, at a small cap so that it stitches.
-      {"vmm_stitching", "expandable_segments:true,capacity:64MiB,sim_total_memory:128MiB,"
-                        "tiers_tokens:[16,32,64,128],bytes_per_token:128KiB"},
+      {"vmm_stitching",
+       "expandable_segments:true,capacity:64MiB,sim_total_memory:128MiB,"
+       "tiers_tokens:[16,32,64,128],bytes_per_token:128KiB"},
   };
 }
 
 // Creates a sim allocator with `conf`, checking invariants after every slow-path event.
 inline std::unique_ptr<Allocator> MakeAllocator(const std::string& conf, bool backed = true) {
-  std::string full = absl::StrCat("backend:sim,debug_check_invariants:true,sim_memory:",
-                                  backed ? "backed" : "unbacked");
+  std::string full =
+      absl::StrCat("backend:sim,debug_check_invariants:true,sim_memory:", backed ? "backed" : "unbacked");
   if (!conf.empty()) absl::StrAppend(&full, ",", conf);
   absl::StatusOr<Options> o = ParseOptions(full);
   if (!o.ok()) return nullptr;
@@ -67,7 +68,7 @@ class ConfiguredAllocatorTest : public ::testing::TestWithParam<Config> {
   std::unique_ptr<Allocator> allocator_;
 };
 
-#define BUCKETALLOC_INSTANTIATE_OVER_CONFIGS(suite)                                                  \
+#define BUCKETALLOC_INSTANTIATE_OVER_CONFIGS(suite)                                                   \
   INSTANTIATE_TEST_SUITE_P(Configs, suite, ::testing::ValuesIn(::bucketalloc::testing::AllConfigs()), \
                            [](const auto& info) { return info.param.name; })
 
@@ -77,7 +78,8 @@ inline Stream TestStream(int i) { return reinterpret_cast<Stream>(static_cast<st
 // A memory source that hands out fake, never-touched addresses, with an optional byte limit.
 class FakeSource : public internal::MemorySource {
  public:
-  explicit FakeSource(internal::StatLedger* stats, std::size_t limit = ~std::size_t{0}) : stats_(stats), limit_(limit) {}
+  explicit FakeSource(internal::StatLedger* stats, std::size_t limit = ~std::size_t{0})
+      : stats_(stats), limit_(limit) {}
   absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) override {
     if (used_ + bytes > limit_) return absl::ResourceExhaustedError("fake source: limit");
     const std::uintptr_t base = next_;
@@ -151,9 +153,9 @@ class FakeSource : public internal::MemorySource {
   static constexpr std::size_t kGranule = std::size_t{2} << 20;
   int allocs = 0;
   int frees = 0;
-  int fail_map_in = 0;    // > 0: the Nth map from now fails
-  int fail_unmap_in = 0;  // > 0: the Nth unmap from now fails
-  int fail_release_in = 0;  // > 0: the Nth granule release from now is refused
+  int fail_map_in = 0;              // > 0: the Nth map from now fails
+  int fail_unmap_in = 0;            // > 0: the Nth unmap from now fails
+  int fail_release_in = 0;          // > 0: the Nth granule release from now is refused
   int fail_segment_release_in = 0;  // > 0: the Nth segment release from now is refused
   std::vector<Stream> synced;
 

@@ -38,8 +38,7 @@ GenerateCommand::GenerateCommand(CLI::App& app) : flags_(std::make_unique<Flags>
   s->add_option("--limit", f.requests.limit, "keep the first N requests (0 = all)")->capture_default_str();
   s->add_option("--sample", f.requests.sample_fraction, "keep each request with this probability (seeded)")
       ->capture_default_str();
-  s->add_option("--time-scale", f.requests.time_scale,
-                "multiply arrival times (0.5: the same requests twice as fast)")
+  s->add_option("--time-scale", f.requests.time_scale, "multiply arrival times (0.5: the same requests twice as fast)")
       ->capture_default_str();
   s->add_option("--qps", f.requests.qps, "arrival rate drawn for length-only files (Poisson)")->capture_default_str();
   s->add_option("--seed", f.requests.seed, "seed of sampling and drawn arrivals")->capture_default_str();
@@ -62,12 +61,12 @@ GenerateCommand::GenerateCommand(CLI::App& app) : flags_(std::make_unique<Flags>
   s->add_option("--kv-pool-tokens", f.serving.kv_pool_tokens,
                 "paged: pool size in tokens (0 = what the schedule holds at its peak)")
       ->capture_default_str();
-  s->add_flag("--every-layer", f.serving.every_layer,
-              "write every layer's temporaries (default: one layer pass per step; the same bytes, L times fewer events)");
+  s->add_flag(
+      "--every-layer", f.serving.every_layer,
+      "write every layer's temporaries (default: one layer pass per step; the same bytes, L times fewer events)");
   s->add_option("--step-base-ms", f.serving.step_base_ms, "step time of a 16 GiB model: fixed part")
       ->capture_default_str();
-  s->add_option("--step-us-per-token", f.serving.step_us_per_token,
-                "step time of a 16 GiB model: per batched token")
+  s->add_option("--step-us-per-token", f.serving.step_us_per_token, "step time of a 16 GiB model: per batched token")
       ->capture_default_str();
 }
 
@@ -112,11 +111,12 @@ int GenerateCommand::Run() const {
   std::printf("%s: %zu events (%s, %s KV layout); meta in %s\n", f.output.c_str(), trace->trace.events.size(),
               model->name.c_str(), std::string(harness::KvLayoutName(serving.kv_layout)).c_str(),
               harness::MetaPathFor(f.output).c_str());
-  std::printf("  requests %lld served, %lld rejected as too long, %lld as over --max-kv-tokens; %lld steps over "
-              "%.1f simulated s, up to %d sequences per step\n",
-              static_cast<long long>(s.served), static_cast<long long>(s.rejected_too_long),
-              static_cast<long long>(s.rejected_over_kv_limit),
-              static_cast<long long>(s.steps), s.simulated_seconds, s.max_running);
+  std::printf(
+      "  requests %lld served, %lld rejected as too long, %lld as over --max-kv-tokens; %lld steps over "
+      "%.1f simulated s, up to %d sequences per step\n",
+      static_cast<long long>(s.served), static_cast<long long>(s.rejected_too_long),
+      static_cast<long long>(s.rejected_over_kv_limit), static_cast<long long>(s.steps), s.simulated_seconds,
+      s.max_running);
   std::printf("  weights %s; peak live %s; true peak need %s (KV %s exact, activations %s); KV layout peak %s\n",
               FormatBytes(s.weight_bytes).c_str(), FormatBytes(s.peak_live_bytes).c_str(),
               FormatBytes(s.true_peak_need_bytes).c_str(), FormatBytes(s.need_kv_bytes).c_str(),

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench_generate.h"
 #include "bucketalloc/options.h"
@@ -93,8 +93,9 @@ absl::StatusOr<std::size_t> ParseCapacity(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"bucketalloc-bench: replay allocation traces (RMM replay-log CSV) against allocators on the "
-               "simulated device"};
+  CLI::App app{
+      "bucketalloc-bench: replay allocation traces (RMM replay-log CSV) against allocators on the "
+      "simulated device"};
   app.require_subcommand(1);
   std::string trace_path, allocator = "bucketalloc", capacity_text, json_path, html_path;
   int repeat = 1;
@@ -117,11 +118,13 @@ int main(int argc, char** argv) {
   std::string allocator_list;
   std::vector<std::string> compare_traces;
   CLI::App* compare = app.add_subcommand(
-      "compare", "allocators side by side at one capacity, min-capacity included; several traces (e.g. one per KV "
-                 "layout of the same requests) go in one table");
+      "compare",
+      "allocators side by side at one capacity, min-capacity included; several traces (e.g. one per KV "
+      "layout of the same requests) go in one table");
   compare->add_option("traces", compare_traces, "the traces (RMM CSV)")->required();
-  compare->add_option("--allocators", allocator_list,
-                      absl::StrCat("comma-separated, each one of: ", policies, " (a CONF keeps its own commas)"))
+  compare
+      ->add_option("--allocators", allocator_list,
+                   absl::StrCat("comma-separated, each one of: ", policies, " (a CONF keeps its own commas)"))
       ->required();
   compare->add_option("--capacity", capacity_text, "the simulated card's memory, e.g. 24GiB")->required();
   compare->add_option("--json", json_path, "also write the results as a JSON array (with timelines and histograms)");
@@ -131,7 +134,8 @@ int main(int argc, char** argv) {
 
   std::string output;
   int kineto_device = -1;
-  CLI::App* import = app.add_subcommand("import-kineto", "PyTorch profiler memory events (JSON, JSON.gz or CSV) to a trace");
+  CLI::App* import =
+      app.add_subcommand("import-kineto", "PyTorch profiler memory events (JSON, JSON.gz or CSV) to a trace");
   import->add_option("file", trace_path, "the Kineto trace or its memory-event CSV")->required();
   import->add_option("--device", kineto_device, "the CUDA device to keep (default: the first one seen)");
   import->add_option("-o,--output", output, "the trace to write (RMM CSV)")->required();
@@ -146,7 +150,8 @@ int main(int argc, char** argv) {
         ->capture_default_str();
   }
   for (CLI::App* sub : {replay, min_capacity, compare}) {
-    sub->add_option("--malloc-us", cost.malloc_us, "simulated cost of a backend allocation (us)")->capture_default_str();
+    sub->add_option("--malloc-us", cost.malloc_us, "simulated cost of a backend allocation (us)")
+        ->capture_default_str();
     sub->add_option("--free-us", cost.free_us, "simulated cost of a backend free (us)")->capture_default_str();
     sub->add_option("--vmm-call-us", cost.vmm_call_us,
                     "simulated cost of one virtual-memory call: create, release, map or unmap of a granule (us)")

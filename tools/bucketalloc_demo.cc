@@ -42,8 +42,8 @@ bool RunOne(const std::string& label, const std::string& conf, const bucketalloc
 }
 
 std::string Outcome(const bucketalloc::workload::KvWorkloadResult& r, int steps) {
-  std::string out = absl::StrCat(r.steps_completed, "/", steps, " steps, peak reserved ",
-                                 bucketalloc::FormatBytes(r.peak_reserved));
+  std::string out =
+      absl::StrCat(r.steps_completed, "/", steps, " steps, peak reserved ", bucketalloc::FormatBytes(r.peak_reserved));
   if (r.oom) absl::StrAppend(&out, ", out of memory: ", r.oom->diagnosis);
   return out;
 }
@@ -69,13 +69,12 @@ int main(int argc, char** argv) {
   if (backend == "sim") absl::StrAppend(&base, ",sim_memory:unbacked,sim_total_memory:80GiB");
   if (!extra.empty()) absl::StrAppend(&base, ",", extra);
   std::cout << "workload: " << wl.steps << " steps, batch 1-" << wl.max_batch << ", " << wl.min_tokens << "-"
-            << wl.max_tokens << " tokens, KV " << bucketalloc::FormatBytes(wl.kv_bytes_per_token)
-            << "/token, seed " << wl.seed << "\n";
+            << wl.max_tokens << " tokens, KV " << bucketalloc::FormatBytes(wl.kv_bytes_per_token) << "/token, seed "
+            << wl.seed << "\n";
   bucketalloc::workload::KvWorkloadResult plain, tiered;
   if (!RunOne("plain best fit with splitting (PyTorch's default policy)", base, wl, &plain)) return 2;
   if (!RunOne(absl::StrCat("tiers ", tiers, " tokens x ", bucketalloc::FormatBytes(wl.kv_bytes_per_token)),
-              absl::StrCat(base, ",tiers_tokens:", tiers, ",bytes_per_token:", wl.kv_bytes_per_token), wl,
-              &tiered)) {
+              absl::StrCat(base, ",tiers_tokens:", tiers, ",bytes_per_token:", wl.kv_bytes_per_token), wl, &tiered)) {
     return 2;
   }
   std::cout << "\n=== outcome under a " << capacity << " cap ===\n"

@@ -23,22 +23,19 @@ int main() {
     std::cerr << "ParseOptions: " << options.status() << "\n";
     return 1;
   }
-  absl::StatusOr<std::unique_ptr<bucketalloc::Allocator>> allocator =
-      bucketalloc::Allocator::Create(*options);
+  absl::StatusOr<std::unique_ptr<bucketalloc::Allocator>> allocator = bucketalloc::Allocator::Create(*options);
   if (!allocator.ok()) {
     std::cerr << "Allocator::Create: " << allocator.status() << "\n";
     return 1;
   }
 
-  const std::vector<std::size_t> sizes = {4 * bucketalloc::kKiB, 3 * bucketalloc::kMiB,
-                                          100 * bucketalloc::kMiB};
+  const std::vector<std::size_t> sizes = {4 * bucketalloc::kKiB, 3 * bucketalloc::kMiB, 100 * bucketalloc::kMiB};
   std::vector<void*> blocks;
   int rc = 0;
   for (std::size_t size : sizes) {
     absl::StatusOr<void*> p = (*allocator)->Allocate(size, kDevice);
     if (!p.ok() || *p == nullptr) {
-      std::cerr << "Allocate(" << size << "): " << (p.ok() ? "returned nullptr" : p.status().ToString())
-                << "\n";
+      std::cerr << "Allocate(" << size << "): " << (p.ok() ? "returned nullptr" : p.status().ToString()) << "\n";
       rc = 1;
       break;
     }
@@ -59,8 +56,7 @@ int main() {
   }
   std::cout << bucketalloc::StatsSummary(*stats, kDevice) << "\n";
   if (stats->allocation[bucketalloc::kAllPools].current != 0) {
-    std::cerr << "expected no live allocations, found "
-              << stats->allocation[bucketalloc::kAllPools].current << "\n";
+    std::cerr << "expected no live allocations, found " << stats->allocation[bucketalloc::kAllPools].current << "\n";
     rc = 1;
   }
   if (absl::Status s = (*allocator)->CheckInvariants(kDevice); !s.ok()) {

@@ -47,8 +47,8 @@ class Allocator {
   // Creates an allocator with `options` (validated). Device states are created on first use.
   static absl::StatusOr<std::unique_ptr<Allocator>> Create(const Options& options);
   // Creates an allocator whose device 0 uses `backend` (tests and embedders).
-  static absl::StatusOr<std::unique_ptr<Allocator>> CreateWithBackend(
-      const Options& options, std::unique_ptr<Backend> backend);
+  static absl::StatusOr<std::unique_ptr<Allocator>> CreateWithBackend(const Options& options,
+                                                                      std::unique_ptr<Backend> backend);
   ~Allocator();
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;

@@ -114,8 +114,7 @@ class Backend {
   // Returns true when the Reserve/Create/Map family below is available.
   virtual bool SupportsVirtualMemory() const { return false; }
   // Reserves `bytes` of device virtual address space aligned to `alignment`.
-  virtual absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t bytes,
-                                                             std::size_t alignment);
+  virtual absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t bytes, std::size_t alignment);
   // Releases a range from ReserveAddressRange (nothing may be mapped in it).
   virtual absl::Status ReleaseAddressRange(std::uintptr_t va, std::size_t bytes);
   // Creates a physical granule of `bytes` (a multiple of Granularity()).

@@ -50,7 +50,7 @@ struct SegmentSnapshot {
   std::size_t requested_size = 0;  // sum of the requests of active blocks
   std::uintptr_t stream = 0;
   bool small = false;
-  int tier = -1;  // the tier whose blocks the segment holds, or -1 (bucketalloc's own field)
+  int tier = -1;            // the tier whose blocks the segment holds, or -1 (bucketalloc's own field)
   bool expandable = false;  // a mapped run of a stitched (vmm) range: PyTorch's is_expandable
   std::vector<BlockSnapshot> blocks;
 };
@@ -72,8 +72,8 @@ struct TraceEntry {
   std::uintptr_t addr = 0;
   std::size_t size = 0;
   std::uintptr_t stream = 0;
-  std::int64_t time_us = 0;      // microseconds since the Unix epoch
-  std::size_t device_free = 0;   // kOom only
+  std::int64_t time_us = 0;     // microseconds since the Unix epoch
+  std::size_t device_free = 0;  // kOom only
 };
 
 // The most history entries a device keeps (48 bytes each: 768 MiB at the limit).
@@ -84,7 +84,7 @@ struct MemorySnapshot {
   // device_traces[d]: the history of device d, oldest first (empty while recording is off or for
   // a device not created yet). Sized to the allocator's device count.
   std::vector<std::vector<TraceEntry>> device_traces;
-  std::string settings;  // the effective configuration (BUCKETALLOC_CONF syntax)
+  std::string settings;            // the effective configuration (BUCKETALLOC_CONF syntax)
   std::size_t max_split_size = 0;  // kUnlimited when unset
   double garbage_collection_threshold = 0.0;
 };

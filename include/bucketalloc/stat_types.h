@@ -62,42 +62,42 @@ struct Stat {
 using StatArray = std::array<Stat, kNumPoolIndices>;
 
 // Gauges per pool: X(name, meaning). The name is PyTorch's memory_stats() prefix where it exists.
-#define BUCKETALLOC_POOL_STATS(X)                                                              \
-  X(requested_bytes, "bytes the callers asked for, of live allocations")                     \
-  X(allocated_bytes, "bytes of live allocations after rounding (block sizes)")               \
-  X(active_bytes, "allocated bytes plus blocks freed but awaiting stream events")            \
-  X(reserved_bytes, "bytes obtained from the backend (segments and slabs; vmm: granules)")   \
-  X(cached_bytes, "reserved bytes not active: free blocks kept for reuse")                   \
+#define BUCKETALLOC_POOL_STATS(X)                                                             \
+  X(requested_bytes, "bytes the callers asked for, of live allocations")                      \
+  X(allocated_bytes, "bytes of live allocations after rounding (block sizes)")                \
+  X(active_bytes, "allocated bytes plus blocks freed but awaiting stream events")             \
+  X(reserved_bytes, "bytes obtained from the backend (segments and slabs; vmm: granules)")    \
+  X(cached_bytes, "reserved bytes not active: free blocks kept for reuse")                    \
   X(inactive_split_bytes, "free bytes inside segments or slabs that also hold active blocks") \
-  X(allocation, "number of live allocations")                                                \
-  X(active, "number of active blocks (live or awaiting stream events)")                      \
-  X(segment, "number of backend allocations held (segments and slabs)")                      \
+  X(allocation, "number of live allocations")                                                 \
+  X(active, "number of active blocks (live or awaiting stream events)")                       \
+  X(segment, "number of backend allocations held (segments and slabs)")                       \
   X(inactive_split, "number of free blocks inside partly used segments and slabs")
 
 // Event counters: X(name, meaning). PyTorch's names where they exist.
-#define BUCKETALLOC_COUNTERS(X)                                                              \
-  X(num_alloc_retries, "allocations that released the cache and retried")                   \
-  X(num_ooms, "allocations that failed with out-of-memory")                                 \
-  X(num_device_alloc, "backend allocations (cudaMalloc calls that succeeded)")              \
-  X(num_device_free, "backend frees (cudaFree calls)")                                      \
-  X(num_device_free_failures, "backend frees that failed (the memory stayed cached)")        \
-  X(num_sync_all_streams, "times pending stream events were synchronized to release memory") \
-  X(num_splits, "free blocks split to serve a smaller request")                             \
-  X(num_merges, "adjacent free blocks coalesced")                                           \
-  X(num_cache_hits, "allocations served from cached memory without a backend call")         \
-  X(num_cache_misses, "allocations that needed a new segment or slab")                      \
-  X(num_tier_fallbacks, "tier requests served at their exact rounded size instead")         \
-  X(num_gc_releases, "segments and slabs released by garbage_collection_threshold")                   \
-  X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")        \
-  X(num_capture_refusals, "allocations refused during CUDA graph capture (no cached block fit)") \
+#define BUCKETALLOC_COUNTERS(X)                                                                                     \
+  X(num_alloc_retries, "allocations that released the cache and retried")                                           \
+  X(num_ooms, "allocations that failed with out-of-memory")                                                         \
+  X(num_device_alloc, "backend allocations (cudaMalloc calls that succeeded)")                                      \
+  X(num_device_free, "backend frees (cudaFree calls)")                                                              \
+  X(num_device_free_failures, "backend frees that failed (the memory stayed cached)")                               \
+  X(num_sync_all_streams, "times pending stream events were synchronized to release memory")                        \
+  X(num_splits, "free blocks split to serve a smaller request")                                                     \
+  X(num_merges, "adjacent free blocks coalesced")                                                                   \
+  X(num_cache_hits, "allocations served from cached memory without a backend call")                                 \
+  X(num_cache_misses, "allocations that needed a new segment or slab")                                              \
+  X(num_tier_fallbacks, "tier requests served at their exact rounded size instead")                                 \
+  X(num_gc_releases, "segments and slabs released by garbage_collection_threshold")                                 \
+  X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")                              \
+  X(num_capture_refusals, "allocations refused during CUDA graph capture (no cached block fit)")                    \
   X(num_deferred_frees, "cross-stream frees whose events were recorded later (a capture ran, or recording failed)") \
-  X(num_stitches, "large allocations served by stitching granules of free blocks into a new range (vmm)") \
-  X(num_granules_stitched, "physical granules unmapped from free blocks and mapped into a stitched range (vmm)") \
+  X(num_stitches, "large allocations served by stitching granules of free blocks into a new range (vmm)")           \
+  X(num_granules_stitched, "physical granules unmapped from free blocks and mapped into a stitched range (vmm)")    \
   X(num_granules_released, "physical granules of free blocks unmapped and given back to the device (vmm)")
 
 // Device-wide gauges (no per-pool split, as in PyTorch): X(name, meaning).
-#define BUCKETALLOC_DEVICE_STATS(X)                                             \
-  X(oversize_allocations, "live allocations larger than max_split_size")      \
+#define BUCKETALLOC_DEVICE_STATS(X)                                      \
+  X(oversize_allocations, "live allocations larger than max_split_size") \
   X(oversize_segments, "segments larger than max_split_size")
 
 // A snapshot of one device's statistics.
@@ -127,10 +127,10 @@ inline constexpr int kHistogramBins = 48;
 struct PoolFragmentation {
   std::array<std::int64_t, kHistogramBins> free_count{};
   std::array<std::int64_t, kHistogramBins> free_bytes{};
-  std::int64_t total_free = 0;     // bytes of all free blocks (cached, not pending)
-  std::int64_t largest_free = 0;   // the largest single free block
-  std::int64_t requested = 0;      // live requested bytes
-  std::int64_t allocated = 0;      // live allocated bytes
+  std::int64_t total_free = 0;    // bytes of all free blocks (cached, not pending)
+  std::int64_t largest_free = 0;  // the largest single free block
+  std::int64_t requested = 0;     // live requested bytes
+  std::int64_t allocated = 0;     // live allocated bytes
   std::int64_t reserved = 0;
   // Counts `count` free blocks of `size` bytes (size > 0) in the histogram and the totals.
   void AddFree(std::size_t size, std::int64_t count = 1);

@@ -97,7 +97,8 @@ Allocator* CreateAllocator() {
 
 // The allocator, created on first use; nullptr with the last error set when it cannot be created.
 inline Allocator* Get() {
-  if (Allocator* a = g_process.get()) [[likely]] return a;
+  if (Allocator* a = g_process.get()) [[likely]]
+    return a;
   return CreateAllocator();
 }
 
@@ -195,7 +196,8 @@ extern "C" {
 void* bucketalloc_malloc(ssize_t size, int device, cudaStream_t stream) {
   return Guarded<void*>(nullptr, [&]() -> void* {
     absl::StatusOr<void*> p = bucketalloc::Malloc(size, device, stream);
-    if (p.ok()) [[likely]] return *p;
+    if (p.ok()) [[likely]]
+      return *p;
     if (absl::IsResourceExhausted(p.status())) {
       bucketalloc::ReportError(p.status());  // the OOM report: the host sees only a NULL
     } else {
@@ -211,7 +213,8 @@ void* bucketalloc_malloc_or_throw(ssize_t size, int device, cudaStream_t stream)
     p.emplace(bucketalloc::Malloc(size, device, stream));
     return 0;
   });
-  if (p.has_value() && p->ok()) [[likely]] return **p;
+  if (p.has_value() && p->ok()) [[likely]]
+    return **p;
   // Either the allocation failed (its status) or an exception was caught (the last error).
   std::string message = p.has_value() ? std::string(p->status().message()) : std::string(bucketalloc::t_last_error);
   if (p.has_value()) SetError(p->status());
@@ -290,27 +293,30 @@ int bucketalloc_capture_end(int device, unsigned long long pool) {
 }
 
 int bucketalloc_release_pool(int device, unsigned long long pool) {
-  return bucketalloc::StatusCall([&](Allocator& a) { return a.ReleasePool(device, bucketalloc::GraphPoolId{pool, 0}); });
+  return bucketalloc::StatusCall([&](Allocator& a) {
+    return a.ReleasePool(device, bucketalloc::GraphPoolId{pool, 0});
+  });
 }
 
 void bucketalloc_torch_begin_allocate_to_pool(int device, bucketalloc_mempool_id pool,
                                               std::function<bool(cudaStream_t)> filter) {
   bucketalloc::ReportIfFailed(bucketalloc::StatusCall([&](Allocator& a) {
-    return a.BeginCapture(device, bucketalloc::GraphPoolId{pool.first, pool.second},
-                          [filter = std::move(filter)](bucketalloc::Stream s) {
-                            return filter(static_cast<cudaStream_t>(s));
-                          });
+    return a.BeginCapture(
+        device, bucketalloc::GraphPoolId{pool.first, pool.second},
+        [filter = std::move(filter)](bucketalloc::Stream s) { return filter(static_cast<cudaStream_t>(s)); });
   }));
 }
 
 void bucketalloc_torch_end_allocate_to_pool(int device, bucketalloc_mempool_id pool) {
-  bucketalloc::ReportIfFailed(bucketalloc::StatusCall(
-      [&](Allocator& a) { return a.EndCapture(device, bucketalloc::GraphPoolId{pool.first, pool.second}); }));
+  bucketalloc::ReportIfFailed(bucketalloc::StatusCall([&](Allocator& a) {
+    return a.EndCapture(device, bucketalloc::GraphPoolId{pool.first, pool.second});
+  }));
 }
 
 void bucketalloc_torch_release_pool(int device, bucketalloc_mempool_id pool) {
-  bucketalloc::ReportIfFailed(bucketalloc::StatusCall(
-      [&](Allocator& a) { return a.ReleasePool(device, bucketalloc::GraphPoolId{pool.first, pool.second}); }));
+  bucketalloc::ReportIfFailed(bucketalloc::StatusCall([&](Allocator& a) {
+    return a.ReleasePool(device, bucketalloc::GraphPoolId{pool.first, pool.second});
+  }));
 }
 
 ssize_t bucketalloc_stats_json(int device, char* buf, size_t len) {
@@ -350,9 +356,8 @@ ssize_t bucketalloc_last_oom_report(int device, char* buf, size_t len) {
 }
 
 ssize_t bucketalloc_config_string(char* buf, size_t len) {
-  return bucketalloc::TextCall(buf, len, [&](Allocator& a) -> absl::StatusOr<std::string> {
-    return bucketalloc::FormatOptions(a.options());
-  });
+  return bucketalloc::TextCall(
+      buf, len, [&](Allocator& a) -> absl::StatusOr<std::string> { return bucketalloc::FormatOptions(a.options()); });
 }
 
 int bucketalloc_reset_peak_stats(int device) {
@@ -394,9 +399,7 @@ int bucketalloc_check_invariants(int device) {
 
 const char* bucketalloc_last_error(void) { return bucketalloc::t_last_error; }
 
-int bucketalloc_is_initialized(void) {
-  return bucketalloc::g_process.get() != nullptr ? 1 : 0;
-}
+int bucketalloc_is_initialized(void) { return bucketalloc::g_process.get() != nullptr ? 1 : 0; }
 
 int bucketalloc_device_count(void) {
   return Guarded<int>(-1, [&]() -> int {

@@ -55,7 +55,7 @@
 
 namespace bucketalloc {
 namespace internal {
-bool CudaRuntimeLoaded();                   // real_runtime.cc
+bool CudaRuntimeLoaded();                  // real_runtime.cc
 void* RealCudartSymbol(const char* name);  // real_runtime.cc: the runtime's definition, or nullptr
 }  // namespace internal
 
@@ -124,7 +124,8 @@ Allocator* CreateAllocator() {
 // The allocator, or nullptr when calls must go to the runtime (unavailable, or re-entered during
 // creation on this thread).
 inline Allocator* Get() {
-  if (Allocator* a = g_process.get()) [[likely]] return a;
+  if (Allocator* a = g_process.get()) [[likely]]
+    return a;
   if (g_unavailable.load(std::memory_order_relaxed)) return nullptr;
   return CreateAllocator();
 }
@@ -306,7 +307,8 @@ cudaError_t MallocAsync(const char* name, std::atomic<void*>& real, void** ptr, 
     // A captured allocation becomes a graph allocation node of the runtime: forward it (its free
     // is forwarded too, since bucketalloc does not know the pointer).
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (Real().StreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone) a = nullptr;
+    if (Real().StreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
+      a = nullptr;
   }
   if (a != nullptr) {
     absl::StatusOr<int> device = StreamDevice(*a, stream);

@@ -29,17 +29,30 @@ const char* ErrorNameFallback(cudaError_t error) {
   return error == cudaErrorSharedObjectInitFailed ? "cudaErrorSharedObjectInitFailed" : "cudaError (no libcudart)";
 }
 const char* ErrorStringFallback(cudaError_t error) {
-  return error == cudaErrorSharedObjectInitFailed
-             ? "the CUDA runtime (libcudart.so) is not loaded in this process"
-             : "unknown error (libcudart.so is not loaded)";
+  return error == cudaErrorSharedObjectInitFailed ? "the CUDA runtime (libcudart.so) is not loaded in this process"
+                                                  : "unknown error (libcudart.so is not loaded)";
 }
 
 constexpr CudaRuntime kMissing = {
-    &Missing<void**, std::size_t>, &Missing<void*>, &Missing<std::size_t*, std::size_t*>,
-    &Missing<cudaEvent_t*, unsigned int>, &Missing<cudaEvent_t, cudaStream_t>, &Missing<cudaEvent_t>,
-    &Missing<cudaEvent_t>, &Missing<cudaEvent_t>, &Missing<cudaStream_t, cudaStreamCaptureStatus*>,
-    &Missing<int*>, &Missing<int>, &Missing<int*>, &Missing<>, &Missing<>, &Missing<>, &Missing<cudaStream_t>,
-    &Missing<cudaStream_t, int*>, &ErrorNameFallback, &ErrorStringFallback,
+    &Missing<void**, std::size_t>,
+    &Missing<void*>,
+    &Missing<std::size_t*, std::size_t*>,
+    &Missing<cudaEvent_t*, unsigned int>,
+    &Missing<cudaEvent_t, cudaStream_t>,
+    &Missing<cudaEvent_t>,
+    &Missing<cudaEvent_t>,
+    &Missing<cudaEvent_t>,
+    &Missing<cudaStream_t, cudaStreamCaptureStatus*>,
+    &Missing<int*>,
+    &Missing<int>,
+    &Missing<int*>,
+    &Missing<>,
+    &Missing<>,
+    &Missing<>,
+    &Missing<cudaStream_t>,
+    &Missing<cudaStream_t, int*>,
+    &ErrorNameFallback,
+    &ErrorStringFallback,
     &Missing<const char*, void**, unsigned int, unsigned long long, cudaDriverEntryPointQueryResult*>,
 };
 
@@ -91,14 +104,15 @@ bool Fill(void* handle, CudaRuntime* rt) {
 }
 
 std::mutex g_mu;
-void* g_handle = RTLD_NEXT;           // where the runtime was found (guarded like g_runtime)
-CudaRuntime g_runtime;                // guarded by g_mu until g_resolved is set, then read-only
+void* g_handle = RTLD_NEXT;  // where the runtime was found (guarded like g_runtime)
+CudaRuntime g_runtime;       // guarded by g_mu until g_resolved is set, then read-only
 std::atomic<bool> g_resolved{false};
 
 }  // namespace
 
 const CudaRuntime& CudaRuntimeApi() {
-  if (g_resolved.load(std::memory_order_acquire)) [[likely]] return g_runtime;
+  if (g_resolved.load(std::memory_order_acquire)) [[likely]]
+    return g_runtime;
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_resolved.load(std::memory_order_relaxed)) return g_runtime;
   bool found = Fill(RTLD_NEXT, &g_runtime);

@@ -7,8 +7,8 @@ namespace bucketalloc {
 namespace {
 
 absl::Status NoVirtualMemory(const Backend& backend, const char* call) {
-  return absl::UnimplementedError(absl::StrCat(call, ": backend '", backend.Name(),
-                                               "' does not support virtual memory"));
+  return absl::UnimplementedError(
+      absl::StrCat(call, ": backend '", backend.Name(), "' does not support virtual memory"));
 }
 
 }  // namespace
@@ -19,15 +19,9 @@ absl::StatusOr<std::uintptr_t> Backend::ReserveAddressRange(std::size_t, std::si
 absl::Status Backend::ReleaseAddressRange(std::uintptr_t, std::size_t) {
   return NoVirtualMemory(*this, "ReleaseAddressRange");
 }
-absl::StatusOr<PhysicalHandle> Backend::CreatePhysical(std::size_t) {
-  return NoVirtualMemory(*this, "CreatePhysical");
-}
-absl::Status Backend::ReleasePhysical(PhysicalHandle) {
-  return NoVirtualMemory(*this, "ReleasePhysical");
-}
-absl::Status Backend::Map(std::uintptr_t, std::size_t, PhysicalHandle) {
-  return NoVirtualMemory(*this, "Map");
-}
+absl::StatusOr<PhysicalHandle> Backend::CreatePhysical(std::size_t) { return NoVirtualMemory(*this, "CreatePhysical"); }
+absl::Status Backend::ReleasePhysical(PhysicalHandle) { return NoVirtualMemory(*this, "ReleasePhysical"); }
+absl::Status Backend::Map(std::uintptr_t, std::size_t, PhysicalHandle) { return NoVirtualMemory(*this, "Map"); }
 absl::Status Backend::Unmap(std::uintptr_t, std::size_t) { return NoVirtualMemory(*this, "Unmap"); }
 
 }  // namespace bucketalloc

@@ -28,7 +28,7 @@ namespace bucketalloc::internal {
 // One BUCKETALLOC_CONF key a backend owns.
 struct BackendOptionSpec {
   const char* name;
-  const char* accepted;       // the accepted values, for errors and docs
+  const char* accepted;  // the accepted values, for errors and docs
   const char* meaning;
   const char* default_value;  // canonical text
   // Returns `value` in canonical form (e.g. "134217728" -> "128MiB"), or an error when it is not

@@ -54,8 +54,7 @@ struct SimStream {
 
 class SimBackendImpl final : public SimBackend {
  public:
-  explicit SimBackendImpl(const SimBackendOptions& o)
-      : options_(o), fail_nth_(o.fail_nth_alloc), rng_(o.seed) {}
+  explicit SimBackendImpl(const SimBackendOptions& o) : options_(o), fail_nth_(o.fail_nth_alloc), rng_(o.seed) {}
 
   ~SimBackendImpl() override {
     if (base_ != nullptr) munmap(base_, reserved_);
@@ -67,12 +66,11 @@ class SimBackendImpl final : public SimBackend {
     reserved_ = options_.total_memory * kAddressSpaceFactor + options_.granularity;
     void* p = mmap(nullptr, reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "sim backend: cannot reserve ", reserved_, " bytes of address space: ", std::strerror(errno)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("sim backend: cannot reserve ", reserved_, " bytes of address space: ", std::strerror(errno)));
     }
     base_ = p;
-    const std::uintptr_t start =
-        internal::RoundUp(reinterpret_cast<std::uintptr_t>(p), options_.granularity);
+    const std::uintptr_t start = internal::RoundUp(reinterpret_cast<std::uintptr_t>(p), options_.granularity);
     const std::size_t usable = options_.total_memory * kAddressSpaceFactor;
     free_ranges_.emplace(start, usable);
     physical_free_.emplace(0, options_.total_memory);
@@ -100,8 +98,7 @@ class SimBackendImpl final : public SimBackend {
           mprotect(reinterpret_cast<void*>(addr), bytes, PROT_READ | PROT_WRITE) != 0) {
         InsertFreeRange(addr, bytes);
         ++counters_.failed_allocs;
-        return absl::ResourceExhaustedError(
-            absl::StrCat("sim backend: mprotect failed: ", std::strerror(errno)));
+        return absl::ResourceExhaustedError(absl::StrCat("sim backend: mprotect failed: ", std::strerror(errno)));
       }
       used_ += bytes;
       live_.emplace(addr, bytes);
@@ -119,8 +116,8 @@ class SimBackendImpl final : public SimBackend {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
     auto it = live_.find(addr);
     if (it == live_.end() || it->second != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("sim backend: Free(", absl::Hex(addr), ", ", bytes,
-                                                     ") does not match a live allocation"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sim backend: Free(", absl::Hex(addr), ", ", bytes, ") does not match a live allocation"));
     }
     live_.erase(it);
     if (options_.memory == SimMemoryMode::kBacked) {
@@ -167,8 +164,8 @@ class SimBackendImpl final : public SimBackend {
                                                      ") does not match a reserved range"));
     }
     if (auto m = mappings_.lower_bound(va); m != mappings_.end() && m->first < va + bytes) {
-      return absl::FailedPreconditionError(absl::StrCat("sim backend: ReleaseAddressRange(", absl::Hex(va), ", ",
-                                                        bytes, "): ", absl::Hex(m->first), " is still mapped"));
+      return absl::FailedPreconditionError(absl::StrCat("sim backend: ReleaseAddressRange(", absl::Hex(va), ", ", bytes,
+                                                        "): ", absl::Hex(m->first), " is still mapped"));
     }
     munmap(reinterpret_cast<void*>(va), bytes);
     va_ranges_.erase(it);
@@ -214,8 +211,8 @@ class SimBackendImpl final : public SimBackend {
       return absl::InvalidArgumentError(absl::StrCat("sim backend: ReleasePhysical(", handle, "): no such handle"));
     }
     if (it->second.mappings > 0) {
-      return absl::FailedPreconditionError(absl::StrCat("sim backend: ReleasePhysical(", handle, "): still mapped ",
-                                                        it->second.mappings, " time(s)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("sim backend: ReleasePhysical(", handle, "): still mapped ", it->second.mappings, " time(s)"));
     }
     const Physical p = it->second;
     physical_.erase(it);
@@ -417,8 +414,8 @@ class SimBackendImpl final : public SimBackend {
   absl::Status RefuseDuringCapture(absl::string_view call) {
     if (capturing_streams_ == 0) return absl::OkStatus();
     ++counters_.capture_violations;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "sim backend: ", call, " while a stream capture is running (cudaErrorStreamCaptureUnsupported)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("sim backend: ", call, " while a stream capture is running (cudaErrorStreamCaptureUnsupported)"));
   }
 
   // What Allocate and CreatePhysical refuse, in order: any call during a capture, a size that is not
@@ -426,9 +423,8 @@ class SimBackendImpl final : public SimBackend {
   absl::Status CheckGrowth(absl::string_view call, std::size_t bytes) {
     if (absl::Status s = RefuseDuringCapture(call); !s.ok()) return s;
     if (bytes == 0 || bytes % options_.granularity != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("sim backend: ", call, "(", bytes,
-                                                     ") is not a positive multiple of the granularity ",
-                                                     options_.granularity));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sim backend: ", call, "(", bytes, ") is not a positive multiple of the granularity ", options_.granularity));
     }
     if (InjectFault()) {
       return absl::ResourceExhaustedError(
@@ -501,7 +497,7 @@ class SimBackendImpl final : public SimBackend {
   void* base_ = nullptr;
   std::size_t reserved_ = 0;
   std::size_t used_ = 0;
-  std::size_t external_ = 0;  // simulated use by others
+  std::size_t external_ = 0;                           // simulated use by others
   std::map<std::uintptr_t, std::size_t> free_ranges_;  // address -> length, coalesced
   absl::flat_hash_map<std::uintptr_t, std::size_t> live_;
   absl::flat_hash_map<Stream, SimStream> streams_;
@@ -514,12 +510,12 @@ class SimBackendImpl final : public SimBackend {
   bool record_event_fails_ = false;
   std::mt19937_64 rng_;
   // Virtual memory.
-  int memfd_ = -1;                                        // backed mode: the physical memory
-  std::map<std::size_t, std::size_t> physical_free_;      // free memfd offsets -> length, coalesced
+  int memfd_ = -1;                                    // backed mode: the physical memory
+  std::map<std::size_t, std::size_t> physical_free_;  // free memfd offsets -> length, coalesced
   absl::flat_hash_map<PhysicalHandle, Physical> physical_;
   PhysicalHandle next_handle_ = 1;
-  std::map<std::uintptr_t, std::size_t> va_ranges_;       // reserved ranges
-  std::map<std::uintptr_t, Mapping> mappings_;            // by start address
+  std::map<std::uintptr_t, std::size_t> va_ranges_;  // reserved ranges
+  std::map<std::uintptr_t, Mapping> mappings_;       // by start address
   std::int64_t map_calls_ = 0;
   std::int64_t fail_nth_map_ = 0;  // absolute Map call number to fail; 0 = none
   std::int64_t unmap_calls_ = 0;
@@ -533,17 +529,16 @@ absl::StatusOr<std::unique_ptr<SimBackend>> MakeSimBackend(const SimBackendOptio
     return absl::InvalidArgumentError("sim backend: total_memory must be positive");
   }
   if (!internal::IsPowerOfTwo(options.granularity) || options.granularity < 4096) {
-    return absl::InvalidArgumentError(absl::StrCat("sim backend: granularity ", options.granularity,
-                                                   " must be a power of two >= 4096"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sim backend: granularity ", options.granularity, " must be a power of two >= 4096"));
   }
   if (options.total_memory % options.granularity != 0) {
     return absl::InvalidArgumentError(absl::StrCat("sim backend: total_memory ", options.total_memory,
-                                                   " must be a multiple of the granularity ",
-                                                   options.granularity));
+                                                   " must be a multiple of the granularity ", options.granularity));
   }
   if (!(options.fail_fraction >= 0.0 && options.fail_fraction <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("sim backend: fail_fraction ", options.fail_fraction,
-                                                   " must be in [0, 1]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sim backend: fail_fraction ", options.fail_fraction, " must be in [0, 1]"));
   }
   if (options.fail_nth_alloc < 0) {
     return absl::InvalidArgumentError("sim backend: fail_nth_alloc must be >= 0");

@@ -71,8 +71,8 @@ inline DeviceAllocator* Published(const std::vector<std::atomic<DeviceAllocator*
 
 absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
   if (device < 0 || device >= device_count()) {
-    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: device ", device, " is invalid; accepted: 0 to ",
-                                                   device_count() - 1));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucketalloc: device ", device, " is invalid; accepted: 0 to ", device_count() - 1));
   }
   if (DeviceAllocator* d = Published(devices_->ptrs, device)) return d;
   std::lock_guard<std::mutex> lock(devices_->create_mu);
@@ -82,8 +82,7 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
   if (devices_->preset_backend != nullptr) {
     backend = std::move(devices_->preset_backend);
   } else {
-    absl::StatusOr<std::unique_ptr<Backend>> b =
-        DeviceBackendEntry(options_).make(options_.backend_settings, device);
+    absl::StatusOr<std::unique_ptr<Backend>> b = DeviceBackendEntry(options_).make(options_.backend_settings, device);
     if (!b.ok()) return b.status();
     backend = std::move(*b);
   }
@@ -118,8 +117,8 @@ absl::Status Allocator::Free(void* ptr, int device, std::optional<std::size_t> s
     for (int other = 0; other < device_count(); ++other) {
       DeviceAllocator* o = Published(devices_->ptrs, other);
       if (other != device && o != nullptr && o->OwnsLive(ptr)) {
-        return absl::InvalidArgumentError(absl::StrCat(s.message(), " (it is a live allocation of device ", other,
-                                                       "; free it with that device)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(s.message(), " (it is a live allocation of device ", other, "; free it with that device)"));
       }
     }
   }

@@ -62,10 +62,9 @@ absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const O
                                                                          std::unique_ptr<Backend> backend, int device) {
   const std::size_t granularity = backend->Granularity();
   if (!IsPowerOfTwo(granularity) || kSlabBytes % granularity != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: backend '", backend->Name(), "' of device ", device,
-                                                   " has granularity ", granularity,
-                                                   "; accepted: a power of two up to ", kSlabBytes,
-                                                   " (slabs and segments are 2 MiB multiples)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucketalloc: backend '", backend->Name(), "' of device ", device, " has granularity ", granularity,
+        "; accepted: a power of two up to ", kSlabBytes, " (slabs and segments are 2 MiB multiples)"));
   }
   if (options.Stitching() && !backend->SupportsVirtualMemory()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -118,14 +117,13 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
   MutexLock lock(mu_);
   StreamPools& sp = PoolsFor(stream);
   const std::uint16_t graph = captures_.running() ? captures_.TagFor(stream) : 0;
-  return pools_.Route(size, [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return AllocateIn(pool, sp, size, stream, graph);
-  });
+  return pools_.Route(
+      size, [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, graph); });
 }
 
 template <typename P>
 inline absl::StatusOr<void*> DeviceAllocator::AllocateIn(P& pool, StreamPools& sp, std::size_t size, Stream stream,
-                                                  std::uint16_t graph) {
+                                                         std::uint16_t graph) {
   typename P::StreamState& ss = sp.of<P>();
   const typename P::Request request = pool.RequestFor(size);
   std::optional<typename P::Handle> h = pool.TryAllocate(ss, request);
@@ -158,13 +156,13 @@ void DeviceAllocator::CommitLive(const P& pool, std::uintptr_t ptr, typename P::
 
 template <typename P>
 absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typename P::StreamState& ss, Stream stream,
-                                                                 std::size_t size,
-                                                                 const typename P::Request& request) {
+                                                                 std::size_t size, const typename P::Request& request) {
   registry_.BeginSlowPath(stream);
   auto serve = [&](const typename P::Request& r) {
     Served served = Served::kFromNewMemory;
     absl::StatusOr<typename P::Handle> h = pool.Serve(ss, stream, r, &served);
-    if (h.ok()) stats_.Count(served == Served::kFromCache ? &DeviceStats::num_cache_hits : &DeviceStats::num_cache_misses);
+    if (h.ok())
+      stats_.Count(served == Served::kFromCache ? &DeviceStats::num_cache_hits : &DeviceStats::num_cache_misses);
     return h;
   };
   auto fallback = [&](absl::StatusOr<typename P::Handle>* h) -> std::optional<typename P::Request> {
@@ -218,8 +216,8 @@ absl::Status DeviceAllocator::CaptureMiss(std::size_t size, Stream stream) {
 
 void DeviceAllocator::CollectGarbage(std::size_t incoming) {
   if (options_.garbage_collection_threshold <= 0.0) return;
-  const auto limit = static_cast<std::size_t>(options_.garbage_collection_threshold *
-                                              static_cast<double>(registry_.cap()));
+  const auto limit =
+      static_cast<std::size_t>(options_.garbage_collection_threshold * static_cast<double>(registry_.cap()));
   auto reserved = [&] { return static_cast<std::size_t>(stats_.Current(&DeviceStats::reserved_bytes, kAllPools)); };
   while (reserved() + incoming > limit) {
     // Oldest first across the pools (the first pool among equals).
@@ -279,17 +277,19 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   MutexLock lock(mu_);
   LiveEntry* found = live_.Find(addr);
   if (found == nullptr) {
-    if (pending_.Contains(addr)) return InvalidFree(ptr, "double free (it is already freed and awaiting stream events)");
+    if (pending_.Contains(addr))
+      return InvalidFree(ptr, "double free (it is already freed and awaiting stream events)");
     if (registry_.Holding(addr).has_value()) {
-      return InvalidFree(ptr, "double free, or a pointer into a block rather than its start: no live "
-                              "allocation starts at this address inside bucketalloc's memory");
+      return InvalidFree(ptr,
+                         "double free, or a pointer into a block rather than its start: no live "
+                         "allocation starts at this address inside bucketalloc's memory");
     }
     return InvalidFree(ptr, "the pointer was not allocated by bucketalloc on this device");
   }
   const LiveEntry entry = *found;
   if (size.has_value() && *size != entry.requested) {
-    return InvalidFree(ptr, absl::StrCat("size mismatch: allocated with ", entry.requested, " bytes, freed with ",
-                                         *size, " bytes"));
+    return InvalidFree(
+        ptr, absl::StrCat("size mismatch: allocated with ", entry.requested, " bytes, freed with ", *size, " bytes"));
   }
   live_.Erase(found);
   const bool held = captures_.Holds(entry.graph);
@@ -377,7 +377,8 @@ absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
     return absl::InvalidArgumentError(absl::StrCat("bucketalloc: record_stream(", PtrStr(ptr), ") on device ", device_,
                                                    ": no live allocation starts at this address"));
   }
-  const Stream own = pools_.Visit(found->handle, [](auto& pool, auto h) { return PoolType<decltype(pool)>::StreamOf(h); });
+  const Stream own =
+      pools_.Visit(found->handle, [](auto& pool, auto h) { return PoolType<decltype(pool)>::StreamOf(h); });
   if (stream == own) return absl::OkStatus();  // uses on the allocation stream are ordered
   pending_.AddUse(addr, stream);
   return absl::OkStatus();
@@ -410,9 +411,10 @@ absl::StatusOr<std::pair<void*, std::size_t>> DeviceAllocator::BaseAllocation(vo
 absl::Status DeviceAllocator::EmptyCache() {
   MutexLock lock(mu_);
   if (captures_.running()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "bucketalloc: empty_cache on device ", device_, " during CUDA graph capture: CUDA forbids the "
-        "synchronization and cudaFree it needs; nothing was released. Call it after the capture ends"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("bucketalloc: empty_cache on device ", device_,
+                     " during CUDA graph capture: CUDA forbids the "
+                     "synchronization and cudaFree it needs; nothing was released. Call it after the capture ends"));
   }
   SyncAndReleaseAll();
   MaybeCheckInvariants();
@@ -533,11 +535,10 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
     return absl::InternalError(absl::StrCat("bucketalloc invariant violated on device ", device_, ": ", what));
   };
   // Each component checks itself.
-  for (absl::Status s : {stats_.CheckInvariants(), live_.CheckInvariants(), history_.CheckInvariants(),
-                         registry_.CheckInvariants(pools_.large().spare_bytes()),
-                         pending_.CheckInvariants([&](std::uintptr_t p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                           return live_.contains(p);
-                         })}) {
+  for (absl::Status s :
+       {stats_.CheckInvariants(), live_.CheckInvariants(), history_.CheckInvariants(),
+        registry_.CheckInvariants(pools_.large().spare_bytes()),
+        pending_.CheckInvariants([&](std::uintptr_t p) ABSL_NO_THREAD_SAFETY_ANALYSIS { return live_.contains(p); })}) {
     if (!s.ok()) return fail(s.message());
   }
   // The live and pending entries, summed per pool: what the pools, the registry and the stats must
@@ -624,7 +625,8 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
     const auto pool = static_cast<PoolIndex>(p);
     std::int64_t reserved = totals.reserved[p];
-    if (pool == kLargePool) reserved += static_cast<std::int64_t>(pools_.large().spare_bytes());  // spares are reserved too
+    if (pool == kLargePool)
+      reserved += static_cast<std::int64_t>(pools_.large().spare_bytes());  // spares are reserved too
     InactiveSplit split;
     pools_.ForEach([&](const auto& q) {
       if (PoolType<decltype(q)>::kIndex == pool) split = q.inactive_split();

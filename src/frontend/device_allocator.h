@@ -58,7 +58,7 @@ class DeviceAllocator final {
  public:
   // Creates the state of `device` over `backend`; reads the device's memory to set the cap.
   static absl::StatusOr<std::unique_ptr<DeviceAllocator>> Create(const Options& options,
-                                                                  std::unique_ptr<Backend> backend, int device);
+                                                                 std::unique_ptr<Backend> backend, int device);
   ~DeviceAllocator();
 
   absl::StatusOr<void*> Allocate(std::size_t size, Stream stream);
@@ -97,7 +97,8 @@ class DeviceAllocator final {
 
   // The free lists of `stream` (the last stream's without a lookup).
   StreamPools& PoolsFor(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (last_pools_ != nullptr && stream == last_stream_) [[likely]] return *last_pools_;
+    if (last_pools_ != nullptr && stream == last_stream_) [[likely]]
+      return *last_pools_;
     return PoolsForNewStream(stream);
   }
   StreamPools& PoolsForNewStream(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -109,8 +110,8 @@ class DeviceAllocator final {
   // The slow path, the same for every pool: during a capture only cached memory (and a fallback);
   // else poll stream events, serve, release and retry once, a fallback, then the OOM report.
   template <typename P>
-  absl::StatusOr<typename P::Handle> AllocateSlow(P& pool, typename P::StreamState& ss, Stream stream,
-                                                  std::size_t size, const typename P::Request& request)
+  absl::StatusOr<typename P::Handle> AllocateSlow(P& pool, typename P::StreamState& ss, Stream stream, std::size_t size,
+                                                  const typename P::Request& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   template <typename P>
   void CommitLive(const P& pool, std::uintptr_t ptr, typename P::Handle h, std::size_t size, std::uint16_t graph)

@@ -69,9 +69,8 @@ absl::StatusOr<bool> GraphCaptures::Release(GraphPoolId id, int device) {
   if (!tag.ok()) return false;  // a pool that never captured on this device
   GraphPool& pool = pools_[*tag];
   if (pool.captures > 0) {
-    return absl::FailedPreconditionError(absl::StrCat("bucketalloc: release of graph pool (", id.first, ", ",
-                                                      id.second, ") on device ", device,
-                                                      ": a capture into it is running"));
+    return absl::FailedPreconditionError(absl::StrCat("bucketalloc: release of graph pool (", id.first, ", ", id.second,
+                                                      ") on device ", device, ": a capture into it is running"));
   }
   pool.released = true;
   return true;
@@ -87,10 +86,11 @@ absl::Status GraphCaptures::CheckInvariants(const std::vector<std::int64_t>& blo
   for (std::size_t tag = 1; tag < pools_.size(); ++tag) {
     const GraphPool& g = pools_[tag];
     if (g.blocks != blocks_per_tag[tag]) {
-      return absl::InternalError(absl::StrCat("graph pool ", tag, " counts ", g.blocks, " blocks but ",
-                                              blocks_per_tag[tag], " carry it"));
+      return absl::InternalError(
+          absl::StrCat("graph pool ", tag, " counts ", g.blocks, " blocks but ", blocks_per_tag[tag], " carry it"));
     }
-    if (g.captures < 0 || (g.released && g.captures != 0)) return absl::InternalError("a released graph pool is capturing");
+    if (g.captures < 0 || (g.released && g.captures != 0))
+      return absl::InternalError("a released graph pool is capturing");
     if (running[tag] != g.captures) return absl::InternalError("a graph pool's capture count is wrong");
   }
   return absl::OkStatus();

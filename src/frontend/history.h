@@ -34,7 +34,8 @@ class HistoryRing {
   bool enabled() const { return !ring_.empty(); }
   // Appends an event while recording.
   void Record(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream, std::size_t device_free = 0) {
-    if (!ring_.empty()) [[unlikely]] Append(action, addr, size, stream, device_free);
+    if (!ring_.empty()) [[unlikely]]
+      Append(action, addr, size, stream, device_free);
   }
   // The events held, oldest first.
   std::vector<TraceEntry> Entries() const;

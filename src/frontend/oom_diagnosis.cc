@@ -50,10 +50,11 @@ OomReport DiagnoseOom(const OomSituation& s) {
         FormatBytes(headroom + r.cached), FormatBytes(s.pool_cached), pool_name, FormatBytes(r.largest_free),
         FormatBytes(r.cached - s.pool_cached), FormatBytes(headroom), FormatBytes(s.rounded));
     if (s.stitching) {
-      absl::StrAppend(&r.diagnosis,
-                      absl::StrFormat("; stitching could move %s of whole free granules, and %s of the free "
-                                      "large-pool memory lies in granules shared with live blocks",
-                                      FormatBytes(s.movable), FormatBytes(s.pool_cached - std::min(s.pool_cached, s.movable))));
+      absl::StrAppend(
+          &r.diagnosis,
+          absl::StrFormat("; stitching could move %s of whole free granules, and %s of the free "
+                          "large-pool memory lies in granules shared with live blocks",
+                          FormatBytes(s.movable), FormatBytes(s.pool_cached - std::min(s.pool_cached, s.movable))));
     }
   }
   return r;

@@ -28,17 +28,17 @@ namespace bucketalloc::internal {
 
 struct OomSituation {
   int device = 0;
-  PoolIndex pool = kLargePool;     // the request's pool
+  PoolIndex pool = kLargePool;  // the request's pool
   std::size_t requested = 0;
   std::size_t rounded = 0;
-  std::size_t segment = 0;         // the backend allocation the request needed
-  std::size_t capacity = 0;        // the cap
+  std::size_t segment = 0;   // the backend allocation the request needed
+  std::size_t capacity = 0;  // the cap
   std::size_t reserved = 0;
   std::size_t allocated = 0;
-  std::size_t active = 0;          // >= allocated
-  std::size_t pool_cached = 0;     // the request's pool's cached bytes
-  std::size_t device_free = 0;     // as the backend reported it
-  std::string failure;             // the failed call's message
+  std::size_t active = 0;       // >= allocated
+  std::size_t pool_cached = 0;  // the request's pool's cached bytes
+  std::size_t device_free = 0;  // as the backend reported it
+  std::string failure;          // the failed call's message
   // With stitching (large pool): the bytes of whole free granules a stitch could move.
   bool stitching = false;
   std::size_t movable = 0;

@@ -27,6 +27,8 @@ using internal::IsPowerOfTwo;
 // Why a value is not accepted: `why` (may be empty) and, when the value named in the error is not
 // the row's whole value (one tier of a list), that value.
 struct Problem {
+  explicit Problem(std::string why = "", std::optional<std::string> value = std::nullopt)
+      : why(std::move(why)), value(std::move(value)) {}
   std::string why;
   std::optional<std::string> value;
 };
@@ -36,7 +38,7 @@ struct OptionRow {
   std::string name;
   std::string accepted;  // the accepted values: every error of this key names them
   std::string meaning;
-  bool device = false;   // see IsDeviceOption
+  bool device = false;  // see IsDeviceOption
   // Reads `value` into the options; an error's message says why it is not accepted (may be empty).
   std::function<absl::Status(absl::string_view value, Options& o)> parse;
   std::function<std::string(const Options& o)> format;
@@ -209,8 +211,19 @@ template <typename T, T Options::*Field>
 std::function<std::optional<Problem>(const Options&)> Require(bool (*ok)(T), const char* why = "") {
   return [ok, why](const Options& o) -> std::optional<Problem> {
     if (ok(o.*Field)) return std::nullopt;
-    return Problem{why};
+    return Problem(why);
   };
+}
+
+using ParseFn = std::function<absl::Status(absl::string_view, Options&)>;
+using FormatFn = std::function<std::string(const Options&)>;
+using CheckFn = std::function<std::optional<Problem>(const Options&)>;
+
+// A front-end row (see OptionRow).
+OptionRow Row(std::string name, std::string accepted, std::string meaning, bool device, ParseFn parse, FormatFn format,
+              CheckFn check = nullptr, std::string doc_default = "") {
+  return OptionRow{std::move(name),  std::move(accepted), std::move(meaning), device,
+                   std::move(parse), std::move(format),   std::move(check),   std::move(doc_default)};
 }
 
 // The row of a key a backend owns: the value lives in backend_settings, canonical.
@@ -233,7 +246,7 @@ OptionRow BackendRow(const internal::BackendOptionSpec& spec) {
   row.check = [&spec](const Options& o) -> std::optional<Problem> {
     auto it = o.backend_settings.find(spec.name);
     if (it == o.backend_settings.end() || spec.parse(it->second).ok()) return std::nullopt;
-    return Problem{};
+    return Problem();
   };
   return row;
 }
@@ -241,136 +254,143 @@ OptionRow BackendRow(const internal::BackendOptionSpec& spec) {
 // The option table. Order is the order of the docs, the dump and validation.
 std::vector<OptionRow> MakeTable() {
   std::vector<OptionRow> t;
-  t.push_back({"backend", internal::BackendNamesText(),
-               "where memory comes from: the simulated device (CPU), cudaMalloc, or CUDA virtual memory with "
-               "stitching (docs/vmm.md)",
-               true,
-               [](absl::string_view v, Options& o) -> absl::Status {
-                 if (internal::FindBackend(v) == nullptr) return Why();
-                 o.backend = std::string(v);
-                 return absl::OkStatus();
-               },
-               [](const Options& o) { return o.backend; },
-               [](const Options& o) -> std::optional<Problem> {
-                 if (internal::FindBackend(o.backend) != nullptr) return std::nullopt;
-                 return Problem{};
-               }});
-  t.push_back({"expandable_segments", "true or false (also True, 1, 0)",
-               "stitch large blocks from physical granules (PyTorch's key): on cuda it selects the vmm backend, on "
-               "sim the simulated device's virtual memory; implied by backend:vmm",
-               false, BoolField<&Options::expandable_segments>, FormatBoolField<&Options::expandable_segments>});
-  t.push_back({"capacity", "a size (bytes, KiB, MiB, GiB); 0 = the device's memory",
-               "per-device cap on reserved memory", true, SizeField<&Options::capacity>,
-               FormatSizeField<&Options::capacity>});
-  t.push_back({"memory_fraction", "a number in (0, 1]",
-               "per-device cap as a fraction of the device's memory (the smaller cap wins); "
-               "PyTorch's set_per_process_memory_fraction",
-               true, DoubleField<&Options::memory_fraction>, FormatDoubleField<&Options::memory_fraction>,
-               Require<double, &Options::memory_fraction>([](double f) { return f > 0.0 && f <= 1.0; })});
-  t.push_back({"garbage_collection_threshold", "0 (off) or a number in (0, 1)",
-               "when reserved memory exceeds threshold x cap, release cached segments, oldest first, before "
-               "growing (PyTorch's key)",
-               false, DoubleField<&Options::garbage_collection_threshold>,
-               FormatDoubleField<&Options::garbage_collection_threshold>,
-               Require<double, &Options::garbage_collection_threshold>(
-                   [](double g) { return g == 0.0 || (g > 0.0 && g < 1.0); })});
-  t.push_back({"small_pool_limit", "a size from 512 to 1MiB",
-               "requests up to this size go to the small pool (size classes packed in 2 MiB slabs)", false,
-               SizeField<&Options::small_pool_limit>, FormatSizeField<&Options::small_pool_limit>,
-               Require<std::size_t, &Options::small_pool_limit>(
-                   [](std::size_t s) { return s >= 512 && s <= kMiB; },
-                   "small blocks are packed in 2 MiB slabs, two or more per slab")});
-  t.push_back({"max_split_size_mb", "a whole number of MiB >= 20, or unlimited",
-               "free blocks larger than this are never split and serve only requests within "
-               "max_non_split_rounding_mb of their size (PyTorch's key)",
-               false, MiBField<&Options::max_split_size>, FormatMiBField<&Options::max_split_size>,
-               Require<std::size_t, &Options::max_split_size>([](std::size_t s) { return s >= 20 * kMiB; },
-                                                              "blocks of large segments (20 MiB) must stay splittable")});
-  t.push_back({"max_non_split_rounding_mb", "a whole number of MiB",
-               "how much larger than a request an unsplittable block may be, inclusive (PyTorch's key)", false,
-               MiBField<&Options::max_non_split_rounding>, FormatMiBField<&Options::max_non_split_rounding>,
-               Require<std::size_t, &Options::max_non_split_rounding>([](std::size_t s) { return s != kUnlimited; })});
-  t.push_back({"large_segment_size_mb", "an even whole number of MiB >= 2, at most max_split_size_mb",
-               "segment size for large requests under 10 MiB, which share it by splitting (PyTorch's key)", false,
-               MiBField<&Options::large_segment_size>, FormatMiBField<&Options::large_segment_size>,
-               [](const Options& o) -> std::optional<Problem> {
-                 const std::size_t s = o.large_segment_size;
-                 if (s < 2 * kMiB || s % (2 * kMiB) != 0 || s == kUnlimited) return Problem{};
-                 if (s > o.max_split_size) return Problem{"segments shared by requests under 10 MiB must stay splittable"};
-                 return std::nullopt;
-               }});
-  t.push_back({"roundup_power2_divisions", "N, or [256:1,512:2,1024:4,>:8], where N and the values are 0 or powers "
-               "of two up to 1024 and the keys power-of-two MB interval starts (ascending) or '>'",
-               "round large requests to 1/N steps of their power-of-two interval; per interval (MB) in the "
-               "list form (PyTorch's key)",
-               false, ParseDivisions, FormatDivisions,
-               [](const Options& o) -> std::optional<Problem> {
-                 if (o.roundup_power2_divisions.size() == 16) return std::nullopt;
-                 return Problem{"16 intervals"};
-               }});
-  t.push_back({"tiers", "a list of sizes, e.g. [64MiB,128MiB,256MiB], each larger than small_pool_limit and at "
-               "most 16TiB; not with tiers_tokens",
-               "large-pool tiers in bytes: a request within tier range rounds up to its tier and is reused "
-               "from that tier's own free list",
-               false,
-               [](absl::string_view v, Options& o) -> absl::Status {
-                 std::vector<std::size_t> tiers;
-                 for (absl::string_view item : ListItems(v)) {
-                   absl::StatusOr<std::size_t> s = ParseSize(item);
-                   if (!s.ok() || *s == 0) return Why(absl::StrCat("bad size '", item, "'"));
-                   tiers.push_back(*s);
-                 }
-                 if (tiers.empty() && v != "[]") return Why();
-                 o.tiers = std::move(tiers);
-                 return absl::OkStatus();
-               },
-               [](const Options& o) { return JoinList<std::size_t>(o.tiers, SizeText); },
-               [](const Options& o) -> std::optional<Problem> {
-                 if (!o.tiers.empty() && !o.tiers_tokens.empty()) return Problem{"either tiers or tiers_tokens, not both"};
-                 for (std::size_t t : o.ResolvedTiers(1)) {
-                   if (t <= o.small_pool_limit || t > (std::size_t{1} << 44)) {
-                     return Problem{o.tiers.empty() ? "tiers_tokens x bytes_per_token" : "", SizeText(t)};
-                   }
-                 }
-                 return std::nullopt;
-               }});
-  t.push_back({"tiers_tokens", "a list of positive token counts, e.g. [512,1024,2048,4096]",
-               "tiers as token counts; each is multiplied by bytes_per_token", false,
-               [](absl::string_view v, Options& o) -> absl::Status {
-                 std::vector<std::uint64_t> tokens;
-                 for (absl::string_view item : ListItems(v)) {
-                   absl::StatusOr<std::int64_t> n = ParseInt(item);
-                   if (!n.ok() || *n <= 0) return Why(absl::StrCat("bad count '", item, "'"));
-                   tokens.push_back(static_cast<std::uint64_t>(*n));
-                 }
-                 if (tokens.empty() && v != "[]") return Why();
-                 o.tiers_tokens = std::move(tokens);
-                 return absl::OkStatus();
-               },
-               [](const Options& o) {
-                 return JoinList<std::uint64_t>(o.tiers_tokens, [](std::uint64_t n) { return absl::StrCat(n); });
-               }});
-  t.push_back({"bytes_per_token", "a size; positive when tiers_tokens is set",
-               "KV-cache bytes per token of the model (see docs/configuration.md)", false,
-               SizeField<&Options::bytes_per_token>, FormatSizeField<&Options::bytes_per_token>,
-               [](const Options& o) -> std::optional<Problem> {
-                 if (o.tiers_tokens.empty() || o.bytes_per_token > 0) return std::nullopt;
-                 return Problem{"tiers_tokens needs bytes_per_token"};
-               }});
-  t.push_back({"tier_min_fill", "a number in (0, 1]",
-               "a request rounds up to tier t only when it is at least tier_min_fill x t", false,
-               DoubleField<&Options::tier_min_fill>, FormatDoubleField<&Options::tier_min_fill>,
-               Require<double, &Options::tier_min_fill>([](double f) { return f > 0.0 && f <= 1.0; })});
+  t.push_back(Row(
+      "backend", internal::BackendNamesText(),
+      "where memory comes from: the simulated device (CPU), cudaMalloc, or CUDA virtual memory with "
+      "stitching (docs/vmm.md)",
+      true,
+      [](absl::string_view v, Options& o) -> absl::Status {
+        if (internal::FindBackend(v) == nullptr) return Why();
+        o.backend = std::string(v);
+        return absl::OkStatus();
+      },
+      [](const Options& o) { return o.backend; },
+      [](const Options& o) -> std::optional<Problem> {
+        if (internal::FindBackend(o.backend) != nullptr) return std::nullopt;
+        return Problem();
+      }));
+  t.push_back(Row("expandable_segments", "true or false (also True, 1, 0)",
+                  "stitch large blocks from physical granules (PyTorch's key): on cuda it selects the vmm backend, on "
+                  "sim the simulated device's virtual memory; implied by backend:vmm",
+                  false, BoolField<&Options::expandable_segments>, FormatBoolField<&Options::expandable_segments>));
+  t.push_back(Row("capacity", "a size (bytes, KiB, MiB, GiB); 0 = the device's memory",
+                  "per-device cap on reserved memory", true, SizeField<&Options::capacity>,
+                  FormatSizeField<&Options::capacity>));
+  t.push_back(Row("memory_fraction", "a number in (0, 1]",
+                  "per-device cap as a fraction of the device's memory (the smaller cap wins); "
+                  "PyTorch's set_per_process_memory_fraction",
+                  true, DoubleField<&Options::memory_fraction>, FormatDoubleField<&Options::memory_fraction>,
+                  Require<double, &Options::memory_fraction>([](double f) { return f > 0.0 && f <= 1.0; })));
+  t.push_back(Row("garbage_collection_threshold", "0 (off) or a number in (0, 1)",
+                  "when reserved memory exceeds threshold x cap, release cached segments, oldest first, before "
+                  "growing (PyTorch's key)",
+                  false, DoubleField<&Options::garbage_collection_threshold>,
+                  FormatDoubleField<&Options::garbage_collection_threshold>,
+                  Require<double, &Options::garbage_collection_threshold>(
+                      [](double g) { return g == 0.0 || (g > 0.0 && g < 1.0); })));
+  t.push_back(Row("small_pool_limit", "a size from 512 to 1MiB",
+                  "requests up to this size go to the small pool (size classes packed in 2 MiB slabs)", false,
+                  SizeField<&Options::small_pool_limit>, FormatSizeField<&Options::small_pool_limit>,
+                  Require<std::size_t, &Options::small_pool_limit>(
+                      [](std::size_t s) { return s >= 512 && s <= kMiB; },
+                      "small blocks are packed in 2 MiB slabs, two or more per slab")));
+  t.push_back(
+      Row("max_split_size_mb", "a whole number of MiB >= 20, or unlimited",
+          "free blocks larger than this are never split and serve only requests within "
+          "max_non_split_rounding_mb of their size (PyTorch's key)",
+          false, MiBField<&Options::max_split_size>, FormatMiBField<&Options::max_split_size>,
+          Require<std::size_t, &Options::max_split_size>([](std::size_t s) { return s >= 20 * kMiB; },
+                                                         "blocks of large segments (20 MiB) must stay splittable")));
+  t.push_back(
+      Row("max_non_split_rounding_mb", "a whole number of MiB",
+          "how much larger than a request an unsplittable block may be, inclusive (PyTorch's key)", false,
+          MiBField<&Options::max_non_split_rounding>, FormatMiBField<&Options::max_non_split_rounding>,
+          Require<std::size_t, &Options::max_non_split_rounding>([](std::size_t s) { return s != kUnlimited; })));
+  t.push_back(Row("large_segment_size_mb", "an even whole number of MiB >= 2, at most max_split_size_mb",
+                  "segment size for large requests under 10 MiB, which share it by splitting (PyTorch's key)", false,
+                  MiBField<&Options::large_segment_size>, FormatMiBField<&Options::large_segment_size>,
+                  [](const Options& o) -> std::optional<Problem> {
+                    const std::size_t s = o.large_segment_size;
+                    if (s < 2 * kMiB || s % (2 * kMiB) != 0 || s == kUnlimited) return Problem();
+                    if (s > o.max_split_size)
+                      return Problem("segments shared by requests under 10 MiB must stay splittable");
+                    return std::nullopt;
+                  }));
+  t.push_back(Row("roundup_power2_divisions",
+                  "N, or [256:1,512:2,1024:4,>:8], where N and the values are 0 or powers "
+                  "of two up to 1024 and the keys power-of-two MB interval starts (ascending) or '>'",
+                  "round large requests to 1/N steps of their power-of-two interval; per interval (MB) in the "
+                  "list form (PyTorch's key)",
+                  false, ParseDivisions, FormatDivisions, [](const Options& o) -> std::optional<Problem> {
+                    if (o.roundup_power2_divisions.size() == 16) return std::nullopt;
+                    return Problem("16 intervals");
+                  }));
+  t.push_back(Row(
+      "tiers",
+      "a list of sizes, e.g. [64MiB,128MiB,256MiB], each larger than small_pool_limit and at "
+      "most 16TiB; not with tiers_tokens",
+      "large-pool tiers in bytes: a request within tier range rounds up to its tier and is reused "
+      "from that tier's own free list",
+      false,
+      [](absl::string_view v, Options& o) -> absl::Status {
+        std::vector<std::size_t> tiers;
+        for (absl::string_view item : ListItems(v)) {
+          absl::StatusOr<std::size_t> s = ParseSize(item);
+          if (!s.ok() || *s == 0) return Why(absl::StrCat("bad size '", item, "'"));
+          tiers.push_back(*s);
+        }
+        if (tiers.empty() && v != "[]") return Why();
+        o.tiers = std::move(tiers);
+        return absl::OkStatus();
+      },
+      [](const Options& o) { return JoinList<std::size_t>(o.tiers, SizeText); },
+      [](const Options& o) -> std::optional<Problem> {
+        if (!o.tiers.empty() && !o.tiers_tokens.empty()) return Problem("either tiers or tiers_tokens, not both");
+        for (std::size_t t : o.ResolvedTiers(1)) {
+          if (t <= o.small_pool_limit || t > (std::size_t{1} << 44)) {
+            return Problem(o.tiers.empty() ? "tiers_tokens x bytes_per_token" : "", SizeText(t));
+          }
+        }
+        return std::nullopt;
+      }));
+  t.push_back(Row(
+      "tiers_tokens", "a list of positive token counts, e.g. [512,1024,2048,4096]",
+      "tiers as token counts; each is multiplied by bytes_per_token", false,
+      [](absl::string_view v, Options& o) -> absl::Status {
+        std::vector<std::uint64_t> tokens;
+        for (absl::string_view item : ListItems(v)) {
+          absl::StatusOr<std::int64_t> n = ParseInt(item);
+          if (!n.ok() || *n <= 0) return Why(absl::StrCat("bad count '", item, "'"));
+          tokens.push_back(static_cast<std::uint64_t>(*n));
+        }
+        if (tokens.empty() && v != "[]") return Why();
+        o.tiers_tokens = std::move(tokens);
+        return absl::OkStatus();
+      },
+      [](const Options& o) {
+        return JoinList<std::uint64_t>(o.tiers_tokens, [](std::uint64_t n) { return absl::StrCat(n); });
+      }));
+  t.push_back(Row("bytes_per_token", "a size; positive when tiers_tokens is set",
+                  "KV-cache bytes per token of the model (see docs/configuration.md)", false,
+                  SizeField<&Options::bytes_per_token>, FormatSizeField<&Options::bytes_per_token>,
+                  [](const Options& o) -> std::optional<Problem> {
+                    if (o.tiers_tokens.empty() || o.bytes_per_token > 0) return std::nullopt;
+                    return Problem("tiers_tokens needs bytes_per_token");
+                  }));
+  t.push_back(Row("tier_min_fill", "a number in (0, 1]",
+                  "a request rounds up to tier t only when it is at least tier_min_fill x t", false,
+                  DoubleField<&Options::tier_min_fill>, FormatDoubleField<&Options::tier_min_fill>,
+                  Require<double, &Options::tier_min_fill>([](double f) { return f > 0.0 && f <= 1.0; })));
   for (const internal::BackendEntry* backend : internal::Backends()) {
     for (const internal::BackendOptionSpec& spec : backend->options) t.push_back(BackendRow(spec));
   }
-  t.push_back({"probe_stream_capture", "true or false (also 1 or 0)",
-               "before a slow path, ask whether the allocating stream captures a CUDA graph (no cudaMalloc then)",
-               false, BoolField<&Options::probe_stream_capture>, FormatBoolField<&Options::probe_stream_capture>});
-  t.push_back({"debug_check_invariants", "true or false (also 1 or 0)",
-               "check every invariant after each slow-path event (always on in a debug build of the library)", false,
-               BoolField<&Options::debug_check_invariants>, FormatBoolField<&Options::debug_check_invariants>,
-               nullptr, "false (always true in a debug build)"});
+  t.push_back(Row("probe_stream_capture", "true or false (also 1 or 0)",
+                  "before a slow path, ask whether the allocating stream captures a CUDA graph (no cudaMalloc then)",
+                  false, BoolField<&Options::probe_stream_capture>, FormatBoolField<&Options::probe_stream_capture>));
+  t.push_back(Row("debug_check_invariants", "true or false (also 1 or 0)",
+                  "check every invariant after each slow-path event (always on in a debug build of the library)", false,
+                  BoolField<&Options::debug_check_invariants>, FormatBoolField<&Options::debug_check_invariants>,
+                  nullptr, "false (always true in a debug build)"));
   return t;
 }
 
@@ -462,9 +482,9 @@ std::string Options::DeviceBackend() const {
 absl::Status ValidateOptions(const Options& o) {
   for (const auto& [key, value] : o.backend_settings) {
     if (internal::FindBackendOption(key) == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("bucketalloc option '", key, "' (value '", value,
-                                                     "') in backend_settings is unknown; accepted keys: ",
-                                                     AcceptedKeys()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucketalloc option '", key, "' (value '", value,
+                       "') in backend_settings is unknown; accepted keys: ", AcceptedKeys()));
     }
   }
   for (const OptionRow& row : Table()) {

@@ -90,7 +90,7 @@ class PendingFrees {
 
   Backend* backend_;
   absl::flat_hash_map<std::uintptr_t, Uses> uses_;  // of live allocations
-  std::vector<Pending> pending_;                     // oldest first
+  std::vector<Pending> pending_;                    // oldest first
 };
 
 }  // namespace bucketalloc::internal

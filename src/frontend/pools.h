@@ -18,10 +18,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <tuple>
-#include <utility>
 #include <memory>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <variant>
 
 #include "pool/large_pool.h"

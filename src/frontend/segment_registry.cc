@@ -16,10 +16,9 @@ absl::Status SegmentRegistry::RefuseDuringCapture() const {
 
 absl::Status SegmentRegistry::CheckHeadroom(std::size_t bytes) const {
   if (Headroom() >= bytes) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: reserving ", bytes,
-                                                   " more bytes would exceed the cap of ", cap_, " bytes (",
-                                                   stats_->Current(&DeviceStats::reserved_bytes, kAllPools),
-                                                   " reserved)"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("bucketalloc: reserving ", bytes, " more bytes would exceed the cap of ", cap_, " bytes (",
+                   stats_->Current(&DeviceStats::reserved_bytes, kAllPools), " reserved)"));
 }
 
 std::size_t SegmentRegistry::Headroom() const {
@@ -68,7 +67,8 @@ absl::StatusOr<std::uintptr_t> SegmentRegistry::ReserveRange(std::size_t bytes, 
 
 void SegmentRegistry::ReleaseRange(std::uintptr_t va, std::size_t bytes) {
   auto it = ranges_.find(va);
-  BA_CHECK(it != ranges_.end() && it->second.virtual_memory && it->second.mapped == 0, "releasing a range still mapped");
+  BA_CHECK(it != ranges_.end() && it->second.virtual_memory && it->second.mapped == 0,
+           "releasing a range still mapped");
   if (!backend_->ReleaseAddressRange(va, bytes).ok()) {
     stats_->Count(&DeviceStats::num_device_free_failures);  // only address space
   }

@@ -92,11 +92,12 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
     traces.push_back(std::move(entries));
   }
   const bool unlimited = snapshot.max_split_size == kUnlimited;
-  Json settings = {{"BUCKETALLOC_CONF", snapshot.settings},
-                   {"max_split_size", unlimited ? std::int64_t{-1} : static_cast<std::int64_t>(snapshot.max_split_size)},
-                   {"garbage_collection_threshold", snapshot.garbage_collection_threshold},
-                   {"expandable_segments", false},
-                   {"release_lock_on_cudamalloc", false}};
+  Json settings = {
+      {"BUCKETALLOC_CONF", snapshot.settings},
+      {"max_split_size", unlimited ? std::int64_t{-1} : static_cast<std::int64_t>(snapshot.max_split_size)},
+      {"garbage_collection_threshold", snapshot.garbage_collection_threshold},
+      {"expandable_segments", false},
+      {"release_lock_on_cudamalloc", false}};
   return Json{{"segments", std::move(segments)},
               {"device_traces", std::move(traces)},
               {"allocator_settings", std::move(settings)}}

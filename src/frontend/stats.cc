@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 
@@ -66,9 +66,9 @@ void AppendPoolTable(std::string* out, const char* name, const PoolFragmentation
 
 std::string StatsToJson(const DeviceStats& stats) {
   Json j = Json::object();
-#define BUCKETALLOC_STAT_JSON(name, doc)                                          \
+#define BUCKETALLOC_STAT_JSON(name, doc)                                         \
   for (int p = 0; p < kNumPoolIndices; ++p) {                                    \
-    const std::string prefix = absl::StrCat(#name, ".", kPoolNames[p].key, ".");     \
+    const std::string prefix = absl::StrCat(#name, ".", kPoolNames[p].key, "."); \
     j[prefix + "current"] = stats.name[p].current;                               \
     j[prefix + "peak"] = stats.name[p].peak;                                     \
     j[prefix + "allocated"] = stats.name[p].allocated;                           \
@@ -79,10 +79,10 @@ std::string StatsToJson(const DeviceStats& stats) {
 #define BUCKETALLOC_COUNTER_JSON(name, doc) j[#name] = stats.name;
   BUCKETALLOC_COUNTERS(BUCKETALLOC_COUNTER_JSON)
 #undef BUCKETALLOC_COUNTER_JSON
-#define BUCKETALLOC_DEVICE_STAT_JSON(name, doc)       \
-  j[#name ".current"] = stats.name.current;           \
-  j[#name ".peak"] = stats.name.peak;                 \
-  j[#name ".allocated"] = stats.name.allocated;       \
+#define BUCKETALLOC_DEVICE_STAT_JSON(name, doc) \
+  j[#name ".current"] = stats.name.current;     \
+  j[#name ".peak"] = stats.name.peak;           \
+  j[#name ".allocated"] = stats.name.allocated; \
   j[#name ".freed"] = stats.name.freed;
   BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_DEVICE_STAT_JSON)
 #undef BUCKETALLOC_DEVICE_STAT_JSON
@@ -91,9 +91,7 @@ std::string StatsToJson(const DeviceStats& stats) {
   return j.dump();
 }
 
-std::string FragmentationToJson(const FragmentationReport& report) {
-  return FragmentationJson(report).dump();
-}
+std::string FragmentationToJson(const FragmentationReport& report) { return FragmentationJson(report).dump(); }
 
 std::string FragmentationToTable(const FragmentationReport& report) {
   std::string out;
@@ -110,10 +108,14 @@ std::string FragmentationToTable(const FragmentationReport& report) {
 
 const char* OomCauseName(OomCause cause) {
   switch (cause) {
-    case OomCause::kCapacity: return "capacity";
-    case OomCause::kFragmentation: return "fragmentation";
-    case OomCause::kCacheHeld: return "cache held";
-    case OomCause::kDeviceExhausted: return "device exhausted";
+    case OomCause::kCapacity:
+      return "capacity";
+    case OomCause::kFragmentation:
+      return "fragmentation";
+    case OomCause::kCacheHeld:
+      return "cache held";
+    case OomCause::kDeviceExhausted:
+      return "device exhausted";
   }
   return "unknown";
 }
@@ -124,8 +126,8 @@ std::string OomReport::ToString() const {
                         "  requested %s (rounded %s); cap %s; reserved %s; allocated %s; active %s; "
                         "cached %s; largest free block %s; device free %s\n",
                         FormatBytes(requested), FormatBytes(rounded), FormatBytes(capacity), FormatBytes(reserved),
-                        FormatBytes(allocated), FormatBytes(active), FormatBytes(cached),
-                        FormatBytes(largest_free), FormatBytes(device_free));
+                        FormatBytes(allocated), FormatBytes(active), FormatBytes(cached), FormatBytes(largest_free),
+                        FormatBytes(device_free));
   absl::StrAppend(&out, FragmentationToTable(fragmentation));
   return out;
 }
@@ -151,8 +153,9 @@ std::string StatsSummary(const DeviceStats& s, int device) {
   std::string out;
   const std::string rule(88, '=');
   absl::StrAppend(&out, rule, "\n");
-  absl::StrAppendFormat(&out, "|%-86s|\n", absl::StrCat(" bucketalloc memory summary, device ", device,
-                                                        "  (cap ", FormatBytes(static_cast<std::size_t>(s.capacity_bytes)), ")"));
+  absl::StrAppendFormat(&out, "|%-86s|\n",
+                        absl::StrCat(" bucketalloc memory summary, device ", device, "  (cap ",
+                                     FormatBytes(static_cast<std::size_t>(s.capacity_bytes)), ")"));
   absl::StrAppend(&out, rule, "\n");
   absl::StrAppendFormat(&out, "| %-26s | %12s | %12s | %12s | %12s |\n", "Metric", "Cur Usage", "Peak Usage",
                         "Tot Alloc", "Tot Freed");
@@ -165,13 +168,13 @@ std::string StatsSummary(const DeviceStats& s, int device) {
                           fmt(st.allocated), fmt(st.freed));
   };
   // PyTorch's order: the total, then the pools from the last (large) to the first (small).
-#define BUCKETALLOC_SUMMARY_ROW(name, doc)                                                   \
-  {                                                                                          \
-    const bool bytes = absl::EndsWith(#name, "_bytes");                                      \
-    row(#name, s.name[kAllPools], bytes);                                                    \
-    for (int p = kNumPoolIndices - 1; p > kAllPools; --p) {                                  \
-      row(absl::StrCat("  from ", kPoolNames[p].label), s.name[p], bytes);                   \
-    }                                                                                        \
+#define BUCKETALLOC_SUMMARY_ROW(name, doc)                                 \
+  {                                                                        \
+    const bool bytes = absl::EndsWith(#name, "_bytes");                    \
+    row(#name, s.name[kAllPools], bytes);                                  \
+    for (int p = kNumPoolIndices - 1; p > kAllPools; --p) {                \
+      row(absl::StrCat("  from ", kPoolNames[p].label), s.name[p], bytes); \
+    }                                                                      \
   }
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_SUMMARY_ROW)
 #undef BUCKETALLOC_SUMMARY_ROW

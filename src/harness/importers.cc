@@ -75,8 +75,10 @@ absl::StatusOr<Trace> ImportKinetoCsv(absl::string_view text, int device, absl::
   const int ts = column("ts_us"), type = column("device_type"), id = column("device_id"), addr = column("addr"),
             bytes = column("bytes");
   if (ts < 0 || type < 0 || id < 0 || addr < 0 || bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ":1: the header needs the columns ts_us, device_type, "
-                                                   "device_id, addr and bytes; found \"", lines[0], "\""));
+    return absl::InvalidArgumentError(absl::StrCat(source,
+                                                   ":1: the header needs the columns ts_us, device_type, "
+                                                   "device_id, addr and bytes; found \"",
+                                                   lines[0], "\""));
   }
   Builder b(device);
   for (std::size_t n = 1; n < lines.size(); ++n) {
@@ -88,7 +90,8 @@ absl::StatusOr<Trace> ImportKinetoCsv(absl::string_view text, int device, absl::
         !absl::SimpleAtoi(f[id], &di) || !absl::SimpleAtoi(f[addr], &a) || !absl::SimpleAtoi(f[bytes], &size)) {
       return absl::InvalidArgumentError(absl::StrCat(source, ":", n + 1, ": expected ", header.size(),
                                                      " comma-separated fields with integer ts_us, device_type, "
-                                                     "device_id, addr and bytes; found \"", lines[n], "\""));
+                                                     "device_id, addr and bytes; found \"",
+                                                     lines[n], "\""));
     }
     b.Add(t, dt, di, a, size, static_cast<int>(n + 1));
   }
@@ -120,8 +123,8 @@ absl::StatusOr<Trace> ImportKinetoJson(absl::string_view text, int device, absl:
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": traceEvents[", index - 1, "] is a [memory] event without Addr and Bytes"));
     }
-    events.push_back({e.value("ts", std::int64_t{0}), get("Ev Idx"), get("Device Type"), get("Device Id"),
-                      get("Addr"), get("Bytes"), index});
+    events.push_back({e.value("ts", std::int64_t{0}), get("Ev Idx"), get("Device Type"), get("Device Id"), get("Addr"),
+                      get("Bytes"), index});
   }
   std::stable_sort(events.begin(), events.end(),
                    [](const Event& x, const Event& y) { return std::tie(x.ts, x.order) < std::tie(y.ts, y.order); });

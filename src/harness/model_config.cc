@@ -74,9 +74,9 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
     int* field;
     const char* key;
     int fallback;  // 0: required
-  } keys[] = {{&m.hidden, "hidden_size", 0},          {&m.layers, "num_hidden_layers", 0},
-              {&m.heads, "num_attention_heads", 0},   {&m.intermediate, "intermediate_size", 0},
-              {&m.vocab, "vocab_size", 0},            {&m.max_position_embeddings, "max_position_embeddings", 4096}};
+  } keys[] = {{&m.hidden, "hidden_size", 0},        {&m.layers, "num_hidden_layers", 0},
+              {&m.heads, "num_attention_heads", 0}, {&m.intermediate, "intermediate_size", 0},
+              {&m.vocab, "vocab_size", 0},          {&m.max_position_embeddings, "max_position_embeddings", 4096}};
   absl::StatusOr<int> v;
   for (const auto& k : keys) {
     v = PositiveInt(j, source, k.key, k.fallback);
@@ -120,8 +120,7 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
   // Biases as each architecture's modelling code has them: llama honours attention_bias (q, k, v, o)
   // and mlp_bias; qwen3 honours attention_bias (q, k, v, o); qwen2 always has q, k, v biases;
   // mistral and phi3 have none, whatever the config says.
-  const bool attention_bias =
-      (m.model_type == "llama" || m.model_type == "qwen3") && Flag(j, "attention_bias");
+  const bool attention_bias = (m.model_type == "llama" || m.model_type == "qwen3") && Flag(j, "attention_bias");
   const bool qkv_bias = attention_bias || m.model_type == "qwen2";
   const bool mlp_bias = m.model_type == "llama" && Flag(j, "mlp_bias");
   auto add = [&](std::string name, std::uint64_t elements) { m.weights.push_back({std::move(name), elements * e}); };
@@ -170,7 +169,8 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
   for (const WeightTensor& w : m.weights) {
     total += w.bytes;
     if (w.bytes > kMaxWeightBytes || total > kMaxWeightBytes) {
-      return KeyError(source, "num_hidden_layers", "and the other dimensions give over 1 PiB of weights; accepted a real model");
+      return KeyError(source, "num_hidden_layers",
+                      "and the other dimensions give over 1 PiB of weights; accepted a real model");
     }
   }
   return m;

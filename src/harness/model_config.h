@@ -45,7 +45,7 @@ struct ModelSpec {
   int intermediate = 0;
   int vocab = 0;
   int max_position_embeddings = 0;
-  int dtype_bytes = 2;  // torch_dtype: bfloat16/float16 2, float32 4
+  int dtype_bytes = 2;     // torch_dtype: bfloat16/float16 2, float32 4
   bool fused_qkv = false;  // phi3: one qkv_proj and one gate_up_proj
   std::vector<WeightTensor> weights;
 

@@ -64,7 +64,8 @@ std::string PolicySpecsText() {
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity,
                                                                      ReplayDeviceKind kind) {
   if (capacity < kGranularity) {
-    return absl::InvalidArgumentError(absl::StrCat("capacity ", capacity, " bytes is too small; accepted: 2 MiB or more"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("capacity ", capacity, " bytes is too small; accepted: 2 MiB or more"));
   }
   capacity = capacity / kGranularity * kGranularity;
   absl::string_view conf;
@@ -74,8 +75,8 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::strin
         absl::StrCat("allocator \"", spec, "\" is unknown; accepted: ", PolicySpecsText()));
   }
   if (!conf.empty() && !policy->takes_conf) {
-    return absl::InvalidArgumentError(absl::StrCat("allocator \"", spec, "\": ", policy->name,
-                                                   " takes no CONF; accepted: ", PolicySpecsText()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocator \"", spec, "\": ", policy->name, " takes no CONF; accepted: ", PolicySpecsText()));
   }
   return policy->make(conf, capacity, kind);
 }

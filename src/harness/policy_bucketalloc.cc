@@ -73,11 +73,10 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::str
     }
     policy.push_back(absl::StrCat(s.key, ":", s.value));
   }
-  const std::string device =
-      kind == ReplayDeviceKind::kCuda
-          ? absl::StrCat(stitching ? "backend:vmm" : "backend:cuda", ",capacity:", capacity)
-          : absl::StrCat("backend:sim,sim_memory:unbacked,sim_total_memory:", capacity,
-                         stitching ? ",expandable_segments:true" : "");
+  const std::string device = kind == ReplayDeviceKind::kCuda
+                                 ? absl::StrCat(stitching ? "backend:vmm" : "backend:cuda", ",capacity:", capacity)
+                                 : absl::StrCat("backend:sim,sim_memory:unbacked,sim_total_memory:", capacity,
+                                                stitching ? ",expandable_segments:true" : "");
   absl::StatusOr<Options> base = ParseOptions(device);
   if (!base.ok()) return base.status();
   absl::StatusOr<Options> options = ParseOptions(absl::StrJoin(policy, ","), *base);

@@ -17,8 +17,8 @@
 
 #include <algorithm>
 #include <set>
-#include <vector>
 #include <tuple>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -85,13 +85,16 @@ class PyTorchPolicy final : public ReplayAllocator {
     BlockPool& pool = small ? small_ : large_;
     Block* block = FindFree(pool, stream, rounded);
     if (block == nullptr) {
-      const std::size_t segment = small ? kSmallBuffer : rounded < kMinLargeAlloc ? kLargeBuffer : RoundUp(rounded, kRoundLarge);
+      const std::size_t segment = small                      ? kSmallBuffer
+                                  : rounded < kMinLargeAlloc ? kLargeBuffer
+                                                             : RoundUp(rounded, kRoundLarge);
       absl::StatusOr<void*> p = device_->Allocate(segment);
       if (!p.ok()) {
         ReleaseCachedBlocks();
         p = device_->Allocate(segment);
       }
-      if (!p.ok()) return absl::ResourceExhaustedError(absl::StrCat("pytorch-policy: out of memory (", p.status().message(), ")"));
+      if (!p.ok())
+        return absl::ResourceExhaustedError(absl::StrCat("pytorch-policy: out of memory (", p.status().message(), ")"));
       block = new Block{reinterpret_cast<std::uintptr_t>(*p), segment, stream, small};
       peak_ = std::max(peak_, device_->used_bytes());
     } else {

@@ -160,7 +160,8 @@ class TimelineBuilder {
 absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, const ReplayOptions& options,
                                                          std::size_t capacity, std::uint64_t event,
                                                          std::size_t expected_reserved) {
-  absl::StatusOr<std::unique_ptr<ReplayAllocator>> made = MakeReplayAllocator(options.allocator, options.capacity, options.device);
+  absl::StatusOr<std::unique_ptr<ReplayAllocator>> made =
+      MakeReplayAllocator(options.allocator, options.capacity, options.device);
   if (!made.ok()) return made.status();
   ReplayAllocator& a = **made;
   PeakFragmentation f;
@@ -218,7 +219,8 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   if (options.record_timeline && options.timeline_points == 0) {
     return absl::InvalidArgumentError("timeline_points 0 is invalid; accepted: 1 or more");
   }
-  absl::StatusOr<std::unique_ptr<ReplayAllocator>> made = MakeReplayAllocator(options.allocator, options.capacity, options.device);
+  absl::StatusOr<std::unique_ptr<ReplayAllocator>> made =
+      MakeReplayAllocator(options.allocator, options.capacity, options.device);
   if (!made.ok()) return made.status();
   ReplayAllocator& a = **made;
   ReplayResult r;
@@ -258,9 +260,9 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   r.per_round_peak_reserved_bytes = std::move(counts.per_round_peak_reserved_bytes);
   r.peak_reserved_bytes =
       *std::max_element(r.per_round_peak_reserved_bytes.begin(), r.per_round_peak_reserved_bytes.end());
-  r.reserved_over_live = r.peak_live_bytes == 0 ? 0.0
-                                                : static_cast<double>(r.peak_reserved_bytes) /
-                                                      static_cast<double>(r.peak_live_bytes);
+  r.reserved_over_live = r.peak_live_bytes == 0
+                             ? 0.0
+                             : static_cast<double>(r.peak_reserved_bytes) / static_cast<double>(r.peak_live_bytes);
   r.p50_ns = Percentile(counts.latencies, 0.50);
   r.p99_ns = Percentile(counts.latencies, 0.99);
   const BackendCounters c = a.backend_counters();
@@ -336,16 +338,16 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
   absl::StatusOr<ReplayResult> at_hi = probe(hi);
   while (at_hi.ok() && at_hi->ooms > 0) {
     if (hi >= kMaxRequestBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat("allocator ", allocator, " does not serve the trace even with ",
-                                                       FormatBytes(hi)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("allocator ", allocator, " does not serve the trace even with ", FormatBytes(hi)));
     }
     lo = hi;
     hi *= 2;
     at_hi = probe(hi);
   }
   if (!at_hi.ok()) return at_hi.status();
-  auto bisect = [&](std::size_t failing, std::size_t passing, ReplayResult at_passing)
-      -> absl::StatusOr<std::pair<std::size_t, ReplayResult>> {
+  auto bisect = [&](std::size_t failing, std::size_t passing,
+                    ReplayResult at_passing) -> absl::StatusOr<std::pair<std::size_t, ReplayResult>> {
     while (passing - failing > kGranularity) {
       const std::size_t mid = (failing + passing) / 2 / kGranularity * kGranularity;
       absl::StatusOr<ReplayResult> r = probe(mid);

@@ -49,7 +49,7 @@ struct ReplayOptions {
   std::string allocator = "bucketalloc";
   std::size_t capacity = 0;  // bytes, > 0
   ReplayDeviceKind device = ReplayDeviceKind::kSim;
-  int repeat = 1;            // rounds of the trace on the same allocator
+  int repeat = 1;  // rounds of the trace on the same allocator
   CostModel cost;
   // Records ReplayResult::timeline (at most `timeline_points` points) and peak_fragmentation. Off
   // by default: it reads the reserved bytes after every event, and the histogram costs a second
@@ -64,13 +64,13 @@ struct ReplayOptions {
 // One point of a timeline: the events [event, event + Timeline::bucket_events) summarized by their
 // maxima (so no peak is lost however long the trace), and the trough of live bytes.
 struct TimelinePoint {
-  std::uint64_t event = 0;          // the first event of the bucket (index over all rounds)
+  std::uint64_t event = 0;  // the first event of the bucket (index over all rounds)
   // The most bytes the replay held for the trace after any event of the bucket: its blocks that
   // were served (an OOM's are not), earlier rounds' unfreed blocks included.
   std::size_t live_bytes = 0;
-  std::size_t live_min_bytes = 0;   // the fewest
-  std::size_t reserved_bytes = 0;   // the most bytes the allocator held after any event of the bucket
-  std::uint64_t ooms = 0;           // failed allocations in the bucket
+  std::size_t live_min_bytes = 0;  // the fewest
+  std::size_t reserved_bytes = 0;  // the most bytes the allocator held after any event of the bucket
+  std::uint64_t ooms = 0;          // failed allocations in the bucket
 };
 
 // Live and reserved bytes over the replay. Every event of the trace counts (frees of failed
@@ -88,9 +88,9 @@ struct Timeline {
 // growth; replays are deterministic, and the second one checks that it reached the same reserved
 // bytes at that event.
 struct PeakFragmentation {
-  std::uint64_t event = 0;       // index over all rounds
-  std::size_t live_bytes = 0;    // the bytes the replay held for the trace then (TimelinePoint::live_bytes)
-  PoolFragmentation free_blocks; // ReplayAllocator::Fragmentation() then
+  std::uint64_t event = 0;        // index over all rounds
+  std::size_t live_bytes = 0;     // the bytes the replay held for the trace then (TimelinePoint::live_bytes)
+  PoolFragmentation free_blocks;  // ReplayAllocator::Fragmentation() then
 };
 
 // What a replay measured (the JSON keys of docs/harness.md).
@@ -98,8 +98,8 @@ struct ReplayResult {
   std::string allocator;
   std::string device = "sim";  // "sim" or "cuda"
   std::size_t capacity = 0;
-  std::uint64_t allocations = 0;      // allocate events replayed (all rounds)
-  std::size_t peak_live_bytes = 0;    // the most bytes the trace holds at once: no allocator can do with less
+  std::uint64_t allocations = 0;    // allocate events replayed (all rounds)
+  std::size_t peak_live_bytes = 0;  // the most bytes the trace holds at once: no allocator can do with less
   std::size_t peak_reserved_bytes = 0;
   double reserved_over_live = 0.0;
   std::uint64_t ooms = 0;
@@ -107,9 +107,9 @@ struct ReplayResult {
   std::uint64_t fragmentation_ooms = 0;  // all other OOMs
   double p50_ns = 0.0;                   // per operation (allocate or free)
   double p99_ns = 0.0;
-  std::uint64_t backend_calls = 0;       // backend allocations + frees (+ vmm creates, releases, maps, unmaps)
-  std::uint64_t granules_stitched = 0;   // granules of free blocks moved into stitched ranges (vmm)
-  double simulated_backend_ms = 0.0;     // backend calls priced by the cost model
+  std::uint64_t backend_calls = 0;      // backend allocations + frees (+ vmm creates, releases, maps, unmaps)
+  std::uint64_t granules_stitched = 0;  // granules of free blocks moved into stitched ranges (vmm)
+  double simulated_backend_ms = 0.0;    // backend calls priced by the cost model
   std::vector<std::size_t> per_round_peak_reserved_bytes;
   // "stable"; "rising" (peak reserved still grows in the second half of the rounds, with two rounds
   // in the second, or the bytes held at the end of a round grow round over round: a leak);
@@ -138,9 +138,9 @@ struct MinCapacityResult {
   // From the trace's meta file (harness/serving.h) when it has one: the workload's true peak need
   // (no layout rounding), so min_capacity_over_true_need shows the layout's and the allocator's cost.
   std::optional<std::size_t> true_need_bytes;
-  ReplayResult at_min;  // the replay at that capacity
+  ReplayResult at_min;                         // the replay at that capacity
   double min_capacity_over_true_need() const;  // 0 without a true need
-  std::string ToJson() const;  // true_need_bytes and min_capacity_over_true_need only when known
+  std::string ToJson() const;                  // true_need_bytes and min_capacity_over_true_need only when known
 };
 absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
                                               void (*progress)(const std::string& line) = nullptr);

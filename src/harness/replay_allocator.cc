@@ -51,8 +51,9 @@ absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capac
   if (entry == nullptr) return absl::InternalError("the replay device's backend is not registered");
   // The simulated device is exactly `capacity` (it enforces it itself); a GPU is capped here.
   const BackendSettings settings =
-      kind == ReplayDeviceKind::kSim ? BackendSettings{{"sim_memory", "unbacked"}, {"sim_total_memory", SizeText(capacity)}}
-                                     : BackendSettings{};
+      kind == ReplayDeviceKind::kSim
+          ? BackendSettings{{"sim_memory", "unbacked"}, {"sim_total_memory", SizeText(capacity)}}
+          : BackendSettings{};
   absl::StatusOr<std::unique_ptr<Backend>> backend = entry->make(settings, /*device=*/0);
   if (!backend.ok()) return backend.status();
   return std::make_unique<ReplayDevice>(std::move(*backend), capacity,

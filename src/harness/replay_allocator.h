@@ -48,7 +48,7 @@ class ReplayAllocator {
 // (bucketalloc with backend:cuda; nocache and pytorch-policy on cudaMalloc), capped at the capacity.
 enum class ReplayDeviceKind : std::uint8_t { kSim, kCuda };
 absl::StatusOr<ReplayDeviceKind> ParseReplayDeviceKind(absl::string_view name);  // sim, cuda
-absl::string_view ReplayDeviceName(ReplayDeviceKind kind);                      // "sim", "cuda"
+absl::string_view ReplayDeviceName(ReplayDeviceKind kind);                       // "sim", "cuda"
 
 // The memory under nocache and pytorch-policy: a backend of exactly `capacity` bytes. Allocate
 // returns ResourceExhausted past the capacity (the simulated device enforces it itself; on CUDA

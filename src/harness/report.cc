@@ -26,9 +26,13 @@ Json TimelineJson(const Timeline& t) {
     reserved.push_back(p.reserved_bytes);
     ooms.push_back(p.ooms);
   }
-  return Json{{"events", t.events},           {"bucket_events", t.bucket_events}, {"event", std::move(event)},
-              {"live_bytes", std::move(live)}, {"live_min_bytes", std::move(live_min)},
-              {"reserved_bytes", std::move(reserved)}, {"ooms", std::move(ooms)}};
+  return Json{{"events", t.events},
+              {"bucket_events", t.bucket_events},
+              {"event", std::move(event)},
+              {"live_bytes", std::move(live)},
+              {"live_min_bytes", std::move(live_min)},
+              {"reserved_bytes", std::move(reserved)},
+              {"ooms", std::move(ooms)}};
 }
 
 // Only the non-empty bins; bin i holds free blocks with 2^i <= size < 2^(i+1).
@@ -38,10 +42,8 @@ Json PeakFragmentationJson(const PeakFragmentation& p) {
   for (int i = 0; i < kHistogramBins; ++i) {
     const auto bin = static_cast<std::size_t>(i);
     if (f.free_count[bin] == 0) continue;
-    bins.push_back(Json{{"bin", i},
-                        {"min_bytes", std::uint64_t{1} << i},
-                        {"count", f.free_count[bin]},
-                        {"bytes", f.free_bytes[bin]}});
+    bins.push_back(Json{
+        {"bin", i}, {"min_bytes", std::uint64_t{1} << i}, {"count", f.free_count[bin]}, {"bytes", f.free_bytes[bin]}});
   }
   return Json{{"event", p.event},
               {"live_bytes", p.live_bytes},
@@ -58,16 +60,16 @@ Json PeakFragmentationJson(const PeakFragmentation& p) {
 Json RowsJson(const std::vector<CompareReport>& reports) {
   Json rows = Json::array();
   for (const CompareReport& report : reports) {
-  for (const CompareRow& row : report.rows) {
-    Json j = {{"trace", report.trace_name},
-              {"at_capacity", Json::parse(row.at_capacity.ToJson())},
-              {"min_capacity", Json::parse(row.min_capacity.ToJson())}};
-    if (row.at_capacity.timeline.events > 0) j["timeline"] = TimelineJson(row.at_capacity.timeline);
-    if (row.at_capacity.peak_fragmentation.has_value()) {
-      j["peak_fragmentation"] = PeakFragmentationJson(*row.at_capacity.peak_fragmentation);
+    for (const CompareRow& row : report.rows) {
+      Json j = {{"trace", report.trace_name},
+                {"at_capacity", Json::parse(row.at_capacity.ToJson())},
+                {"min_capacity", Json::parse(row.min_capacity.ToJson())}};
+      if (row.at_capacity.timeline.events > 0) j["timeline"] = TimelineJson(row.at_capacity.timeline);
+      if (row.at_capacity.peak_fragmentation.has_value()) {
+        j["peak_fragmentation"] = PeakFragmentationJson(*row.at_capacity.peak_fragmentation);
+      }
+      rows.push_back(std::move(j));
     }
-    rows.push_back(std::move(j));
-  }
   }
   return rows;
 }
@@ -78,12 +80,23 @@ std::string EscapeHtml(absl::string_view text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -98,10 +111,17 @@ std::string ScriptSafeJson(const Json& j) {
   out.reserve(dumped.size());
   for (char c : dumped) {
     switch (c) {
-      case '<': out += "\\u003c"; break;
-      case '>': out += "\\u003e"; break;
-      case '&': out += "\\u0026"; break;
-      default: out += c;
+      case '<':
+        out += "\\u003c";
+        break;
+      case '>':
+        out += "\\u003e";
+        break;
+      case '&':
+        out += "\\u0026";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -129,8 +149,9 @@ std::string ResultsTable(const std::vector<CompareReport>& reports) {
     for (const CompareRow& row : report.rows) {
       const ReplayResult& r = row.at_capacity;
       const MinCapacityResult& m = row.min_capacity;
-      absl::StrAppend(&t, "<tr>", several ? absl::StrCat("<td><code>", EscapeHtml(report.trace_name), "</code></td>") : "",
-                      "<td>", EscapeHtml(r.allocator), "</td><td>", FormatBytes(r.peak_reserved_bytes), "</td>",
+      absl::StrAppend(&t, "<tr>",
+                      several ? absl::StrCat("<td><code>", EscapeHtml(report.trace_name), "</code></td>") : "", "<td>",
+                      EscapeHtml(r.allocator), "</td><td>", FormatBytes(r.peak_reserved_bytes), "</td>",
                       m.min_capacity_bytes == best ? "<td class=\"best\">" : "<td>", FormatBytes(m.min_capacity_bytes),
                       "</td><td>", absl::StrFormat("%.3f", m.min_capacity_over_live), "</td>");
       if (any_true_need) {
@@ -447,10 +468,11 @@ std::string CompareReportHtml(const std::vector<CompareReport>& reports) {
   absl::StrAppend(&h, "<h1>bucketalloc-bench compare</h1>\n", meta);
   absl::StrAppend(&h, ResultsTable(reports));
   absl::StrAppend(
-      &h,
-      "<p class=\"note\">Each allocator replays the trace on ", on_gpu ? "GPU 0 (cudaMalloc), capped at" : "a simulated device of exactly",
+      &h, "<p class=\"note\">Each allocator replays the trace on ",
+      on_gpu ? "GPU 0 (cudaMalloc), capped at" : "a simulated device of exactly",
       " the capacity; min capacity is always found on the simulated device. "
-      "<b>min capacity</b>: the smallest card (2 MiB resolution) found to serve the trace with no OOM (bisection, then a grid below it); "
+      "<b>min capacity</b>: the smallest card (2 MiB resolution) found to serve the trace with no OOM (bisection, then "
+      "a grid below it); "
       "<b>min / live</b>: that over the trace's peak of live bytes, the bound no allocator beats; "
       "<b>min / true need</b> (generated serving traces): that over the workload's true peak need, weights + "
       "the exact KV of the tokens held + activations, so it also counts what the KV layout's rounding costs. A "

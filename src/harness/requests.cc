@@ -66,8 +66,9 @@ absl::StatusOr<std::vector<Row>> ParseCsv(const std::vector<absl::string_view>& 
     Row row;
     row.line = line;
     if (!absl::SimpleAtoi(f[input_column], &row.input) || !absl::SimpleAtoi(f[output_column], &row.output)) {
-      return LineError(source, line, absl::StrCat("token counts \"", f[input_column], "\", \"", f[output_column],
-                                                  "\": accepted whole numbers"));
+      return LineError(
+          source, line,
+          absl::StrCat("token counts \"", f[input_column], "\", \"", f[output_column], "\": accepted whole numbers"));
     }
     if (time_column >= 0) {
       // The 2023 traces write "2023-11-16 18:15:46.6805900"; later ones add a UTC offset
@@ -76,16 +77,17 @@ absl::StatusOr<std::vector<Row>> ParseCsv(const std::vector<absl::string_view>& 
       absl::Time t;
       std::string error;
       bool parsed = false;
-      for (const char* format : {"%Y-%m-%d %H:%M:%E*S", "%Y-%m-%d %H:%M:%E*S%Ez", "%Y-%m-%dT%H:%M:%E*S%Ez",
-                                 "%Y-%m-%dT%H:%M:%E*S"}) {
+      for (const char* format :
+           {"%Y-%m-%d %H:%M:%E*S", "%Y-%m-%d %H:%M:%E*S%Ez", "%Y-%m-%dT%H:%M:%E*S%Ez", "%Y-%m-%dT%H:%M:%E*S"}) {
         if (absl::ParseTime(format, text, absl::UTCTimeZone(), &t, &error)) {
           parsed = true;
           break;
         }
       }
       if (!parsed) {
-        return LineError(source, line, absl::StrCat("TIMESTAMP \"", f[time_column],
-                                                    "\": accepted \"YYYY-MM-DD HH:MM:SS[.fraction][+hh:mm]\" or RFC 3339"));
+        return LineError(source, line,
+                         absl::StrCat("TIMESTAMP \"", f[time_column],
+                                      "\": accepted \"YYYY-MM-DD HH:MM:SS[.fraction][+hh:mm]\" or RFC 3339"));
       }
       row.time = t - absl::UnixEpoch();
     }
@@ -103,7 +105,8 @@ absl::StatusOr<std::vector<Row>> ParseMooncake(const std::vector<absl::string_vi
     absl::string_view text = absl::StripAsciiWhitespace(lines[i]);
     if (text.empty()) continue;
     nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) return LineError(source, line,
+    if (j.is_discarded() || !j.is_object())
+      return LineError(source, line,
                        "not a JSON object; a request file that starts with '{' is read as Mooncake JSON lines, one "
                        "object per line with timestamp (ms), input_length and output_length");
     for (const char* key : {"timestamp", "input_length", "output_length"}) {
@@ -180,7 +183,8 @@ absl::StatusOr<RequestSet> ParseRequests(absl::string_view text, const RequestOp
     };
     if (column("ContextTokens") >= 0 && column("GeneratedTokens") >= 0 && column("TIMESTAMP") >= 0) {
       set.format = RequestFormat::kAzure;
-      rows = ParseCsv(lines, first_line, source, column("TIMESTAMP"), column("ContextTokens"), column("GeneratedTokens"));
+      rows =
+          ParseCsv(lines, first_line, source, column("TIMESTAMP"), column("ContextTokens"), column("GeneratedTokens"));
     } else if (column("num_prefill_tokens") >= 0 && column("num_decode_tokens") >= 0) {
       set.format = RequestFormat::kLengthsOnly;
       rows = ParseCsv(lines, first_line, source, -1, column("num_prefill_tokens"), column("num_decode_tokens"));

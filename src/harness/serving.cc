@@ -26,9 +26,9 @@ constexpr std::uint64_t kPointerBase = 0x7f0000000000;
 // One request's share of a step.
 struct Work {
   int request = 0;
-  int tokens = 0;       // prompt chunk, or 1 for a decode step: the tokens whose KV the step writes
-  bool samples = false; // the step produces a token for it (decode, or the prompt's last chunk)
-  bool decode = false;  // the prompt was prefilled in earlier steps
+  int tokens = 0;        // prompt chunk, or 1 for a decode step: the tokens whose KV the step writes
+  bool samples = false;  // the step produces a token for it (decode, or the prompt's last chunk)
+  bool decode = false;   // the prompt was prefilled in earlier steps
 };
 
 struct StepPlan {
@@ -39,7 +39,7 @@ struct StepPlan {
 
 struct Schedule {
   std::vector<StepPlan> steps;
-  std::vector<bool> rejected;  // longer than max_model_len, or than max_kv_tokens
+  std::vector<bool> rejected;          // longer than max_model_len, or than max_kv_tokens
   std::int64_t peak_block_tokens = 0;  // the most tokens held, counting whole blocks of block_tokens
   double end_s = 0.0;                  // when the last step ends
 };
@@ -74,8 +74,7 @@ absl::Status Validate(const ServingOptions& o) {
   if (o.max_kv_tokens > (std::int64_t{1} << 40)) return bad("--max-kv-tokens", o.max_kv_tokens, "0 to 2^40");
   if (!(o.step_base_ms >= 0) || !(o.step_us_per_token >= 0) || !std::isfinite(o.step_base_ms) ||
       !std::isfinite(o.step_us_per_token)) {
-    return bad("step time", absl::StrCat(o.step_base_ms, " ms + ", o.step_us_per_token, " us/token"),
-               "numbers >= 0");
+    return bad("step time", absl::StrCat(o.step_base_ms, " ms + ", o.step_us_per_token, " us/token"), "numbers >= 0");
   }
   return absl::OkStatus();
 }
@@ -92,7 +91,7 @@ Schedule MakeSchedule(const std::vector<Request>& requests, const std::vector<in
   std::vector<State> state(requests.size());
   std::deque<int> queue;
   std::vector<int> running;
-  std::size_t next = 0;  // into `order`
+  std::size_t next = 0;                   // into `order`
   std::int64_t running_total_tokens = 0;  // prompt + output of the running requests
   double clock = 0.0;
   auto held = [&](int r) { return static_cast<std::int64_t>(state[r].prefilled) + std::max(0, state[r].produced - 1); };
@@ -179,10 +178,12 @@ class Emitter {
   }
   void SetTime(double seconds) {
     const auto us = static_cast<std::int64_t>(std::llround(seconds * 1e6));
-    time_ = absl::StrFormat("%02d:%02d:%02d.%06d", us / 3600000000, us / 60000000 % 60, us / 1000000 % 60,
-                            us % 1000000);
+    time_ =
+        absl::StrFormat("%02d:%02d:%02d.%06d", us / 3600000000, us / 60000000 % 60, us / 1000000 % 60, us % 1000000);
   }
-  void AddExactKv(std::int64_t bytes) { exact_kv_ = static_cast<std::uint64_t>(static_cast<std::int64_t>(exact_kv_) + bytes); }
+  void AddExactKv(std::int64_t bytes) {
+    exact_kv_ = static_cast<std::uint64_t>(static_cast<std::int64_t>(exact_kv_) + bytes);
+  }
   ServingSummary& summary() { return summary_; }
   Trace& trace() { return trace_; }
   std::vector<TensorKind>& kinds() { return kinds_; }
@@ -267,7 +268,7 @@ class Forward {
         gate_up = {A(T * inter, e_), A(T * inter, e_)};
       }
       F(n2);
-      const Tensor act = A(T * inter, e_);  // silu(gate)
+      const Tensor act = A(T * inter, e_);   // silu(gate)
       const Tensor prod = A(T * inter, e_);  // silu(gate) * up
       F(act);
       for (const Tensor& t : gate_up) F(t);
@@ -366,8 +367,8 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
   const std::uint64_t kv_bytes_per_token = model.kv_bytes_per_token();
   std::vector<Tensor> pool;
   if (options.kv_layout == KvLayout::kPaged) {
-    sum.kv_pool_tokens = options.kv_pool_tokens > 0 ? RoundUp(options.kv_pool_tokens, options.block_tokens)
-                                                    : schedule.peak_block_tokens;
+    sum.kv_pool_tokens =
+        options.kv_pool_tokens > 0 ? RoundUp(options.kv_pool_tokens, options.block_tokens) : schedule.peak_block_tokens;
     if (sum.kv_pool_tokens < schedule.peak_block_tokens) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--kv-pool-tokens ", options.kv_pool_tokens, " is less than this schedule holds at its peak (",
@@ -542,15 +543,15 @@ absl::StatusOr<std::optional<std::uint64_t>> ReadTrueNeed(const std::string& tra
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("true_peak_need_bytes") ||
       !j["true_peak_need_bytes"].is_number_unsigned() || j["true_peak_need_bytes"].get<std::uint64_t>() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        meta_path, ": not a trace meta file (a JSON object with a positive \"true_peak_need_bytes\"); move it away "
-                   "or regenerate the trace"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(meta_path,
+                     ": not a trace meta file (a JSON object with a positive \"true_peak_need_bytes\"); move it away "
+                     "or regenerate the trace"));
   }
   if (!j.contains("events") || !j["events"].is_number_unsigned() || j["events"].get<std::uint64_t>() != trace_events) {
-    return absl::InvalidArgumentError(absl::StrCat(meta_path, ": written for a trace of ",
-                                                   j.contains("events") ? j["events"].dump() : "an unknown number of",
-                                                   " events, but ", trace_path, " has ", trace_events,
-                                                   "; move the meta file away or regenerate the trace"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        meta_path, ": written for a trace of ", j.contains("events") ? j["events"].dump() : "an unknown number of",
+        " events, but ", trace_path, " has ", trace_events, "; move the meta file away or regenerate the trace"));
   }
   return std::optional<std::uint64_t>(j["true_peak_need_bytes"].get<std::uint64_t>());
 }

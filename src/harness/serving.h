@@ -70,28 +70,28 @@ struct ServingOptions {
   std::int64_t max_kv_tokens = 0;  // admission limit on tokens the running requests may hold (0 = none)
   int max_model_len = 0;           // 0 = the config's max_position_embeddings
   std::vector<int> tiers_tokens = {512, 1024, 2048, 4096};  // tiered: then doubling
-  int growth_tokens = 16;          // growth: concatenate every N tokens (1 = every token, as HF does)
-  int block_tokens = 16;           // paged: tokens per block (vLLM's default)
-  std::int64_t kv_pool_tokens = 0; // paged: 0 = the schedule's peak of blocks held, in tokens
-  bool every_layer = false;        // write each layer's pass (see the file comment)
-  double step_base_ms = 10.0;      // step time for a 16 GiB model (see the file comment)
+  int growth_tokens = 16;           // growth: concatenate every N tokens (1 = every token, as HF does)
+  int block_tokens = 16;            // paged: tokens per block (vLLM's default)
+  std::int64_t kv_pool_tokens = 0;  // paged: 0 = the schedule's peak of blocks held, in tokens
+  bool every_layer = false;         // write each layer's pass (see the file comment)
+  double step_base_ms = 10.0;       // step time for a 16 GiB model (see the file comment)
   double step_us_per_token = 40.0;
 };
 
 // What the generator measured while writing the trace (also in the meta file).
 struct ServingSummary {
-  std::int64_t requests = 0;           // given
+  std::int64_t requests = 0;  // given
   std::int64_t served = 0;
-  std::int64_t rejected_too_long = 0;  // input + output > max_model_len
+  std::int64_t rejected_too_long = 0;       // input + output > max_model_len
   std::int64_t rejected_over_kv_limit = 0;  // input + output > max_kv_tokens (it could never be admitted)
   std::int64_t steps = 0;
   double simulated_seconds = 0.0;
-  int max_running = 0;                 // the most sequences in one step
+  int max_running = 0;  // the most sequences in one step
   std::int64_t tokens_prefilled = 0;
   std::int64_t tokens_decoded = 0;
-  std::int64_t kv_pool_tokens = 0;     // paged only
+  std::int64_t kv_pool_tokens = 0;  // paged only
   std::uint64_t weight_bytes = 0;
-  std::uint64_t peak_live_bytes = 0;   // of the trace
+  std::uint64_t peak_live_bytes = 0;  // of the trace
   std::uint64_t true_peak_need_bytes = 0;
   // The parts of the true need at its peak.
   std::uint64_t need_kv_bytes = 0;

@@ -48,22 +48,20 @@ absl::StatusOr<Trace> ParseTrace(absl::string_view text, absl::string_view sourc
     if (line.empty()) continue;
     if (!header_seen) {
       if (absl::StripAsciiWhitespace(line) != kHeader) {
-        return LineError(source, line_number,
-                         absl::StrCat("expected the header \"", kHeader, "\" (RMM's replay-log CSV), found \"", line,
-                                      "\""));
+        return LineError(
+            source, line_number,
+            absl::StrCat("expected the header \"", kHeader, "\" (RMM's replay-log CSV), found \"", line, "\""));
       }
       header_seen = true;
       continue;
     }
     std::vector<absl::string_view> f = absl::StrSplit(line, ',');
     if (f.size() != 6) {
-      return LineError(source, line_number,
-                       absl::StrCat("has ", f.size(), " fields; accepted: 6 (", kHeader, ")"));
+      return LineError(source, line_number, absl::StrCat("has ", f.size(), " fields; accepted: 6 (", kHeader, ")"));
     }
     TraceEvent e;
     e.line = line_number;
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(f[0]), &e.thread) &&
-        !ParseAddress(f[0], &e.thread)) {
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(f[0]), &e.thread) && !ParseAddress(f[0], &e.thread)) {
       return LineError(source, line_number, absl::StrCat("Thread \"", f[0], "\" is not an integer"));
     }
     e.time = std::string(absl::StripAsciiWhitespace(f[1]));

@@ -15,10 +15,9 @@ namespace bucketalloc::internal {
 
 }  // namespace bucketalloc::internal
 
-#define BA_CHECK(cond, msg)                                                      \
-  do {                                                                           \
-    if (__builtin_expect(!(cond), 0))                                            \
-      ::bucketalloc::internal::CheckFailed(__FILE__, __LINE__, #cond, (msg));    \
+#define BA_CHECK(cond, msg)                                                                                   \
+  do {                                                                                                        \
+    if (__builtin_expect(!(cond), 0)) ::bucketalloc::internal::CheckFailed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)
 
 #ifdef NDEBUG

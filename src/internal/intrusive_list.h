@@ -57,8 +57,7 @@ class IntrusiveList {
  private:
   static T* FromNode(ListNode* node) {
     // offsetof for a pointer-to-member: the distance of Member inside T.
-    const std::ptrdiff_t offset =
-        reinterpret_cast<std::ptrdiff_t>(&(static_cast<T*>(nullptr)->*Member));
+    const std::ptrdiff_t offset = reinterpret_cast<std::ptrdiff_t>(&(static_cast<T*>(nullptr)->*Member));
     return reinterpret_cast<T*>(reinterpret_cast<char*>(node) - offset);
   }
   void InsertAfter(ListNode* pos, ListNode* n) {

@@ -84,7 +84,8 @@ class LiveMap {
 
   // Checks the load factor and that every key is found from its home slot.
   absl::Status CheckInvariants() const {
-    if (size_ * 2 > capacity_) return absl::InternalError(absl::StrCat("live map: ", size_, " keys in ", capacity_, " slots"));
+    if (size_ * 2 > capacity_)
+      return absl::InternalError(absl::StrCat("live map: ", size_, " keys in ", capacity_, " slots"));
     std::size_t keys = 0;
     for (std::size_t i = 0; i < capacity_; ++i) {
       if (slots_[i].key == 0) continue;

@@ -37,7 +37,8 @@ class ABSL_LOCKABLE Mutex {
     LockSlow();
   }
   void Unlock() ABSL_UNLOCK_FUNCTION() {
-    if (state_.exchange(kFree, std::memory_order_release) == kSleepers) [[unlikely]] WakeOne();
+    if (state_.exchange(kFree, std::memory_order_release) == kSleepers) [[unlikely]]
+      WakeOne();
   }
 
  private:

@@ -15,15 +15,15 @@ std::int64_t StatLedger::Current(PoolGauge gauge, PoolIndex pool) const {
 
 DeviceStats StatLedger::Snapshot() const {
   DeviceStats out = stats_;
-#define BUCKETALLOC_FILL_ALL(name, doc)                          \
-  {                                                              \
-    Stat& all = out.name[kAllPools];                             \
-    all.current = all.allocated = all.freed = 0;                 \
-    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {      \
-      all.current += out.name[p].current;                        \
-      all.allocated += out.name[p].allocated;                    \
-      all.freed += out.name[p].freed;                            \
-    }                                                            \
+#define BUCKETALLOC_FILL_ALL(name, doc)                     \
+  {                                                         \
+    Stat& all = out.name[kAllPools];                        \
+    all.current = all.allocated = all.freed = 0;            \
+    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) { \
+      all.current += out.name[p].current;                   \
+      all.allocated += out.name[p].allocated;               \
+      all.freed += out.name[p].freed;                       \
+    }                                                       \
   }
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_FILL_ALL)
 #undef BUCKETALLOC_FILL_ALL
@@ -31,14 +31,14 @@ DeviceStats StatLedger::Snapshot() const {
 }
 
 void StatLedger::ResetPeaks() {
-#define BUCKETALLOC_RESET_PEAK(name, doc)                                                 \
-  {                                                                                       \
-    std::int64_t sum = 0;                                                                 \
-    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {                               \
-      stats_.name[p].ResetPeak();                                                         \
-      sum += stats_.name[p].current;                                                      \
-    }                                                                                     \
-    stats_.name[kAllPools].peak = sum;                                                    \
+#define BUCKETALLOC_RESET_PEAK(name, doc)                   \
+  {                                                         \
+    std::int64_t sum = 0;                                   \
+    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) { \
+      stats_.name[p].ResetPeak();                           \
+      sum += stats_.name[p].current;                        \
+    }                                                       \
+    stats_.name[kAllPools].peak = sum;                      \
   }
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_RESET_PEAK)
 #undef BUCKETALLOC_RESET_PEAK
@@ -51,27 +51,27 @@ absl::Status StatLedger::CheckInvariants() const {
   auto consistent = [](const Stat& s) {
     return s.current == s.allocated - s.freed && s.peak >= s.current && s.current >= 0;
   };
-#define BUCKETALLOC_CHECK_GAUGE(name, doc)                                                              \
-  {                                                                                                     \
-    std::int64_t sum = 0;                                                                               \
-    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {                                             \
-      const Stat& s = stats_.name[p];                                                                   \
-      if (!consistent(s)) {                                                                             \
-        return absl::InternalError(absl::StrCat("stats: ", #name, ".", kPoolNames[p].key,               \
+#define BUCKETALLOC_CHECK_GAUGE(name, doc)                                                                  \
+  {                                                                                                         \
+    std::int64_t sum = 0;                                                                                   \
+    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {                                                 \
+      const Stat& s = stats_.name[p];                                                                       \
+      if (!consistent(s)) {                                                                                 \
+        return absl::InternalError(absl::StrCat("stats: ", #name, ".", kPoolNames[p].key,                   \
                                                 " is inconsistent: current ", s.current, ", peak ", s.peak, \
-                                                ", allocated ", s.allocated, ", freed ", s.freed));     \
-      }                                                                                                 \
-      sum += s.current;                                                                                 \
-    }                                                                                                   \
-    if (stats_.name[kAllPools].peak < sum) {                                                            \
-      return absl::InternalError(absl::StrCat("stats: ", #name, ".all peak ", stats_.name[kAllPools].peak, \
-                                              " is below the pools' sum ", sum));                       \
-    }                                                                                                   \
+                                                ", allocated ", s.allocated, ", freed ", s.freed));         \
+      }                                                                                                     \
+      sum += s.current;                                                                                     \
+    }                                                                                                       \
+    if (stats_.name[kAllPools].peak < sum) {                                                                \
+      return absl::InternalError(absl::StrCat("stats: ", #name, ".all peak ", stats_.name[kAllPools].peak,  \
+                                              " is below the pools' sum ", sum));                           \
+    }                                                                                                       \
   }
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_CHECK_GAUGE)
 #undef BUCKETALLOC_CHECK_GAUGE
-#define BUCKETALLOC_CHECK_DEVICE_GAUGE(name, doc)                                                       \
-  if (!consistent(stats_.name)) {                                                                       \
+#define BUCKETALLOC_CHECK_DEVICE_GAUGE(name, doc)                                                                  \
+  if (!consistent(stats_.name)) {                                                                                  \
     return absl::InternalError(absl::StrCat("stats: ", #name, " is inconsistent: current ", stats_.name.current)); \
   }
   BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_CHECK_DEVICE_GAUGE)

@@ -50,10 +50,10 @@ class StatLedger {
   std::int64_t Current(PoolGauge gauge, PoolIndex pool) const;
 
   // A counter (e.g. &DeviceStats::num_cache_hits).
-  void Count(std::int64_t DeviceStats::* counter, std::int64_t n = 1) { stats_.*counter += n; }
-  std::int64_t counter(std::int64_t DeviceStats::* counter) const { return stats_.*counter; }
+  void Count(std::int64_t DeviceStats::*counter, std::int64_t n = 1) { stats_.*counter += n; }
+  std::int64_t counter(std::int64_t DeviceStats::*counter) const { return stats_.*counter; }
   // A device-wide gauge (e.g. &DeviceStats::oversize_segments).
-  Stat& device(Stat DeviceStats::* gauge) { return stats_.*gauge; }
+  Stat& device(Stat DeviceStats::*gauge) { return stats_.*gauge; }
 
   // The fields that are not gauges: the cap and max_split_size.
   void SetCapacity(std::int64_t bytes) { stats_.capacity_bytes = bytes; }

@@ -19,12 +19,18 @@ absl::StatusOr<std::size_t> ParseSize(absl::string_view text) {
   const absl::string_view number = t.substr(0, split);
   const std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t.substr(split)));
   double multiplier;
-  if (unit.empty() || unit == "b") multiplier = 1;
-  else if (unit == "k" || unit == "kb" || unit == "kib") multiplier = static_cast<double>(kKiB);
-  else if (unit == "m" || unit == "mb" || unit == "mib") multiplier = static_cast<double>(kMiB);
-  else if (unit == "g" || unit == "gb" || unit == "gib") multiplier = static_cast<double>(kGiB);
-  else if (unit == "t" || unit == "tb" || unit == "tib") multiplier = static_cast<double>(kGiB) * 1024;
-  else return absl::InvalidArgumentError(absl::StrCat("size '", text, "': unknown unit '", unit, "'"));
+  if (unit.empty() || unit == "b")
+    multiplier = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib")
+    multiplier = static_cast<double>(kKiB);
+  else if (unit == "m" || unit == "mb" || unit == "mib")
+    multiplier = static_cast<double>(kMiB);
+  else if (unit == "g" || unit == "gb" || unit == "gib")
+    multiplier = static_cast<double>(kGiB);
+  else if (unit == "t" || unit == "tb" || unit == "tib")
+    multiplier = static_cast<double>(kGiB) * 1024;
+  else
+    return absl::InvalidArgumentError(absl::StrCat("size '", text, "': unknown unit '", unit, "'"));
   double value;
   if (number.empty() || !absl::SimpleAtod(number, &value) || value < 0) {
     return absl::InvalidArgumentError(absl::StrCat("size '", text, "' is not a non-negative number"));

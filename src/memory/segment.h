@@ -49,7 +49,7 @@ struct Block {
   Segment* segment = nullptr;
   Block* prev = nullptr;  // address-order neighbours inside the segment
   Block* next = nullptr;
-  ListNode free_node;  // in a bin or tier free list while kFree
+  ListNode free_node;            // in a bin or tier free list while kFree
   std::uint64_t free_since = 0;  // the pool clock when it was last returned (while kFree)
   BlockState state = BlockState::kFree;
 };
@@ -59,12 +59,12 @@ struct Segment {
   std::size_t size = 0;
   Stream stream = nullptr;
   void* owner = nullptr;  // the large pool's per-stream state whose free lists hold its blocks
-  int tier = -1;  // index of the tier whose blocks this segment holds, or -1
+  int tier = -1;          // index of the tier whose blocks this segment holds, or -1
   Block* first = nullptr;
   std::int32_t active_blocks = 0;
   std::int32_t free_blocks = 0;  // number and bytes of its kFree blocks
   std::size_t free_bytes = 0;
-  ListNode release_node;       // in the pool's release order while wholly free
+  ListNode release_node;         // in the pool's release order while wholly free
   std::uint64_t free_since = 0;  // the pool clock when it became wholly free
 };
 

@@ -36,8 +36,7 @@ constexpr std::array<std::uint8_t, kMaxSmallSize / kMinBlockSize + 1> MakeClassO
 }  // namespace
 
 const std::array<std::size_t, SmallSizeClasses::kNumClasses> SmallSizeClasses::kClassSize = kSizes;
-const std::array<std::uint8_t, kMaxSmallSize / kMinBlockSize + 1> SmallSizeClasses::kClassOfUnit =
-    MakeClassOfUnit();
+const std::array<std::uint8_t, kMaxSmallSize / kMinBlockSize + 1> SmallSizeClasses::kClassOfUnit = MakeClassOfUnit();
 
 double SmallSizeClasses::WorstCaseWaste() {
   double worst = 0.0;

@@ -24,11 +24,11 @@
 
 namespace bucketalloc::internal {
 
-inline constexpr std::size_t kMinBlockSize = 512;           // every size rounds to >= 512 B
-inline constexpr std::size_t kSlabBytes = 2 * kMiB;         // small blocks are packed in 2 MiB
-inline constexpr std::size_t kMaxSmallSize = kMiB;          // largest small-pool class
-inline constexpr std::size_t kMinLargeAlloc = 10 * kMiB;    // below: packed in a large segment
-inline constexpr std::size_t kRoundLarge = 2 * kMiB;        // larger: segments round to 2 MiB
+inline constexpr std::size_t kMinBlockSize = 512;         // every size rounds to >= 512 B
+inline constexpr std::size_t kSlabBytes = 2 * kMiB;       // small blocks are packed in 2 MiB
+inline constexpr std::size_t kMaxSmallSize = kMiB;        // largest small-pool class
+inline constexpr std::size_t kMinLargeAlloc = 10 * kMiB;  // below: packed in a large segment
+inline constexpr std::size_t kRoundLarge = 2 * kMiB;      // larger: segments round to 2 MiB
 static_assert(kSlabBytes % kMaxSmallSize == 0 && kSlabBytes / kMaxSmallSize >= 2,
               "a slab holds at least two blocks of the largest small class");
 static_assert(IsPowerOfTwo(kMinBlockSize) && IsPowerOfTwo(kSlabBytes));
@@ -42,9 +42,7 @@ class SmallSizeClasses {
   // Returns the class of `size` in [1, kMaxSmallSize].
   static int ClassOf(std::size_t size) { return kClassOfUnit[(size + kMinBlockSize - 1) / kMinBlockSize]; }
   static std::size_t ClassSize(int cls) { return kClassSize[cls]; }
-  static std::uint32_t SlotsPerSlab(int cls) {
-    return static_cast<std::uint32_t>(kSlabBytes / kClassSize[cls]);
-  }
+  static std::uint32_t SlotsPerSlab(int cls) { return static_cast<std::uint32_t>(kSlabBytes / kClassSize[cls]); }
   static std::span<const std::size_t> Sizes() { return kClassSize; }
 
   // The largest fraction of a block's footprint that a request of at least 512 B wastes: for each

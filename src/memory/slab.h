@@ -32,7 +32,7 @@ struct Slab {
   std::uintptr_t base = 0;
   Stream stream = nullptr;
   void* owner = nullptr;  // the small pool's per-stream state that lists this slab
-  int cls = -1;  // the size class its slots have, or -1 before the first Assign
+  int cls = -1;           // the size class its slots have, or -1 before the first Assign
   std::uint32_t slot_size = 0;
   std::uint32_t capacity = 0;
   std::uint32_t live = 0;
@@ -47,8 +47,14 @@ struct Slab {
 
   // Gives an empty slab the slots of class `cls`.
   void Assign(int new_cls);
-  std::uint32_t PopSlot() { ++live; return free_stack[--free_top]; }
-  void PushSlot(std::uint32_t slot) { --live; free_stack[free_top++] = static_cast<std::uint16_t>(slot); }
+  std::uint32_t PopSlot() {
+    ++live;
+    return free_stack[--free_top];
+  }
+  void PushSlot(std::uint32_t slot) {
+    --live;
+    free_stack[free_top++] = static_cast<std::uint16_t>(slot);
+  }
   std::uintptr_t SlotAddress(std::uint32_t slot) const { return base + std::uintptr_t{slot} * slot_size; }
   bool full() const { return live == capacity; }
   std::uint32_t free_slots() const { return capacity - live; }

@@ -66,8 +66,10 @@ inline InactiveSplit LargePool::InactiveOf(const Segment* seg) {
 
 inline void LargePool::UpdateInactiveSplit(const InactiveSplit& before, const Segment* seg) {
   const InactiveSplit after = InactiveOf(seg);
-  if (after.bytes != before.bytes) ctx_.stats->Add(&DeviceStats::inactive_split_bytes, kLargePool, after.bytes - before.bytes);
-  if (after.count != before.count) ctx_.stats->Add(&DeviceStats::inactive_split, kLargePool, after.count - before.count);
+  if (after.bytes != before.bytes)
+    ctx_.stats->Add(&DeviceStats::inactive_split_bytes, kLargePool, after.bytes - before.bytes);
+  if (after.count != before.count)
+    ctx_.stats->Add(&DeviceStats::inactive_split, kLargePool, after.count - before.count);
 }
 
 std::size_t LargePool::WholeGranules(const Block* block, std::size_t* g0, std::size_t* g1) const {
@@ -271,7 +273,8 @@ void LargePool::MakeHole(Block* block, std::uintptr_t lo, std::uintptr_t hi) {
   block->state = BlockState::kUnmapped;
   ctx_.stats->Decrease(&DeviceStats::cached_bytes, kLargePool, static_cast<std::int64_t>(block->size));
   for (Block* neighbour : {block->prev, block->next}) {
-    if (neighbour != nullptr && neighbour->state == BlockState::kUnmapped) block = MergeBlocks(block, neighbour, blocks_);
+    if (neighbour != nullptr && neighbour->state == BlockState::kUnmapped)
+      block = MergeBlocks(block, neighbour, blocks_);
   }
   UpdateInactiveSplit(before, seg);
 }
@@ -334,7 +337,8 @@ void LargePool::AddFragmentation(FragmentationReport* report) const {
   PoolFragmentation& out = report->pools[kLargePool];
   std::vector<TierUsage>& tiers = report->tiers;
   tiers.assign(config_.tiers.size(), TierUsage{});
-  for (std::size_t t = 0; t < config_.tiers.size(); ++t) tiers[t].tier_bytes = static_cast<std::int64_t>(config_.tiers[t]);
+  for (std::size_t t = 0; t < config_.tiers.size(); ++t)
+    tiers[t].tier_bytes = static_cast<std::int64_t>(config_.tiers[t]);
   for (const Segment* seg : segments_) {
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
       if (b->state == BlockState::kUnmapped) continue;
@@ -379,8 +383,8 @@ InactiveSplit LargePool::inactive_split() const {
 
 absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
   auto fail = [](const Segment* seg, absl::string_view what) {
-    return absl::InternalError(absl::StrCat("large pool: segment ", absl::Hex(seg->base), " (", seg->size,
-                                            " bytes): ", what));
+    return absl::InternalError(
+        absl::StrCat("large pool: segment ", absl::Hex(seg->base), " (", seg->size, " bytes): ", what));
   };
   std::int64_t active = 0;
   std::int64_t wholly_free = 0;

@@ -115,7 +115,9 @@ class LargePool {
   // PyTorch's rounding of a non-tier large request.
   std::size_t RoundSize(std::size_t size) const { return RoundLargeSize(size, config_.roundup_power2_divisions); }
   // The segment size to allocate for a non-tier block of `rounded` bytes.
-  std::size_t SegmentSizeFor(std::size_t rounded) const { return LargeSegmentSize(rounded, config_.large_segment_size); }
+  std::size_t SegmentSizeFor(std::size_t rounded) const {
+    return LargeSegmentSize(rounded, config_.large_segment_size);
+  }
 
   Request RequestFor(std::size_t size) const {
     const int tier = TierOf(size);
@@ -238,7 +240,7 @@ class LargePool {
   ObjectPool<Segment, 64> segment_meta_;
   ReleaseOrder<Segment, &Segment::release_node, &Segment::free_since> release_order_;  // wholly free, oldest first
   absl::flat_hash_set<Segment*> segments_;  // all segments; changes only on slow paths
-  std::size_t free_granules_ = 0;  // sum of WholeGranules over free blocks (kept by Insert/RemoveFree)
+  std::size_t free_granules_ = 0;           // sum of WholeGranules over free blocks (kept by Insert/RemoveFree)
   std::unique_ptr<SegmentBacking> backing_;
   std::unique_ptr<Stitcher> stitcher_;  // with stitching only
 };

@@ -111,7 +111,7 @@ concept Pool = requires(P& pool, const P& cpool, typename P::StreamState& ss, co
   // The fast path: a cached block, or nullopt. No backend call, no heap allocation.
   { cpool.RequestFor(n) } -> std::same_as<typename P::Request>;
   { pool.TryAllocate(ss, request) } -> std::same_as<std::optional<typename P::Handle>>;
-  { pool.Return(h) };
+  {pool.Return(h)};
   // The slow path: look again (whole lists), then new memory from the source. ResourceExhausted
   // when the memory cannot be had (the front end then releases and retries); FailedPrecondition
   // when the source refuses during a capture.
@@ -125,18 +125,18 @@ concept Pool = requires(P& pool, const P& cpool, typename P::StreamState& ss, co
   { P::BlockSize(h) } -> std::same_as<std::size_t>;
   { P::StreamOf(h) } -> std::same_as<Stream>;
   { cpool.Oversize(h) } -> std::same_as<bool>;
-  { P::SetRequested(h, n) };
-  { P::MarkPending(h) };
+  {P::SetRequested(h, n)};
+  {P::MarkPending(h)};
   // Release in age order: the age of the oldest wholly free unit, releasing it (its bytes; 0 when
   // there is none or the source refused), and releasing everything that can go.
   { cpool.OldestFree() } -> std::same_as<std::uint64_t>;
   { pool.ReleaseOldest() } -> std::same_as<std::size_t>;
-  { pool.ReleaseAll() };
+  {pool.ReleaseAll()};
   // Reports and checks.
-  { cpool.AddFragmentation(report) };
-  { cpool.Describe(spans) };
+  {cpool.AddFragmentation(report)};
+  {cpool.Describe(spans)};
   { cpool.inactive_split() } -> std::same_as<InactiveSplit>;
-  { cpool.ForEachUnit(units) };
+  {cpool.ForEachUnit(units)};
   { cpool.CheckInvariants(n) } -> std::same_as<absl::Status>;
   { cpool.CheckStreamState(css) } -> std::same_as<absl::Status>;
   // Checks a handle the front end holds for a live (or, live == false, pending) block.

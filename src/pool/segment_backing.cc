@@ -32,8 +32,8 @@ absl::Status PlainBacking::CheckInvariants(const LargePool& pool) const {
   pool.ForEachSegment([&](const Segment& seg) {
     for (const Block* b = seg.first; b != nullptr && status.ok(); b = b->next) {
       if (b->state == BlockState::kUnmapped) {
-        status = absl::InternalError(absl::StrCat("large pool: segment ", absl::Hex(seg.base),
-                                                  ": a hole in a segment without stitching"));
+        status = absl::InternalError(
+            absl::StrCat("large pool: segment ", absl::Hex(seg.base), ": a hole in a segment without stitching"));
       }
     }
   });
@@ -178,11 +178,12 @@ absl::Status VirtualBacking::CheckInvariants(const LargePool& pool) const {
     ++segments;
     if (!status.ok()) return;
     auto fail = [&](absl::string_view what) {
-      status = absl::InternalError(absl::StrCat("large pool: segment ", absl::Hex(seg.base), " (", seg.size,
-                                                " bytes): ", what));
+      status = absl::InternalError(
+          absl::StrCat("large pool: segment ", absl::Hex(seg.base), " (", seg.size, " bytes): ", what));
     };
     auto it = granules_.find(&seg);
-    if (it == granules_.end() || it->second.size() * granule_ != seg.size) return fail("its granule table does not cover it");
+    if (it == granules_.end() || it->second.size() * granule_ != seg.size)
+      return fail("its granule table does not cover it");
     const std::vector<PhysicalHandle>& handles = it->second;
     for (const Block* b = seg.first; b != nullptr; b = b->next) {
       // A hole is whole granules with no physical memory; every other block lies on mapped ones.

@@ -100,15 +100,15 @@ absl::Status SmallPool::CheckInvariants(std::int64_t active_slots) const {
   std::int64_t empty = 0;
   for (const Slab* slab : all_) {
     if (slab->live > slab->capacity || slab->free_top != slab->capacity - slab->live) {
-      return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base),
-                                              " has inconsistent slot counts"));
+      return absl::InternalError(
+          absl::StrCat("small pool: slab ", absl::Hex(slab->base), " has inconsistent slot counts"));
     }
     std::vector<bool> seen(slab->capacity, false);
     for (std::uint32_t i = 0; i < slab->free_top; ++i) {
       const std::uint32_t slot = slab->free_stack[i];
       if (slot >= slab->capacity || seen[slot]) {
-        return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base),
-                                                " free stack has a bad or repeated slot ", slot));
+        return absl::InternalError(
+            absl::StrCat("small pool: slab ", absl::Hex(slab->base), " free stack has a bad or repeated slot ", slot));
       }
       seen[slot] = true;
     }
@@ -117,7 +117,8 @@ absl::Status SmallPool::CheckInvariants(std::int64_t active_slots) const {
       return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base), " is ",
                                               listed ? "full but listed" : "not full but unlisted"));
     }
-    if ((slab->live == 0) != slab->empty_node.linked() || (slab->live == 0) != decltype(release_order_)::Contains(slab)) {
+    if ((slab->live == 0) != slab->empty_node.linked() ||
+        (slab->live == 0) != decltype(release_order_)::Contains(slab)) {
       return absl::InternalError(absl::StrCat("small pool: slab ", absl::Hex(slab->base),
                                               " is in the empty list and release order iff it is empty: violated"));
     }
@@ -126,8 +127,8 @@ absl::Status SmallPool::CheckInvariants(std::int64_t active_slots) const {
   }
   if (empty != release_order_.Count()) return absl::InternalError("small pool: release order misses empty slabs");
   if (live != active_slots) {
-    return absl::InternalError(absl::StrCat("small pool: slabs hold ", live, " active slots but ", active_slots,
-                                            " small blocks are active"));
+    return absl::InternalError(
+        absl::StrCat("small pool: slabs hold ", live, " active slots but ", active_slots, " small blocks are active"));
   }
   if (static_cast<std::size_t>(all_.size()) != slab_meta_.live()) {
     return absl::InternalError("small pool: slab metadata is held that belongs to no slab");

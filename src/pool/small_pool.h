@@ -55,7 +55,7 @@ class SmallPool {
   struct StreamState {
     explicit StreamState(const SmallPool&) {}
     std::array<SlabList, SmallSizeClasses::kNumClasses> partial;  // live < capacity (empty included)
-    EmptyList empty;                                                // live == 0
+    EmptyList empty;                                              // live == 0
   };
 
   explicit SmallPool(const PoolContext& ctx) : ctx_(ctx) {}

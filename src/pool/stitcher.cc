@@ -100,8 +100,8 @@ bool ChooseRuns(const std::vector<Run>& runs, std::size_t want, absl::Span<const
 Stitcher::Stitcher(const PoolContext& ctx, VirtualBacking* backing, std::size_t granule)
     : ctx_(ctx), backing_(backing), granule_(granule), shift_(std::countr_zero(granule)) {}
 
-absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargePool::StreamState& ss, Stream stream,
-                                        std::size_t rounded, int tier) {
+absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargePool::StreamState& ss, Stream stream, std::size_t rounded,
+                                        int tier) {
   const std::size_t bytes = RoundUp(rounded, granule_);
   const std::size_t n = bytes >> shift_;
   // Stitch runs after a grow of `bytes` failed. With headroom for all of it, the device refused
@@ -113,8 +113,7 @@ absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargePool::StreamState&
   const std::size_t free_granules = pool.free_granules();
   if (free_granules < want) {
     return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: stitching ", bytes, " bytes needs ", want,
-                                                     " granules of free blocks but only ", free_granules,
-                                                     " are free"));
+                                                     " granules of free blocks but only ", free_granules, " are free"));
   }
   std::vector<Run> runs;
   for (Segment* seg : pool.segments()) {
@@ -136,9 +135,9 @@ absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargePool::StreamState&
       return absl::ResourceExhaustedError(absl::StrCat(
           "bucketalloc: stitching ", bytes, " bytes needs ", want, " granules of free blocks; ", free_granules,
           " are free",
-          waits.error().ok() ? ""
-                             : absl::StrCat(", but some on streams that could not be synchronized: ",
-                                            waits.error().message())));
+          waits.error().ok()
+              ? ""
+              : absl::StrCat(", but some on streams that could not be synchronized: ", waits.error().message())));
     }
     if (std::all_of(chosen.begin(), chosen.end(), [&](const Run& r) { return waits.Passed(r.stream()); })) break;
   }

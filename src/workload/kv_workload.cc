@@ -86,10 +86,10 @@ KvWorkloadResult RunKvWorkload(Allocator& allocator, const KvWorkloadConfig& c) 
     for (const Request& r : active) longest = std::max(longest, r.tokens);
     const std::size_t batch = active.size();
     std::vector<void*> temps;
-    for (std::size_t bytes : {batch * static_cast<std::size_t>(longest) * c.activation_bytes_per_token,
-                              batch * static_cast<std::size_t>(longest) * c.activation_bytes_per_token / 2,
-                              batch * c.logits_bytes_per_sequence,
-                              batch * static_cast<std::size_t>(longest) * 8}) {  // position ids
+    for (std::size_t bytes :
+         {batch * static_cast<std::size_t>(longest) * c.activation_bytes_per_token,
+          batch * static_cast<std::size_t>(longest) * c.activation_bytes_per_token / 2,
+          batch * c.logits_bytes_per_sequence, batch * static_cast<std::size_t>(longest) * 8}) {  // position ids
       if (bytes == 0) continue;
       void* p = alloc(bytes);
       if (p == nullptr) {
@@ -100,9 +100,12 @@ KvWorkloadResult RunKvWorkload(Allocator& allocator, const KvWorkloadConfig& c) 
       temps.push_back(p);
     }
     if (absl::StatusOr<DeviceStats> s = allocator.GetStats(c.device); s.ok()) {
-      result.peak_reserved = std::max(result.peak_reserved, static_cast<std::size_t>(s->reserved_bytes[kAllPools].current));
-      result.peak_allocated = std::max(result.peak_allocated, static_cast<std::size_t>(s->allocated_bytes[kAllPools].current));
-      result.peak_requested = std::max(result.peak_requested, static_cast<std::size_t>(s->requested_bytes[kAllPools].current));
+      result.peak_reserved =
+          std::max(result.peak_reserved, static_cast<std::size_t>(s->reserved_bytes[kAllPools].current));
+      result.peak_allocated =
+          std::max(result.peak_allocated, static_cast<std::size_t>(s->allocated_bytes[kAllPools].current));
+      result.peak_requested =
+          std::max(result.peak_requested, static_cast<std::size_t>(s->requested_bytes[kAllPools].current));
     }
     for (void* p : temps) release(p);
     if (!stop) result.steps_completed = step + 1;

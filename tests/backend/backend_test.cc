@@ -30,9 +30,9 @@ TEST(BackendTest, VirtualMemoryDefaultsAreUnimplementedAndNameTheBackend) {
   PlainBackend plain;
   Backend* b = &plain;
   EXPECT_FALSE(b->SupportsVirtualMemory());
-  for (absl::Status s : {b->ReserveAddressRange(2 * kMiB, 2 * kMiB).status(), b->ReleaseAddressRange(0, 0),
-                         b->CreatePhysical(2 * kMiB).status(), b->ReleasePhysical(0), b->Map(0, 0, 0),
-                         b->Unmap(0, 0)}) {
+  for (absl::Status s :
+       {b->ReserveAddressRange(2 * kMiB, 2 * kMiB).status(), b->ReleaseAddressRange(0, 0),
+        b->CreatePhysical(2 * kMiB).status(), b->ReleasePhysical(0), b->Map(0, 0, 0), b->Unmap(0, 0)}) {
     EXPECT_TRUE(absl::IsUnimplemented(s)) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "'plain'")) << s;
   }

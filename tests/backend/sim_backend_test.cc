@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "bucketalloc/backend.h"
-#include "bucketalloc/testing/sim_backend.h"
 #include "bucketalloc/options.h"
+#include "bucketalloc/testing/sim_backend.h"
 
 namespace bucketalloc {
 namespace {
@@ -98,7 +98,8 @@ TEST(SimBackendTest, FaultInjectionNth) {
 
 TEST(SimBackendTest, FaultInjectionFractionIsSeeded) {
   auto count_failures = [](std::uint64_t seed) {
-    auto b = Make({.total_memory = 1024 * kMiB, .memory = SimMemoryMode::kUnbacked, .fail_fraction = 0.3, .seed = seed});
+    auto b =
+        Make({.total_memory = 1024 * kMiB, .memory = SimMemoryMode::kUnbacked, .fail_fraction = 0.3, .seed = seed});
     int failures = 0;
     for (int i = 0; i < 200; ++i) {
       absl::StatusOr<void*> p = b->Allocate(2 * kMiB);

@@ -65,7 +65,8 @@ TEST_F(CAbiTest, MallocFreeAndStatsMatchTheOperations) {
 TEST_F(CAbiTest, SizeZeroAndNegativeSizes) {
   EXPECT_EQ(bucketalloc_malloc(0, 0, nullptr), nullptr);
   EXPECT_EQ(bucketalloc_malloc(-5, 0, nullptr), nullptr);
-  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "size -5 on device 0 is negative")) << bucketalloc_last_error();
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "size -5 on device 0 is negative"))
+      << bucketalloc_last_error();
   EXPECT_EQ(bucketalloc_malloc(16, 7, nullptr), nullptr);
   EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "device 7 is invalid")) << bucketalloc_last_error();
   bucketalloc_free(nullptr, 0, 0, nullptr);  // a no-op

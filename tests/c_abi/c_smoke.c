@@ -5,12 +5,12 @@
 #include <stdio.h>
 #include <string.h>
 
-#define CHECK(cond)                                                                  \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
+#define CHECK(cond)                                                                              \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
       fprintf(stderr, "c_smoke: %s failed (last error: %s)\n", #cond, bucketalloc_last_error()); \
-      return 1;                                                                      \
-    }                                                                                \
+      return 1;                                                                                  \
+    }                                                                                            \
   } while (0)
 
 int main(void) {

@@ -19,9 +19,9 @@
 #include <iostream>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <thread>
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -58,11 +58,11 @@ GpuProbe ProbeGpu() {
   return {*count, absl::OkStatus()};
 }
 
-#define ASSERT_CUDA(expr)                                                           \
-  do {                                                                              \
-    cudaError_t cuda_error_ = (expr);                                               \
-    ASSERT_EQ(cuda_error_, cudaSuccess) << #expr << ": " << cudaGetErrorName(cuda_error_) \
-                                        << ": " << cudaGetErrorString(cuda_error_); \
+#define ASSERT_CUDA(expr)                                                                         \
+  do {                                                                                            \
+    cudaError_t cuda_error_ = (expr);                                                             \
+    ASSERT_EQ(cuda_error_, cudaSuccess) << #expr << ": " << cudaGetErrorName(cuda_error_) << ": " \
+                                        << cudaGetErrorString(cuda_error_);                       \
   } while (0)
 
 // ---------------------------------------------------------------------------------------------
@@ -84,8 +84,7 @@ TEST_F(CudaNoGpuTest, DeviceCountIsFailedPreconditionNamingTheCudaError) {
   const absl::Status& status = probe_.status;
   std::cout << "CudaDeviceCount() on this machine: " << status << "\n";
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-  EXPECT_THAT(status.message(), AnyOf(HasSubstr("cudaErrorInsufficientDriver"),
-                                      HasSubstr("cudaErrorNoDevice")));
+  EXPECT_THAT(status.message(), AnyOf(HasSubstr("cudaErrorInsufficientDriver"), HasSubstr("cudaErrorNoDevice")));
   EXPECT_THAT(status.message(), HasSubstr("cudaGetDeviceCount"));
 }
 
@@ -102,11 +101,9 @@ TEST_F(CudaNoGpuTest, MakeCudaOrVmmBackendIsFailedPreconditionNamingTheDeviceAnd
       absl::StatusOr<std::unique_ptr<Backend>> backend = factory.make(device);
       ASSERT_FALSE(backend.ok());
       const absl::Status& status = backend.status();
-      std::cout << "the " << factory.name << " backend for device " << device << " on this machine: " << status
-                << "\n";
+      std::cout << "the " << factory.name << " backend for device " << device << " on this machine: " << status << "\n";
       EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-      EXPECT_THAT(status.message(), AnyOf(HasSubstr("cudaErrorInsufficientDriver"),
-                                          HasSubstr("cudaErrorNoDevice")));
+      EXPECT_THAT(status.message(), AnyOf(HasSubstr("cudaErrorInsufficientDriver"), HasSubstr("cudaErrorNoDevice")));
       EXPECT_THAT(status.message(), HasSubstr(std::string(factory.name) + " backend"));
       EXPECT_THAT(status.message(), HasSubstr("device " + std::to_string(device)));
     }
@@ -129,8 +126,7 @@ TEST_F(CudaNoGpuTest, AllocatorWithCudaOrVmmBackendReportsTheMissingDriver) {
     }
     std::cout << "the allocator with " << conf << " on this machine: " << status << "\n";
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-    EXPECT_THAT(status.message(), AnyOf(HasSubstr("cudaErrorInsufficientDriver"),
-                                        HasSubstr("cudaErrorNoDevice")));
+    EXPECT_THAT(status.message(), AnyOf(HasSubstr("cudaErrorInsufficientDriver"), HasSubstr("cudaErrorNoDevice")));
   }
 }
 
@@ -145,8 +141,7 @@ class CudaGpuTest : public ::testing::Test {
       if (ExpectGpu()) {
         FAIL() << "BUCKETALLOC_EXPECT_GPU=1 but no CUDA device is usable: " << probe_.status;
       }
-      GTEST_SKIP() << "no GPU (" << probe_.status
-                   << "); CudaNoGpuTest checks the typed error instead";
+      GTEST_SKIP() << "no GPU (" << probe_.status << "); CudaNoGpuTest checks the typed error instead";
     }
     ASSERT_CUDA(cudaSetDevice(0));
   }
@@ -173,8 +168,7 @@ void WriteAndVerify(void* ptr, std::size_t bytes, unsigned char value) {
   const std::size_t chunk = bytes < kMiB ? bytes : kMiB;
   std::vector<unsigned char> host(chunk);
   for (std::size_t offset : {std::size_t{0}, bytes - chunk}) {
-    ASSERT_CUDA(cudaMemcpy(host.data(), static_cast<char*>(ptr) + offset, chunk,
-                           cudaMemcpyDeviceToHost));
+    ASSERT_CUDA(cudaMemcpy(host.data(), static_cast<char*>(ptr) + offset, chunk, cudaMemcpyDeviceToHost));
     for (std::size_t i = 0; i < chunk; ++i) {
       ASSERT_EQ(host[i], value) << "byte " << offset + i << " of " << bytes;
     }
@@ -249,8 +243,7 @@ TEST_F(CudaGpuTest, TooLargeIsResourceExhaustedAndTheNextAllocationSucceeds) {
   ASSERT_TRUE(info.ok()) << info.status();
   const std::size_t huge = (info->total_bytes / k2MiB + 1) * k2MiB * 2;
   absl::StatusOr<void*> p = backend->Allocate(huge);
-  ASSERT_FALSE(p.ok()) << "allocated " << huge << " bytes on a " << info->total_bytes
-                       << "-byte device";
+  ASSERT_FALSE(p.ok()) << "allocated " << huge << " bytes on a " << info->total_bytes << "-byte device";
   std::cout << "oversized allocation: " << p.status() << "\n";
   EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
   EXPECT_THAT(p.status().message(), HasSubstr("cudaErrorMemoryAllocation"));
@@ -319,8 +312,7 @@ TEST_F(CudaGpuTest, EventsTrackStreamWorkAndAreRecycled) {
   ASSERT_TRUE(done) << "the event did not complete within 30 s";
   EXPECT_TRUE(backend->SynchronizeEvent(*event).ok());
   unsigned char byte = 0;
-  ASSERT_CUDA(cudaMemcpy(&byte, static_cast<char*>(*buffer) + kGiB - 1, 1,
-                         cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(cudaMemcpy(&byte, static_cast<char*>(*buffer) + kGiB - 1, 1, cudaMemcpyDeviceToHost));
   EXPECT_EQ(byte, kMemsets - 1);
 
   // Synchronize, then Query is true at once.
@@ -668,9 +660,8 @@ TEST_F(CudaAllocatorTest, MixedSizesOnTwoStreamsThenEmptyCacheReleasesEverything
   absl::StatusOr<DeviceMemInfo> start = (*backend)->GetMemInfo();
   ASSERT_TRUE(start.ok()) << start.status();
 
-  const std::vector<std::size_t> sizes = {4 * kKiB,  12 * kKiB, 100 * kKiB, 512 * kKiB,
-                                          kMiB,      kMiB + 1,  3 * kMiB,   7 * kMiB + 123,
-                                          20 * kMiB, 64 * kMiB, 256 * kMiB};
+  const std::vector<std::size_t> sizes = {4 * kKiB, 12 * kKiB,      100 * kKiB, 512 * kKiB, kMiB,      kMiB + 1,
+                                          3 * kMiB, 7 * kMiB + 123, 20 * kMiB,  64 * kMiB,  256 * kMiB};
   std::vector<Live> live;
   for (int round = 0; round < 3; ++round) {
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -710,8 +701,7 @@ TEST_F(CudaAllocatorTest, MixedSizesOnTwoStreamsThenEmptyCacheReleasesEverything
   ASSERT_CUDA(cudaStreamSynchronize(s2_));
   for (const Live& l : live) {
     unsigned char byte = 0xFF;
-    ASSERT_CUDA(cudaMemcpy(&byte, static_cast<char*>(l.ptr) + l.size - 1, 1,
-                           cudaMemcpyDeviceToHost));
+    ASSERT_CUDA(cudaMemcpy(&byte, static_cast<char*>(l.ptr) + l.size - 1, 1, cudaMemcpyDeviceToHost));
     std::size_t index = 0;
     while (index < sizes.size() && sizes[index] != l.size) ++index;
     EXPECT_EQ(byte, index) << "block of " << l.size << " bytes";
@@ -734,8 +724,7 @@ TEST_F(CudaAllocatorTest, MixedSizesOnTwoStreamsThenEmptyCacheReleasesEverything
   absl::StatusOr<DeviceMemInfo> end = (*backend)->GetMemInfo();
   ASSERT_TRUE(end.ok()) << end.status();
   EXPECT_GE(end->free_bytes + 256 * kMiB, start->free_bytes)
-      << "memory was not given back to the device: start " << start->free_bytes << ", end "
-      << end->free_bytes;
+      << "memory was not given back to the device: start " << start->free_bytes << ", end " << end->free_bytes;
 }
 
 // A host callback that holds its stream until the test opens the gate (or 60 s pass, so that a
@@ -803,8 +792,7 @@ TEST_F(CudaAllocatorTest, RecordStreamDelaysReuseUntilTheOtherStreamIsDone) {
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(*again, *q) << "the block was not reused after the recorded stream's work ended";
     unsigned char byte = 0;
-    ASSERT_CUDA(cudaMemcpy(&byte, static_cast<char*>(*again) + kSize - 1, 1,
-                           cudaMemcpyDeviceToHost));
+    ASSERT_CUDA(cudaMemcpy(&byte, static_cast<char*>(*again) + kSize - 1, 1, cudaMemcpyDeviceToHost));
     EXPECT_EQ(byte, 2) << "s2's write was not complete when the block was handed out";
     ASSERT_TRUE(allocator_->Free(*again, 0, kSize).ok());
     ASSERT_TRUE(allocator_->Free(*r, 0, kSize).ok());
@@ -859,8 +847,7 @@ TEST_F(CudaGpuTest, AllocatorWithVmmBackendServesLargeBlocksWithTheirData) {
   ASSERT_TRUE(backend.ok()) << backend.status();
   EXPECT_EQ((*backend)->Name(), "vmm");
 
-  const std::vector<std::size_t> sizes = {64 * kMiB, 100 * kMiB + 1, 512 * kMiB, 20 * kMiB, 3 * kMiB,
-                                          4 * kKiB};
+  const std::vector<std::size_t> sizes = {64 * kMiB, 100 * kMiB + 1, 512 * kMiB, 20 * kMiB, 3 * kMiB, 4 * kKiB};
   std::vector<void*> ptrs;
   unsigned char value = 0x21;
   for (std::size_t size : sizes) {

@@ -53,14 +53,20 @@ TEST_P(CaptureTest, WarmedUpSizesAreServedFromTheCacheDuringCapture) {
     for (std::size_t size : Sizes()) warm.push_back(*allocator_->Allocate(size, 0, s));
     for (void* p : warm) ASSERT_TRUE(allocator_->Free(p).ok());
     const std::int64_t device_allocs = sim_->counters().allocs;
-    if (announced) Begin(s); else sim_->SetCapturing(s, true);
+    if (announced)
+      Begin(s);
+    else
+      sim_->SetCapturing(s, true);
     std::vector<void*> during;
     for (std::size_t size : Sizes()) {
       absl::StatusOr<void*> p = allocator_->Allocate(size, 0, s);
       ASSERT_TRUE(p.ok()) << size << ": " << p.status();
       during.push_back(*p);
     }
-    if (announced) End(s); else sim_->SetCapturing(s, false);
+    if (announced)
+      End(s);
+    else
+      sim_->SetCapturing(s, false);
     for (void* p : during) ASSERT_TRUE(allocator_->Free(p).ok());
     EXPECT_EQ(sim_->counters().allocs, device_allocs);
     EXPECT_EQ(Stats().num_capture_refusals, 0);

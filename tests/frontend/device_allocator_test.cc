@@ -149,7 +149,7 @@ TEST(GarbageCollectionTest, ReleasesOldestCachedSegmentsAboveTheThreshold) {
 
 TEST(TierTest, TierRequestsFallBackToTheirExactSizeBeforeOom) {
   auto a = MakeAllocator("capacity:120MiB,tiers:[64MiB]");
-  void* other = *a->Allocate(70 * kMiB);  // above the largest tier: not tiered
+  void* other = *a->Allocate(70 * kMiB);             // above the largest tier: not tiered
   absl::StatusOr<void*> p = a->Allocate(40 * kMiB);  // tier 64 MiB does not fit; 40 MiB does
   ASSERT_TRUE(p.ok()) << p.status();
   DeviceStats s = *a->GetStats(0);
@@ -248,8 +248,8 @@ TEST(PendingFreeTest, AFailedEventRecordDefersTheFreeUntilAnEventCanBeRecorded) 
 
 TEST(GarbageCollectionTest, OldestFirstAcrossBothPools) {
   auto a = MakeAllocator("capacity:100MiB,garbage_collection_threshold:0.5");
-  void* small = *a->Allocate(4096);        // a 2 MiB slab
-  void* large = *a->Allocate(30 * kMiB);   // a 30 MiB segment
+  void* small = *a->Allocate(4096);       // a 2 MiB slab
+  void* large = *a->Allocate(30 * kMiB);  // a 30 MiB segment
   void* keep = *a->Allocate(12 * kMiB);
   ASSERT_TRUE(a->Free(small).ok());  // the empty slab is the oldest cached memory
   ASSERT_TRUE(a->Free(large).ok());
@@ -344,9 +344,8 @@ TEST(CheckInvariantsTest, DetectsCorruptedStats) {
   void* p = *d->Allocate(3 * kMiB, nullptr);
   ASSERT_TRUE(d->CheckInvariants().ok());
   // A gauge that disagrees with the blocks.
-  DeviceAllocatorTestPeer::WithLock(*d, [&] {
-    DeviceAllocatorTestPeer::Stats(*d).Increase(&DeviceStats::allocated_bytes, kLargePool, 512);
-  });
+  DeviceAllocatorTestPeer::WithLock(
+      *d, [&] { DeviceAllocatorTestPeer::Stats(*d).Increase(&DeviceStats::allocated_bytes, kLargePool, 512); });
   absl::Status s = d->CheckInvariants();
   EXPECT_TRUE(absl::IsInternal(s));
   EXPECT_TRUE(absl::StrContains(s.message(), "allocated_bytes.large_pool is")) << s;
@@ -357,9 +356,8 @@ TEST(CheckInvariantsTest, DetectsCorruptedStats) {
   });
   s = d->CheckInvariants();
   EXPECT_TRUE(absl::StrContains(s.message(), "requested_bytes.small_pool is inconsistent")) << s;
-  DeviceAllocatorTestPeer::WithLock(*d, [&] {
-    DeviceAllocatorTestPeer::Stats(*d).Increase(&DeviceStats::requested_bytes, kSmallPool, 1);
-  });
+  DeviceAllocatorTestPeer::WithLock(
+      *d, [&] { DeviceAllocatorTestPeer::Stats(*d).Increase(&DeviceStats::requested_bytes, kSmallPool, 1); });
   EXPECT_TRUE(d->CheckInvariants().ok());
   ASSERT_TRUE(d->Free(p, std::nullopt).ok());
 }
@@ -368,9 +366,7 @@ TEST(CheckInvariantsTest, DetectsACorruptedSegment) {
   auto d = MakeDevice();
   void* p = *d->Allocate(3 * kMiB, nullptr);  // splits a 20 MiB segment: 3 MiB live, 17 MiB free
   Block* free_block = nullptr;
-  DeviceAllocatorTestPeer::Large(*d).ForEachSegment([&](const Segment& seg) {
-    free_block = seg.first->next;
-  });
+  DeviceAllocatorTestPeer::Large(*d).ForEachSegment([&](const Segment& seg) { free_block = seg.first->next; });
   ASSERT_NE(free_block, nullptr);
   ASSERT_EQ(free_block->state, BlockState::kFree);
   // Shrink the free block: the segment is no longer tiled.

@@ -45,14 +45,19 @@ std::vector<Row> Table() {
     OomSituation s = Base();
     s.allocated = s.active = 80 * M;  // 80 live + 30 asked > 100
     s.pool_cached = 20 * M;
-    rows.push_back({"capacity: the working set does not fit", s, OomCause::kCapacity,
-                    {"capacity: live allocations (80.00 MiB) plus this request (30.00 MiB) exceed the cap (100.00 MiB)"}});
+    rows.push_back(
+        {"capacity: the working set does not fit",
+         s,
+         OomCause::kCapacity,
+         {"capacity: live allocations (80.00 MiB) plus this request (30.00 MiB) exceed the cap (100.00 MiB)"}});
   }
   {
     OomSituation s = Base();
     s.reserved = s.active = s.allocated = 20 * M;  // 80 MiB under the cap, yet the device refused
     s.pool_cached = 0;
-    rows.push_back({"device exhausted: the cap allows it, the device refused", s, OomCause::kDeviceExhausted,
+    rows.push_back({"device exhausted: the cap allows it, the device refused",
+                    s,
+                    OomCause::kDeviceExhausted,
                     {"device exhausted: the cap leaves 80.00 MiB", "refused 30.00 MiB", "device free 5.00 MiB",
                      "sim backend: out of memory"}});
   }
@@ -60,13 +65,17 @@ std::vector<Row> Table() {
     OomSituation s = Base();
     s.active = 90 * M;  // 30 MiB pending on streams that could not be synchronized
     s.pool_cached = 10 * M;
-    rows.push_back({"cache held: pending frees hold what the pool lacks", s, OomCause::kCacheHeld,
+    rows.push_back({"cache held: pending frees hold what the pool lacks",
+                    s,
+                    OomCause::kCacheHeld,
                     {"cache held: 30.00 MiB is held by freed blocks awaiting stream events", "reserved 100.00 MiB",
                      "allocated 60.00 MiB"}});
   }
   {
     OomSituation s = Base();  // 40 MiB cached in pieces, the largest 12 MiB
-    rows.push_back({"fragmentation: enough free, in pieces", s, OomCause::kFragmentation,
+    rows.push_back({"fragmentation: enough free, in pieces",
+                    s,
+                    OomCause::kFragmentation,
                     {"fragmentation: 40.00 MiB is free in total (40.00 MiB cached in pieces of partly used large-pool "
                      "memory, the largest 12.00 MiB; 0 B in the other pool; 0 B under the cap) but no free block fits "
                      "30.00 MiB"}});
@@ -75,7 +84,8 @@ std::vector<Row> Table() {
     OomSituation s = Base();
     s.active = 70 * M;  // pending, but the pool's cache and the headroom would have covered the request
     s.pool_cached = 30 * M;
-    rows.push_back({"pending frees that did not matter: fragmentation", s, OomCause::kFragmentation, {"fragmentation:"}});
+    rows.push_back(
+        {"pending frees that did not matter: fragmentation", s, OomCause::kFragmentation, {"fragmentation:"}});
   }
   {
     OomSituation s = Base();
@@ -84,14 +94,18 @@ std::vector<Row> Table() {
     s.segment = 2 * M;
     s.pool_cached = 1 * M;  // the rest of the cache is the large pool's
     s.fragmentation.pools[kSmallPool].largest_free = 512 * kKiB;
-    rows.push_back({"a small request: the other pool's cache is named", s, OomCause::kFragmentation,
+    rows.push_back({"a small request: the other pool's cache is named",
+                    s,
+                    OomCause::kFragmentation,
                     {"partly used small-pool memory, the largest 512.00 KiB; 39.00 MiB in the other pool"}});
   }
   {
     OomSituation s = Base();
     s.stitching = true;
     s.movable = 8 * M;
-    rows.push_back({"with stitching: what could move and what lies in shared granules", s, OomCause::kFragmentation,
+    rows.push_back({"with stitching: what could move and what lies in shared granules",
+                    s,
+                    OomCause::kFragmentation,
                     {"stitching could move 8.00 MiB of whole free granules, and 32.00 MiB of the free large-pool "
                      "memory lies in granules shared with live blocks"}});
   }
@@ -114,7 +128,8 @@ TEST(OomDiagnosisTableTest, EachSituationNamesItsCauseAndTheNumbers) {
     EXPECT_EQ(r.device, 3);
     EXPECT_EQ(r.requested, row.situation.requested);
     EXPECT_EQ(r.cached, row.situation.reserved - row.situation.active);
-    EXPECT_EQ(r.largest_free, static_cast<std::size_t>(row.situation.fragmentation.pools[row.situation.pool].largest_free));
+    EXPECT_EQ(r.largest_free,
+              static_cast<std::size_t>(row.situation.fragmentation.pools[row.situation.pool].largest_free));
     EXPECT_TRUE(absl::StrContains(r.ToString(), r.diagnosis));
     EXPECT_TRUE(absl::StrContains(r.ToJson(), OomCauseName(row.cause)));
   }

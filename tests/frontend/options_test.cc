@@ -44,13 +44,15 @@ TEST(OptionsTest, ParsesEveryKind) {
   EXPECT_EQ(o->roundup_power2_divisions[9], 2u);
   EXPECT_EQ(o->roundup_power2_divisions[10], 4u);
   EXPECT_EQ(o->roundup_power2_divisions[15], 8u);
-  EXPECT_EQ(o->ResolvedTiers(2 * kMiB),
-            (std::vector<std::size_t>{64 * kMiB, 128 * kMiB, 256 * kMiB, 512 * kMiB}));
+  EXPECT_EQ(o->ResolvedTiers(2 * kMiB), (std::vector<std::size_t>{64 * kMiB, 128 * kMiB, 256 * kMiB, 512 * kMiB}));
   EXPECT_DOUBLE_EQ(o->tier_min_fill, 0.25);
   // The simulated device's keys are its own (the backend registry's sim row), kept canonical.
-  EXPECT_EQ(o->backend_settings, (BackendSettings{{"sim_devices", "2"}, {"sim_fail_fraction", "0.1"},
-                                                  {"sim_fail_nth_alloc", "3"}, {"sim_memory", "unbacked"},
-                                                  {"sim_seed", "9"}, {"sim_total_memory", "80GiB"}}));
+  EXPECT_EQ(o->backend_settings, (BackendSettings{{"sim_devices", "2"},
+                                                  {"sim_fail_fraction", "0.1"},
+                                                  {"sim_fail_nth_alloc", "3"},
+                                                  {"sim_memory", "unbacked"},
+                                                  {"sim_seed", "9"},
+                                                  {"sim_total_memory", "80GiB"}}));
   EXPECT_TRUE(o->debug_check_invariants);
   // The dump parses back to the same options.
   absl::StatusOr<Options> again = ParseOptions(FormatOptions(*o));
@@ -153,8 +155,9 @@ TEST(OptionsTest, ValidateChecksHandSetFields) {
   o.max_split_size = 32 * kMiB;
   o.large_segment_size = 64 * kMiB;
   s = ValidateOptions(o);
-  EXPECT_TRUE(absl::StrContains(s.message(), "'large_segment_size_mb': bad value '64' (segments shared by requests "
-                                             "under 10 MiB must stay splittable); accepted: an even whole number"))
+  EXPECT_TRUE(absl::StrContains(s.message(),
+                                "'large_segment_size_mb': bad value '64' (segments shared by requests "
+                                "under 10 MiB must stay splittable); accepted: an even whole number"))
       << s;
   // Parse errors and validation errors of a key name the same accepted values.
   absl::StatusOr<Options> p = ParseOptions("small_pool_limit:lots");

@@ -40,8 +40,7 @@ class PendingFreesTest : public ::testing::Test {
     pending_->Hold(ptr, LiveEntry{LargePool::Handle{}, 100, graph}, std::move(events), std::move(uses));
   }
   // Retires in `mode`; the addresses done, in order.
-  std::vector<std::uintptr_t> Retire(PendingFrees::Mode mode, bool may_arm = true,
-                                     std::uint16_t held_tag = 0) {
+  std::vector<std::uintptr_t> Retire(PendingFrees::Mode mode, bool may_arm = true, std::uint16_t held_tag = 0) {
     std::vector<std::uintptr_t> done;
     pending_->Retire(
         mode, may_arm, [&](const LiveEntry& e) { return held_tag != 0 && e.graph == held_tag; },

@@ -138,8 +138,8 @@ TEST_P(SnapshotTest, HistoryRecordsEachEventInOrder) {
   EXPECT_EQ(unmaps, maps);
   std::vector<std::string> actions;
   for (const TraceEntry& e : t) actions.emplace_back(TraceActionName(e.action));
-  EXPECT_EQ(actions, (std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "free_completed",
-                                               "segment_free"}));
+  EXPECT_EQ(actions,
+            (std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "free_completed", "segment_free"}));
   EXPECT_EQ(t[1].addr, reinterpret_cast<std::uintptr_t>(p));
   EXPECT_EQ(t[1].size, 3 * kMiB) << "the requested size, as PyTorch records it";
   EXPECT_EQ(t[1].stream, reinterpret_cast<std::uintptr_t>(TestStream(1)));

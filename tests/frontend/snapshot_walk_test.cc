@@ -10,7 +10,12 @@ namespace {
 TEST(SnapshotWalkTest, SpansBecomeSegmentsWithTheirBlocksStates) {
   std::vector<SpanView> spans(2);
   spans[0] = {0x9000, 0x300, nullptr, kLargePool, 2, true, {{0x9000, 0x100, true}, {0x9100, 0x200, false}}};
-  spans[1] = {0x1000, 0x400, reinterpret_cast<Stream>(0x7), kSmallPool, -1, false,
+  spans[1] = {0x1000,
+              0x400,
+              reinterpret_cast<Stream>(0x7),
+              kSmallPool,
+              -1,
+              false,
               {{0x1000, 0x100, false}, {0x1100, 0x100, false}, {0x1200, 0x100, true}, {0x1300, 0x100, true}}};
   std::vector<SegmentSnapshot> out;
   AppendSegmentSnapshots(

@@ -31,8 +31,8 @@ TEST(StatsJsonTest, UsesPyTorchKeys) {
   EXPECT_EQ(j["reserved_bytes.large_pool.peak"], 20 << 20);
   EXPECT_EQ(j["num_alloc_retries"], 2);
   for (const char* key : {"inactive_split_bytes.all.current", "requested_bytes.small_pool.freed", "num_ooms",
-                          "active.large_pool.allocated", "segment.all.current", "num_device_alloc",
-                          "num_device_free", "max_split_size", "cached_bytes.all.peak"}) {
+                          "active.large_pool.allocated", "segment.all.current", "num_device_alloc", "num_device_free",
+                          "max_split_size", "cached_bytes.all.peak"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   const std::string summary = StatsSummary(s, 0);

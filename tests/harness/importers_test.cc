@@ -17,10 +17,10 @@ namespace {
 
 constexpr char kCsv[] =
     "ts_us,ev_idx,device_type,device_id,addr,bytes,total_allocated,total_reserved\n"
-    "100,1,1,0,4096,-512,0,0\n"     // a free of memory allocated before the log: dropped
+    "100,1,1,0,4096,-512,0,0\n"  // a free of memory allocated before the log: dropped
     "101,2,1,0,8192,1048576,0,0\n"
-    "102,3,0,-1,777,64,0,0\n"       // a CPU event: dropped
-    "103,4,1,1,9999,2048,0,0\n"     // another device: dropped
+    "102,3,0,-1,777,64,0,0\n"    // a CPU event: dropped
+    "103,4,1,1,9999,2048,0,0\n"  // another device: dropped
     "104,5,1,0,16384,2097152,0,0\n"
     "105,6,1,0,8192,-1048576,0,0\n";
 
@@ -69,8 +69,9 @@ TEST(ImportersTest, ErrorsNameTheProblem) {
   EXPECT_TRUE(absl::StrContains(ImportKinetoCsv("a,b\n1,2\n").status().message(), "needs the columns ts_us"));
   EXPECT_TRUE(absl::StrContains(
       ImportKinetoCsv("ts_us,device_type,device_id,addr,bytes\n1,1,0,x,5\n").status().message(), "kineto csv:2:"));
-  EXPECT_TRUE(absl::StrContains(ImportKinetoCsv("ts_us,device_type,device_id,addr,bytes\n1,0,0,5,5\n").status().message(),
-                                "no CUDA memory events"));
+  EXPECT_TRUE(
+      absl::StrContains(ImportKinetoCsv("ts_us,device_type,device_id,addr,bytes\n1,0,0,5,5\n").status().message(),
+                        "no CUDA memory events"));
   EXPECT_TRUE(absl::StrContains(ImportKinetoJson("[1, 2]").status().message(), "not a Kineto trace"));
   EXPECT_TRUE(absl::IsNotFound(ImportKinetoFile("/nonexistent.json").status()));
 }

@@ -90,7 +90,8 @@ TEST(ModelConfigTest, ErrorsNameTheKeyAndWhatIsAccepted) {
   m = ParseModelConfig(Config("llama", R"(,"torch_dtype":"int8")"));
   ASSERT_FALSE(m.ok());
   EXPECT_TRUE(absl::StrContains(m.status().message(), "accepted bfloat16, float16, float32")) << m.status();
-  m = ParseModelConfig(absl::StrReplaceAll(Config("llama"), {{"\"num_key_value_heads\":2", "\"num_key_value_heads\":3"}}));
+  m = ParseModelConfig(
+      absl::StrReplaceAll(Config("llama"), {{"\"num_key_value_heads\":2", "\"num_key_value_heads\":3"}}));
   ASSERT_FALSE(m.ok());
   EXPECT_TRUE(absl::StrContains(m.status().message(), "divisor of num_attention_heads")) << m.status();
   m = ParseModelConfig(absl::StrReplaceAll(Config("llama"), {{"\"vocab_size\":1000", "\"vocab_size\":-5"}}));

@@ -25,8 +25,12 @@ constexpr TraceAction kFree = TraceAction::kFree;
 
 // A 10 MiB and a 20 MiB block live together (30 MiB), then a 5 MiB one.
 Trace Abc() {
-  return Make({{kAlloc, 0xa, 10 * kMiB}, {kAlloc, 0xb, 20 * kMiB}, {kFree, 0xa, 10 * kMiB},
-               {kAlloc, 0xc, 5 * kMiB}, {kFree, 0xb, 20 * kMiB}, {kFree, 0xc, 5 * kMiB}});
+  return Make({{kAlloc, 0xa, 10 * kMiB},
+               {kAlloc, 0xb, 20 * kMiB},
+               {kFree, 0xa, 10 * kMiB},
+               {kAlloc, 0xc, 5 * kMiB},
+               {kFree, 0xb, 20 * kMiB},
+               {kFree, 0xc, 5 * kMiB}});
 }
 
 ReplayResult ReplayAt(const Trace& t, const std::string& allocator, std::size_t capacity, int repeat = 1) {
@@ -199,8 +203,12 @@ TEST(ReplayTest, LongTimelinesStayBoundedWithoutLosingThePeak) {
 // 6 MiB a and b share a 20 MiB segment; a is freed; c (30 MiB) needs a segment of its own: reserved
 // peaks at 50 MiB after event 3, with free blocks of 6 MiB (a's) and 8 MiB (the segment's tail).
 Trace PeakTrace() {
-  return Make({{kAlloc, 0xa, 6 * kMiB}, {kAlloc, 0xb, 6 * kMiB}, {kFree, 0xa, 6 * kMiB}, {kAlloc, 0xc, 30 * kMiB},
-               {kFree, 0xb, 6 * kMiB}, {kFree, 0xc, 30 * kMiB}});
+  return Make({{kAlloc, 0xa, 6 * kMiB},
+               {kAlloc, 0xb, 6 * kMiB},
+               {kFree, 0xa, 6 * kMiB},
+               {kAlloc, 0xc, 30 * kMiB},
+               {kFree, 0xb, 6 * kMiB},
+               {kFree, 0xc, 30 * kMiB}});
 }
 
 TEST(ReplayTest, HistogramIsTakenWhenReservedBytesFirstPeak) {
@@ -259,7 +267,9 @@ TEST(ReplayTest, BadAllocatorsAndCapacitiesAreRefused) {
   o.capacity = 64 * kMiB;
   o.allocator = "jemalloc";
   absl::StatusOr<ReplayResult> r = Replay(Abc(), o);
-  EXPECT_TRUE(absl::StrContains(r.status().message(), "accepted: bucketalloc, bucketalloc:CONF, pytorch-policy, nocache")) << r.status();
+  EXPECT_TRUE(
+      absl::StrContains(r.status().message(), "accepted: bucketalloc, bucketalloc:CONF, pytorch-policy, nocache"))
+      << r.status();
   o.allocator = "bucketalloc:no_such_key:1";
   r = Replay(Abc(), o);
   EXPECT_TRUE(absl::StrContains(r.status().message(), "no_such_key")) << r.status();

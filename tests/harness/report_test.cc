@@ -8,8 +8,8 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
@@ -133,8 +133,9 @@ TEST(ReportTest, CallerTextCannotCloseItsElement) {
   EXPECT_FALSE(absl::StrContains(html, "<b>trace"));
   EXPECT_EQ(Count(html, "</script>"), 3u) << "the error hooks, the data and the charts";
   EXPECT_EQ(Count(html, "<!--"), 0u);
-  EXPECT_TRUE(absl::StrContains(html, "<td>&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;&lt;!-- &amp; "
-                                      "&quot;quoted&quot;</td>"));
+  EXPECT_TRUE(absl::StrContains(html,
+                                "<td>&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;&lt;!-- &amp; "
+                                "&quot;quoted&quot;</td>"));
   EXPECT_TRUE(absl::StrContains(html, "&lt;b&gt;trace&lt;/b&gt;.csv"));
   // Escaped, the names still read back exactly.
   const nlohmann::json data = EmbeddedData(html);

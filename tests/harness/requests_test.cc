@@ -62,7 +62,8 @@ TEST(RequestsTest, LengthOnlyFilesGetSeededPoissonArrivals) {
   EXPECT_NE(a->requests.back().arrival_s, c->requests.back().arrival_s);
   // 3999 gaps of mean 0.1 s: the total is within 5 standard deviations (sqrt(3999) x 0.1 = 6.3 s).
   EXPECT_NEAR(a->requests.back().arrival_s, 399.9, 32.0);
-  for (std::size_t i = 1; i < a->requests.size(); ++i) ASSERT_GE(a->requests[i].arrival_s, a->requests[i - 1].arrival_s);
+  for (std::size_t i = 1; i < a->requests.size(); ++i)
+    ASSERT_GE(a->requests[i].arrival_s, a->requests[i - 1].arrival_s);
 
   absl::StatusOr<RequestSet> half = ParseRequests(csv, {.sample_fraction = 0.5, .qps = 10.0, .seed = 7});
   ASSERT_TRUE(half.ok());
@@ -99,8 +100,8 @@ TEST(RequestsTest, LineNumbersCountLeadingBlankLines) {
 }
 
 TEST(RequestsTest, ErrorsNameTheLineAndWhatIsAccepted) {
-  absl::StatusOr<RequestSet> s =
-      ParseRequests("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,374,44\nyesterday,1,2\n", {}, "r.csv");
+  absl::StatusOr<RequestSet> s = ParseRequests(
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,374,44\nyesterday,1,2\n", {}, "r.csv");
   ASSERT_FALSE(s.ok());
   EXPECT_TRUE(absl::StrContains(s.status().message(), "r.csv:3: TIMESTAMP \"yesterday\"")) << s.status();
   s = ParseRequests("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,many,44\n", {}, "r.csv");
@@ -125,7 +126,7 @@ TEST(RequestsTest, TheVendoredAzureTraceReadsWhole) {
   absl::StatusOr<RequestSet> s = ReadRequestsFile(
       std::string(BUCKETALLOC_SOURCE_DIR) + "/data/requests/azure_llm_inference_trace_2023_conv.csv", {});
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->rows, 19366);  // data/SOURCES.md
+  EXPECT_EQ(s->rows, 19366);                               // data/SOURCES.md
   EXPECT_NEAR(s->requests.back().arrival_s, 3501.0, 2.0);  // 18:15:46 to 19:14:08
 }
 

@@ -30,7 +30,8 @@ std::vector<Request> SomeRequests() {
   std::vector<Request> r;
   for (int i = 0; i < 40; ++i) {
     r.push_back({.arrival_s = 1e-9 * i,  // the tiny model steps in nanoseconds
-                  .input_tokens = 50 + 97 * (i % 13), .output_tokens = 5 + 31 * (i % 7)});
+                 .input_tokens = 50 + 97 * (i % 13),
+                 .output_tokens = 5 + 31 * (i % 7)});
   }
   return r;
 }
@@ -101,7 +102,8 @@ std::vector<std::uint64_t> KvSizes(KvLayout layout, int growth_tokens = 16) {
   o.kv_layout = layout;
   o.growth_tokens = growth_tokens;
   o.tiers_tokens = {64, 128};
-  absl::StatusOr<ServingTrace> t = GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 60}}, m, o);
+  absl::StatusOr<ServingTrace> t =
+      GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 60}}, m, o);
   EXPECT_TRUE(t.ok()) << t.status();
   std::vector<std::uint64_t> sizes;  // in tokens, one per layer's K/V pair
   for (std::size_t i = 0; i < t->trace.events.size(); ++i) {
@@ -165,7 +167,8 @@ TEST(ServingTest, PagedKvIsOnePoolPerLayerSizedToTheSchedule) {
   const ModelSpec m = TinyModel();
   ServingOptions o;
   o.kv_layout = KvLayout::kPaged;
-  absl::StatusOr<ServingTrace> t = GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 60}}, m, o);
+  absl::StatusOr<ServingTrace> t =
+      GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 60}}, m, o);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->summary.kv_pool_tokens, 160);  // 159 tokens held at most, in blocks of 16
   const std::size_t w = m.weights.size();
@@ -173,7 +176,8 @@ TEST(ServingTest, PagedKvIsOnePoolPerLayerSizedToTheSchedule) {
   EXPECT_EQ(t->trace.events[w + 1].size, 2u * 160u * 64u);
   EXPECT_EQ(t->summary.peak_kv_layout_bytes, 2u * 2u * 160u * 64u);
   o.kv_pool_tokens = 100;
-  absl::StatusOr<ServingTrace> small = GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 60}}, m, o);
+  absl::StatusOr<ServingTrace> small =
+      GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 60}}, m, o);
   ASSERT_FALSE(small.ok());
   EXPECT_TRUE(absl::StrContains(small.status().message(), "--kv-pool-tokens 100 is less than")) << small.status();
 }
@@ -182,7 +186,8 @@ TEST(ServingTest, TrueNeedCountsExactTokensNotTheLayoutsRounding) {
   const ModelSpec m = TinyModel();
   ServingOptions o;
   o.tiers_tokens = {4096};
-  absl::StatusOr<ServingTrace> t = GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 1}}, m, o);
+  absl::StatusOr<ServingTrace> t =
+      GenerateServingTrace({{.arrival_s = 0, .input_tokens = 100, .output_tokens = 1}}, m, o);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->summary.peak_kv_layout_bytes, 4096u * 256u);
   EXPECT_EQ(t->summary.need_kv_bytes, 100u * 256u);

@@ -126,7 +126,7 @@ TEST_F(StitchingPoolTest, ATierBlockMovesWholeAndItsSegmentGoes) {
 TEST_F(StitchingPoolTest, AFailedUnmapOrMapLeavesLiveBlocksAndTheStatsTrue) {
   for (int fail : {1, 3, 6}) {  // the first, a middle and the last unmap of six
     SCOPED_TRACE(fail);
-        InitStitching(40 * kMiB);
+    InitStitching(40 * kMiB);
     std::vector<Block*> live = FragmentTwoSegments();
     source_->fail_unmap_in = fail;
     absl::StatusOr<Block*> s = Stitch(12 * kMiB, -1);
@@ -147,7 +147,6 @@ TEST_F(StitchingPoolTest, AFailedUnmapOrMapLeavesLiveBlocksAndTheStatsTrue) {
     Check(6);
   }
 }
-
 
 TEST_F(StitchingPoolTest, WithKeepRemainderZeroEveryRemainderIsSplitOff) {
   LargePoolConfig config;

@@ -93,14 +93,16 @@ int main(int argc, char** argv) {
   std::size_t free_bytes = 0, total_bytes = 0;
   if (!Ok(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo")) return 1;
   const unsigned long long bad_total = *bad;
-  std::printf("preload_kernel_check%s: %zu MiB written and checked; bad words: %llu after cross-stream frees "
-              "(block handed out again at once %zu of 50 times), %llu in total; cudaMemGetInfo free %zu of %zu "
-              "MiB\n",
-              control ? " --negative-control" : "", bytes >> 20, bad_async, reused_early, bad_total,
-              free_bytes >> 20, total_bytes >> 20);
+  std::printf(
+      "preload_kernel_check%s: %zu MiB written and checked; bad words: %llu after cross-stream frees "
+      "(block handed out again at once %zu of 50 times), %llu in total; cudaMemGetInfo free %zu of %zu "
+      "MiB\n",
+      control ? " --negative-control" : "", bytes >> 20, bad_async, reused_early, bad_total, free_bytes >> 20,
+      total_bytes >> 20);
   cudaFree(bad);
   if (control) {
-    if (bad_async == 0) std::printf("preload_kernel_check: the control saw no bad word: the check cannot detect reuse\n");
+    if (bad_async == 0)
+      std::printf("preload_kernel_check: the control saw no bad word: the check cannot detect reuse\n");
     return bad_async > 0 ? 0 : 1;
   }
   return bad_total == 0 ? 0 : 1;

@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
   report("cudaFree(1 MiB)", cudaFree(p), cudaSuccess);
 
   void* several[8];
-  for (int i = 0; i < 8; ++i) report("cudaMalloc(i x 5 MiB + 1)", cudaMalloc(&several[i], (size_t)i * (5 << 20) + 1), cudaSuccess);
+  for (int i = 0; i < 8; ++i)
+    report("cudaMalloc(i x 5 MiB + 1)", cudaMalloc(&several[i], (size_t)i * (5 << 20) + 1), cudaSuccess);
   for (int i = 0; i < 8; ++i) report("cudaFree", cudaFree(several[i]), cudaSuccess);
 
   /* Bad input, as the runtime documents it. */

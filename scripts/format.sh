@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# scripts/format.sh — formats every C, C++ and CUDA file of the repository with clang-format
+# (.clang-format), or with --check reports the files that are not formatted and exits 1.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+mapfile -t files < <(git ls-files -- '*.c' '*.cc' '*.h' '*.cu')
+if [[ ${1:-} == --check ]]; then
+  clang-format --dry-run -Werror "${files[@]}"
+  echo "format: ${#files[@]} files formatted as .clang-format says"
+else
+  clang-format -i "${files[@]}"
+fi
