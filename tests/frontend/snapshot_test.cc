@@ -1,6 +1,6 @@
-// Snapshots and allocation history (src/frontend/snapshot.cc and the DeviceAllocator parts that
-// feed them), over every test configuration: the segments tile their memory, the sums agree with
-// the stats, block states follow the operations, and the history ring keeps the last N events.
+// Snapshots and allocation history (src/frontend/snapshot_json.cc, snapshot_walk.cc, history.cc and the DeviceAllocator
+// parts that feed them), over every test configuration: the segments tile their memory, the sums agree with the stats,
+// block states follow the operations, and the history ring keeps the last N events.
 #include "bucketalloc/snapshot.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// src/frontend/snapshot.cc — the memory snapshot in the JSON layout of torch.cuda.memory._snapshot().
+// src/frontend/snapshot_json.cc — the memory snapshot in the JSON layout of torch.cuda.memory._snapshot().
 #include "bucketalloc/snapshot.h"
 
 #include "bucketalloc/options.h"

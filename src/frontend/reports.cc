@@ -1,5 +1,6 @@
-// src/frontend/stats.cc — rendering of stats, fragmentation and OOM reports (JSON and tables).
-// Every rendering iterates the X-macro lists of bucketalloc/stats.h, so a stat is declared once.
+// src/frontend/reports.cc — the reports of bucketalloc/stats.h: stats, fragmentation and OOM reports
+// as JSON and tables. Every rendering iterates the X-macro lists of bucketalloc/stat_types.h, so a
+// stat is declared once.
 #include "bucketalloc/stats.h"
 
 #include <algorithm>

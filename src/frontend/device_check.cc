@@ -1,0 +1,169 @@
+// src/frontend/device_check.cc — the device-wide invariant check (frontend/device_allocator.h):
+// each component checks itself, and this sums what they report and holds the sums against each
+// other and the stats.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "frontend/device_allocator.h"
+#include "internal/check.h"
+
+namespace bucketalloc::internal {
+namespace {
+
+template <typename Ref>
+using PoolType = std::remove_cvref_t<Ref>;
+
+}  // namespace
+
+void DeviceAllocator::MaybeCheckInvariants() const {
+#ifdef NDEBUG
+  if (!options_.debug_check_invariants) return;
+#endif
+  absl::Status s = CheckInvariantsLocked();
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    BA_CHECK(false, "bucketalloc invariant violated (debug_check_invariants)");
+  }
+}
+
+absl::Status DeviceAllocator::CheckInvariants() const {
+  MutexLock lock(mu_);
+  return CheckInvariantsLocked();
+}
+
+absl::Status DeviceAllocator::CheckInvariantsLocked() const {
+  auto fail = [&](absl::string_view what) {
+    return absl::InternalError(absl::StrCat("bucketalloc invariant violated on device ", device_, ": ", what));
+  };
+  // Each component checks itself.
+  for (absl::Status s :
+       {stats_.CheckInvariants(), live_.CheckInvariants(), history_.CheckInvariants(),
+        registry_.CheckInvariants(pools_.large().spare_bytes()),
+        pending_.CheckInvariants([&](std::uintptr_t p) ABSL_NO_THREAD_SAFETY_ANALYSIS { return live_.contains(p); })}) {
+    if (!s.ok()) return fail(s.message());
+  }
+  // The live and pending entries, summed per pool: what the pools, the registry and the stats must
+  // agree with.
+  struct Sums {
+    std::int64_t requested = 0, allocated = 0, count = 0, active_bytes = 0, active = 0;
+  };
+  Sums sums[kNumPoolIndices];
+  std::int64_t oversize = 0;
+  std::vector<std::int64_t> tags(captures_.num_tags());
+  std::vector<std::pair<std::uintptr_t, std::size_t>> blocks;
+  blocks.reserve(live_.size() + pending_.size());
+  absl::Status entries;
+  auto visit = [&](std::uintptr_t ptr, const LiveEntry& e, bool live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (!entries.ok()) return;
+    if (e.graph >= tags.size()) {
+      entries = fail("an entry carries an unknown graph tag");
+      return;
+    }
+    ++tags[e.graph];
+    pools_.Visit(e.handle, [&](const auto& pool, auto h) {
+      using P = PoolType<decltype(pool)>;
+      const std::size_t size = P::BlockSize(h);
+      if (absl::Status s = pool.CheckHandle(h, live); !s.ok()) {
+        entries = fail(s.message());
+      } else if (P::Address(h) != ptr) {
+        entries = fail("a live entry's block starts elsewhere");
+      } else if (e.requested > size) {
+        entries = fail("a block is smaller than its request");
+      }
+      Sums& s = sums[P::kIndex];
+      if (live) {
+        s.requested += static_cast<std::int64_t>(e.requested);
+        s.allocated += static_cast<std::int64_t>(size);
+        s.count += 1;
+        oversize += pool.Oversize(h);
+      }
+      s.active_bytes += static_cast<std::int64_t>(size);
+      s.active += 1;
+      blocks.emplace_back(ptr, size);
+    });
+  };
+  live_.ForEach([&](std::uintptr_t ptr, const LiveEntry& e) { visit(ptr, e, true); });
+  pending_.ForEach([&](std::uintptr_t ptr, const LiveEntry& e) { visit(ptr, e, false); });
+  if (!entries.ok()) return entries;
+  std::sort(blocks.begin(), blocks.end());
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const auto [ptr, size] = blocks[i];
+    if (i + 1 < blocks.size() && ptr + size > blocks[i + 1].first) {
+      return fail(absl::StrCat("live blocks overlap at ", absl::Hex(ptr), " and ", absl::Hex(blocks[i + 1].first)));
+    }
+    if (!registry_.Holding(ptr, size).has_value()) {
+      return fail(absl::StrCat("block ", absl::Hex(ptr), " does not lie inside one registered segment"));
+    }
+  }
+  if (absl::Status s = captures_.CheckInvariants(tags); !s.ok()) return fail(s.message());
+  // Each pool checks itself, given the active blocks the entries name; and its units are exactly
+  // the registered ranges.
+  absl::Status pools;
+  std::size_t units = 0;
+  pools_.ForEach([&](const auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    using P = PoolType<decltype(pool)>;
+    if (pools.ok()) pools = pool.CheckInvariants(sums[P::kIndex].active);
+    for (const auto& [stream, sp] : streams_) {
+      if (pools.ok()) pools = pool.CheckStreamState(sp->template of<P>());
+    }
+    pool.ForEachUnit([&](std::uintptr_t base, std::size_t bytes, std::size_t mapped, bool virtual_memory) {
+      ++units;
+      std::optional<SegmentRegistry::Range> r = registry_.At(base);
+      if (pools.ok() && (!r.has_value() || r->bytes != bytes || r->pool != P::kIndex ||
+                         r->virtual_memory != virtual_memory || (r->virtual_memory ? r->mapped : r->bytes) != mapped)) {
+        pools = absl::InternalError(absl::StrCat("segment ", absl::Hex(base), " does not match its registered range"));
+      }
+    });
+  });
+  if (!pools.ok()) return fail(pools.message());
+  const SegmentRegistry::Totals totals = registry_.totals();
+  std::int64_t ranges = 0;
+  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) ranges += totals.segments[p];
+  if (static_cast<std::int64_t>(units) != ranges) {
+    return fail(absl::StrCat(ranges, " ranges are registered for ", units, " segments and slabs of the pools"));
+  }
+  // The stats: every gauge equals the sum of what the components hold.
+  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
+    const auto pool = static_cast<PoolIndex>(p);
+    std::int64_t reserved = totals.reserved[p];
+    if (pool == kLargePool)
+      reserved += static_cast<std::int64_t>(pools_.large().spare_bytes());  // spares are reserved too
+    InactiveSplit split;
+    pools_.ForEach([&](const auto& q) {
+      if (PoolType<decltype(q)>::kIndex == pool) split = q.inactive_split();
+    });
+    const Sums& s = sums[p];
+    struct Expect {
+      const char* name;
+      PoolGauge gauge;
+      std::int64_t want;
+    };
+    for (const Expect& x : {Expect{"requested_bytes", &DeviceStats::requested_bytes, s.requested},
+                            Expect{"allocated_bytes", &DeviceStats::allocated_bytes, s.allocated},
+                            Expect{"allocation", &DeviceStats::allocation, s.count},
+                            Expect{"active_bytes", &DeviceStats::active_bytes, s.active_bytes},
+                            Expect{"active", &DeviceStats::active, s.active},
+                            Expect{"reserved_bytes", &DeviceStats::reserved_bytes, reserved},
+                            Expect{"segment", &DeviceStats::segment, totals.segments[p]},
+                            Expect{"cached_bytes", &DeviceStats::cached_bytes, reserved - s.active_bytes},
+                            Expect{"inactive_split_bytes", &DeviceStats::inactive_split_bytes, split.bytes},
+                            Expect{"inactive_split", &DeviceStats::inactive_split, split.count}}) {
+      if (const std::int64_t got = stats_.Current(x.gauge, pool); got != x.want) {
+        return fail(absl::StrCat(x.name, ".", kPoolNames[p].key, " is ", got, " but the components hold ", x.want));
+      }
+    }
+  }
+  const DeviceStats now = stats_.Snapshot();
+  if (now.oversize_segments.current != registry_.LargeRangesOver(options_.max_split_size) ||
+      now.oversize_allocations.current != oversize) {
+    return fail("oversize_segments or oversize_allocations does not match the blocks");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bucketalloc::internal
