@@ -489,6 +489,12 @@ FragmentationReport DeviceAllocator::FragmentationLocked() const {
   return r;
 }
 
+std::size_t DeviceAllocator::SpareBytes() const {
+  std::size_t spare = 0;
+  pools_.ForEach([&](const auto& pool) { spare += pool.spare_bytes(); });
+  return spare;
+}
+
 void DeviceAllocator::SetHistory(bool enabled, std::size_t max_entries) {
   MutexLock lock(mu_);
   history_.Reset(enabled ? std::max<std::size_t>(max_entries, 1) : 0);

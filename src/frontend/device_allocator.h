@@ -144,6 +144,8 @@ class DeviceAllocator final {
   // The error of a request that only fresh device memory could serve during capture of `stream`.
   absl::Status CaptureMiss(std::size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   FragmentationReport FragmentationLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserved bytes in no pool unit: every pool's spares.
+  std::size_t SpareBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckInvariantsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCheckInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

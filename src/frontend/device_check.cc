@@ -43,7 +43,7 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   // Each component checks itself.
   for (absl::Status s :
        {stats_.CheckInvariants(), live_.CheckInvariants(), history_.CheckInvariants(),
-        registry_.CheckInvariants(pools_.large().spare_bytes()),
+        registry_.CheckInvariants(SpareBytes()),
         pending_.CheckInvariants([&](std::uintptr_t p) ABSL_NO_THREAD_SAFETY_ANALYSIS { return live_.contains(p); })}) {
     if (!s.ok()) return fail(s.message());
   }
@@ -131,11 +131,11 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
     const auto pool = static_cast<PoolIndex>(p);
     std::int64_t reserved = totals.reserved[p];
-    if (pool == kLargePool)
-      reserved += static_cast<std::int64_t>(pools_.large().spare_bytes());  // spares are reserved too
     InactiveSplit split;
     pools_.ForEach([&](const auto& q) {
-      if (PoolType<decltype(q)>::kIndex == pool) split = q.inactive_split();
+      if (PoolType<decltype(q)>::kIndex != pool) return;
+      reserved += static_cast<std::int64_t>(q.spare_bytes());  // spares are reserved too
+      split = q.inactive_split();
     });
     const Sums& s = sums[p];
     struct Expect {

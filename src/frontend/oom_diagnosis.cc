@@ -23,7 +23,8 @@ OomReport DiagnoseOom(const OomSituation& s) {
   r.device_free = s.device_free;
   const std::size_t headroom = s.capacity > s.reserved ? s.capacity - s.reserved : 0;
   const std::size_t pending = s.active - s.allocated;
-  const char* pool_name = s.pool == kSmallPool ? "small" : "large";
+  std::string pool_name = kPoolNames[s.pool].key;  // "small_pool" -> "small-pool"
+  std::replace(pool_name.begin(), pool_name.end(), '_', '-');
   if (s.allocated + s.rounded > s.capacity) {
     r.cause = OomCause::kCapacity;
     r.diagnosis = absl::StrFormat(
@@ -45,7 +46,7 @@ OomReport DiagnoseOom(const OomSituation& s) {
   } else {
     r.cause = OomCause::kFragmentation;
     r.diagnosis = absl::StrFormat(
-        "fragmentation: %s is free in total (%s cached in pieces of partly used %s-pool memory, the largest "
+        "fragmentation: %s is free in total (%s cached in pieces of partly used %s memory, the largest "
         "%s; %s in the other pool; %s under the cap) but no free block fits %s",
         FormatBytes(headroom + r.cached), FormatBytes(s.pool_cached), pool_name, FormatBytes(r.largest_free),
         FormatBytes(r.cached - s.pool_cached), FormatBytes(headroom), FormatBytes(s.rounded));

@@ -116,6 +116,7 @@ class SmallPool {
   void Describe(std::vector<SpanView>* spans) const;
   // The free slots of slabs that also hold active slots.
   InactiveSplit inactive_split() const;
+  std::size_t spare_bytes() const { return 0; }
   absl::Status CheckInvariants(std::int64_t active_slots) const;
   absl::Status CheckStreamState(const StreamState& ss) const;
 
