@@ -52,10 +52,12 @@ struct DeviceMemInfo {
 
 // Call counters every backend keeps (reported in stats as num_device_alloc / num_device_free).
 struct BackendCounters {
-  std::int64_t allocs = 0;         // successful Allocate calls
-  std::int64_t frees = 0;          // successful Free calls
-  std::int64_t alloc_bytes = 0;    // bytes of the successful Allocate calls
-  std::int64_t free_bytes = 0;     // bytes of the successful Free calls
+  std::int64_t allocs = 0;  // successful Allocate calls
+  std::int64_t frees = 0;   // successful Free calls
+  // Bytes of the successful Allocate and Free calls. Optional: a backend that leaves both at 0 (one
+  // written before they existed) is checked by its call counts alone.
+  std::int64_t alloc_bytes = 0;
+  std::int64_t free_bytes = 0;
   std::int64_t failed_allocs = 0;  // Allocate calls that returned an error
   std::int64_t events_recorded = 0;
   // Calls CUDA forbids while a stream capture is running (Allocate, Free, QueryEvent,

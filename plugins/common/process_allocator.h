@@ -37,15 +37,22 @@ class ProcessAllocator {
 
   // Returns the allocator, first calling `create()` (-> std::unique_ptr<Allocator>, nullptr when it
   // cannot be made) under the creation lock if none exists yet. Returns nullptr when `create`
-  // made none, or when called on the thread that is running `create`.
+  // made none, or when called on the thread that is running `create`. An exception from `create`
+  // passes through and leaves nothing created (the next call tries again).
   template <typename Create>
   Allocator* CreateOnce(Create&& create) {
     if (creating_) return nullptr;
     std::lock_guard<std::mutex> lock(mu_);
     if (Allocator* a = allocator_.load(std::memory_order_acquire)) return a;
-    creating_ = true;
-    std::unique_ptr<Allocator> made = create();
-    creating_ = false;
+    struct Creating {  // on this thread while `create` runs, even if it throws
+      Creating() { creating_ = true; }
+      ~Creating() { creating_ = false; }
+    };
+    std::unique_ptr<Allocator> made;
+    {
+      Creating creating;
+      made = create();
+    }
     Allocator* a = made.release();  // never destroyed (see the file comment)
     if (a != nullptr) allocator_.store(a, std::memory_order_release);
     return a;

@@ -31,10 +31,13 @@ struct BackendOptionSpec {
   const char* accepted;  // the accepted values, for errors and docs
   const char* meaning;
   const char* default_value;  // canonical text
-  // Returns `value` in canonical form (e.g. "134217728" -> "128MiB"), or an error when it is not
-  // accepted (the option table then reports `accepted`). A backend's factory may assume that its
-  // settings passed this.
+  // Reads `value` (its syntax: a size, an integer, a word) into canonical text (e.g. "134217728"
+  // -> "128MiB"), or an error when it cannot be read; the option table then reports `accepted`.
   absl::StatusOr<std::string> (*parse)(absl::string_view value);
+  // True when a parsed value is in range (nullptr: every parsed value is). The option table checks
+  // it once all keys are parsed, as it checks its own rows. A backend's factory may assume that its
+  // settings passed both.
+  bool (*valid)(absl::string_view canonical);
 };
 
 struct BackendEntry {

@@ -16,6 +16,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -557,49 +559,54 @@ namespace {
 
 absl::Status NotAccepted() { return absl::InvalidArgumentError("not accepted"); }
 
-absl::StatusOr<std::int64_t> IntIn(absl::string_view v, std::int64_t lo, std::int64_t hi) {
-  std::int64_t i;
-  if (!absl::SimpleAtoi(v, &i) || i < lo || i > hi) return NotAccepted();
-  return i;
-}
-
-absl::StatusOr<std::string> ParseTotalMemory(absl::string_view v) {
+// The syntax of each key (its parse) and its range (valid), as the option table checks them.
+absl::StatusOr<std::string> ParseSizeText(absl::string_view v) {
   absl::StatusOr<std::size_t> s = ParseSize(v);
-  if (!s.ok() || *s == 0 || *s % (2 * kMiB) != 0 || *s > (std::size_t{1} << 42)) return NotAccepted();
+  if (!s.ok()) return NotAccepted();
   return SizeText(*s);
+}
+bool ValidTotalMemory(absl::string_view canonical) {
+  absl::StatusOr<std::size_t> s = ParseSize(canonical);
+  return s.ok() && *s > 0 && *s % (2 * kMiB) == 0 && *s <= (std::size_t{1} << 42);
 }
 absl::StatusOr<std::string> ParseMemoryMode(absl::string_view v) {
   if (v == "backed" || v == "unbacked") return std::string(v);
   return NotAccepted();
 }
-absl::StatusOr<std::string> ParseDevices(absl::string_view v) {
-  absl::StatusOr<std::int64_t> i = IntIn(v, 1, 64);
-  if (!i.ok()) return i.status();
-  return absl::StrCat(*i);
-}
 absl::StatusOr<std::string> ParseNonNegative(absl::string_view v) {
-  absl::StatusOr<std::int64_t> i = IntIn(v, 0, std::numeric_limits<std::int64_t>::max());
-  if (!i.ok()) return i.status();
-  return absl::StrCat(*i);
+  std::int64_t i;
+  if (!absl::SimpleAtoi(v, &i) || i < 0) return NotAccepted();
+  return absl::StrCat(i);
 }
-absl::StatusOr<std::string> ParseFraction(absl::string_view v) {
+bool ValidDevices(absl::string_view canonical) {
+  int n = 0;
+  return absl::SimpleAtoi(canonical, &n) && n >= 1 && n <= 64;
+}
+// A number, kept as the shortest text that reads back as the same double.
+absl::StatusOr<std::string> ParseNumber(absl::string_view v) {
   double d;
-  if (!absl::SimpleAtod(v, &d) || !(d >= 0.0 && d <= 1.0)) return NotAccepted();
-  return absl::StrCat(d);
+  if (!absl::SimpleAtod(v, &d) || !std::isfinite(d)) return NotAccepted();
+  char text[32];
+  const std::to_chars_result r = std::to_chars(text, text + sizeof(text), d);
+  return std::string(text, r.ptr);
+}
+bool ValidFraction(absl::string_view canonical) {
+  double d;
+  return absl::SimpleAtod(canonical, &d) && d >= 0.0 && d <= 1.0;
 }
 
 constexpr BackendOptionSpec kSimOptions[] = {
     {"sim_total_memory", "a positive multiple of 2MiB up to 4TiB", "memory of each simulated device", "16GiB",
-     ParseTotalMemory},
+     ParseSizeText, ValidTotalMemory},
     {"sim_memory", "backed or unbacked",
      "backed: real host memory that tests can write; unbacked: reserved addresses never touched", "backed",
-     ParseMemoryMode},
-    {"sim_devices", "an integer from 1 to 64", "number of simulated devices", "1", ParseDevices},
+     ParseMemoryMode, nullptr},
+    {"sim_devices", "an integer from 1 to 64", "number of simulated devices", "1", ParseNonNegative, ValidDevices},
     {"sim_fail_nth_alloc", "an integer >= 0", "fault injection: fail the Nth backend allocation (0 = never)", "0",
-     ParseNonNegative},
+     ParseNonNegative, nullptr},
     {"sim_fail_fraction", "a number in [0, 1]", "fault injection: fail this fraction of backend allocations", "0",
-     ParseFraction},
-    {"sim_seed", "an integer >= 0", "seed of the fault injection", "1", ParseNonNegative},
+     ParseNumber, ValidFraction},
+    {"sim_seed", "an integer >= 0", "seed of the fault injection", "1", ParseNonNegative, nullptr},
 };
 
 // The settings as SimBackendOptions for `device`; they passed their specs' parse.

@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Create(const Options& opti
   if (!count.ok()) return count.status();
   if (*count <= 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("bucketalloc: backend:", backend.name, " but no device is present"));
+        absl::StrCat("bucketalloc: backend:", options.backend, " but no device is present"));
   }
   return std::unique_ptr<Allocator>(new Allocator(options, *count));
 }

@@ -238,14 +238,16 @@ OptionRow BackendRow(const internal::BackendOptionSpec& spec) {
     if (!canonical.ok()) return Why();
     o.backend_settings[spec.name] = *canonical;
     return absl::OkStatus();
-  };
+  };  // the range is checked with the other rows, once everything is parsed
   row.format = [&spec](const Options& o) {
     auto it = o.backend_settings.find(spec.name);
     return it == o.backend_settings.end() ? std::string(spec.default_value) : it->second;
   };
   row.check = [&spec](const Options& o) -> std::optional<Problem> {
     auto it = o.backend_settings.find(spec.name);
-    if (it == o.backend_settings.end() || spec.parse(it->second).ok()) return std::nullopt;
+    if (it == o.backend_settings.end()) return std::nullopt;
+    absl::StatusOr<std::string> canonical = spec.parse(it->second);
+    if (canonical.ok() && (spec.valid == nullptr || spec.valid(*canonical))) return std::nullopt;
     return Problem();
   };
   return row;
@@ -311,9 +313,10 @@ std::vector<OptionRow> MakeTable() {
                   MiBField<&Options::large_segment_size>, FormatMiBField<&Options::large_segment_size>,
                   [](const Options& o) -> std::optional<Problem> {
                     const std::size_t s = o.large_segment_size;
-                    if (s < 2 * kMiB || s % (2 * kMiB) != 0 || s == kUnlimited) return Problem();
-                    if (s > o.max_split_size)
+                    if (s > o.max_split_size) {
                       return Problem("segments shared by requests under 10 MiB must stay splittable");
+                    }
+                    if (s < 2 * kMiB || s % (2 * kMiB) != 0 || s == kUnlimited) return Problem();
                     return std::nullopt;
                   }));
   t.push_back(Row("roundup_power2_divisions",
@@ -346,6 +349,7 @@ std::vector<OptionRow> MakeTable() {
       [](const Options& o) { return JoinList<std::size_t>(o.tiers, SizeText); },
       [](const Options& o) -> std::optional<Problem> {
         if (!o.tiers.empty() && !o.tiers_tokens.empty()) return Problem("either tiers or tiers_tokens, not both");
+        if (o.tiers.empty() && o.bytes_per_token == 0) return std::nullopt;  // bytes_per_token's row says so
         for (std::size_t t : o.ResolvedTiers(1)) {
           if (t <= o.small_pool_limit || t > (std::size_t{1} << 44)) {
             return Problem(o.tiers.empty() ? "tiers_tokens x bytes_per_token" : "", SizeText(t));

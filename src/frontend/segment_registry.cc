@@ -162,7 +162,9 @@ absl::Status SegmentRegistry::CheckInvariants(std::size_t spare_bytes) const {
     granule_bytes += r.mapped;
   }
   const BackendCounters c = backend_->counters();
-  if (c.allocs - c.frees != allocations || c.alloc_bytes - c.free_bytes != allocation_bytes) {
+  // Bytes are held against the backend's own count when it keeps one (BackendCounters: optional).
+  const bool counts_bytes = c.alloc_bytes != 0 || c.free_bytes != 0;
+  if (c.allocs - c.frees != allocations || (counts_bytes && c.alloc_bytes - c.free_bytes != allocation_bytes)) {
     return fail(absl::StrCat("the backend holds ", c.allocs - c.frees, " allocations of ", c.alloc_bytes - c.free_bytes,
                              " bytes but ", allocations, " segments of ", allocation_bytes, " bytes are registered"));
   }

@@ -7,8 +7,8 @@
 // hook run before growth (garbage collection, which the device runs over its pools); and, for the
 // slow path of a CUDA graph capture, the refusal of any backend call that allocates.
 // Invariants (CheckInvariants): registered ranges do not overlap; the backend holds exactly the
-// registered allocations (count and bytes) and exactly the mapped plus spare granules; reserved
-// bytes never exceed what the backend holds.
+// registered allocations (their count; and their bytes, when it counts bytes) and exactly the mapped
+// plus spare granules.
 // Thread-safety: none; the device lock guards it.
 //
 // Example:

@@ -46,7 +46,8 @@ TEST(OptionsTest, ParsesEveryKind) {
   EXPECT_EQ(o->roundup_power2_divisions[15], 8u);
   EXPECT_EQ(o->ResolvedTiers(2 * kMiB), (std::vector<std::size_t>{64 * kMiB, 128 * kMiB, 256 * kMiB, 512 * kMiB}));
   EXPECT_DOUBLE_EQ(o->tier_min_fill, 0.25);
-  // The simulated device's keys are its own (the backend registry's sim row), kept canonical.
+  // The simulated device's keys are its own (the backend registry's sim row), kept canonical (a
+  // number as the shortest text that reads back as the same double).
   EXPECT_EQ(o->backend_settings, (BackendSettings{{"sim_devices", "2"},
                                                   {"sim_fail_fraction", "0.1"},
                                                   {"sim_fail_nth_alloc", "3"},
@@ -72,6 +73,13 @@ TEST(OptionsTest, SizesAndTiersInBytes) {
   // Rounded up to the 2 MiB granularity, sorted, duplicates removed.
   EXPECT_EQ(o->ResolvedTiers(2 * kMiB), (std::vector<std::size_t>{64 * kMiB, 66 * kMiB, 100 * kMiB}));
   EXPECT_EQ(ParseOptions("roundup_power2_divisions:4")->roundup_power2_divisions[3], 4u);
+}
+
+TEST(OptionsTest, ANumberOfABackendKeyKeepsEveryDigit) {
+  absl::StatusOr<Options> o = ParseOptions("backend:sim,sim_fail_fraction:0.1234567");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->backend_settings.at("sim_fail_fraction"), "0.1234567");
+  EXPECT_TRUE(absl::StrContains(FormatOptions(*o), "sim_fail_fraction:0.1234567"));
 }
 
 TEST(OptionsTest, StitchingIsBackendVmmOrPyTorchsExpandableSegments) {
@@ -102,7 +110,7 @@ void ExpectError(absl::string_view conf, absl::string_view key, absl::string_vie
   ASSERT_FALSE(o.ok()) << conf;
   EXPECT_TRUE(absl::IsInvalidArgument(o.status()));
   const std::string msg(o.status().message());
-  EXPECT_TRUE(absl::StrContains(msg, key)) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, absl::StrCat("option '", key, "': bad value '"))) << msg;
   EXPECT_TRUE(absl::StrContains(msg, value)) << msg;
   EXPECT_TRUE(absl::StrContains(msg, "accepted")) << msg;
 }
@@ -131,6 +139,14 @@ TEST(OptionsTest, BadInputIsAClearError) {
   ExpectError("sim_total_memory:3MiB", "sim_total_memory", "3MiB");
   ExpectError("debug_check_invariants:maybe", "debug_check_invariants", "maybe");
   ExpectError("sim_fail_fraction:2", "sim_fail_fraction", "2");
+  ExpectError("sim_total_memory:3145728", "sim_total_memory", "3MiB");  // the value as the dump writes it
+  // Syntax is read key by key, ranges once everything is read: an unknown key after an
+  // out-of-range one is named first, as is a bad key before a range of a later row.
+  EXPECT_TRUE(absl::StrContains(ParseOptions("sim_total_memory:3MiB,foo:1").status().message(), "'foo'"));
+  ExpectError("memory_fraction:2,sim_total_memory:3MiB", "memory_fraction", "2");
+  // A range check says why where it has a reason.
+  absl::StatusOr<Options> seg = ParseOptions("max_split_size_mb:32,large_segment_size_mb:63");
+  EXPECT_TRUE(absl::StrContains(seg.status().message(), "must stay splittable")) << seg.status();
   ExpectError("sim_seed:-1", "sim_seed", "-1");
   EXPECT_FALSE(ParseOptions("capacity").ok());             // no value
   EXPECT_FALSE(ParseOptions("tiers:[64MiB,128MiB").ok());  // unbalanced

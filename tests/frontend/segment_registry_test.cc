@@ -99,5 +99,51 @@ TEST_F(SegmentRegistryTest, TheCheckCatchesMemoryTakenBehindItsBack) {
   EXPECT_TRUE(registry_->CheckInvariants(0).ok());
 }
 
+// A backend of an embedder (Allocator::CreateWithBackend) that counts calls but not bytes, as
+// backends written before BackendCounters had bytes do: its allocations are checked by count.
+class CallsOnlyBackend final : public Backend {
+ public:
+  explicit CallsOnlyBackend(std::unique_ptr<SimBackend> sim) : sim_(std::move(sim)) {}
+  absl::string_view Name() const override { return "calls-only"; }
+  int device() const override { return 0; }
+  std::size_t Granularity() const override { return sim_->Granularity(); }
+  absl::StatusOr<void*> Allocate(std::size_t bytes) override { return sim_->Allocate(bytes); }
+  absl::Status Free(void* p, std::size_t bytes) override { return sim_->Free(p, bytes); }
+  absl::StatusOr<DeviceMemInfo> GetMemInfo() override { return sim_->GetMemInfo(); }
+  absl::StatusOr<Event> RecordEvent(Stream s) override { return sim_->RecordEvent(s); }
+  absl::StatusOr<bool> QueryEvent(Event e) override { return sim_->QueryEvent(e); }
+  absl::Status SynchronizeEvent(Event e) override { return sim_->SynchronizeEvent(e); }
+  void DestroyEvent(Event e) override { sim_->DestroyEvent(e); }
+  BackendCounters counters() const override {
+    const BackendCounters c = sim_->counters();
+    BackendCounters calls;
+    calls.allocs = c.allocs;
+    calls.frees = c.frees;
+    return calls;
+  }
+
+ private:
+  std::unique_ptr<SimBackend> sim_;
+};
+
+TEST(SegmentRegistryBackendTest, ABackendThatCountsNoBytesIsCheckedByCount) {
+  absl::StatusOr<std::unique_ptr<SimBackend>> sim = MakeSimBackend({.total_memory = 64 * kMiB});
+  ASSERT_TRUE(sim.ok());
+  CallsOnlyBackend backend(std::move(*sim));
+  StatLedger ledger;
+  HistoryRing history;
+  SegmentRegistry registry(&backend, &ledger, &history);
+  registry.set_cap(64 * kMiB);
+  absl::StatusOr<std::uintptr_t> a = registry.AllocateSegment(4 * kMiB, kLargePool);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(registry.CheckInvariants(0).ok()) << registry.CheckInvariants(0);
+  absl::StatusOr<void*> stray = backend.Allocate(2 * kMiB);  // its count still catches a stray allocation
+  ASSERT_TRUE(stray.ok());
+  EXPECT_FALSE(registry.CheckInvariants(0).ok());
+  ASSERT_TRUE(backend.Free(*stray, 2 * kMiB).ok());
+  EXPECT_TRUE(registry.ReleaseSegment(*a, 4 * kMiB, kLargePool));
+  EXPECT_TRUE(registry.CheckInvariants(0).ok());
+}
+
 }  // namespace
 }  // namespace bucketalloc::internal

@@ -1,39 +1,36 @@
 #!/usr/bin/env bash
-# tests/layers/check_layers.sh — the build enforces the layers: a file of a layer compiles against
-# its own include root and those of the layers below (CMakeLists.txt, bucketalloc_layer_root), so
-# a header of its own layer or one below is found and a header of a layer above is not.
+# tests/layers/check_layers.sh — the build enforces the layers: a file of a layer compiles with the
+# include paths of its CMake target (its own include root and those of the layers it links; CMake
+# writes them to LAYER_ROOT/<layer>.include_dirs), so a header of its own layer or one below is
+# found and a header of a layer above is not; and no source reaches around them with "../".
 #
-# Usage: check_layers.sh CXX LAYER_ROOT
+# Usage: check_layers.sh CXX LAYER_ROOT SOURCE_DIR
 #   CXX         the C++ compiler of the build
 #   LAYER_ROOT  the build's include roots, one folder per layer (build/<type>/layers)
+#   SOURCE_DIR  the repository (its src/ and cuda/ are searched for "../" includes)
 # Each probe compiles a one-line file (#include "<header>") with -fsyntax-only.
 set -uo pipefail
 cxx=$1
 root=$2
+source_dir=$3
 failed=0
-order=(internal backend memory pool frontend)
+probe_log=$(mktemp)
+trap 'rm -f "$probe_log"' EXIT
 
-# The -I flags of `layer`: its root and every root below it.
-flags_of() {
-  local layer=$1 flags=()
-  for l in "${order[@]}"; do
-    flags+=(-I "$root/$l")
-    [[ $l == "$layer" ]] && break
-  done
-  printf '%s\n' "${flags[@]}"
-}
-
-probe() {  # probe LAYER HEADER: 0 when the header compiles with LAYER's roots
-  local layer=$1 header=$2
-  mapfile -t flags < <(flags_of "$layer")
-  printf '#include "%s"\n' "$header" | "$cxx" -std=c++20 -fsyntax-only "${flags[@]}" -x c++ - 2>/tmp/check_layers.$$
+probe() {  # probe LAYER HEADER: 0 when the header compiles with LAYER's include paths
+  local layer=$1 header=$2 flags=() dir
+  while IFS= read -r dir; do
+    [[ -z $dir || $dir == /usr/include || $dir == /usr/local/include ]] && continue  # system paths
+    flags+=(-I "$dir")
+  done <"$root/$layer.include_dirs"
+  printf '#include "%s"\n' "$header" | "$cxx" -std=c++20 -fsyntax-only "${flags[@]}" -x c++ - 2>"$probe_log"
 }
 
 expect_found() {
   if probe "$1" "$2"; then
     echo "ok: layer $1 includes $2"
   else
-    echo "FAIL: layer $1 cannot include $2, which is its own or below:"; cat /tmp/check_layers.$$
+    echo "FAIL: layer $1 cannot include $2, which is its own or below:"; cat "$probe_log"
     failed=1
   fi
 }
@@ -42,16 +39,16 @@ expect_refused() {
   if probe "$1" "$2"; then
     echo "FAIL: layer $1 includes $2, a header of a layer above, and it compiled"
     failed=1
-  elif grep -q "No such file or directory" /tmp/check_layers.$$; then
+  elif grep -q "No such file or directory" "$probe_log"; then
     echo "ok: layer $1 cannot include $2 (not found)"
   else
-    echo "FAIL: layer $1 including $2 failed, but not because the header is out of reach:"; cat /tmp/check_layers.$$
+    echo "FAIL: layer $1 including $2 failed, but not because the header is out of reach:"; cat "$probe_log"
     failed=1
   fi
 }
 
-for l in "${order[@]}"; do
-  [[ -d $root/$l ]] || { echo "FAIL: no include root $root/$l"; exit 1; }
+for l in internal backend cuda memory pool frontend; do
+  [[ -f $root/$l.include_dirs ]] || { echo "FAIL: no include paths $root/$l.include_dirs"; exit 1; }
 done
 
 # Each layer reaches its own headers and those below.
@@ -59,6 +56,7 @@ expect_found internal internal/live_map.h
 expect_found internal bucketalloc/stat_types.h
 expect_found backend backend/registry.h
 expect_found backend bucketalloc/testing/sim_backend.h
+expect_found cuda cuda/cuda_backend.h
 expect_found memory memory/segment.h
 expect_found memory internal/bits.h
 expect_found pool pool/large_pool.h
@@ -71,6 +69,7 @@ expect_refused internal bucketalloc/backend.h
 expect_refused internal backend/registry.h
 expect_refused backend memory/segment.h
 expect_refused backend cuda/cuda_backend.h        # src/ never includes CUDA headers
+expect_refused cuda memory/segment.h
 expect_refused memory pool/large_pool.h
 expect_refused memory bucketalloc/options.h
 expect_refused pool frontend/device_allocator.h
@@ -80,6 +79,14 @@ expect_refused pool bucketalloc/allocator.h
 expect_refused frontend harness/replay.h
 expect_refused frontend bucketalloc/bucketalloc.h  # the C ABI is a plugin
 
-rm -f /tmp/check_layers.$$
+# A relative include with ".." resolves from the including file's own folder, around the include
+# paths: none is allowed in the layers.
+if up=$(grep -rnE '#include +"[^"]*\.\./' "$source_dir/src" "$source_dir/cuda"); then
+  echo "FAIL: includes that reach around the layers with \"../\":"; echo "$up"
+  failed=1
+else
+  echo "ok: no \"../\" include in src/ or cuda/"
+fi
+
 [[ $failed -eq 0 ]] && echo "check_layers: every layer reaches only itself and the layers below"
 exit $failed

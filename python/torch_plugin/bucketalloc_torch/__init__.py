@@ -35,13 +35,10 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 from . import _lib
 from ._lib import BucketallocError
 
-# The project's version (CMakeLists.txt, through this package's metadata; the C ABI reports the same).
-try:
-    from importlib.metadata import PackageNotFoundError, version as _metadata_version
+from ._version import project_version as _project_version
 
-    __version__ = _metadata_version("bucketalloc-torch")
-except PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "unknown"
+# The project's version (CMakeLists.txt; the C ABI reports the same).
+__version__ = _project_version()
 
 __all__ = [
     "BucketallocError",
