@@ -96,33 +96,50 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
   return d;
 }
 
+// The fast paths are a published device and an OK result; the rest is out of line (a first call on
+// a device, an error to explain), so that the fast paths keep no frame of their own.
 absl::StatusOr<void*> Allocator::Allocate(std::size_t size, int device, Stream stream) {
-  if (DeviceAllocator* d = Published(devices_->ptrs, device)) return d->Allocate(size, stream);
+  if (DeviceAllocator* d = Published(devices_->ptrs, device)) [[likely]]
+    return d->Allocate(size, stream);
+  return AllocateOnNewDevice(size, device, stream);
+}
+
+absl::StatusOr<void*> Allocator::AllocateOnNewDevice(std::size_t size, int device, Stream stream) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
   return (*d)->Allocate(size, stream);
 }
 
 absl::Status Allocator::Free(void* ptr, int device, std::optional<std::size_t> size) {
-  if (ptr == nullptr) return absl::OkStatus();
   DeviceAllocator* d = Published(devices_->ptrs, device);
-  if (d == nullptr) {
-    absl::StatusOr<DeviceAllocator*> created = Device(device);
-    if (!created.ok()) return created.status();
-    d = *created;
-  }
+  if (d == nullptr || ptr == nullptr) [[unlikely]]
+    return FreeOnNewDevice(ptr, device, size);
   absl::Status s = d->Free(ptr, size);
-  if (!s.ok() && absl::IsInvalidArgument(s)) {
-    // A pointer of another device: say so, so that the caller's device bookkeeping is fixed.
-    for (int other = 0; other < device_count(); ++other) {
-      DeviceAllocator* o = Published(devices_->ptrs, other);
-      if (other != device && o != nullptr && o->OwnsLive(ptr)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(s.message(), " (it is a live allocation of device ", other, "; free it with that device)"));
-      }
+  if (!s.ok()) [[unlikely]]
+    ExplainFreeError(&s, ptr, device);
+  return s;
+}
+
+absl::Status Allocator::FreeOnNewDevice(void* ptr, int device, std::optional<std::size_t> size) {
+  if (ptr == nullptr) return absl::OkStatus();
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  absl::Status s = (*d)->Free(ptr, size);
+  if (!s.ok()) ExplainFreeError(&s, ptr, device);
+  return s;
+}
+
+void Allocator::ExplainFreeError(absl::Status* s, void* ptr, int device) const {
+  if (!absl::IsInvalidArgument(*s)) return;
+  // A pointer of another device: say so, so that the caller's device bookkeeping is fixed.
+  for (int other = 0; other < device_count(); ++other) {
+    DeviceAllocator* o = Published(devices_->ptrs, other);
+    if (other != device && o != nullptr && o->OwnsLive(ptr)) {
+      *s = absl::InvalidArgumentError(
+          absl::StrCat(s->message(), " (it is a live allocation of device ", other, "; free it with that device)"));
+      return;
     }
   }
-  return s;
 }
 
 absl::Status Allocator::RecordStream(void* ptr, int device, Stream stream) {

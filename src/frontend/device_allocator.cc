@@ -107,13 +107,16 @@ StreamPools& DeviceAllocator::PoolsForNewStream(Stream stream) {
 // ---------------------------------------------------------------------------------------------
 // Allocation.
 
+absl::Status DeviceAllocator::InvalidSize(std::size_t size) const {
+  return absl::InvalidArgumentError(absl::StrCat("bucketalloc: allocation size ", size, " on device ", device_,
+                                                 " is invalid: accepted sizes are 0 to ", kMaxRequestBytes,
+                                                 " bytes (a negative ssize_t converted to size_t is this large)"));
+}
+
 absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream) {
   if (size == 0) return nullptr;
-  if (size > kMaxRequestBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: allocation size ", size, " on device ", device_,
-                                                   " is invalid: accepted sizes are 0 to ", kMaxRequestBytes,
-                                                   " bytes (a negative ssize_t converted to size_t is this large)"));
-  }
+  if (size > kMaxRequestBytes) [[unlikely]]
+    return InvalidSize(size);
   MutexLock lock(mu_);
   StreamPools& sp = PoolsFor(stream);
   const std::uint16_t graph = captures_.running() ? captures_.TagFor(stream) : 0;
@@ -271,26 +274,32 @@ absl::Status DeviceAllocator::InvalidFree(void* ptr, absl::string_view what) {
       absl::StrCat("bucketalloc: invalid free of ", PtrStr(ptr), " on device ", device_, ": ", what));
 }
 
+absl::Status DeviceAllocator::FreeOfNoLiveAllocation(void* ptr) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  if (pending_.Contains(addr)) return InvalidFree(ptr, "double free (it is already freed and awaiting stream events)");
+  if (registry_.Holding(addr).has_value()) {
+    return InvalidFree(ptr,
+                       "double free, or a pointer into a block rather than its start: no live "
+                       "allocation starts at this address inside bucketalloc's memory");
+  }
+  return InvalidFree(ptr, "the pointer was not allocated by bucketalloc on this device");
+}
+
+absl::Status DeviceAllocator::FreeSizeMismatch(void* ptr, std::size_t requested, std::size_t given) {
+  return InvalidFree(ptr,
+                     absl::StrCat("size mismatch: allocated with ", requested, " bytes, freed with ", given, " bytes"));
+}
+
 absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   if (ptr == nullptr) return absl::OkStatus();
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   MutexLock lock(mu_);
   LiveEntry* found = live_.Find(addr);
-  if (found == nullptr) {
-    if (pending_.Contains(addr))
-      return InvalidFree(ptr, "double free (it is already freed and awaiting stream events)");
-    if (registry_.Holding(addr).has_value()) {
-      return InvalidFree(ptr,
-                         "double free, or a pointer into a block rather than its start: no live "
-                         "allocation starts at this address inside bucketalloc's memory");
-    }
-    return InvalidFree(ptr, "the pointer was not allocated by bucketalloc on this device");
-  }
+  if (found == nullptr) [[unlikely]]
+    return FreeOfNoLiveAllocation(ptr);
   const LiveEntry entry = *found;
-  if (size.has_value() && *size != entry.requested) {
-    return InvalidFree(
-        ptr, absl::StrCat("size mismatch: allocated with ", entry.requested, " bytes, freed with ", *size, " bytes"));
-  }
+  if (size.has_value() && *size != entry.requested) [[unlikely]]
+    return FreeSizeMismatch(ptr, entry.requested, *size);
   live_.Erase(found);
   const bool held = captures_.Holds(entry.graph);
   if (pending_.has_uses() || held) [[unlikely]] {

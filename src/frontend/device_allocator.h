@@ -136,6 +136,11 @@ class DeviceAllocator final {
   // ResourceExhausted.
   absl::Status OutOfMemory(PoolIndex pool, std::size_t size, std::size_t rounded, std::size_t segment,
                            const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The errors of Allocate and Free, out of line so that the fast paths keep a small frame.
+  ABSL_ATTRIBUTE_NOINLINE absl::Status InvalidSize(std::size_t size) const;
+  ABSL_ATTRIBUTE_NOINLINE absl::Status FreeOfNoLiveAllocation(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ABSL_ATTRIBUTE_NOINLINE absl::Status FreeSizeMismatch(void* ptr, std::size_t requested, std::size_t given)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status InvalidFree(void* ptr, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when the slow path for `stream` must make no backend call: a capture announced by
   // BeginCapture runs on this device, or `stream` itself is capturing (for hosts that do not
