@@ -5,8 +5,8 @@
 # budget, and the summary ("step <name>: PASS|FAIL (seconds)" per step, then
 # "gpu_check: N passed, M failed"). Exits non-zero when any step failed.
 # Needs bundle/ (made here by scripts/make_gpu_bundle.sh, carried as ["bundle"]): the binaries in
-# bundle/bin and their libraries in bundle/lib. BUCKETALLOC_EXPECT_GPU=1 makes a missing GPU a
-# failure in the tests, never a skip.
+# bundle/bin (packed as bundle/bin.tar.xz, unpacked here on the first run) and their libraries in
+# bundle/lib. BUCKETALLOC_EXPECT_GPU=1 makes a missing GPU a failure in the tests, never a skip.
 #
 # Usage, from the repo root on the GPU machine:
 #   bash scripts/gpu_check.sh
@@ -21,6 +21,17 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2  # the repo root (also when run
 BUNDLE=${BUNDLE:-bundle}
 BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
 
+if [[ ! -d $BUNDLE/bin && -f $BUNDLE/bin.tar.xz ]]; then
+  # Python's tarfile reads xz itself, so the GPU image needs no xz binary.
+  python3 - "$BUNDLE/bin.tar.xz" "$BUNDLE" <<'PY' || { echo "gpu_check: could not unpack $BUNDLE/bin.tar.xz"; exit 2; }
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as archive:
+    try:
+        archive.extractall(sys.argv[2], filter="data")
+    except TypeError:  # a Python without extraction filters
+        archive.extractall(sys.argv[2])
+PY
+fi
 if [[ ! -d $BUNDLE/bin ]]; then
   echo "gpu_check: $PWD/$BUNDLE/bin is missing."
   echo "  Make it on the build machine with: bash scripts/make_gpu_bundle.sh"

@@ -7,7 +7,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config clang-format libabsl-dev libgtest-dev libgmock-dev
-          libbenchmark-dev libmimalloc-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+          libbenchmark-dev libmimalloc-dev nlohmann-json3-dev libcli11-dev zlib1g-dev xz-utils
           python3 python3-venv python3-pip python3-setuptools python3-pytest chromium)
 missing=()
 for p in "${packages[@]}"; do
