@@ -26,4 +26,4 @@ fi
 rm -rf python/torch_plugin/build
 "$venv/bin/python" -m pip install --quiet --no-build-isolation --no-deps --force-reinstall ./python/torch_plugin
 
-BUCKETALLOC_LIBRARY="$lib" "$venv/bin/python" -m pytest -q python/torch_plugin/tests "$@"
+BUCKETALLOC_LIBRARY="$lib" "$venv/bin/python" -m pytest -q -rs python/torch_plugin/tests "$@"  # -rs: every skip says why
