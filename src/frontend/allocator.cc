@@ -97,7 +97,7 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
 }
 
 // The fast paths are a published device and an OK result; the rest is out of line (a first call on
-// a device, an error to explain), so that the fast paths keep no frame of their own.
+// a device, an error to explain), so that the fast paths keep a small frame.
 absl::StatusOr<void*> Allocator::Allocate(std::size_t size, int device, Stream stream) {
   if (DeviceAllocator* d = Published(devices_->ptrs, device)) [[likely]]
     return d->Allocate(size, stream);
