@@ -37,8 +37,7 @@ absl::StatusOr<void*> CudaBackend::Allocate(std::size_t bytes) {
     Count(&BackendCounters::failed_allocs);
     return Error(absl::StrCat("cudaMalloc(", bytes, " bytes)"), error);
   }
-  Count(&BackendCounters::allocs);
-  Count(&BackendCounters::alloc_bytes, static_cast<std::int64_t>(bytes));
+  Count(&BackendCounters::allocs, 1, &BackendCounters::alloc_bytes, static_cast<std::int64_t>(bytes));
   return ptr;
 }
 
@@ -48,8 +47,7 @@ absl::Status CudaBackend::Free(void* ptr, std::size_t bytes) {
   if (cudaError_t error = Rt().Free(ptr); error != cudaSuccess) {
     return Error(absl::StrCat("cudaFree(", Hex(ptr), ", ", bytes, " bytes)"), error);
   }
-  Count(&BackendCounters::frees);
-  Count(&BackendCounters::free_bytes, static_cast<std::int64_t>(bytes));
+  Count(&BackendCounters::frees, 1, &BackendCounters::free_bytes, static_cast<std::int64_t>(bytes));
   return absl::OkStatus();
 }
 
@@ -144,9 +142,11 @@ absl::Status CudaBackend::Error(absl::string_view call, cudaError_t error) const
   return CudaStatus(absl::StrCat(call, " on device ", device_), error);
 }
 
-void CudaBackend::Count(std::int64_t BackendCounters::*counter, std::int64_t n) {
+void CudaBackend::Count(std::int64_t BackendCounters::*counter, std::int64_t n,
+                        std::int64_t BackendCounters::*byte_counter, std::int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   counters_.*counter += n;
+  if (byte_counter != nullptr) counters_.*byte_counter += bytes;
 }
 
 void CudaBackend::ReturnToPool(cudaEvent_t event) {
@@ -163,7 +163,6 @@ void CudaBackend::ReturnToPool(cudaEvent_t event) {
 
 namespace {
 
-absl::StatusOr<int> CudaDevices(const BackendSettings&) { return CudaDeviceCount(); }
 absl::StatusOr<std::unique_ptr<Backend>> MakeCuda(const BackendSettings&, int device) {
   return MakeCudaBackend(device);
 }
@@ -172,11 +171,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCuda(const BackendSettings&, int de
 
 constinit const BackendEntry kCudaBackendEntry = {
     "cuda",
-    "cudaMalloc on the CUDA device",
     {},
     /*stitching_backend=*/"vmm",
     /*always_stitches=*/false,
-    CudaDevices,
+    CudaDevicesOf,
     MakeCuda,
 };
 

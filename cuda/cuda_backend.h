@@ -57,8 +57,10 @@ class CudaBackend : public Backend {
  protected:
   // The typed status of a failed `call` (with its arguments) on this device.
   absl::Status Error(absl::string_view call, cudaError_t error) const;
-  // Adds `n` to `counter` (e.g. &BackendCounters::allocs).
-  void Count(std::int64_t BackendCounters::*counter, std::int64_t n = 1);
+  // Adds `n` to `counter` (e.g. &BackendCounters::allocs), and `bytes` to `byte_counter` when given
+  // (both in one locked section, so that a reader never sees one without the other).
+  void Count(std::int64_t BackendCounters::*counter, std::int64_t n = 1,
+             std::int64_t BackendCounters::*byte_counter = nullptr, std::int64_t bytes = 0);
 
  private:
   static constexpr std::size_t kMaxPooledEvents = 256;  // beyond this, events are destroyed

@@ -92,6 +92,8 @@ absl::Status InitDevice(absl::string_view backend, int device) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> CudaDevicesOf(const BackendSettings&) { return CudaDeviceCount(); }
+
 }  // namespace internal
 
 absl::StatusOr<int> CudaDeviceCount() {

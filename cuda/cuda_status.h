@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "bucketalloc/backend.h"
 #include "cuda/cuda_runtime.h"
 
 namespace bucketalloc::internal {
@@ -74,6 +75,10 @@ class ScopedDevice {
 // its context is created (a device that exists but cannot be used, e.g. in prohibited compute
 // mode, fails here rather than on the first allocation). `backend` names the backend in the error.
 absl::Status InitDevice(absl::string_view backend, int device);
+
+// The device count of the cuda and vmm registry rows: CudaDeviceCount(), whatever the settings
+// (they have none).
+absl::StatusOr<int> CudaDevicesOf(const BackendSettings& settings);
 
 }  // namespace bucketalloc::internal
 

@@ -57,6 +57,9 @@ absl::StatusOr<const DriverApi*> Driver() {
   return &api;
 }
 
+namespace {
+
+// The CUresult twins of IsMissingDriverOrDevice and IsCaptureError (cuda/cuda_status.h).
 bool IsMissingDriverOrDevice(CUresult error) {
   switch (error) {
     case CUDA_ERROR_NOT_INITIALIZED:
@@ -84,6 +87,8 @@ bool IsCaptureError(CUresult error) {
       return false;
   }
 }
+
+}  // namespace
 
 absl::Status CuStatus(const DriverApi& driver, absl::string_view what, CUresult error) {
   const char* name = nullptr;

@@ -51,10 +51,6 @@ struct DriverApi {
 // may be loaded later.
 absl::StatusOr<const DriverApi*> Driver();
 
-// The CUresult twins of IsMissingDriverOrDevice and IsCaptureError (cuda/cuda_status.h).
-bool IsMissingDriverOrDevice(CUresult error);
-bool IsCaptureError(CUresult error);
-
 // Maps a driver error to a typed status as CudaStatus maps a runtime error, with the driver's own
 // error name and string (driver calls do not touch the runtime's last error).
 absl::Status CuStatus(const DriverApi& driver, absl::string_view what, CUresult error);

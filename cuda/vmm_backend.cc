@@ -28,6 +28,9 @@ CUmemAllocationProp PinnedDeviceMemory(int device) {
 
 // The virtual-memory backend: CudaBackend's Allocate, Free and events, plus the Reserve/Create/Map
 // family over the driver's VMM API. Before any driver call it refuses (InvalidArgument, as the sim
+// backend does) a size that is not a positive multiple of the granularity and an alignment that is
+// neither 0 (the granularity) nor a power of two. Other misuse (an unknown handle, a range that is
+// not reserved or is already mapped, an unmap of nothing) is left to the driver, whose error is
 // mapped like any other. Unlike the sim backend, the driver accepts two things the allocator never
 // does: ReleasePhysical of a granule that is still mapped (its memory goes with the last mapping)
 // and a Map of fewer bytes than the granule (its prefix is mapped). Unmap is one cuMemUnmap, which
@@ -147,18 +150,16 @@ class VmmBackend final : public CudaBackend {
   const std::size_t granularity_;
 };
 
-absl::StatusOr<int> CudaDevices(const BackendSettings&) { return CudaDeviceCount(); }
 absl::StatusOr<std::unique_ptr<Backend>> MakeVmm(const BackendSettings&, int device) { return MakeVmmBackend(device); }
 
 }  // namespace
 
 constinit const BackendEntry kVmmBackendEntry = {
     "vmm",
-    "CUDA virtual memory with stitching (docs/vmm.md): cudaMalloc for slabs, the driver's VMM API for the large pool",
     {},
     /*stitching_backend=*/"vmm",
     /*always_stitches=*/true,
-    CudaDevices,
+    CudaDevicesOf,
     MakeVmm,
 };
 

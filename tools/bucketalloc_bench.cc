@@ -104,7 +104,8 @@ int main(int argc, char** argv) {
   CLI::App* replay = app.add_subcommand("replay", "replay a trace at one capacity");
   replay->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
   const std::string policies = bucketalloc::harness::PolicySpecsText();
-  replay->add_option("--allocator", allocator, absl::StrCat("one of: ", policies))->capture_default_str();
+  const std::string allocator_help = absl::StrCat("one of: ", policies, bucketalloc::harness::PolicyHelpText());
+  replay->add_option("--allocator", allocator, allocator_help)->capture_default_str();
   replay->add_option("--capacity", capacity_text, "the simulated card's memory, e.g. 24GiB")->required();
   replay->add_option("--repeat", repeat, "rounds of the trace on one allocator (a rising peak is a leak)")
       ->check(CLI::Range(1, 1000));
@@ -112,7 +113,7 @@ int main(int argc, char** argv) {
 
   CLI::App* min_capacity = app.add_subcommand("min-capacity", "the smallest card that serves the trace");
   min_capacity->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
-  min_capacity->add_option("--allocator", allocator, absl::StrCat("one of: ", policies))->capture_default_str();
+  min_capacity->add_option("--allocator", allocator, allocator_help)->capture_default_str();
   min_capacity->add_option("--json", json_path, "also write the result as JSON");
 
   std::string allocator_list;
@@ -124,7 +125,8 @@ int main(int argc, char** argv) {
   compare->add_option("traces", compare_traces, "the traces (RMM CSV)")->required();
   compare
       ->add_option("--allocators", allocator_list,
-                   absl::StrCat("comma-separated, each one of: ", policies, " (a CONF keeps its own commas)"))
+                   absl::StrCat("comma-separated, each one of: ", policies, " (a CONF keeps its own commas)",
+                                bucketalloc::harness::PolicyHelpText()))
       ->required();
   compare->add_option("--capacity", capacity_text, "the simulated card's memory, e.g. 24GiB")->required();
   compare->add_option("--json", json_path, "also write the results as a JSON array (with timelines and histograms)");

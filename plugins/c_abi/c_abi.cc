@@ -9,11 +9,9 @@
 #include "bucketalloc/bucketalloc.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <mutex>
 #include <new>
 #include <optional>
 #include <string>

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "internal/check.h"
 
 namespace bucketalloc::internal {
 namespace {
@@ -33,24 +32,13 @@ std::string BackendNamesText() {
   return absl::StrCat(absl::StrJoin(names, ", "), " or ", last);
 }
 
-const BackendOptionSpec* FindBackendOption(absl::string_view key, const BackendEntry** owner) {
+const BackendOptionSpec* FindBackendOption(absl::string_view key) {
   for (const BackendEntry* e : kRegistry) {
     for (const BackendOptionSpec& spec : e->options) {
-      if (key == spec.name) {
-        if (owner != nullptr) *owner = e;
-        return &spec;
-      }
+      if (key == spec.name) return &spec;
     }
   }
   return nullptr;
-}
-
-absl::string_view SettingOf(const BackendEntry& entry, const BackendSettings& settings, absl::string_view key) {
-  if (auto it = settings.find(key); it != settings.end()) return it->second;
-  for (const BackendOptionSpec& spec : entry.options) {
-    if (key == spec.name) return spec.default_value;
-  }
-  BA_CHECK(false, "a backend read a setting it does not own");
 }
 
 }  // namespace bucketalloc::internal

@@ -1,8 +1,10 @@
 // src/backend/registry.h — the backends by name (layer L1).
 //
-// Owns: `BackendEntry`, one row per backend (its name, its meaning, the BUCKETALLOC_CONF keys it
-// owns with their accepted values and defaults, whether and through which backend it stitches,
-// its device count and its factory), and the lookup of a row by name. The option table takes the
+// Owns: `BackendEntry`, one row per backend (its name, the BUCKETALLOC_CONF keys it owns with their
+// accepted values and defaults, whether and through which backend it stitches, its device count
+// and its factory), and the lookup of a row by name. The rows are defined in their backends' files;
+// the table of all of them (registry.cc) is its own CMake target, above the simulated device and
+// cuda/. The option table takes the
 // backend names and their keys from here, the front end makes its devices' backends through it,
 // and the conformance suite (tests/backend/backend_conformance.h) runs on every row.
 // Adding a backend: its file (which defines its row), the row's line in kRegistry
@@ -22,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "bucketalloc/backend.h"
+#include "internal/check.h"
 
 namespace bucketalloc::internal {
 
@@ -42,7 +45,6 @@ struct BackendOptionSpec {
 
 struct BackendEntry {
   const char* name;
-  const char* meaning;
   absl::Span<const BackendOptionSpec> options;
   // The backend that serves this one's devices when stitching is asked for
   // (expandable_segments:true): this one's own name when it has virtual memory, another's (cuda ->
@@ -61,10 +63,17 @@ absl::Span<const BackendEntry* const> Backends();
 const BackendEntry* FindBackend(absl::string_view name);
 // The accepted backend names for messages: "sim, cuda or vmm".
 std::string BackendNamesText();
-// The row of the key `key` among every backend's options (with its backend in *owner), or nullptr.
-const BackendOptionSpec* FindBackendOption(absl::string_view key, const BackendEntry** owner = nullptr);
-// The value of `key` in `settings`, else the key's default; `key` must be one of `entry`'s.
-absl::string_view SettingOf(const BackendEntry& entry, const BackendSettings& settings, absl::string_view key);
+// The row of the key `key` among every backend's options, or nullptr.
+const BackendOptionSpec* FindBackendOption(absl::string_view key);
+// The value of `key` in `settings`, else the key's default; `key` must be one of `entry`'s (a
+// backend reads its own settings with it, so it needs no table).
+inline absl::string_view SettingOf(const BackendEntry& entry, const BackendSettings& settings, absl::string_view key) {
+  if (auto it = settings.find(key); it != settings.end()) return it->second;
+  for (const BackendOptionSpec& spec : entry.options) {
+    if (key == spec.name) return spec.default_value;
+  }
+  BA_CHECK(false, "a backend read a setting it does not own");
+}
 
 // The rows, each defined in its backend's file.
 extern const BackendEntry kSimBackendEntry;   // src/backend/sim_backend.cc

@@ -649,7 +649,6 @@ absl::StatusOr<int> SimDeviceCount(const BackendSettings& settings) {
 
 constinit const BackendEntry internal::kSimBackendEntry = {
     "sim",
-    "the simulated device (CPU; virtual memory with real page mapping, streams, fault injection)",
     kSimOptions,
     /*stitching_backend=*/"sim",
     /*always_stitches=*/false,

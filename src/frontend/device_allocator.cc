@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <limits>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,10 +39,6 @@ std::size_t ComputeCap(std::size_t capacity, double fraction, std::size_t total,
   cap = std::min(cap, by_fraction);
   return cap / granularity * granularity;
 }
-
-// The pool type of a pool reference in a generic lambda.
-template <typename Ref>
-using PoolType = std::remove_cvref_t<Ref>;
 
 }  // namespace
 
@@ -306,11 +301,8 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
     FreeInUse(addr, entry, held);
   } else {
     pools_.Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      const Stream stream = Release(pool, addr, h, entry.requested);
-      captures_.Untag(entry.graph);
-      // Recorded before the return, which may merge the block (its stream is read from its segment).
-      history_.Record(TraceAction::kFreeCompleted, addr, entry.requested, stream);
-      pool.Return(h);
+      Release(pool, addr, h, entry.requested);
+      Complete(pool, addr, h, entry);
     });
   }
   // Blocks awaiting stream events are polled on every free and every slow path, never on a hit, and
@@ -320,15 +312,21 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
 }
 
 template <typename P>
-Stream DeviceAllocator::Release(const P& pool, std::uintptr_t ptr, typename P::Handle h, std::size_t requested) {
+inline void DeviceAllocator::Release(const P& pool, std::uintptr_t ptr, typename P::Handle h, std::size_t requested) {
   stats_.Decrease(&DeviceStats::requested_bytes, P::kIndex, static_cast<std::int64_t>(requested));
   stats_.Decrease(&DeviceStats::allocated_bytes, P::kIndex, static_cast<std::int64_t>(P::BlockSize(h)));
   stats_.Decrease(&DeviceStats::allocation, P::kIndex, 1);
   if (pool.Oversize(h)) stats_.device(&DeviceStats::oversize_allocations).Decrease(1);
   ++clock_;
-  const Stream stream = P::StreamOf(h);
-  history_.Record(TraceAction::kFreeRequested, ptr, requested, stream);
-  return stream;
+  history_.Record(TraceAction::kFreeRequested, ptr, requested, P::StreamOf(h));
+}
+
+template <typename P>
+inline void DeviceAllocator::Complete(P& pool, std::uintptr_t ptr, typename P::Handle h, const LiveEntry& entry) {
+  captures_.Untag(entry.graph);
+  // Recorded before the return, which may merge the block (its stream is read from its segment).
+  history_.Record(TraceAction::kFreeCompleted, ptr, entry.requested, P::StreamOf(h));
+  pool.Return(h);
 }
 
 void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry, bool held) {
@@ -343,24 +341,18 @@ void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry, boo
     stats_.Count(&DeviceStats::num_deferred_frees);
   }
   pools_.Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    const Stream stream = Release(pool, addr, h, entry.requested);
+    Release(pool, addr, h, entry.requested);
     if (!uses.empty() || held) {
-      std::remove_cvref_t<decltype(pool)>::MarkPending(h);
+      PoolType<decltype(pool)>::MarkPending(h);
       pending_.Hold(addr, entry, std::move(events), std::move(uses));
     } else {
-      captures_.Untag(entry.graph);
-      history_.Record(TraceAction::kFreeCompleted, addr, entry.requested, stream);
-      pool.Return(h);
+      Complete(pool, addr, h, entry);
     }
   });
 }
 
 void DeviceAllocator::ReturnEntry(std::uintptr_t ptr, const LiveEntry& entry) {
-  captures_.Untag(entry.graph);
-  pools_.Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    history_.Record(TraceAction::kFreeCompleted, ptr, entry.requested, PoolType<decltype(pool)>::StreamOf(h));
-    pool.Return(h);
-  });
+  pools_.Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS { Complete(pool, ptr, h, entry); });
 }
 
 void DeviceAllocator::RetirePending(PendingFrees::Mode mode) {

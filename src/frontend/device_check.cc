@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -13,13 +12,6 @@
 #include "internal/check.h"
 
 namespace bucketalloc::internal {
-namespace {
-
-template <typename Ref>
-using PoolType = std::remove_cvref_t<Ref>;
-
-}  // namespace
-
 void DeviceAllocator::MaybeCheckInvariants() const {
 #ifdef NDEBUG
   if (!options_.debug_check_invariants) return;
@@ -105,8 +97,12 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   // the registered ranges.
   absl::Status pools;
   std::size_t units = 0;
+  std::int64_t spare[kNumPoolIndices] = {};  // reserved bytes in no unit (spare granules)
+  InactiveSplit split[kNumPoolIndices];
   pools_.ForEach([&](const auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     using P = PoolType<decltype(pool)>;
+    spare[P::kIndex] = static_cast<std::int64_t>(pool.spare_bytes());
+    split[P::kIndex] = pool.inactive_split();
     if (pools.ok()) pools = pool.CheckInvariants(sums[P::kIndex].active);
     for (const auto& [stream, sp] : streams_) {
       if (pools.ok()) pools = pool.CheckStreamState(sp->template of<P>());
@@ -130,13 +126,7 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   // The stats: every gauge equals the sum of what the components hold.
   for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
     const auto pool = static_cast<PoolIndex>(p);
-    std::int64_t reserved = totals.reserved[p];
-    InactiveSplit split;
-    pools_.ForEach([&](const auto& q) {
-      if (PoolType<decltype(q)>::kIndex != pool) return;
-      reserved += static_cast<std::int64_t>(q.spare_bytes());  // spares are reserved too
-      split = q.inactive_split();
-    });
+    const std::int64_t reserved = totals.reserved[p] + spare[p];  // spares are reserved too
     const Sums& s = sums[p];
     struct Expect {
       const char* name;
@@ -151,8 +141,8 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
                             Expect{"reserved_bytes", &DeviceStats::reserved_bytes, reserved},
                             Expect{"segment", &DeviceStats::segment, totals.segments[p]},
                             Expect{"cached_bytes", &DeviceStats::cached_bytes, reserved - s.active_bytes},
-                            Expect{"inactive_split_bytes", &DeviceStats::inactive_split_bytes, split.bytes},
-                            Expect{"inactive_split", &DeviceStats::inactive_split, split.count}}) {
+                            Expect{"inactive_split_bytes", &DeviceStats::inactive_split_bytes, split[p].bytes},
+                            Expect{"inactive_split", &DeviceStats::inactive_split, split[p].count}}) {
       if (const std::int64_t got = stats_.Current(x.gauge, pool); got != x.want) {
         return fail(absl::StrCat(x.name, ".", kPoolNames[p].key, " is ", got, " but the components hold ", x.want));
       }

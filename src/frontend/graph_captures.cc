@@ -42,10 +42,9 @@ absl::Status GraphCaptures::Begin(GraphPoolId id, CaptureFilter filter, int devi
       }
       pools_.emplace_back();
     }
-    pools_[slot] = GraphPool{id, 0, false, 0};
+    pools_[slot] = GraphPool{id, false, 0};
     tag = static_cast<std::uint16_t>(slot);
   }
-  ++pools_[*tag].captures;
   captures_.push_back(ActiveCapture{*tag, std::move(filter)});
   return absl::OkStatus();
 }
@@ -60,28 +59,29 @@ absl::Status GraphCaptures::End(GraphPoolId id, int device) {
                                                       ": no capture into it is running"));
   }
   captures_.erase(std::next(it).base());
-  --pools_[*tag].captures;
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> GraphCaptures::Release(GraphPoolId id, int device) {
   absl::StatusOr<std::uint16_t> tag = Find(id, "release", device);
   if (!tag.ok()) return false;  // a pool that never captured on this device
-  GraphPool& pool = pools_[*tag];
-  if (pool.captures > 0) {
+  if (Capturing(*tag)) {
     return absl::FailedPreconditionError(absl::StrCat("bucketalloc: release of graph pool (", id.first, ", ", id.second,
                                                       ") on device ", device, ": a capture into it is running"));
   }
-  pool.released = true;
+  pools_[*tag].released = true;
   return true;
+}
+
+bool GraphCaptures::Capturing(std::uint16_t tag) const {
+  return std::any_of(captures_.begin(), captures_.end(), [&](const ActiveCapture& c) { return c.tag == tag; });
 }
 
 absl::Status GraphCaptures::CheckInvariants(const std::vector<std::int64_t>& blocks_per_tag) const {
   if (blocks_per_tag.size() != pools_.size()) return absl::InternalError("graph pools: a block carries an unknown tag");
-  std::vector<int> running(pools_.size());
   for (const ActiveCapture& c : captures_) {
     if (c.tag == 0 || c.tag >= pools_.size()) return absl::InternalError("graph pools: a capture has no graph pool");
-    ++running[c.tag];
+    if (pools_[c.tag].released) return absl::InternalError("a released graph pool is capturing");
   }
   for (std::size_t tag = 1; tag < pools_.size(); ++tag) {
     const GraphPool& g = pools_[tag];
@@ -89,9 +89,6 @@ absl::Status GraphCaptures::CheckInvariants(const std::vector<std::int64_t>& blo
       return absl::InternalError(
           absl::StrCat("graph pool ", tag, " counts ", g.blocks, " blocks but ", blocks_per_tag[tag], " carry it"));
     }
-    if (g.captures < 0 || (g.released && g.captures != 0))
-      return absl::InternalError("a released graph pool is capturing");
-    if (running[tag] != g.captures) return absl::InternalError("a graph pool's capture count is wrong");
   }
   return absl::OkStatus();
 }

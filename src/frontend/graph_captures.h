@@ -6,9 +6,8 @@
 // capture"); a block allocated during a capture on a stream its filter accepts carries the pool's
 // tag and, once freed, is held until the pool is released, because every replay of the graph
 // still writes it.
-// Invariants (CheckInvariants): each pool's block count equals the blocks that carry its tag, and
-// its capture count the running captures into it; a released pool captures nothing; every capture
-// names an open pool.
+// Invariants (CheckInvariants): each pool's block count equals the blocks that carry its tag; every
+// running capture names an open (unreleased) pool.
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
@@ -67,7 +66,6 @@ class GraphCaptures {
  private:
   struct GraphPool {
     GraphPoolId id;
-    int captures = 0;         // running captures into it
     bool released = false;    // ReleasePool was called: its blocks are reusable again
     std::int64_t blocks = 0;  // live or held blocks that carry its tag
   };
@@ -76,6 +74,8 @@ class GraphCaptures {
     CaptureFilter filter;
   };
   absl::StatusOr<std::uint16_t> Find(GraphPoolId id, absl::string_view what, int device) const;
+  // True while a capture into the pool of `tag` runs.
+  bool Capturing(std::uint16_t tag) const;
 
   std::vector<ActiveCapture> captures_;
   std::vector<GraphPool> pools_;  // by tag; slot 0 unused

@@ -10,7 +10,7 @@
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
-//   history.Enable(100000);
+//   history.Reset(100000);   // on, a ring of 100000 events
 //   history.Record(TraceAction::kAlloc, addr, size, stream);
 //   std::vector<TraceEntry> oldest_first = history.Entries();
 #ifndef BUCKETALLOC_FRONTEND_HISTORY_H_

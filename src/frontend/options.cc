@@ -160,51 +160,50 @@ std::string FormatDivisions(const Options& o) {
   return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
 }
 
-// Field kinds: the parse and format of a typed field.
-template <std::size_t Options::*Field>
-absl::Status SizeField(absl::string_view v, Options& o) {
+// A size a row reads (its own message replaces ParseSize's).
+absl::StatusOr<std::size_t> ParseSizeValue(absl::string_view v) {
   absl::StatusOr<std::size_t> s = ParseSize(v);
   if (!s.ok()) return Why();
-  o.*Field = *s;
-  return absl::OkStatus();
+  return *s;
 }
-template <std::size_t Options::*Field>
-std::string FormatSizeField(const Options& o) {
-  return SizeText(o.*Field);
-}
-template <std::size_t Options::*Field>
-absl::Status MiBField(absl::string_view v, Options& o) {
-  absl::StatusOr<std::size_t> s = ParseMiB(v);
-  if (!s.ok()) return s.status();
-  o.*Field = *s;
-  return absl::OkStatus();
-}
-template <std::size_t Options::*Field>
-std::string FormatMiBField(const Options& o) {
-  return FormatMiB(o.*Field);
-}
-template <double Options::*Field>
-absl::Status DoubleField(absl::string_view v, Options& o) {
-  absl::StatusOr<double> d = ParseDouble(v);
-  if (!d.ok()) return d.status();
-  o.*Field = *d;
-  return absl::OkStatus();
-}
-template <double Options::*Field>
-std::string FormatDoubleField(const Options& o) {
-  return absl::StrCat(o.*Field);
-}
-template <bool Options::*Field>
-absl::Status BoolField(absl::string_view v, Options& o) {
-  absl::StatusOr<bool> b = ParseBool(v);
-  if (!b.ok()) return b.status();
-  o.*Field = *b;
-  return absl::OkStatus();
-}
-template <bool Options::*Field>
-std::string FormatBoolField(const Options& o) {
-  return o.*Field ? "true" : "false";
-}
+std::string DoubleText(double d) { return absl::StrCat(d); }
+std::string BoolText(bool b) { return b ? "true" : "false"; }
+
+// A field kind: how a typed field is read (an error is the row's message) and written.
+template <typename T, absl::StatusOr<T> (*Parse)(absl::string_view), std::string (*Format)(T)>
+struct FieldKind {
+  template <T Options::*Field>
+  static absl::Status Read(absl::string_view v, Options& o) {
+    absl::StatusOr<T> x = Parse(v);
+    if (!x.ok()) return x.status();
+    o.*Field = *x;
+    return absl::OkStatus();
+  }
+  template <T Options::*Field>
+  static std::string Write(const Options& o) {
+    return Format(o.*Field);
+  }
+};
+using SizeKind = FieldKind<std::size_t, ParseSizeValue, SizeText>;  // bytes: "16GiB", "1000"
+using MiBKind = FieldKind<std::size_t, ParseMiB, FormatMiB>;        // PyTorch's *_mb keys
+using DoubleKind = FieldKind<double, ParseDouble, DoubleText>;
+using BoolKind = FieldKind<bool, ParseBool, BoolText>;
+template <std::size_t Options::*F>
+constexpr auto SizeField = &SizeKind::Read<F>;
+template <std::size_t Options::*F>
+constexpr auto FormatSizeField = &SizeKind::Write<F>;
+template <std::size_t Options::*F>
+constexpr auto MiBField = &MiBKind::Read<F>;
+template <std::size_t Options::*F>
+constexpr auto FormatMiBField = &MiBKind::Write<F>;
+template <double Options::*F>
+constexpr auto DoubleField = &DoubleKind::Read<F>;
+template <double Options::*F>
+constexpr auto FormatDoubleField = &DoubleKind::Write<F>;
+template <bool Options::*F>
+constexpr auto BoolField = &BoolKind::Read<F>;
+template <bool Options::*F>
+constexpr auto FormatBoolField = &BoolKind::Write<F>;
 
 // A check that accepts the field when `ok(value)` holds.
 template <typename T, T Options::*Field>

@@ -11,7 +11,7 @@
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
-//   pools.Route(size, [&](auto& pool, auto& stream_state) { ... });
+//   pools.Route(size, [&](auto& pool) { ... });
 //   pools.ForEach([&](auto& pool) { pool.ReleaseAll(); });
 #ifndef BUCKETALLOC_FRONTEND_POOLS_H_
 #define BUCKETALLOC_FRONTEND_POOLS_H_
@@ -29,6 +29,10 @@
 #include "pool/small_pool.h"
 
 namespace bucketalloc::internal {
+
+// The pool type of a pool reference in a generic lambda (Route, ForEach, Visit).
+template <typename Ref>
+using PoolType = std::remove_cvref_t<Ref>;
 
 // A block of one of the pools.
 using PoolHandle = std::variant<SmallPool::Handle, LargePool::Handle>;

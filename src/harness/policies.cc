@@ -21,11 +21,9 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeNoCachePolicy(absl::string_
 
 namespace {
 
-constexpr std::size_t kGranularity = 2 * kMiB;
-
 constexpr PolicyEntry kPolicies[] = {
     {"bucketalloc", true,
-     "bucketalloc; bucketalloc:CONF takes a BUCKETALLOC_CONF of its policy options (docs/configuration.md), and "
+     "bucketalloc itself; a CONF is a BUCKETALLOC_CONF of its policy options (docs/configuration.md) and "
      "backend:vmm (stitching)",
      MakeBucketallocPolicy},
     {"pytorch-policy", false, "a model of PyTorch's native CUDA caching allocator", MakePyTorchPolicy},
@@ -50,8 +48,6 @@ const PolicyEntry* FindPolicy(absl::string_view spec, absl::string_view* conf) {
 
 }  // namespace
 
-absl::Span<const PolicyEntry> Policies() { return kPolicies; }
-
 std::string PolicySpecsText() {
   std::vector<std::string> specs;
   for (const PolicyEntry& p : kPolicies) {
@@ -61,13 +57,20 @@ std::string PolicySpecsText() {
   return absl::StrJoin(specs, ", ");
 }
 
+std::string PolicyHelpText() {
+  std::string out;
+  for (const PolicyEntry& p : kPolicies)
+    absl::StrAppend(&out, "\n  ", p.name, p.takes_conf ? "[:CONF]" : "", ": ", p.help);
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity,
                                                                      ReplayDeviceKind kind) {
-  if (capacity < kGranularity) {
+  if (capacity < kReplayGranularity) {
     return absl::InvalidArgumentError(
         absl::StrCat("capacity ", capacity, " bytes is too small; accepted: 2 MiB or more"));
   }
-  capacity = capacity / kGranularity * kGranularity;
+  capacity = ReplayCapacity(capacity);
   absl::string_view conf;
   const PolicyEntry* policy = FindPolicy(spec, &conf);
   if (policy == nullptr) {

@@ -24,7 +24,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/types/span.h"
 #include "harness/replay_allocator.h"
 
 namespace bucketalloc::harness {
@@ -40,10 +39,10 @@ struct PolicyEntry {
                                                            ReplayDeviceKind kind);
 };
 
-// Every policy, in the order of the docs and of "accepted" texts.
-absl::Span<const PolicyEntry> Policies();
 // "bucketalloc, bucketalloc:CONF, pytorch-policy, nocache": what a spec may be.
 std::string PolicySpecsText();
+// One line per policy, "\n  name[:CONF]: its help", for a command line's help.
+std::string PolicyHelpText();
 
 // Creates the allocator named by `spec` ("name" or "name:CONF") on a device of `capacity` bytes
 // (rounded down to 2 MiB). InvalidArgument names a bad spec, capacity or configuration and what is

@@ -55,7 +55,8 @@ class BucketallocReplay final : public ReplayAllocator {
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::string_view conf, std::size_t capacity,
                                                                        ReplayDeviceKind kind) {
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("allocator \"bucketalloc:", conf, "\": ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocator \"bucketalloc", conf.empty() ? "" : ":", conf, "\": ", why));
   };
   absl::StatusOr<std::vector<OptionSetting>> settings = SplitOptions(conf);
   if (!settings.ok()) return bad(settings.status().message());
@@ -73,13 +74,19 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::str
     }
     policy.push_back(absl::StrCat(s.key, ":", s.value));
   }
-  const std::string device = kind == ReplayDeviceKind::kCuda
-                                 ? absl::StrCat(stitching ? "backend:vmm" : "backend:cuda", ",capacity:", capacity)
-                                 : absl::StrCat("backend:sim,sim_memory:unbacked,sim_total_memory:", capacity,
-                                                stitching ? ",expandable_segments:true" : "");
-  absl::StatusOr<Options> base = ParseOptions(device);
-  if (!base.ok()) return base.status();
-  absl::StatusOr<Options> options = ParseOptions(absl::StrJoin(policy, ","), *base);
+  // The replay device (the backend and settings MakeReplayDevice uses; the cap on CUDA), then the
+  // policy options, parsed as one CONF. Stitching is the vmm backend on CUDA and the simulated
+  // device's own virtual memory.
+  std::vector<std::string> keys;
+  if (kind == ReplayDeviceKind::kCuda) {
+    keys = {stitching ? "backend:vmm" : "backend:cuda", absl::StrCat("capacity:", capacity)};
+  } else {
+    keys = {"backend:sim"};
+    for (const auto& [key, value] : ReplayDeviceSettings(capacity, kind)) keys.push_back(absl::StrCat(key, ":", value));
+    if (stitching) keys.push_back("expandable_segments:true");
+  }
+  keys.insert(keys.end(), policy.begin(), policy.end());
+  absl::StatusOr<Options> options = ParseOptions(absl::StrJoin(keys, ","));
   if (!options.ok()) return bad(options.status().message());
   absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::Create(*options);
   if (!a.ok()) return a.status();

@@ -18,8 +18,6 @@
 namespace bucketalloc::harness {
 namespace {
 
-constexpr std::size_t kGranularity = std::size_t{2} << 20;
-
 double Percentile(std::vector<std::uint32_t>& v, double q) {
   if (v.empty()) return 0.0;
   // Nearest rank: the smallest value with at least q of the samples at or below it.
@@ -226,7 +224,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   ReplayResult r;
   r.allocator = options.allocator;
   r.device = std::string(ReplayDeviceName(options.device));
-  r.capacity = options.capacity / kGranularity * kGranularity;
+  r.capacity = ReplayCapacity(options.capacity);
   r.peak_live_bytes = PeakLiveBytes(trace, options.repeat);
   const std::uint64_t events =
       static_cast<std::uint64_t>(trace.events.size()) * static_cast<std::uint64_t>(options.repeat);
@@ -333,8 +331,8 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
     return r;
   };
   // Below the peak of live bytes nothing can work: start just under it and double until it works.
-  std::size_t lo = std::max(kGranularity, internal::RoundUp(live, kGranularity)) - kGranularity;
-  std::size_t hi = std::max(2 * kGranularity, internal::RoundUp(live, kGranularity));
+  std::size_t lo = std::max(kReplayGranularity, internal::RoundUp(live, kReplayGranularity)) - kReplayGranularity;
+  std::size_t hi = std::max(2 * kReplayGranularity, internal::RoundUp(live, kReplayGranularity));
   absl::StatusOr<ReplayResult> at_hi = probe(hi);
   while (at_hi.ok() && at_hi->ooms > 0) {
     if (hi >= kMaxRequestBytes) {
@@ -348,8 +346,8 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
   if (!at_hi.ok()) return at_hi.status();
   auto bisect = [&](std::size_t failing, std::size_t passing,
                     ReplayResult at_passing) -> absl::StatusOr<std::pair<std::size_t, ReplayResult>> {
-    while (passing - failing > kGranularity) {
-      const std::size_t mid = (failing + passing) / 2 / kGranularity * kGranularity;
+    while (passing - failing > kReplayGranularity) {
+      const std::size_t mid = (failing + passing) / 2 / kReplayGranularity * kReplayGranularity;
       absl::StatusOr<ReplayResult> r = probe(mid);
       if (!r.ok()) return r.status();
       if (r->ooms == 0) {
@@ -368,12 +366,12 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
   // first one that could work (the peak of live bytes, rounded up, which failed) and the answer,
   // and bisect again below the smallest that serves the trace.
   constexpr int kGridProbes = 5;
-  const std::size_t floor = std::max(2 * kGranularity, internal::RoundUp(live, kGranularity));
-  if (found->first > floor + kGranularity) {
+  const std::size_t floor = std::max(2 * kReplayGranularity, internal::RoundUp(live, kReplayGranularity));
+  if (found->first > floor + kReplayGranularity) {
     std::size_t failing = floor;
     for (int k = 1; k <= kGridProbes; ++k) {
       const std::size_t c = (floor + (found->first - floor) * static_cast<std::size_t>(k) / (kGridProbes + 1)) /
-                            kGranularity * kGranularity;
+                            kReplayGranularity * kReplayGranularity;
       if (c <= failing || c >= found->first) continue;
       absl::StatusOr<ReplayResult> r = probe(c);
       if (!r.ok()) return r.status();

@@ -46,15 +46,15 @@ BackendCounters ReplayDevice::counters() const {
   return c;
 }
 
+BackendSettings ReplayDeviceSettings(std::size_t capacity, ReplayDeviceKind kind) {
+  if (kind != ReplayDeviceKind::kSim) return {};
+  return {{"sim_memory", "unbacked"}, {"sim_total_memory", SizeText(capacity)}};
+}
+
 absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity, ReplayDeviceKind kind) {
   const internal::BackendEntry* entry = internal::FindBackend(ReplayDeviceName(kind));
   if (entry == nullptr) return absl::InternalError("the replay device's backend is not registered");
-  // The simulated device is exactly `capacity` (it enforces it itself); a GPU is capped here.
-  const BackendSettings settings =
-      kind == ReplayDeviceKind::kSim
-          ? BackendSettings{{"sim_memory", "unbacked"}, {"sim_total_memory", SizeText(capacity)}}
-          : BackendSettings{};
-  absl::StatusOr<std::unique_ptr<Backend>> backend = entry->make(settings, /*device=*/0);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = entry->make(ReplayDeviceSettings(capacity, kind), /*device=*/0);
   if (!backend.ok()) return backend.status();
   return std::make_unique<ReplayDevice>(std::move(*backend), capacity,
                                         /*enforce_capacity=*/kind != ReplayDeviceKind::kSim);

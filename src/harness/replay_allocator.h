@@ -43,6 +43,11 @@ class ReplayAllocator {
   virtual PoolFragmentation Fragmentation() const;
 };
 
+// A replay's capacity is a multiple of this (the granularity of every backend it runs on).
+inline constexpr std::size_t kReplayGranularity = std::size_t{2} << 20;
+// `capacity` rounded down to kReplayGranularity.
+inline std::size_t ReplayCapacity(std::size_t capacity) { return capacity / kReplayGranularity * kReplayGranularity; }
+
 // Where a replay runs: the simulated device (unbacked: addresses, no memory; the default, and what
 // every figure in docs/harness.md uses, since it is reproducible) or CUDA device 0 through cudaMalloc
 // (bucketalloc with backend:cuda; nocache and pytorch-policy on cudaMalloc), capped at the capacity.
@@ -71,6 +76,11 @@ class ReplayDevice {
   std::size_t used_ = 0;
   std::int64_t refused_ = 0;
 };
+
+// The backend settings of the replay device of `capacity` bytes of `kind`: on the simulated device
+// unbacked and exactly `capacity` (it enforces the capacity itself); on CUDA none (the capacity is
+// enforced above the backend).
+BackendSettings ReplayDeviceSettings(std::size_t capacity, ReplayDeviceKind kind);
 
 // The device of `capacity` bytes of `kind`, made through the backend registry (sim: unbacked).
 absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity,

@@ -20,7 +20,7 @@
 //
 // Example:
 //   Block* rest = SplitBlock(block, 4 << 20, blocks);   // block keeps 4 MiB, rest is the remainder
-//   Block* merged = CoalesceBlock(block, blocks);       // merges with free neighbours
+//   Block* merged = MergeBlocks(block, block->next, blocks);  // with a free neighbour out of its list
 #ifndef BUCKETALLOC_MEMORY_SEGMENT_H_
 #define BUCKETALLOC_MEMORY_SEGMENT_H_
 

@@ -50,7 +50,7 @@ LargePool::LargePool(const PoolContext& ctx, LargePoolConfig config)
       granule_shift_(config_.stitching ? std::countr_zero(config_.granularity) : 0) {
   if (config_.stitching) {
     auto backing = std::make_unique<VirtualBacking>(ctx_, config_.granularity);
-    stitcher_ = std::make_unique<Stitcher>(ctx_, backing.get(), config_.granularity);
+    stitcher_ = std::make_unique<Stitcher>(ctx_, backing.get());
     backing_ = std::move(backing);
   } else {
     backing_ = std::make_unique<PlainBacking>(ctx_.source);

@@ -193,8 +193,6 @@ class LargePool {
 
   // The stitcher (nullptr without stitching); the slow path reaches it through Serve.
   Stitcher* stitcher() { return stitcher_.get(); }
-  // The granule of virtual-memory segments (0 without stitching).
-  std::size_t granule() const { return config_.stitching ? config_.granularity : 0; }
   // Whole granules inside free blocks: what a stitch may take (0 without stitching).
   std::size_t free_granules() const { return free_granules_; }
   // The whole granules inside `block`, as [*g0, *g1) of its segment (stitching only).

@@ -76,6 +76,7 @@ class VirtualBacking final : public SegmentBacking {
   absl::Status CheckInvariants(const LargePool& pool) const override;
 
   // ---- The granule operations of a stitch (pool/stitcher.h) ----
+  std::size_t granule() const { return granule_; }
   std::size_t spares() const { return spare_.size(); }
   // Fills `out` up to `n` granules: spares first, then new ones within the cap. On failure `out`
   // keeps what it got.

@@ -97,8 +97,8 @@ bool ChooseRuns(const std::vector<Run>& runs, std::size_t want, absl::Span<const
 
 }  // namespace
 
-Stitcher::Stitcher(const PoolContext& ctx, VirtualBacking* backing, std::size_t granule)
-    : ctx_(ctx), backing_(backing), granule_(granule), shift_(std::countr_zero(granule)) {}
+Stitcher::Stitcher(const PoolContext& ctx, VirtualBacking* backing)
+    : ctx_(ctx), backing_(backing), granule_(backing->granule()), shift_(std::countr_zero(granule_)) {}
 
 absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargePool::StreamState& ss, Stream stream, std::size_t rounded,
                                         int tier) {

@@ -28,7 +28,8 @@ namespace bucketalloc::internal {
 
 class Stitcher {
  public:
-  Stitcher(const PoolContext& ctx, VirtualBacking* backing, std::size_t granule);
+  // Stitches with the granules of `backing` (its granule size).
+  Stitcher(const PoolContext& ctx, VirtualBacking* backing);
 
   // After a grow of the request failed: serves `rounded` bytes from a fresh range whose granules
   // are created within the cap's headroom (none when the headroom would have fit the grow: the

@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -41,10 +40,7 @@ using ::testing::HasSubstr;
 
 constexpr std::size_t k2MiB = 2 * kMiB;
 
-bool ExpectGpu() {
-  const char* value = std::getenv("BUCKETALLOC_EXPECT_GPU");
-  return value != nullptr && *value != '\0' && absl::string_view(value) != "0";
-}
+using ::bucketalloc::testing::ExpectGpu;  // tests/backend/backend_conformance.h
 
 // The number of usable devices (0 when the count fails) and the status of the query.
 struct GpuProbe {

@@ -1,5 +1,5 @@
 // Graph captures and their pools (src/frontend/graph_captures.cc): tags, nesting, release, slot
-// reuse, errors, and the check that catches a wrong block or capture count.
+// reuse, errors, and the check that catches a wrong block count.
 #include "frontend/graph_captures.h"
 
 #include <gtest/gtest.h>

@@ -24,6 +24,7 @@
 
 namespace bucketalloc {
 
+// The simulated device.
 //
 // It also implements the virtual-memory family with real page mapping: physical memory is a memfd
 // (one per device, sized to the device's memory, pages allocated on first touch), so in backed mode
