@@ -1,4 +1,4 @@
-// cuda/cuda_backend.cc — the cudaMalloc backend (cuda/cuda_backend.h), MakeCudaBackend() and its
+// cuda/cuda_backend.cc — the cuMemAlloc backend (cuda/cuda_backend.h), MakeCudaBackend() and its
 // registry row.
 #include "cuda/cuda_backend.h"
 
@@ -10,127 +10,167 @@
 
 namespace bucketalloc {
 namespace internal {
+namespace {
+
+bool IsDefaultStream(Stream stream) {
+  return stream == nullptr || stream == reinterpret_cast<Stream>(CU_STREAM_LEGACY) ||
+         stream == reinterpret_cast<Stream>(CU_STREAM_PER_THREAD);
+}
+
+}  // namespace
 
 CudaBackend::~CudaBackend() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (free_events_.empty()) return;
-  ScopedDevice guard(device_);
-  if (!guard.Enter("cudaEventDestroy").ok()) return;  // the context is gone; nothing to free
-  for (cudaEvent_t event : free_events_) Rt().EventDestroy(event);
+  if (free_events_.empty() && foreign_events_.empty()) return;
+  ScopedContext ctx(driver_, device_);
+  if (!ctx.Enter("cuEventDestroy").ok()) return;  // the context is gone; nothing to free
+  for (CUevent event : free_events_) driver_.EventDestroy(event);
+  for (CUevent event : foreign_events_) driver_.EventDestroy(event);
   free_events_.clear();
+  foreign_events_.clear();
 }
 
 absl::StatusOr<void*> CudaBackend::Allocate(std::size_t bytes) {
   if (bytes == 0 || bytes % Granularity() != 0) {
     Count(&BackendCounters::failed_allocs);
-    return absl::InvalidArgumentError(absl::StrCat("cudaMalloc(", bytes, " bytes) on device ", device_,
+    return absl::InvalidArgumentError(absl::StrCat("cuMemAlloc(", bytes, " bytes) on device ", device_,
                                                    ": the size must be a positive multiple of the granularity ",
                                                    Granularity()));
   }
-  ScopedDevice guard(device_);
-  if (absl::Status status = guard.Enter("cudaMalloc"); !status.ok()) {
+  ScopedContext ctx(driver_, device_);
+  if (absl::Status status = ctx.Enter("cuMemAlloc"); !status.ok()) {
     Count(&BackendCounters::failed_allocs);
     return status;
   }
-  void* ptr = nullptr;
-  if (cudaError_t error = Rt().Malloc(&ptr, bytes); error != cudaSuccess) {
+  CUdeviceptr ptr = 0;
+  if (CUresult error = driver_.MemAlloc(&ptr, bytes); error != CUDA_SUCCESS) {
     Count(&BackendCounters::failed_allocs);
-    return Error(absl::StrCat("cudaMalloc(", bytes, " bytes)"), error);
+    return Error(absl::StrCat("cuMemAlloc(", bytes, " bytes)"), error);
   }
   Count(&BackendCounters::allocs, 1, &BackendCounters::alloc_bytes, static_cast<std::int64_t>(bytes));
-  return ptr;
+  return reinterpret_cast<void*>(ptr);
 }
 
 absl::Status CudaBackend::Free(void* ptr, std::size_t bytes) {
-  ScopedDevice guard(device_);
-  if (absl::Status status = guard.Enter("cudaFree"); !status.ok()) return status;
-  if (cudaError_t error = Rt().Free(ptr); error != cudaSuccess) {
-    return Error(absl::StrCat("cudaFree(", Hex(ptr), ", ", bytes, " bytes)"), error);
+  ScopedContext ctx(driver_, device_);
+  if (absl::Status status = ctx.Enter("cuMemFree"); !status.ok()) return status;
+  if (CUresult error = driver_.MemFree(reinterpret_cast<CUdeviceptr>(ptr)); error != CUDA_SUCCESS) {
+    return Error(absl::StrCat("cuMemFree(", Hex(ptr), ", ", bytes, " bytes)"), error);
   }
   Count(&BackendCounters::frees, 1, &BackendCounters::free_bytes, static_cast<std::int64_t>(bytes));
   return absl::OkStatus();
 }
 
 absl::StatusOr<DeviceMemInfo> CudaBackend::GetMemInfo() {
-  ScopedDevice guard(device_);
-  if (absl::Status status = guard.Enter("cudaMemGetInfo"); !status.ok()) return status;
+  ScopedContext ctx(driver_, device_);
+  if (absl::Status status = ctx.Enter("cuMemGetInfo"); !status.ok()) return status;
   DeviceMemInfo info;
-  if (cudaError_t error = Rt().MemGetInfo(&info.free_bytes, &info.total_bytes); error != cudaSuccess) {
-    return Error("cudaMemGetInfo", error);
+  if (CUresult error = driver_.MemGetInfo(&info.free_bytes, &info.total_bytes); error != CUDA_SUCCESS) {
+    return Error("cuMemGetInfo", error);
   }
   return info;
 }
 
+absl::StatusOr<CUcontext> CudaBackend::ContextOf(Stream stream) const {
+  absl::StatusOr<CUcontext> own = PrimaryContext(driver_, device_);
+  if (!own.ok() || IsDefaultStream(stream)) return own;
+  CUcontext ctx = nullptr;
+  if (CUresult error = driver_.StreamGetCtx(static_cast<CUstream>(stream), &ctx); error != CUDA_SUCCESS) {
+    return Error(absl::StrCat("cuStreamGetCtx(stream ", Hex(stream), ")"), error);
+  }
+  return ctx;
+}
+
 absl::StatusOr<Event> CudaBackend::RecordEvent(Stream stream) {
-  ScopedDevice guard(device_);
-  if (absl::Status status = guard.Enter("cudaEventRecord"); !status.ok()) return status;
-  cudaEvent_t event = nullptr;
-  {
+  ScopedContext guard(driver_, device_);
+  if (absl::Status status = guard.Enter("cuEventRecord"); !status.ok()) return status;
+  absl::StatusOr<CUcontext> stream_ctx = ContextOf(stream);
+  if (!stream_ctx.ok()) return stream_ctx.status();
+  absl::StatusOr<CUcontext> own = PrimaryContext(driver_, device_);
+  if (!own.ok()) return own.status();
+  const bool foreign = *stream_ctx != *own;
+  CUevent event = nullptr;
+  if (!foreign) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!free_events_.empty()) {
       event = free_events_.back();
       free_events_.pop_back();
     }
   }
+  // A stream of another device: its context is current while the event is created and recorded.
+  bool pushed = false;
+  if (foreign) {
+    if (CUresult error = driver_.CtxPushCurrent(*stream_ctx); error != CUDA_SUCCESS) {
+      return Error(absl::StrCat("cuCtxPushCurrent(the context of stream ", Hex(stream), ")"), error);
+    }
+    pushed = true;
+  }
+  auto pop = [&] {
+    CUcontext popped = nullptr;
+    if (pushed) driver_.CtxPopCurrent(&popped);
+  };
   if (event == nullptr) {
-    if (cudaError_t error = Rt().EventCreateWithFlags(&event, cudaEventDisableTiming); error != cudaSuccess) {
-      return Error("cudaEventCreateWithFlags(cudaEventDisableTiming)", error);
+    if (CUresult error = driver_.EventCreate(&event, CU_EVENT_DISABLE_TIMING); error != CUDA_SUCCESS) {
+      pop();
+      return Error("cuEventCreate(CU_EVENT_DISABLE_TIMING)", error);
     }
   }
-  if (cudaError_t error = Rt().EventRecord(event, static_cast<cudaStream_t>(stream)); error != cudaSuccess) {
-    ReturnToPool(event);
-    return Error(absl::StrCat("cudaEventRecord(stream ", Hex(stream), ")"), error);
+  if (CUresult error = driver_.EventRecord(event, static_cast<CUstream>(stream)); error != CUDA_SUCCESS) {
+    if (foreign) driver_.EventDestroy(event);
+    pop();
+    if (!foreign) ReturnToPool(event);
+    return Error(absl::StrCat("cuEventRecord(stream ", Hex(stream), ")"), error);
   }
-  Count(&BackendCounters::events_recorded);
+  pop();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (foreign) foreign_events_.insert(event);
+    counters_.events_recorded += 1;
+  }
   return static_cast<Event>(event);
 }
 
 absl::StatusOr<bool> CudaBackend::QueryEvent(Event event) {
-  ScopedDevice guard(device_);
-  if (absl::Status status = guard.Enter("cudaEventQuery"); !status.ok()) return status;
-  cudaError_t error = Rt().EventQuery(static_cast<cudaEvent_t>(event));
-  if (error == cudaSuccess) return true;
-  if (error == cudaErrorNotReady) {
-    ClearLastErrorIf(Rt(), error);  // "not ready" is no error; do not leave it as the last error
-    return false;
-  }
-  return Error(absl::StrCat("cudaEventQuery(", Hex(event), ")"), error);
+  ScopedContext ctx(driver_, device_);
+  if (absl::Status status = ctx.Enter("cuEventQuery"); !status.ok()) return status;
+  const CUresult error = driver_.EventQuery(static_cast<CUevent>(event));
+  if (error == CUDA_SUCCESS) return true;
+  if (error == CUDA_ERROR_NOT_READY) return false;
+  return Error(absl::StrCat("cuEventQuery(", Hex(event), ")"), error);
 }
 
 absl::Status CudaBackend::SynchronizeEvent(Event event) {
-  ScopedDevice guard(device_);
-  if (absl::Status status = guard.Enter("cudaEventSynchronize"); !status.ok()) return status;
-  if (cudaError_t error = Rt().EventSynchronize(static_cast<cudaEvent_t>(event)); error != cudaSuccess) {
-    return Error(absl::StrCat("cudaEventSynchronize(", Hex(event), ")"), error);
+  ScopedContext ctx(driver_, device_);
+  if (absl::Status status = ctx.Enter("cuEventSynchronize"); !status.ok()) return status;
+  if (CUresult error = driver_.EventSynchronize(static_cast<CUevent>(event)); error != CUDA_SUCCESS) {
+    return Error(absl::StrCat("cuEventSynchronize(", Hex(event), ")"), error);
   }
   return absl::OkStatus();
 }
 
 void CudaBackend::DestroyEvent(Event event) {
   if (event == nullptr) return;
-  ReturnToPool(static_cast<cudaEvent_t>(event));
+  ReturnToPool(static_cast<CUevent>(event));
 }
 
 absl::Status CudaBackend::SynchronizeDevice() {
-  ScopedDevice guard(device_);
-  if (absl::Status status = guard.Enter("cudaDeviceSynchronize"); !status.ok()) return status;
-  if (cudaError_t error = Rt().DeviceSynchronize(); error != cudaSuccess) return Error("cudaDeviceSynchronize", error);
+  ScopedContext ctx(driver_, device_);
+  if (absl::Status status = ctx.Enter("cuCtxSynchronize"); !status.ok()) return status;
+  if (CUresult error = driver_.CtxSynchronize(); error != CUDA_SUCCESS) return Error("cuCtxSynchronize", error);
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> CudaBackend::IsCapturing(Stream stream) {
-  ScopedDevice guard(device_);
-  if (absl::Status status = guard.Enter("cudaStreamIsCapturing"); !status.ok()) return status;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cudaError_t error = Rt().StreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
-  // The legacy default stream cannot be queried while another stream captures in global mode:
-  // that also forbids the calls the caller is about to make.
-  if (error == cudaErrorStreamCaptureImplicit) {
-    ClearLastErrorIf(Rt(), error);
-    return true;
-  }
-  if (error != cudaSuccess) return Error(absl::StrCat("cudaStreamIsCapturing(stream ", Hex(stream), ")"), error);
-  return capture != cudaStreamCaptureStatusNone;
+  ScopedContext ctx(driver_, device_);
+  if (absl::Status status = ctx.Enter("cuStreamIsCapturing"); !status.ok()) return status;
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult error = driver_.StreamIsCapturing(static_cast<CUstream>(stream), &capture);
+  // The legacy default stream cannot be queried while a blocking stream captures (cuda.h:15526,
+  // CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; the capture is not invalidated): that also forbids the calls
+  // the caller is about to make.
+  if (error == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) return true;
+  if (error != CUDA_SUCCESS) return Error(absl::StrCat("cuStreamIsCapturing(stream ", Hex(stream), ")"), error);
+  return capture != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 BackendCounters CudaBackend::counters() const {
@@ -138,8 +178,8 @@ BackendCounters CudaBackend::counters() const {
   return counters_;
 }
 
-absl::Status CudaBackend::Error(absl::string_view call, cudaError_t error) const {
-  return CudaStatus(absl::StrCat(call, " on device ", device_), error);
+absl::Status CudaBackend::Error(absl::string_view call, CUresult error) const {
+  return CuStatus(driver_, absl::StrCat(call, " on device ", device_), error);
 }
 
 void CudaBackend::Count(std::int64_t BackendCounters::*counter, std::int64_t n,
@@ -149,16 +189,16 @@ void CudaBackend::Count(std::int64_t BackendCounters::*counter, std::int64_t n,
   if (byte_counter != nullptr) counters_.*byte_counter += bytes;
 }
 
-void CudaBackend::ReturnToPool(cudaEvent_t event) {
+void CudaBackend::ReturnToPool(CUevent event) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (free_events_.size() < kMaxPooledEvents) {
+    const bool foreign = foreign_events_.erase(event) > 0;
+    if (!foreign && free_events_.size() < kMaxPooledEvents) {
       free_events_.push_back(event);
       return;
     }
   }
-  ScopedDevice guard(device_);
-  if (guard.Enter("cudaEventDestroy").ok()) Rt().EventDestroy(event);
+  driver_.EventDestroy(event);  // needs no current context
 }
 
 namespace {
@@ -182,7 +222,9 @@ constinit const BackendEntry kCudaBackendEntry = {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
   if (absl::Status status = internal::InitDevice("cuda", device); !status.ok()) return status;
-  return std::unique_ptr<Backend>(std::make_unique<internal::CudaBackend>(device));
+  absl::StatusOr<const internal::DriverApi*> driver = internal::Driver();  // loaded by InitDevice
+  if (!driver.ok()) return driver.status();
+  return std::unique_ptr<Backend>(std::make_unique<internal::CudaBackend>(device, **driver));
 }
 
 }  // namespace bucketalloc

@@ -1,15 +1,17 @@
-// cuda/cuda_backend.h — the cudaMalloc backend (layer L1).
+// cuda/cuda_backend.h — the cuMemAlloc backend (layer L1).
 //
-// Owns: `CudaBackend`, the Backend of one CUDA device built on the runtime API (cudaMalloc,
-// cudaFree, cudaMemGetInfo, cudaEvent*, cudaStreamIsCapturing), its small pool of recycled events
-// and its call counters. The vmm backend (cuda/vmm_backend.cc) extends it. It keeps the base
-// class's virtual-memory defaults (Unimplemented).
-// Layer: L1. cuda/ is the only place that includes CUDA headers; cudart is linked statically and
-// libcuda never, so it links and loads on a machine without a driver, where every call reports
-// FailedPrecondition.
+// Owns: `CudaBackend`, the Backend of one CUDA device on the driver API (cuMemAlloc, cuMemFree,
+// cuMemGetInfo, cuEvent*, cuStreamIsCapturing: what cudaMalloc & co. do, on the same primary
+// context), its small pool of recycled events and its call counters. The vmm backend
+// (cuda/vmm_backend.cc) extends it. It keeps the base class's virtual-memory defaults
+// (Unimplemented).
+// Layer: L1. cuda/ is the only place that includes CUDA headers; the driver is loaded at run time
+// (cuda/driver_api.h) and nothing CUDA is linked, so it links and loads on a machine without a
+// driver, where every call reports FailedPrecondition.
 // Thread-safety: the caller uses a backend under its device lock; in addition the event pool and
 // the counters are guarded by a mutex, so every method is safe to call from any thread. Each call
-// makes `device()` current for its duration and restores the caller's current device afterwards.
+// makes the device's primary context current for its duration (ScopedContext) and restores the
+// caller's afterwards.
 //
 // Example:
 //   absl::StatusOr<std::unique_ptr<Backend>> cuda = MakeCudaBackend(0);  // bucketalloc/backend.h
@@ -21,11 +23,12 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "bucketalloc/backend.h"
-#include "cuda/cuda_runtime.h"
+#include "cuda/driver_api.h"
 
 namespace bucketalloc::internal {
 
@@ -34,7 +37,7 @@ class CudaBackend : public Backend {
   // cudaMalloc's granule; the allocator's too.
   static constexpr std::size_t kGranularity = std::size_t{2} << 20;
 
-  explicit CudaBackend(int device) : device_(device) {}
+  CudaBackend(int device, const DriverApi& driver) : driver_(driver), device_(device) {}
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
   ~CudaBackend() override;
@@ -46,6 +49,8 @@ class CudaBackend : public Backend {
   absl::StatusOr<void*> Allocate(std::size_t bytes) override;
   absl::Status Free(void* ptr, std::size_t bytes) override;
   absl::StatusOr<DeviceMemInfo> GetMemInfo() override;
+  // The event is created in the stream's own context: a stream of another device (a block used
+  // there, PyTorch's record_stream) gets an event of that device, as cuEventRecord requires.
   absl::StatusOr<Event> RecordEvent(Stream stream) override;
   absl::StatusOr<bool> QueryEvent(Event event) override;
   absl::Status SynchronizeEvent(Event event) override;
@@ -55,23 +60,29 @@ class CudaBackend : public Backend {
   BackendCounters counters() const override;
 
  protected:
-  // The typed status of a failed `call` (with its arguments) on this device.
-  absl::Status Error(absl::string_view call, cudaError_t error) const;
+  // The typed status of a failed driver `call` (with its arguments) on this device.
+  absl::Status Error(absl::string_view call, CUresult error) const;
   // Adds `n` to `counter` (e.g. &BackendCounters::allocs), and `bytes` to `byte_counter` when given
   // (both in one locked section, so that a reader never sees one without the other).
   void Count(std::int64_t BackendCounters::*counter, std::int64_t n = 1,
              std::int64_t BackendCounters::*byte_counter = nullptr, std::int64_t bytes = 0);
 
+  const DriverApi& driver_;  // resolved by Driver(); lives as long as the process
+
  private:
   static constexpr std::size_t kMaxPooledEvents = 256;  // beyond this, events are destroyed
 
-  // Keeps `event` for reuse, or destroys it when the pool is full.
-  void ReturnToPool(cudaEvent_t event);
+  // The context `stream` belongs to (the device's own for the default-stream handles, which name
+  // the current context's, and this call makes the device's current).
+  absl::StatusOr<CUcontext> ContextOf(Stream stream) const;
+  // Keeps `event` for reuse, or destroys it when the pool is full or it is another context's.
+  void ReturnToPool(CUevent event);
 
   const int device_;
   mutable std::mutex mu_;
-  std::vector<cudaEvent_t> free_events_;  // guarded by mu_
-  BackendCounters counters_;              // guarded by mu_
+  std::vector<CUevent> free_events_;             // guarded by mu_; events of this device's context
+  absl::flat_hash_set<CUevent> foreign_events_;  // guarded by mu_; live events of other contexts
+  BackendCounters counters_;                     // guarded by mu_
 };
 
 }  // namespace bucketalloc::internal

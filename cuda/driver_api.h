@@ -1,14 +1,26 @@
-// cuda/driver_api.h — the CUDA driver functions the vmm backend calls, resolved at run time (L1).
+// cuda/driver_api.h — the CUDA driver, loaded at run time: every CUDA call bucketalloc's backends
+// make (layer L1).
 //
-// Owns: `DriverApi`, the table of driver entry points (cuMemAddressReserve/Free, cuMemCreate/
-// Release, cuMemMap, cuMemSetAccess, cuMemUnmap, ...), resolved once through the runtime's
-// cudaGetDriverEntryPointByVersion (`Driver()`), so that libcuda is never linked; and the mapping
-// of CUresult errors to typed statuses, as cuda/cuda_status.h maps runtime errors.
-// Thread-safety: Driver() is thread-safe and its table read-only once resolved.
+// Owns: `DriverApi`, the table of driver entry points (memory, contexts, events, streams, virtual
+// memory); `Driver()`, which loads libcuda.so.1 with dlopen on first use and resolves each entry
+// with cuGetProcAddress_v2 at the version of the ABI it is called with; the primary context of each
+// device (`PrimaryContext`, retained once and kept for the process); `ScopedContext`, which makes a
+// device's primary context current for one call and restores exactly what was current before
+// (nothing, when nothing was); and the mapping of CUresult errors to typed statuses.
+// Why the driver, loaded at run time: libbucketalloc.so then needs no CUDA library to load (a
+// machine without a driver gets a FailedPrecondition naming the reason), and one build runs on every
+// driver from CUDA 12.0 (r525) on — CUDA 12.x and 13.x drivers, PyTorch builds for CUDA 12 and 13 —
+// because each entry point is asked for at the oldest version whose ABI it uses, which every newer
+// driver still serves. Nothing links cudart: the process's runtime (PyTorch's, any version) works
+// on the same primary contexts, streams and events (cudaStream_t is CUstream, cudaEvent_t CUevent).
+// Thread-safety: Driver() and PrimaryContext() are thread-safe; the table is read-only once
+// resolved; a ScopedContext belongs to one call on one thread.
 //
 // Example:
 //   absl::StatusOr<const DriverApi*> driver = Driver();
-//   if (CUresult e = (*driver)->MemUnmap(va, bytes); e != CUDA_SUCCESS) return CuStatus(**driver, "cuMemUnmap", e);
+//   ScopedContext ctx(**driver, device);
+//   if (absl::Status s = ctx.Enter("cuMemAlloc"); !s.ok()) return s;
+//   if (CUresult e = (*driver)->MemAlloc(&p, bytes); e != CUDA_SUCCESS) return CuStatus(**driver, "cuMemAlloc", e);
 #ifndef BUCKETALLOC_CUDA_DRIVER_API_H_
 #define BUCKETALLOC_CUDA_DRIVER_API_H_
 
@@ -21,14 +33,37 @@
 
 namespace bucketalloc::internal {
 
-// Every driver function the vmm backend calls: X(field, symbol, version), where `version` is the
-// CUDA version that introduced the signature of cudaTypedefs.h's PFN_<symbol>_v<version>. Asking
-// for exactly that version returns exactly that ABI, on any driver at least that recent.
+// The oldest driver served: cuGetProcAddress_v2 (the only entry looked up by name) is CUDA 12.0's.
+inline constexpr int kMinDriverVersion = 12000;
+
+// Every driver function the backends call: X(field, symbol, version), where `version` is the CUDA
+// version that introduced the signature of cudaTypedefs.h's PFN_<symbol>_v<version>. Asking for
+// exactly that version returns exactly that ABI, on any driver at least that recent (e.g.
+// cuCtxGetDevice at 2000, not 13000, whose ABI differs).
 #define BUCKETALLOC_DRIVER_FUNCTIONS(X)                                \
+  X(Init, cuInit, 2000)                                                \
+  X(DriverGetVersion, cuDriverGetVersion, 2020)                        \
   X(GetErrorName, cuGetErrorName, 6000)                                \
   X(GetErrorString, cuGetErrorString, 6000)                            \
+  X(DeviceGetCount, cuDeviceGetCount, 2000)                            \
   X(DeviceGet, cuDeviceGet, 2000)                                      \
   X(DeviceGetAttribute, cuDeviceGetAttribute, 2000)                    \
+  X(DeviceCanAccessPeer, cuDeviceCanAccessPeer, 4000)                  \
+  X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000)            \
+  X(CtxGetCurrent, cuCtxGetCurrent, 4000)                              \
+  X(CtxPushCurrent, cuCtxPushCurrent, 4000)                            \
+  X(CtxPopCurrent, cuCtxPopCurrent, 4000)                              \
+  X(CtxSynchronize, cuCtxSynchronize, 2000)                            \
+  X(MemAlloc, cuMemAlloc, 3020)                                        \
+  X(MemFree, cuMemFree, 3020)                                          \
+  X(MemGetInfo, cuMemGetInfo, 3020)                                    \
+  X(EventCreate, cuEventCreate, 2000)                                  \
+  X(EventRecord, cuEventRecord, 2000)                                  \
+  X(EventQuery, cuEventQuery, 2000)                                    \
+  X(EventSynchronize, cuEventSynchronize, 2000)                        \
+  X(EventDestroy, cuEventDestroy, 4000)                                \
+  X(StreamIsCapturing, cuStreamIsCapturing, 10000)                     \
+  X(StreamGetCtx, cuStreamGetCtx, 9020)                                \
   X(MemGetAllocationGranularity, cuMemGetAllocationGranularity, 10020) \
   X(MemAddressReserve, cuMemAddressReserve, 10020)                     \
   X(MemAddressFree, cuMemAddressFree, 10020)                           \
@@ -43,17 +78,48 @@ struct DriverApi {
 #define BUCKETALLOC_DRIVER_FIELD(field, symbol, version) PFN_##symbol##_v##version field = nullptr;
   BUCKETALLOC_DRIVER_FUNCTIONS(BUCKETALLOC_DRIVER_FIELD)
 #undef BUCKETALLOC_DRIVER_FIELD
+  int version = 0;       // cuDriverGetVersion, e.g. 12040 or 13000
+  int device_count = 0;  // cuDeviceGetCount, at least 1
 };
 
-// Returns the driver functions, resolved on the first successful call and read-only after that.
-// Every failure (no driver, a runtime without the entry-point call, a driver without a symbol or
-// too old for its version) is FailedPrecondition, and is not kept: the preload library's runtime
-// may be loaded later.
+// Returns the driver, loaded, initialized (cuInit) and resolved on the first successful call and
+// read-only after that. Every failure (no libcuda.so.1, a driver older than 12.0, a symbol missing,
+// cuInit failing: no device, a driver/kernel-module mismatch) is FailedPrecondition naming it, and is
+// not kept: a later call tries again.
 absl::StatusOr<const DriverApi*> Driver();
 
-// Maps a driver error to a typed status as CudaStatus maps a runtime error, with the driver's own
-// error name and string (driver calls do not touch the runtime's last error).
+// The primary context of `device` (retained on first use, which creates it: what the runtime's
+// cudaSetDevice or cudaFree(0) does), kept for the life of the process.
+absl::StatusOr<CUcontext> PrimaryContext(const DriverApi& driver, int device);
+
+// Maps a driver error to a typed status (out of memory -> ResourceExhausted; no usable driver or
+// device, or a call refused during a stream capture -> FailedPrecondition; anything else ->
+// Internal), with the driver's own error name and string. Driver calls leave the runtime's "last
+// error" (cudaGetLastError) alone.
 absl::Status CuStatus(const DriverApi& driver, absl::string_view what, CUresult error);
+
+// Makes `device`'s primary context current for the lifetime of the guard (a push, only when another
+// context or none is current) and pops it after, so that the thread's current context is exactly
+// what it was: a thread that had none gets none back, and no context is ever created on a device
+// the caller did not name.
+class ScopedContext {
+ public:
+  ScopedContext(const DriverApi& driver, int device) : driver_(driver), device_(device) {}
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+  ~ScopedContext() {
+    CUcontext popped = nullptr;
+    if (pushed_) driver_.CtxPopCurrent(&popped);  // cannot fail: this thread pushed it
+  }
+
+  // Makes the context current; `call` names the operation it is for (used only in an error).
+  absl::Status Enter(absl::string_view call);
+
+ private:
+  const DriverApi& driver_;
+  const int device_;
+  bool pushed_ = false;
+};
 
 }  // namespace bucketalloc::internal
 

@@ -5,8 +5,11 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "backend/registry.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_status.h"
@@ -17,28 +20,35 @@ namespace bucketalloc {
 namespace internal {
 namespace {
 
-// The physical memory the vmm backend creates: pinned memory of `device`.
-CUmemAllocationProp PinnedDeviceMemory(int device) {
+// The physical memory the vmm backend creates: pinned memory of `device`, usable for GPUDirect RDMA
+// (NCCL, InfiniBand) when the device supports it with VMM, as PyTorch's expandable segments ask.
+CUmemAllocationProp PinnedDeviceMemory(int device, bool rdma) {
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
+  if (rdma) prop.allocFlags.gpuDirectRDMACapable = 1;
   return prop;
 }
 
 // The virtual-memory backend: CudaBackend's Allocate, Free and events, plus the Reserve/Create/Map
 // family over the driver's VMM API. Before any driver call it refuses (InvalidArgument, as the sim
 // backend does) a size that is not a positive multiple of the granularity and an alignment that is
-// neither 0 (the granularity) nor a power of two. Other misuse (an unknown handle, a range that is
-// not reserved or is already mapped, an unmap of nothing) is left to the driver, whose error is
-// mapped like any other. Unlike the sim backend, the driver accepts two things the allocator never
-// does: ReleasePhysical of a granule that is still mapped (its memory goes with the last mapping)
-// and a Map of fewer bytes than the granule (its prefix is mapped). Unmap is one cuMemUnmap, which
-// takes a range made of whole mappings and refuses one that cuts a mapping.
+// neither 0 (the granularity) nor a power of two: cuMemCreate and cuMemMap take only multiples of
+// the granularity (cuda.h: cuMemMap "Both ptr, size, and offset must be a multiple of the value
+// given via cuMemGetAllocationGranularity"). Other misuse (an unknown handle, a range that is not
+// reserved or is already mapped, an unmap of nothing) is left to the driver, whose error is mapped
+// like any other. Unlike the sim backend, the driver accepts ReleasePhysical of a granule that is
+// still mapped (its memory goes with the last mapping); the allocator never does it. Unmap is one
+// cuMemUnmap, which takes a range made of whole mappings and refuses one that cuts a mapping.
+// Access: a mapping is readable and writable by the device and by every peer that can access it
+// (cuDeviceCanAccessPeer), so P2P kernels and NCCL's P2P transport work on its memory, as on
+// cudaMalloc memory with peer access enabled and on PyTorch's expandable segments.
 class VmmBackend final : public CudaBackend {
  public:
-  VmmBackend(int device, const DriverApi& driver, std::size_t granularity)
-      : CudaBackend(device), driver_(driver), granularity_(granularity) {}
+  VmmBackend(int device, const DriverApi& driver, std::size_t granularity, CUmemAllocationProp prop,
+             std::vector<CUmemAccessDesc> access)
+      : CudaBackend(device, driver), granularity_(granularity), prop_(prop), access_(std::move(access)) {}
 
   absl::string_view Name() const override { return "vmm"; }
   std::size_t Granularity() const override { return granularity_; }
@@ -49,8 +59,8 @@ class VmmBackend final : public CudaBackend {
     if (!IsGranuleMultiple(bytes) || (alignment != 0 && !internal::IsPowerOfTwo(alignment))) {
       return Refuse(call, "a positive multiple of the granularity and an alignment of 0 or a power of two");
     }
-    ScopedDevice guard(device());
-    if (absl::Status status = guard.Enter("cuMemAddressReserve"); !status.ok()) return status;
+    ScopedContext ctx(driver_, device());
+    if (absl::Status status = ctx.Enter("cuMemAddressReserve"); !status.ok()) return status;
     CUdeviceptr va = 0;
     if (CUresult error = driver_.MemAddressReserve(&va, bytes, alignment, /*addr=*/0, /*flags=*/0);
         error != CUDA_SUCCESS) {
@@ -60,8 +70,8 @@ class VmmBackend final : public CudaBackend {
   }
 
   absl::Status ReleaseAddressRange(std::uintptr_t va, std::size_t bytes) override {
-    ScopedDevice guard(device());
-    if (absl::Status status = guard.Enter("cuMemAddressFree"); !status.ok()) return status;
+    ScopedContext ctx(driver_, device());
+    if (absl::Status status = ctx.Enter("cuMemAddressFree"); !status.ok()) return status;
     if (CUresult error = driver_.MemAddressFree(va, bytes); error != CUDA_SUCCESS) {
       return CuError(absl::StrCat("cuMemAddressFree(", Hex(va), ", ", bytes, " bytes)"), error);
     }
@@ -74,14 +84,13 @@ class VmmBackend final : public CudaBackend {
       Count(&BackendCounters::failed_physical_creates);
       return Refuse(call, "a positive multiple of the granularity");
     }
-    ScopedDevice guard(device());
-    if (absl::Status status = guard.Enter("cuMemCreate"); !status.ok()) {
+    ScopedContext ctx(driver_, device());
+    if (absl::Status status = ctx.Enter("cuMemCreate"); !status.ok()) {
       Count(&BackendCounters::failed_physical_creates);
       return status;
     }
-    const CUmemAllocationProp prop = PinnedDeviceMemory(device());
     CUmemGenericAllocationHandle handle = 0;
-    if (CUresult error = driver_.MemCreate(&handle, bytes, &prop, /*flags=*/0); error != CUDA_SUCCESS) {
+    if (CUresult error = driver_.MemCreate(&handle, bytes, &prop_, /*flags=*/0); error != CUDA_SUCCESS) {
       Count(&BackendCounters::failed_physical_creates);
       return CuError(call, error);
     }
@@ -90,8 +99,8 @@ class VmmBackend final : public CudaBackend {
   }
 
   absl::Status ReleasePhysical(PhysicalHandle handle) override {
-    ScopedDevice guard(device());
-    if (absl::Status status = guard.Enter("cuMemRelease"); !status.ok()) return status;
+    ScopedContext ctx(driver_, device());
+    if (absl::Status status = ctx.Enter("cuMemRelease"); !status.ok()) return status;
     if (CUresult error = driver_.MemRelease(handle); error != CUDA_SUCCESS) {
       return CuError(absl::StrCat("cuMemRelease(handle ", Hex(handle), ")"), error);
     }
@@ -99,32 +108,48 @@ class VmmBackend final : public CudaBackend {
     return absl::OkStatus();
   }
 
-  // cuMemMap, then cuMemSetAccess (a new mapping is inaccessible until then); a failed
-  // cuMemSetAccess undoes the mapping.
+  // cuMemMap of each granule, then one cuMemSetAccess over what was mapped (a new mapping is
+  // inaccessible until then: cuda.h, cuMemMap "does not make the address accessible").
+  absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t* mapped) override {
+    *mapped = 0;
+    ScopedContext ctx(driver_, device());
+    if (absl::Status status = ctx.Enter("cuMemMap"); !status.ok()) return status;
+    absl::Status map_error;
+    std::size_t n = 0;
+    for (; n < handles.size(); ++n) {
+      const std::uintptr_t at = va + n * granularity_;
+      if (CUresult error = driver_.MemMap(at, granularity_, /*offset=*/0, handles[n], /*flags=*/0);
+          error != CUDA_SUCCESS) {
+        map_error = CuError(
+            absl::StrCat("cuMemMap(", Hex(at), ", ", granularity_, " bytes, handle ", Hex(handles[n]), ")"), error);
+        break;
+      }
+    }
+    if (n == 0) return map_error;
+    const std::size_t bytes = n * granularity_;
+    if (CUresult error = driver_.MemSetAccess(va, bytes, access_.data(), access_.size()); error != CUDA_SUCCESS) {
+      for (std::size_t i = 0; i < n; ++i) driver_.MemUnmap(va + i * granularity_, granularity_);
+      return CuError(absl::StrCat("cuMemSetAccess(", Hex(va), ", ", bytes, " bytes, read-write for ", access_.size(),
+                                  " device(s)) after cuMemMap (unmapped again)"),
+                     error);
+    }
+    *mapped = n;
+    Count(&BackendCounters::maps, static_cast<std::int64_t>(n));
+    return map_error;
+  }
+
   absl::Status Map(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle) override {
-    ScopedDevice guard(device());
-    if (absl::Status status = guard.Enter("cuMemMap"); !status.ok()) return status;
-    if (CUresult error = driver_.MemMap(va, bytes, /*offset=*/0, handle, /*flags=*/0); error != CUDA_SUCCESS) {
-      return CuError(absl::StrCat("cuMemMap(", Hex(va), ", ", bytes, " bytes, handle ", Hex(handle), ")"), error);
+    if (bytes != granularity_) {
+      return Refuse(absl::StrCat("cuMemMap(", Hex(va), ", ", bytes, " bytes)"), "one granule per handle");
     }
-    CUmemAccessDesc access = {};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device();
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (CUresult error = driver_.MemSetAccess(va, bytes, &access, 1); error != CUDA_SUCCESS) {
-      const CUresult undo = driver_.MemUnmap(va, bytes);
-      return CuError(
-          absl::StrCat("cuMemSetAccess(", Hex(va), ", ", bytes, " bytes, read-write for device ", device(),
-                       ") after cuMemMap (", undo == CUDA_SUCCESS ? "unmapped again" : "cuMemUnmap also failed", ")"),
-          error);
-    }
-    Count(&BackendCounters::maps);
-    return absl::OkStatus();
+    const PhysicalHandle one[] = {handle};
+    std::size_t mapped = 0;
+    return MapRun(va, one, &mapped);
   }
 
   absl::Status Unmap(std::uintptr_t va, std::size_t bytes) override {
-    ScopedDevice guard(device());
-    if (absl::Status status = guard.Enter("cuMemUnmap"); !status.ok()) return status;
+    ScopedContext ctx(driver_, device());
+    if (absl::Status status = ctx.Enter("cuMemUnmap"); !status.ok()) return status;
     if (CUresult error = driver_.MemUnmap(va, bytes); error != CUDA_SUCCESS) {
       return CuError(absl::StrCat("cuMemUnmap(", Hex(va), ", ", bytes, " bytes)"), error);
     }
@@ -146,8 +171,9 @@ class VmmBackend final : public CudaBackend {
     return CuStatus(driver_, absl::StrCat(call, " on device ", device()), error);
   }
 
-  const DriverApi& driver_;  // resolved by Driver(); lives as long as the process
   const std::size_t granularity_;
+  const CUmemAllocationProp prop_;
+  const std::vector<CUmemAccessDesc> access_;  // the device itself, then its peers
 };
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeVmm(const BackendSettings&, int device) { return MakeVmmBackend(device); }
@@ -168,31 +194,30 @@ constinit const BackendEntry kVmmBackendEntry = {
 absl::StatusOr<std::unique_ptr<Backend>> MakeVmmBackend(int device) {
   using internal::CuStatus;
   using internal::DriverApi;
-  using internal::PinnedDeviceMemory;
-  using internal::ScopedDevice;
   constexpr std::size_t kGranularity = internal::CudaBackend::kGranularity;
   if (absl::Status status = internal::InitDevice("vmm", device); !status.ok()) return status;
-  absl::StatusOr<const DriverApi*> driver = internal::Driver();
-  if (!driver.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create the vmm backend for device ", device, ": ", driver.status().message()));
-  }
+  absl::StatusOr<const DriverApi*> driver = internal::Driver();  // loaded by InitDevice
+  if (!driver.ok()) return driver.status();
   const DriverApi& api = **driver;
-  ScopedDevice guard(device);
-  if (absl::Status status = guard.Enter("vmm backend init"); !status.ok()) return status;
-  CUdevice cu_device = 0;
-  if (CUresult error = api.DeviceGet(&cu_device, device); error != CUDA_SUCCESS) {
-    return CuStatus(api, absl::StrCat("cuDeviceGet(", device, ")"), error);
-  }
+  auto cu_device = [&](int ordinal, CUdevice* out) -> absl::Status {
+    if (CUresult error = api.DeviceGet(out, ordinal); error != CUDA_SUCCESS) {
+      return CuStatus(api, absl::StrCat("cuDeviceGet(", ordinal, ")"), error);
+    }
+    return absl::OkStatus();
+  };
+  CUdevice self = 0;
+  if (absl::Status s = cu_device(device, &self); !s.ok()) return s;
+  auto attribute = [&](CUdevice_attribute attr, const char* name, int* value) -> absl::Status {
+    if (CUresult error = api.DeviceGetAttribute(value, attr, self); error != CUDA_SUCCESS) {
+      return CuStatus(api, absl::StrCat("cuDeviceGetAttribute(", name, ") on device ", device), error);
+    }
+    return absl::OkStatus();
+  };
   int supported = 0;
-  if (CUresult error =
-          api.DeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu_device);
-      error != CUDA_SUCCESS) {
-    return CuStatus(api,
-                    absl::StrCat("cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) "
-                                 "on device ",
-                                 device),
-                    error);
+  if (absl::Status s = attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                 "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", &supported);
+      !s.ok()) {
+    return s;
   }
   if (supported == 0) {
     return absl::FailedPreconditionError(
@@ -200,7 +225,13 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeVmmBackend(int device) {
                      ": the device does not support virtual memory management "
                      "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0); backend:cuda works without it"));
   }
-  const CUmemAllocationProp prop = PinnedDeviceMemory(device);
+  int rdma = 0;
+  if (absl::Status s = attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                 "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED", &rdma);
+      !s.ok()) {
+    return s;
+  }
+  const CUmemAllocationProp prop = internal::PinnedDeviceMemory(device, rdma != 0);
   std::size_t granularity = 0;
   if (CUresult error = api.MemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
       error != CUDA_SUCCESS) {
@@ -217,7 +248,28 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeVmmBackend(int device) {
                                                    " bytes; the allocator needs a power of two that divides ",
                                                    kGranularity, " (backend:cuda works on this device)"));
   }
-  return std::unique_ptr<Backend>(std::make_unique<internal::VmmBackend>(device, api, granularity));
+  // Read-write for the device and for each peer that can access it.
+  std::vector<CUmemAccessDesc> access;
+  auto grant = [&](int d) {
+    CUmemAccessDesc desc = {};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = d;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    access.push_back(desc);
+  };
+  grant(device);
+  for (int peer = 0; peer < api.device_count; ++peer) {
+    if (peer == device) continue;
+    CUdevice other = 0;
+    if (absl::Status s = cu_device(peer, &other); !s.ok()) return s;
+    int can = 0;
+    if (CUresult error = api.DeviceCanAccessPeer(&can, other, self); error != CUDA_SUCCESS) {
+      return CuStatus(api, absl::StrCat("cuDeviceCanAccessPeer(", peer, ", ", device, ")"), error);
+    }
+    if (can != 0) grant(peer);
+  }
+  return std::unique_ptr<Backend>(
+      std::make_unique<internal::VmmBackend>(device, api, granularity, prop, std::move(access)));
 }
 
 }  // namespace bucketalloc

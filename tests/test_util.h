@@ -125,10 +125,12 @@ class FakeSource : public internal::MemorySource {
     stats_->Decrease(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(kGranule));
     return true;
   }
-  absl::Status MapGranule(std::uintptr_t va, PhysicalHandle handle) override {
-    if (fail_map_in > 0 && --fail_map_in == 0) return absl::InternalError("fake source: injected map failure");
-    EXPECT_TRUE(handles_.contains(handle));
-    EXPECT_TRUE(mapped_.emplace(va, handle).second) << "a granule mapped twice";
+  absl::Status MapGranules(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t* mapped) override {
+    for (*mapped = 0; *mapped < handles.size(); ++*mapped) {
+      if (fail_map_in > 0 && --fail_map_in == 0) return absl::InternalError("fake source: injected map failure");
+      EXPECT_TRUE(handles_.contains(handles[*mapped]));
+      EXPECT_TRUE(mapped_.emplace(va + *mapped * kGranule, handles[*mapped]).second) << "a granule mapped twice";
+    }
     return absl::OkStatus();
   }
   absl::Status UnmapGranule(std::uintptr_t va) override {

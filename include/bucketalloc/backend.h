@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace bucketalloc {
 
@@ -125,6 +126,11 @@ class Backend {
   virtual absl::Status ReleasePhysical(PhysicalHandle handle);
   // Maps `handle` at `va` (inside a reserved range) and makes it accessible to the device.
   virtual absl::Status Map(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle);
+  // Maps `handles` (one granule each) one after another from `va` and makes them accessible,
+  // stopping at the first failure: `*mapped` is then the number of granules that stay mapped and
+  // accessible (a prefix), and the error is returned. The default maps granule by granule with Map;
+  // the vmm backend sets access once for the run.
+  virtual absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t* mapped);
   // Unmaps `[va, va + bytes)`.
   virtual absl::Status Unmap(std::uintptr_t va, std::size_t bytes);
 

@@ -49,8 +49,8 @@
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/stats.h"
-#include "cuda/cuda_runtime.h"
 #include "plugins/common/process_allocator.h"
+#include "plugins/preload/real_runtime.h"
 
 namespace bucketalloc {
 namespace internal {

@@ -16,7 +16,7 @@
 #include <mutex>
 #include <string>
 
-#include "cuda/cuda_runtime.h"
+#include "plugins/preload/real_runtime.h"
 
 namespace bucketalloc::internal {
 namespace {
@@ -53,7 +53,6 @@ constexpr CudaRuntime kMissing = {
     &Missing<cudaStream_t, int*>,
     &ErrorNameFallback,
     &ErrorStringFallback,
-    &Missing<const char*, void**, unsigned int, unsigned long long, cudaDriverEntryPointQueryResult*>,
 };
 
 // The path of a loaded libcudart.so.*, or "" (dl_iterate_phdr visits every loaded object).
@@ -99,7 +98,6 @@ bool Fill(void* handle, CudaRuntime* rt) {
   rt->StreamGetDevice = get("cudaStreamGetDevice", rt->StreamGetDevice);
   rt->GetErrorName = get("cudaGetErrorName", rt->GetErrorName);
   rt->GetErrorString = get("cudaGetErrorString", rt->GetErrorString);
-  rt->GetDriverEntryPointByVersion = get("cudaGetDriverEntryPointByVersion", rt->GetDriverEntryPointByVersion);
   return true;
 }
 

@@ -94,11 +94,17 @@ bool SegmentRegistry::ReleaseGranule(PhysicalHandle handle) {
   return true;
 }
 
-absl::Status SegmentRegistry::MapGranule(std::uintptr_t va, PhysicalHandle handle) {
-  if (absl::Status s = backend_->Map(va, granularity_, handle); !s.ok()) return s;
-  std::prev(ranges_.upper_bound(va))->second.mapped += granularity_;  // inside a registered range (Map checked)
-  history_->Record(TraceAction::kSegmentMap, va, granularity_, slow_path_stream_);
-  return absl::OkStatus();
+absl::Status SegmentRegistry::MapGranules(std::uintptr_t va, absl::Span<const PhysicalHandle> handles,
+                                          std::size_t* mapped) {
+  absl::Status s = backend_->MapRun(va, handles, mapped);
+  if (*mapped > 0) {
+    // Inside a registered range (the backend checked).
+    std::prev(ranges_.upper_bound(va))->second.mapped += *mapped * granularity_;
+  }
+  for (std::size_t i = 0; i < *mapped; ++i) {
+    history_->Record(TraceAction::kSegmentMap, va + i * granularity_, granularity_, slow_path_stream_);
+  }
+  return s;
 }
 
 absl::Status SegmentRegistry::UnmapGranule(std::uintptr_t va) {

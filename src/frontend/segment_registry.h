@@ -71,7 +71,7 @@ class SegmentRegistry final : public MemorySource {
   void ReleaseRange(std::uintptr_t va, std::size_t bytes) override;
   absl::StatusOr<PhysicalHandle> CreateGranule() override;
   bool ReleaseGranule(PhysicalHandle handle) override;
-  absl::Status MapGranule(std::uintptr_t va, PhysicalHandle handle) override;
+  absl::Status MapGranules(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t* mapped) override;
   absl::Status UnmapGranule(std::uintptr_t va) override;
   absl::Status SynchronizeStream(Stream stream) override;
   std::size_t Headroom() const override;

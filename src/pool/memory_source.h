@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/stat_types.h"
 #include "internal/stat_ledger.h"
@@ -46,8 +47,10 @@ class MemorySource {
   virtual absl::StatusOr<PhysicalHandle> CreateGranule() = 0;
   // Releases an unmapped granule; false (it still exists) when the backend refused.
   virtual bool ReleaseGranule(PhysicalHandle handle) = 0;
-  // Maps `handle` at `va`, inside a registered range, or unmaps the granule at `va`.
-  virtual absl::Status MapGranule(std::uintptr_t va, PhysicalHandle handle) = 0;
+  // Maps `handles` one after another from `va`, inside a registered range (Backend::MapRun: on a
+  // failure `*mapped` granules, a prefix, stay mapped), or unmaps the granule at `va`.
+  virtual absl::Status MapGranules(std::uintptr_t va, absl::Span<const PhysicalHandle> handles,
+                                   std::size_t* mapped) = 0;
   virtual absl::Status UnmapGranule(std::uintptr_t va) = 0;
   // Waits until the work queued on `stream` so far has completed (before an unmap).
   virtual absl::Status SynchronizeStream(Stream stream) = 0;

@@ -106,11 +106,7 @@ absl::StatusOr<Segment*> VirtualBacking::MapNewSegment(LargePool& pool, LargePoo
                                                        std::uintptr_t base, std::size_t bytes, int tier,
                                                        std::vector<PhysicalHandle> granules) {
   std::size_t mapped = 0;
-  absl::Status s;
-  for (; mapped < granules.size(); ++mapped) {
-    s = ctx_.source->MapGranule(base + mapped * granule_, granules[mapped]);
-    if (!s.ok()) break;
-  }
+  absl::Status s = ctx_.source->MapGranules(base, granules, &mapped);
   if (s.ok()) {
     Segment* seg = pool.AddSegment(ss, stream, base, bytes, tier, &granules);
     granules_.emplace(seg, std::move(granules));

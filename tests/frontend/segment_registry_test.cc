@@ -76,7 +76,9 @@ TEST_F(SegmentRegistryTest, RangesCountTheirMappedGranules) {
   absl::StatusOr<PhysicalHandle> g = registry_->CreateGranule();
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(2 * kMiB));
-  ASSERT_TRUE(registry_->MapGranule(*va, *g).ok());
+  std::size_t mapped = 0;
+  ASSERT_TRUE(registry_->MapGranules(*va, {*g}, &mapped).ok());
+  EXPECT_EQ(mapped, 1u);
   EXPECT_EQ(registry_->At(*va)->mapped, 2 * kMiB);
   EXPECT_EQ(registry_->totals().ranges, 1u);
   EXPECT_TRUE(registry_->CheckInvariants(0).ok());

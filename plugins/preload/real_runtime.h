@@ -1,14 +1,14 @@
-// cuda/cuda_runtime.h — the CUDA runtime functions the cuda and vmm backends call, as a table (L1).
+// plugins/preload/real_runtime.h — the CUDA runtime functions the LD_PRELOAD shim calls on the
+// process's own libcudart, as a table (layer L5).
 //
-// The backends never name a runtime function directly; they call through CudaRuntimeApi(), which is
-// defined once per library:
-//   - cuda/cuda_runtime_static.cc: the statically linked cudart (libbucketalloc.a, libbucketalloc.so);
-//   - plugins/preload/real_runtime.cc: the process's own libcudart, found with dlsym(RTLD_NEXT)
-//     (libbucketalloc_preload.so, which defines cudaMalloc & co. itself and so must not call them).
+// The shim defines cudaMalloc & co. itself, so it must never call them by name: it calls the
+// runtime's definitions through CudaRuntimeApi() (plugins/preload/real_runtime.cc: dlsym(RTLD_NEXT),
+// or a libcudart loaded outside the global scope). The allocator's own backends do not use the
+// runtime at all (they load the driver: cuda/driver_api.h).
 // Every pointer is non-null; a function that cannot be found reports cudaErrorSharedObjectInitFailed.
-// The struct's member order is the order of the initializers in both definitions.
-#ifndef BUCKETALLOC_CUDA_CUDA_RUNTIME_H_
-#define BUCKETALLOC_CUDA_CUDA_RUNTIME_H_
+// The struct's member order is the order of the initializers in real_runtime.cc.
+#ifndef BUCKETALLOC_PLUGINS_PRELOAD_REAL_RUNTIME_H_
+#define BUCKETALLOC_PLUGINS_PRELOAD_REAL_RUNTIME_H_
 
 #include <cuda_runtime_api.h>
 
@@ -36,9 +36,6 @@ struct CudaRuntime {
   cudaError_t (*StreamGetDevice)(cudaStream_t stream, int* device);
   const char* (*GetErrorName)(cudaError_t error);
   const char* (*GetErrorString)(cudaError_t error);
-  // The vmm backend reaches the driver API (cuMem*) only through this: libcuda is never linked.
-  cudaError_t (*GetDriverEntryPointByVersion)(const char* symbol, void** function, unsigned int cuda_version,
-                                              unsigned long long flags, cudaDriverEntryPointQueryResult* status);
 };
 
 // The runtime of this library (see the file comment). Thread-safe.
@@ -53,4 +50,4 @@ inline void ClearLastErrorIf(const CudaRuntime& rt, cudaError_t error) {
 
 }  // namespace bucketalloc::internal
 
-#endif  // BUCKETALLOC_CUDA_CUDA_RUNTIME_H_
+#endif  // BUCKETALLOC_PLUGINS_PRELOAD_REAL_RUNTIME_H_
