@@ -59,7 +59,23 @@ class Allocator {
   // events of RecordStream have completed.
   // Errors: InvalidArgument for size > kMaxRequestBytes or a bad device; ResourceExhausted with the
   // OOM report's diagnosis when the memory cannot be had after releasing the cache and retrying.
+  // cudaStreamPerThread (kPerThreadStream) is the calling thread's own per-thread default stream:
+  // each thread's is a pool of its own (PoolKey).
   absl::StatusOr<void*> Allocate(std::size_t size, int device = 0, Stream stream = nullptr);
+
+  // The pool key of an allocation for `stream` made on this thread: the stream itself, except
+  // cudaStreamPerThread, which is the calling thread's per-thread default stream (a pseudo key,
+  // bucketalloc/backend.h). What a CaptureFilter is given.
+  static Stream PoolKey(Stream stream) {
+    if (stream != kPerThreadStream) [[likely]]
+      return stream;
+    return PerThreadKey();
+  }
+
+  // Call before destroying `stream` (cudaStreamDestroy returns at once and CUDA may give the handle
+  // to a new stream): waits for the stream's work if bucketalloc keeps cached memory for it, so that
+  // no later wait uses the dead handle and a new stream with the same handle value inherits only
+  // idle blocks. The LD_PRELOAD shim calls it from its cudaStreamDestroy.
 
   // Frees `ptr` (nullptr is a no-op). When `size` is given it must equal the requested size.
   // Errors (the state is left untouched): InvalidArgument for an unknown pointer, a double free, a
@@ -82,6 +98,7 @@ class Allocator {
   // Releases every cached block that can be released (whole free segments and empty slabs) on
   // every device, after synchronizing pending stream events.
   absl::Status EmptyCache();
+  absl::Status RetireStream(Stream stream);
 
   // Sets the cap of `device` to fraction x device memory (fraction in (0, 1]).
   absl::Status SetMemoryFraction(double fraction, int device);
@@ -124,6 +141,7 @@ class Allocator {
 
  private:
   Allocator(const Options& options, int device_count);
+  static Stream PerThreadKey();
   absl::StatusOr<internal::DeviceAllocator*> Device(int device) const;
   // The out-of-line parts of Allocate and Free: a device not yet created, and an error of a free
   // (a pointer of another device is named as such).

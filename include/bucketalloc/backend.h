@@ -18,6 +18,7 @@
 #ifndef BUCKETALLOC_BACKEND_H_
 #define BUCKETALLOC_BACKEND_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -34,6 +35,31 @@ namespace bucketalloc {
 
 // A CUDA stream (`cudaStream_t`) as an opaque handle; nullptr is the legacy default stream.
 using Stream = void*;
+
+// CUDA's special stream handles (cudaStreamLegacy, cudaStreamPerThread; CU_STREAM_LEGACY and
+// CU_STREAM_PER_THREAD in the driver API).
+inline const Stream kLegacyStream = reinterpret_cast<Stream>(std::uintptr_t{1});
+inline const Stream kPerThreadStream = reinterpret_cast<Stream>(std::uintptr_t{2});
+
+// A pool key that is not a CUDA stream: each thread's per-thread default stream (cudaStreamPerThread
+// is the same handle in every thread, but a different stream), and the LD_PRELOAD shim's keys for
+// what is not one stream. A block is reused at once only for the same key; nothing is ever recorded
+// on a pseudo key (waiting for "its" work is waiting for the device). Each NewPseudoStream() is
+// unique for the life of the process: a key is never reused, not even by a thread that gets the id
+// or the thread-local addresses of a finished one, while that thread's stream may still have work.
+// Pseudo keys are kPseudoStreamBase + 16 k + 1: no CUDA stream handle has that form (the special
+// handles are 1 and 2, created streams aligned pointers).
+inline constexpr std::uintptr_t kPseudoStreamBase = 0x10000;
+inline Stream NewPseudoStream() {
+  static std::atomic<std::uint64_t> next{0};
+  const std::uint64_t id = next.fetch_add(1, std::memory_order_relaxed);
+  return reinterpret_cast<Stream>(kPseudoStreamBase + (id << 4) + 1);
+}
+inline bool IsPseudoStream(Stream s) {
+  const auto v = reinterpret_cast<std::uintptr_t>(s);
+  return v >= kPseudoStreamBase && (v & 0xF) == 1;
+}
+
 // A backend event recorded on a stream; opaque, owned by the backend that made it.
 using Event = void*;
 // A physical memory granule (virtual-memory backends only); opaque, never 0 (the allocator uses 0

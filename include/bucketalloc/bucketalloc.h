@@ -88,6 +88,12 @@ BUCKETALLOC_API void bucketalloc_set_memory_fraction(double fraction, int device
  * storage of an empty tensor) is a no-op. */
 BUCKETALLOC_API void bucketalloc_record_stream(void* ptr, cudaStream_t stream);
 
+/* Call before cudaStreamDestroy(stream): cudaStreamDestroy returns while work is still queued, and
+ * CUDA may hand the same handle value to a new stream. When bucketalloc keeps cached memory for
+ * `stream`, this waits for the stream's work, so that the new stream inherits only idle blocks.
+ * Returns 0, or -1 (last error set: e.g. during a CUDA graph capture, which forbids the wait). */
+BUCKETALLOC_API int bucketalloc_retire_stream(cudaStream_t stream);
+
 /* set_base_alloc_fn: the start of the device allocation (segment or slab) that holds `ptr`, and
  * its size in *size. Returns NULL (last error set) when `ptr` is not a live allocation. */
 BUCKETALLOC_API void* bucketalloc_base_alloc(void* ptr, size_t* size);

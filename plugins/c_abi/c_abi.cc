@@ -265,6 +265,11 @@ void bucketalloc_record_stream(void* ptr, cudaStream_t stream) {
   bucketalloc::ReportIfFailed(bucketalloc::StatusCall([&](Allocator& a) { return a.RecordStream(ptr, stream); }));
 }
 
+int bucketalloc_retire_stream(cudaStream_t stream) {
+  return bucketalloc::StatusCall(
+      [&](Allocator& a) { return a.RetireStream(static_cast<bucketalloc::Stream>(stream)); });
+}
+
 void* bucketalloc_base_alloc(void* ptr, size_t* size) {
   return Guarded<void*>(nullptr, [&]() -> void* {
     Allocator* a = Get();
@@ -280,9 +285,10 @@ void* bucketalloc_base_alloc(void* ptr, size_t* size) {
 }
 
 int bucketalloc_capture_begin(int device, unsigned long long pool, cudaStream_t stream) {
+  // The pool key of `stream` on this thread (cudaStreamPerThread: this thread's own).
+  const bucketalloc::Stream key = Allocator::PoolKey(static_cast<bucketalloc::Stream>(stream));
   return bucketalloc::StatusCall([&](Allocator& a) {
-    return a.BeginCapture(device, bucketalloc::GraphPoolId{pool, 0},
-                          [stream](bucketalloc::Stream s) { return s == static_cast<bucketalloc::Stream>(stream); });
+    return a.BeginCapture(device, bucketalloc::GraphPoolId{pool, 0}, [key](bucketalloc::Stream s) { return s == key; });
   });
 }
 

@@ -100,8 +100,13 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
 // a device, an error to explain), so that the fast paths keep a small frame.
 absl::StatusOr<void*> Allocator::Allocate(std::size_t size, int device, Stream stream) {
   if (DeviceAllocator* d = Published(devices_->ptrs, device)) [[likely]]
-    return d->Allocate(size, stream);
-  return AllocateOnNewDevice(size, device, stream);
+    return d->Allocate(size, PoolKey(stream));
+  return AllocateOnNewDevice(size, device, PoolKey(stream));
+}
+
+Stream Allocator::PerThreadKey() {
+  static thread_local const Stream key = NewPseudoStream();  // one per thread, never reused
+  return key;
 }
 
 absl::StatusOr<void*> Allocator::AllocateOnNewDevice(std::size_t size, int device, Stream stream) {
@@ -222,6 +227,16 @@ absl::Status Allocator::EmptyCache() {
     DeviceAllocator* d = Published(devices_->ptrs, device);
     if (d == nullptr) continue;
     if (absl::Status s = d->EmptyCache(); !s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
+absl::Status Allocator::RetireStream(Stream stream) {
+  absl::Status first;  // every device is asked; the first failure is reported
+  for (int device = 0; device < device_count(); ++device) {
+    DeviceAllocator* d = Published(devices_->ptrs, device);
+    if (d == nullptr) continue;
+    if (absl::Status s = d->RetireStream(stream); !s.ok() && first.ok()) first = s;
   }
   return first;
 }

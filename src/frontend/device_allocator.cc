@@ -92,6 +92,7 @@ DeviceAllocator::~DeviceAllocator() {
 }
 
 StreamPools& DeviceAllocator::PoolsForNewStream(Stream stream) {
+  registry_.Revive(stream);  // a retired handle in use again (a new stream with the old value)
   auto it = streams_.find(stream);
   if (it == streams_.end()) it = streams_.emplace(stream, pools_.NewStreamPools()).first;
   last_stream_ = stream;
@@ -198,7 +199,7 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
 
 bool DeviceAllocator::CaptureRestricts(Stream stream) {
   if (captures_.running()) return true;
-  if (!options_.probe_stream_capture) return false;
+  if (!options_.probe_stream_capture || IsPseudoStream(stream)) return false;  // a pseudo key is no stream
   absl::StatusOr<bool> capturing = backend_->IsCapturing(stream);
   return capturing.ok() && *capturing;  // an error here is reported by the backend call that follows
 }
@@ -420,6 +421,20 @@ absl::Status DeviceAllocator::EmptyCache() {
   SyncAndReleaseAll();
   MaybeCheckInvariants();
   return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::RetireStream(Stream stream) {
+  MutexLock lock(mu_);
+  if (!streams_.contains(stream) || IsPseudoStream(stream)) return absl::OkStatus();  // nothing kept for it
+  if (captures_.running()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("bucketalloc: retiring stream ", absl::Hex(reinterpret_cast<std::uintptr_t>(stream)),
+                     " on device ", device_, " during CUDA graph capture: CUDA forbids the wait it needs"));
+  }
+  // The next request on this handle (maybe a new stream) goes through PoolsForNewStream, which revives it.
+  last_stream_ = nullptr;
+  last_pools_ = nullptr;
+  return registry_.RetireStream(stream);
 }
 
 absl::Status DeviceAllocator::BeginCapture(GraphPoolId pool, CaptureFilter filter) {

@@ -69,6 +69,9 @@ class DeviceAllocator final {
   bool InReservedMemory(void* ptr) const;
   absl::Status RecordStream(void* ptr, Stream stream);
   absl::Status EmptyCache();
+  // Before the host destroys `stream`: waits for its work if this device keeps memory for it (see
+  // Allocator::RetireStream).
+  absl::Status RetireStream(Stream stream);
   // See Allocator::BeginCapture.
   absl::Status BeginCapture(GraphPoolId pool, CaptureFilter filter);
   absl::Status EndCapture(GraphPoolId pool);

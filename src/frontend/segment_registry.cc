@@ -115,11 +115,20 @@ absl::Status SegmentRegistry::UnmapGranule(std::uintptr_t va) {
 }
 
 absl::Status SegmentRegistry::SynchronizeStream(Stream stream) {
+  if (retired_.contains(stream)) return absl::OkStatus();
+  if (IsPseudoStream(stream)) return backend_->SynchronizeDevice();
   absl::StatusOr<Event> e = backend_->RecordEvent(stream);
   if (!e.ok()) return e.status();
   absl::Status s = backend_->SynchronizeEvent(*e);
   backend_->DestroyEvent(*e);
   return s;
+}
+
+absl::Status SegmentRegistry::RetireStream(Stream stream) {
+  retired_.erase(stream);
+  if (absl::Status s = SynchronizeStream(stream); !s.ok()) return s;
+  retired_.insert(stream);
+  return absl::OkStatus();
 }
 
 std::optional<SegmentRegistry::Range> SegmentRegistry::Holding(std::uintptr_t addr, std::size_t size) const {

@@ -24,6 +24,7 @@
 #include <optional>
 
 #include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bucketalloc/backend.h"
@@ -73,7 +74,17 @@ class SegmentRegistry final : public MemorySource {
   bool ReleaseGranule(PhysicalHandle handle) override;
   absl::Status MapGranules(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t* mapped) override;
   absl::Status UnmapGranule(std::uintptr_t va) override;
+  // Waits for `stream`'s work: an event on it; the device for a pseudo key; nothing for a stream
+  // retired (RetireStream) and not used since, whose handle may be dead.
   absl::Status SynchronizeStream(Stream stream) override;
+  // Waits for `stream`'s work now and remembers that nothing of it is pending, before the host
+  // destroys the stream (a handle value CUDA may give a new stream later): no later wait records on
+  // the dead handle, and a new stream with the same handle inherits only idle blocks.
+  absl::Status RetireStream(Stream stream);
+  // The stream is used again (a new stream with that handle, or the same one).
+  void Revive(Stream stream) {
+    if (!retired_.empty()) retired_.erase(stream);
+  }
   std::size_t Headroom() const override;
 
   // The registered range that contains [addr, addr + size), or nullopt.
@@ -100,6 +111,7 @@ class SegmentRegistry final : public MemorySource {
   Stream slow_path_stream_ = nullptr;
   bool capturing_ = false;
   absl::btree_map<std::uintptr_t, Range> ranges_;
+  absl::flat_hash_set<Stream> retired_;  // streams waited for by RetireStream, unused since
 };
 
 }  // namespace bucketalloc::internal

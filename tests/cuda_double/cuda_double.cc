@@ -113,7 +113,8 @@ constexpr RuleText kRules[kRuleCount] = {
     {"vmm-map-reserved",
      "cuda.h:12867 cuMemMap \"This range must be an address reservation previously reserved with "
      "cuMemAddressReserve, and offset + size must be less than the size of the memory allocation\""},
-    {"vmm-map-unmapped", "cuda.h:12894 \"cuMemMap can only create mappings on VA range reservations that are not currently mapped\""},
+    {"vmm-map-unmapped",
+     "cuda.h:12894 \"cuMemMap can only create mappings on VA range reservations that are not currently mapped\""},
     {"vmm-live-handle", "cuda.h:12845 cuMemRelease: a released handle (all references gone) is invalid"},
     {"vmm-access-mapped", "cuda.h:13089 cuMemSetAccess \"The range must be a fully mapped address range\""},
     {"vmm-unmap-whole",
@@ -179,7 +180,9 @@ struct Stream {
 struct Context {
   int device = 0;
   Stream legacy;
-  std::map<std::thread::id, std::unique_ptr<Stream>> per_thread;
+  // Every per-thread default stream ever made in this context: a thread's outlives the thread, as
+  // its queued work does (a thread's id may be reused by a later thread; its stream is not).
+  std::vector<std::unique_ptr<Stream>> per_thread;
 };
 
 struct Event {
@@ -248,6 +251,7 @@ struct State {
   std::string label;
   std::string joined;
   std::uint64_t corruptions = 0;
+  std::string first_corruption;
   unsigned long long next_capture_id = 1;
   std::map<void*, int> graphs;
 };
@@ -258,9 +262,10 @@ State& S() {
 }
 
 thread_local std::vector<Context*> t_ctx_stack;  // top is the current context
-thread_local int t_runtime_device = 0;            // cudaSetDevice's device when no context is current
+thread_local int t_runtime_device = 0;           // cudaSetDevice's device when no context is current
 thread_local CUstreamCaptureMode t_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local std::map<Context*, Stream*> t_per_thread;  // this thread's per-thread default streams
 
 void ReportAtExit();
 
@@ -297,8 +302,8 @@ struct Locked {
 };
 
 void Violate(State& s, Rule rule, const char* call, const std::string& detail) {
-  s.violations.push_back((s.label.empty() ? "" : "[" + s.label + "] ") + kRules[rule].name + ": " + call + ": " + detail + " [" + kRules[rule].source +
-                         "]");
+  s.violations.push_back((s.label.empty() ? "" : "[" + s.label + "] ") + kRules[rule].name + ": " + call + ": " +
+                         detail + " [" + kRules[rule].source + "]");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -335,8 +340,7 @@ void Uncarve(Device& dev, std::size_t offset, std::size_t bytes) {
     }
   }
   // Zero the pages, so that stale data never passes for a correct reuse.
-  fallocate(dev.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
-            static_cast<off_t>(bytes));
+  fallocate(dev.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(bytes));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -372,12 +376,13 @@ Stream* StreamOf(State& s, CUstream handle, bool* bad_context = nullptr) {
       return nullptr;
     }
     if (v != reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD)) return &ctx->legacy;
-    std::unique_ptr<Stream>& pt = ctx->per_thread[std::this_thread::get_id()];
+    Stream*& pt = t_per_thread[ctx];
     if (pt == nullptr) {
-      pt = std::make_unique<Stream>();
+      ctx->per_thread.push_back(std::make_unique<Stream>());
+      pt = ctx->per_thread.back().get();
       pt->ctx = ctx;
     }
-    return pt.get();
+    return pt;
   }
   if (v < kStreamBase || (v - kStreamBase) % kHandleStride != 0) return nullptr;
   const std::size_t index = (v - kStreamBase) / kHandleStride;
@@ -416,7 +421,7 @@ void RunAll(Stream* stream) { RunThrough(stream, stream->next_id - 1); }
 
 std::vector<Stream*> StreamsOf(State& s, Context* ctx) {
   std::vector<Stream*> out{&ctx->legacy};
-  for (auto& [t, pt] : ctx->per_thread) out.push_back(pt.get());
+  for (auto& pt : ctx->per_thread) out.push_back(pt.get());
   for (auto& st : s.streams)
     if (st != nullptr && st->ctx == ctx) out.push_back(st.get());
   for (auto& st : s.retired)
@@ -500,8 +505,8 @@ Stream* UsableStream(State& s, CUstream handle, const char* call, CUresult* err)
       Violate(s, kContextCurrent, call, "a default stream handle with no current context");
       *err = CUDA_ERROR_INVALID_CONTEXT;
     } else {
-      Violate(s, kLiveStream, call, "stream handle " + std::to_string(reinterpret_cast<std::uintptr_t>(handle)) +
-                                        " is not a live stream");
+      Violate(s, kLiveStream, call,
+              "stream handle " + std::to_string(reinterpret_cast<std::uintptr_t>(handle)) + " is not a live stream");
       *err = CUDA_ERROR_INVALID_HANDLE;
     }
     return nullptr;
@@ -580,7 +585,11 @@ int LaunchKernel(void* stream_handle, std::uintptr_t p, std::size_t bytes, std::
     }
     for (std::size_t i = 0; i < bytes; ++i) {
       if (bytes_at[i] != value) {
-        ++s.corruptions;
+        if (s.corruptions++ == 0) {
+          s.first_corruption = "a kernel on device " + std::to_string(device) + " expected " + std::to_string(value) +
+                               " at byte " + std::to_string(i) + " of [" + std::to_string(p) + ", +" +
+                               std::to_string(bytes) + ") and found " + std::to_string(bytes_at[i]);
+        }
         return;
       }
     }
@@ -591,20 +600,20 @@ int LaunchKernel(void* stream_handle, std::uintptr_t p, std::size_t bytes, std::
 // ---------------------------------------------------------------------------------------------
 // Driver functions (the implementations; the exported names are below).
 
-#define DRIVER_READY(s, call)                                               \
-  do {                                                                      \
-    if (!(s).initialized) {                                                 \
-      Violate((s), kInitFirst, (call), "called before cuInit");             \
-      return CUDA_ERROR_NOT_INITIALIZED;                                    \
-    }                                                                       \
+#define DRIVER_READY(s, call)                                   \
+  do {                                                          \
+    if (!(s).initialized) {                                     \
+      Violate((s), kInitFirst, (call), "called before cuInit"); \
+      return CUDA_ERROR_NOT_INITIALIZED;                        \
+    }                                                           \
   } while (0)
 
-#define NEED_CONTEXT(s, call)                                                \
-  do {                                                                       \
-    if (Current() == nullptr) {                                              \
-      Violate((s), kContextCurrent, (call), "no context is current");        \
-      return CUDA_ERROR_INVALID_CONTEXT;                                     \
-    }                                                                        \
+#define NEED_CONTEXT(s, call)                                         \
+  do {                                                                \
+    if (Current() == nullptr) {                                       \
+      Violate((s), kContextCurrent, (call), "no context is current"); \
+      return CUDA_ERROR_INVALID_CONTEXT;                              \
+    }                                                                 \
   } while (0)
 
 CUresult DInit(unsigned int flags) {
@@ -1021,9 +1030,9 @@ CUresult DEventRecord(CUevent handle, CUstream stream) {
   Stream* st = UsableStream(l.s, stream, "cuEventRecord", &err);
   if (st == nullptr) return err;
   if (st->ctx != e->ctx) {
-    Violate(l.s, kEventStreamSameContext, "cuEventRecord",
-            "event of device " + std::to_string(e->ctx->device) + ", stream of device " +
-                std::to_string(st->ctx->device));
+    Violate(
+        l.s, kEventStreamSameContext, "cuEventRecord",
+        "event of device " + std::to_string(e->ctx->device) + ", stream of device " + std::to_string(st->ctx->device));
     return CUDA_ERROR_INVALID_HANDLE;
   }
   e->warned_not_ready = false;
@@ -1156,8 +1165,8 @@ CUresult DMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::size_t alig
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   if (ptr == nullptr || flags != 0 || size == 0 || size % page != 0 || addr % page != 0 ||
       (alignment & (alignment - 1)) != 0) {
-    Violate(l.s, kVmmReserveSize, "cuMemAddressReserve", "size " + std::to_string(size) + ", alignment " +
-                                                             std::to_string(alignment));
+    Violate(l.s, kVmmReserveSize, "cuMemAddressReserve",
+            "size " + std::to_string(size) + ", alignment " + std::to_string(alignment));
     return CUDA_ERROR_INVALID_VALUE;
   }
   const std::size_t align = std::max(alignment, kGranularity);
@@ -1262,7 +1271,8 @@ CUresult DMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGen
   }
   auto next = r->mappings.lower_bound(va);
   const bool overlaps_next = next != r->mappings.end() && next->first < va + size;
-  const bool overlaps_prev = next != r->mappings.begin() && std::prev(next)->second.va + std::prev(next)->second.bytes > va;
+  const bool overlaps_prev =
+      next != r->mappings.begin() && std::prev(next)->second.va + std::prev(next)->second.bytes > va;
   if (overlaps_next || overlaps_prev) {
     Violate(l.s, kVmmMapUnmapped, "cuMemMap", "part of the range is already mapped");
     return CUDA_ERROR_INVALID_VALUE;
@@ -1302,8 +1312,8 @@ CUresult DMemUnmap(CUdeviceptr ptr, std::size_t size) {
   for (std::uintptr_t m_va : covered) {
     Mapping m = r->mappings[m_va];
     r->mappings.erase(m_va);
-    mmap(reinterpret_cast<void*>(m.va), m.bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
-         -1, 0);
+    mmap(reinterpret_cast<void*>(m.va), m.bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+         0);
     --l.s.physical[m.handle].mappings;
     MaybeFreePhysical(l.s, m.handle);
   }
@@ -1363,7 +1373,8 @@ struct Symbol {
   void* fn;
 };
 
-#define SYM(name, version, fn) {name, version, reinterpret_cast<void*>(&fn)}
+#define SYM(name, version, fn) \
+  { name, version, reinterpret_cast<void*>(&fn) }
 
 CUresult DGetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
                          CUdriverProcAddressQueryResult* status);
@@ -1402,7 +1413,9 @@ EXPORT CUresult cuStreamQuery(CUstream s) { return DStreamQuery(s); }
 EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext* c) { return DStreamGetCtx(s, c); }
 EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* st) { return DStreamIsCapturing(s, st); }
 EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int f) { return DStreamWaitEvent(s, e, f); }
-EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* m) { return DThreadExchangeStreamCaptureMode(m); }
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* m) {
+  return DThreadExchangeStreamCaptureMode(m);
+}
 EXPORT CUresult cuEventCreate(CUevent* e, unsigned int f) { return DEventCreate(e, f); }
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s) { return DEventRecord(e, s); }
 EXPORT CUresult cuEventQuery(CUevent e) { return DEventQuery(e); }
@@ -1794,13 +1807,12 @@ EXPORT cudaError_t cudaRuntimeGetVersion(int* v) {
 }
 
 EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
-                                                    unsigned long long flags,
-                                                    cudaDriverEntryPointQueryResult* status) {
+                                                    unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
   if (DInit(0) != CUDA_SUCCESS) return Ret(cudaErrorNoDevice);
   CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   const CUresult r = DGetProcAddress(symbol, fn, static_cast<int>(version), flags, &found);
   if (status != nullptr) {
-    *status = found == CU_GET_PROC_ADDRESS_SUCCESS                    ? cudaDriverEntryPointSuccess
+    *status = found == CU_GET_PROC_ADDRESS_SUCCESS                  ? cudaDriverEntryPointSuccess
               : found == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT ? cudaDriverEntryPointVersionNotSufficent
                                                                     : cudaDriverEntryPointSymbolNotFound;
   }
@@ -1887,7 +1899,8 @@ EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void
   CUresult err = CUDA_SUCCESS;
   Stream* st = UsableStream(l.s, reinterpret_cast<CUstream>(stream), "cudaLaunchHostFunc", &err);
   if (st == nullptr) return Ret(err);
-  Enqueue(st, [fn, data] { fn(data); }, {}, /*host=*/true);
+  Enqueue(
+      st, [fn, data] { fn(data); }, {}, /*host=*/true);
   return cudaSuccess;
 }
 
@@ -1973,6 +1986,12 @@ EXPORT int cudadouble_fill(void* stream, void* ptr, size_t bytes, uint8_t value)
 
 EXPORT int cudadouble_expect(void* stream, const void* ptr, size_t bytes, uint8_t value) {
   return LaunchKernel(stream, reinterpret_cast<std::uintptr_t>(ptr), bytes, value, true, "cudadouble_expect");
+}
+
+EXPORT const char* cudadouble_first_corruption(void) {
+  Locked l;
+  l.s.joined = l.s.first_corruption;
+  return l.s.joined.c_str();
 }
 
 EXPORT uint64_t cudadouble_corruptions(void) {

@@ -55,6 +55,8 @@ int cudadouble_fill(void* stream, void* ptr, size_t bytes, uint8_t value);
 int cudadouble_expect(void* stream, const void* ptr, size_t bytes, uint8_t value);
 // Kernels whose data was not what they expected.
 uint64_t cudadouble_corruptions(void);
+// What the first corrupted kernel found ("" when none was).
+const char* cudadouble_first_corruption(void);
 
 #ifdef __cplusplus
 }  // extern "C"

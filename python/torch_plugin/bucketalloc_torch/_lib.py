@@ -61,6 +61,7 @@ _SIGNATURES = {
     "bucketalloc_empty_cache": (None, []),
     "bucketalloc_set_memory_fraction": (None, [ctypes.c_double, ctypes.c_int]),
     "bucketalloc_record_stream": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+    "bucketalloc_retire_stream": (ctypes.c_int, [ctypes.c_void_p]),
     "bucketalloc_base_alloc": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
     # CUDA graph capture, for C hosts: 0 on success, -1 on error.
     "bucketalloc_capture_begin": (ctypes.c_int, [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_void_p]),
