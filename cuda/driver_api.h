@@ -40,37 +40,38 @@ inline constexpr int kMinDriverVersion = 12000;
 // version that introduced the signature of cudaTypedefs.h's PFN_<symbol>_v<version>. Asking for
 // exactly that version returns exactly that ABI, on any driver at least that recent (e.g.
 // cuCtxGetDevice at 2000, not 13000, whose ABI differs).
-#define BUCKETALLOC_DRIVER_FUNCTIONS(X)                                \
-  X(Init, cuInit, 2000)                                                \
-  X(DriverGetVersion, cuDriverGetVersion, 2020)                        \
-  X(GetErrorName, cuGetErrorName, 6000)                                \
-  X(GetErrorString, cuGetErrorString, 6000)                            \
-  X(DeviceGetCount, cuDeviceGetCount, 2000)                            \
-  X(DeviceGet, cuDeviceGet, 2000)                                      \
-  X(DeviceGetAttribute, cuDeviceGetAttribute, 2000)                    \
-  X(DeviceCanAccessPeer, cuDeviceCanAccessPeer, 4000)                  \
-  X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000)            \
-  X(CtxGetCurrent, cuCtxGetCurrent, 4000)                              \
-  X(CtxPushCurrent, cuCtxPushCurrent, 4000)                            \
-  X(CtxPopCurrent, cuCtxPopCurrent, 4000)                              \
-  X(CtxSynchronize, cuCtxSynchronize, 2000)                            \
-  X(MemAlloc, cuMemAlloc, 3020)                                        \
-  X(MemFree, cuMemFree, 3020)                                          \
-  X(MemGetInfo, cuMemGetInfo, 3020)                                    \
-  X(EventCreate, cuEventCreate, 2000)                                  \
-  X(EventRecord, cuEventRecord, 2000)                                  \
-  X(EventQuery, cuEventQuery, 2000)                                    \
-  X(EventSynchronize, cuEventSynchronize, 2000)                        \
-  X(EventDestroy, cuEventDestroy, 4000)                                \
-  X(StreamIsCapturing, cuStreamIsCapturing, 10000)                     \
-  X(StreamGetCtx, cuStreamGetCtx, 9020)                                \
-  X(MemGetAllocationGranularity, cuMemGetAllocationGranularity, 10020) \
-  X(MemAddressReserve, cuMemAddressReserve, 10020)                     \
-  X(MemAddressFree, cuMemAddressFree, 10020)                           \
-  X(MemCreate, cuMemCreate, 10020)                                     \
-  X(MemRelease, cuMemRelease, 10020)                                   \
-  X(MemMap, cuMemMap, 10020)                                           \
-  X(MemSetAccess, cuMemSetAccess, 10020)                               \
+#define BUCKETALLOC_DRIVER_FUNCTIONS(X)                                        \
+  X(Init, cuInit, 2000)                                                        \
+  X(DriverGetVersion, cuDriverGetVersion, 2020)                                \
+  X(GetErrorName, cuGetErrorName, 6000)                                        \
+  X(GetErrorString, cuGetErrorString, 6000)                                    \
+  X(DeviceGetCount, cuDeviceGetCount, 2000)                                    \
+  X(DeviceGet, cuDeviceGet, 2000)                                              \
+  X(DeviceGetAttribute, cuDeviceGetAttribute, 2000)                            \
+  X(DeviceCanAccessPeer, cuDeviceCanAccessPeer, 4000)                          \
+  X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000)                    \
+  X(CtxGetCurrent, cuCtxGetCurrent, 4000)                                      \
+  X(CtxPushCurrent, cuCtxPushCurrent, 4000)                                    \
+  X(CtxPopCurrent, cuCtxPopCurrent, 4000)                                      \
+  X(CtxSynchronize, cuCtxSynchronize, 2000)                                    \
+  X(MemAlloc, cuMemAlloc, 3020)                                                \
+  X(MemFree, cuMemFree, 3020)                                                  \
+  X(MemGetInfo, cuMemGetInfo, 3020)                                            \
+  X(EventCreate, cuEventCreate, 2000)                                          \
+  X(EventRecord, cuEventRecord, 2000)                                          \
+  X(EventQuery, cuEventQuery, 2000)                                            \
+  X(EventSynchronize, cuEventSynchronize, 2000)                                \
+  X(EventDestroy, cuEventDestroy, 4000)                                        \
+  X(StreamIsCapturing, cuStreamIsCapturing, 10000)                             \
+  X(StreamGetCtx, cuStreamGetCtx, 9020)                                        \
+  X(ThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, 10010) \
+  X(MemGetAllocationGranularity, cuMemGetAllocationGranularity, 10020)         \
+  X(MemAddressReserve, cuMemAddressReserve, 10020)                             \
+  X(MemAddressFree, cuMemAddressFree, 10020)                                   \
+  X(MemCreate, cuMemCreate, 10020)                                             \
+  X(MemRelease, cuMemRelease, 10020)                                           \
+  X(MemMap, cuMemMap, 10020)                                                   \
+  X(MemSetAccess, cuMemSetAccess, 10020)                                       \
   X(MemUnmap, cuMemUnmap, 10020)
 
 // The resolved driver functions; every pointer is non-null once Driver() returns the table.

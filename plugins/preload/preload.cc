@@ -1,10 +1,11 @@
 // plugins/preload/preload.cc — libbucketalloc_preload.so (layer L5): serves a dynamically linked CUDA
 // program's cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync and cudaMemGetInfo from bucketalloc
-// when loaded with LD_PRELOAD (docs/preload.md).
+// when loaded with LD_PRELOAD (docs/preload.md), and sees its cudaStreamDestroy.
 //
 // Interposition: these definitions come first in the process's symbol search order, so the program's
-// calls (through its PLT into libcudart.so) land here. bucketalloc's own cuda backend reaches the
-// runtime's definitions through plugins/preload/real_runtime.cc (dlsym(RTLD_NEXT)), never these.
+// calls (through its PLT into libcudart.so) land here. Calls the shim forwards reach the runtime's
+// definitions through plugins/preload/real_runtime.cc (dlsym(RTLD_NEXT)), never these; bucketalloc's
+// backends call the driver (cuda/driver_api.h), never the runtime.
 // This file includes the CUDA runtime header because it defines CUDA's own functions: the compiler
 // checks every signature against it.
 //
@@ -19,12 +20,23 @@
 //     still using the memory on any stream cannot see it handed out again;
 //   - cudaFreeAsync on a stream other than the allocation stream delays reuse until that stream's work
 //     queued before the free has completed (an event, as RecordStream);
+//   - cudaFreeAsync on a stream being captured is part of the graph: the block is parked (nothing is
+//     recorded inside the capture) and freed after the next device synchronization the shim makes;
+//   - cudaMallocAsync on a capturing stream goes to the runtime (a graph allocation node); device
+//     memory the shim takes while another thread captures is taken in relaxed capture mode, as
+//     PyTorch's allocator does, so that capture is not invalidated;
+//   - cudaStreamDestroy first waits for the stream's work when bucketalloc keeps memory for it
+//     (Allocator::RetireStream): CUDA may give the handle to a new stream, which must not inherit
+//     blocks still in use;
+//   - no context is made current or created on a device the program did not use: the shim never
+//     calls cudaSetDevice (a wait on another device goes through the backend's context guard);
 //   - cudaFree(NULL) goes to the runtime (programs use it to create the context), except on the
 //     simulated device, where it is a no-op;
 //   - a pointer bucketalloc did not hand out goes to the runtime's cudaFree / cudaFreeAsync;
 //   - bad input returns the runtime's documented error codes (a NULL output pointer:
 //     cudaErrorInvalidValue; out of memory: cudaErrorMemoryAllocation). The runtime's "last error"
-//     (cudaGetLastError) is not set by these codes.
+//     (cudaGetLastError) is not set by these codes, nor by the shim's own queries; no exception
+//     (a host std::bad_alloc) ever reaches the program: it becomes cudaErrorMemoryAllocation.
 // Environment: BUCKETALLOC_CONF (the options), BUCKETALLOC_STATS_ON_EXIT=stderr|<path> (stats and
 // the fragmentation report at exit: JSON for a path ending in .json, else the summary table),
 // BUCKETALLOC_VERBOSE=1 (every error also on stderr).
@@ -39,8 +51,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <new>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -67,12 +82,25 @@ std::atomic<bool> g_unavailable{false};        // creation failed: everything go
 std::atomic<std::uint64_t> g_used_devices{0};  // devices that served an allocation (stats at exit)
 
 // Pool keys: bucketalloc reuses a freed block at once only for the same key, and for other keys
-// only after the events of the streams it was freed on. A user stream is its own key; these stand
-// for what is not one stream: cudaMalloc's memory (usable on any stream), the legacy default
-// stream, and each thread's per-thread default stream.
-char g_sync_key;
-char g_legacy_key;
-thread_local char t_per_thread_key;
+// only after the work of the streams it was freed on. A stream is its own key: a user stream, the
+// legacy default stream (NULL and cudaStreamLegacy are both kLegacyStream), cudaStreamPerThread
+// (the allocator keys each thread's own). cudaMalloc's memory, usable on any stream, has a pseudo
+// key (bucketalloc/backend.h): nothing is recorded on it, waiting for it waits for the device.
+Stream SyncKey() {
+  static const Stream key = NewPseudoStream();
+  return key;
+}
+
+// Blocks freed with cudaFreeAsync on a stream being captured: the free belongs to the graph, whose
+// kernels may still use the block, so it is parked, not cached, and freed after the next device
+// synchronization of its device that the shim makes (a cudaFree of one of bucketalloc's blocks).
+struct Parked {
+  void* ptr;
+  int device;
+};
+std::mutex g_parked_mu;
+std::vector<Parked> g_parked;  // guarded by g_parked_mu
+std::atomic<bool> g_has_parked{false};
 
 const internal::CudaRuntime& Real() { return internal::CudaRuntimeApi(); }
 
@@ -103,11 +131,7 @@ Allocator* CreateAllocator() {
       return nullptr;  // libcudart is not loaded yet: forward this call, try again on the next one
     }
     absl::StatusOr<std::unique_ptr<Allocator>> created =
-        options.ok() ? [&] {
-          options->probe_stream_capture = false;  // pool keys are not streams; captures are forwarded
-          return Allocator::Create(*options);
-        }()
-                     : absl::StatusOr<std::unique_ptr<Allocator>>(options.status());
+        options.ok() ? Allocator::Create(*options) : absl::StatusOr<std::unique_ptr<Allocator>>(options.status());
     if (!created.ok()) {
       std::fprintf(stderr,
                    "bucketalloc preload: the allocator is not available (%s); CUDA calls go to the runtime unchanged\n",
@@ -157,9 +181,18 @@ absl::StatusOr<int> StreamDevice(const Allocator& a, cudaStream_t stream) {
 
 // The pool key of an allocation for `stream` (see the keys above).
 Stream KeyFor(cudaStream_t stream) {
-  if (stream == nullptr || stream == cudaStreamLegacy) return &g_legacy_key;
-  if (stream == cudaStreamPerThread) return &t_per_thread_key;
+  if (stream == nullptr) return kLegacyStream;
   return static_cast<Stream>(stream);
+}
+
+// Whether `stream` is being captured (the legacy stream during a blocking stream's capture counts:
+// CUDA refuses it then). Leaves no error behind.
+bool Capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t error = Real().StreamIsCapturing(stream, &capture);
+  if (error != cudaSuccess) internal::ClearLastErrorIf(Real(), error);
+  if (error == cudaErrorStreamCaptureImplicit) return true;
+  return error == cudaSuccess && capture != cudaStreamCaptureStatusNone;
 }
 
 void NoteDevice(int device) {
@@ -202,16 +235,37 @@ void* RealSymbol(std::atomic<void*>& cache, const char* name) {
   return f;
 }
 
-// Waits for `device` (cudaFree's implicit synchronization); the runtime's code.
-cudaError_t SynchronizeDevice(int device) {
+// Waits for `device` (cudaFree's implicit synchronization). On the thread's current device, the
+// runtime's cudaDeviceSynchronize (its error code is the program's); on another device, the
+// backend's, which makes that device's context current for the call and restores exactly what was
+// current (never cudaSetDevice: restoring "device 0" on a thread that chose none would create a
+// context there).
+cudaError_t SynchronizeDevice(Allocator& a, int device) {
   int current = 0;
   if (cudaError_t e = Real().GetDevice(&current); e != cudaSuccess) return e;
-  if (current != device) {
-    if (cudaError_t e = Real().SetDevice(device); e != cudaSuccess) return e;
+  if (current == device) return Real().DeviceSynchronize();
+  absl::StatusOr<Backend*> backend = a.backend(device);
+  absl::Status s = backend.ok() ? (*backend)->SynchronizeDevice() : backend.status();
+  if (s.ok()) return cudaSuccess;
+  Verbose("cudaFree", s.message(), cudaErrorUnknown);
+  return cudaErrorUnknown;
+}
+
+// Frees the blocks parked on `device` (its work has just been waited for).
+void FreeParked(Allocator& a, int device) {
+  if (!g_has_parked.load(std::memory_order_acquire)) return;
+  std::vector<Parked> due;
+  {
+    std::lock_guard<std::mutex> lock(g_parked_mu);
+    auto mine = std::stable_partition(g_parked.begin(), g_parked.end(),
+                                      [device](const Parked& p) { return p.device != device; });
+    due.assign(mine, g_parked.end());
+    g_parked.erase(mine, g_parked.end());
+    g_has_parked.store(!g_parked.empty(), std::memory_order_release);
   }
-  const cudaError_t result = Real().DeviceSynchronize();
-  if (current != device) Real().SetDevice(current);
-  return result;
+  for (const Parked& p : due) {
+    if (absl::Status s = a.Free(p.ptr, p.device); !s.ok()) Verbose("cudaFree (parked)", s.message(), cudaErrorUnknown);
+  }
 }
 
 // Frees `ptr` if it lies in bucketalloc's memory: the result, or nullopt (not bucketalloc's: the
@@ -236,8 +290,18 @@ std::optional<cudaError_t> Free(absl::string_view call, void* ptr, cudaStream_t 
     // No kernel on any stream may still use the block when it is handed out again. A failure (a
     // sticky error, the runtime unloading at exit) is returned as cudaFree would return it; the
     // block goes back to the cache either way.
-    result = SynchronizeDevice(*device);
-    if (result != cudaSuccess) internal::ClearLastErrorIf(Real(), result);
+    result = SynchronizeDevice(*a, *device);
+    if (result != cudaSuccess) {
+      internal::ClearLastErrorIf(Real(), result);
+    } else {
+      FreeParked(*a, *device);
+    }
+  } else if (Capturing(stream)) {
+    // The free is part of the graph being captured: park the block (see Parked), record nothing.
+    std::lock_guard<std::mutex> lock(g_parked_mu);
+    g_parked.push_back({ptr, *device});
+    g_has_parked.store(true, std::memory_order_release);
+    return cudaSuccess;
   } else {
     absl::StatusOr<int> stream_device = StreamDevice(*a, stream);
     if (stream_device.ok() && *stream_device != *device) {
@@ -302,13 +366,9 @@ cudaError_t MallocAsync(const char* name, std::atomic<void*>& real, void** ptr, 
     return cudaErrorInvalidValue;
   }
   Allocator* a = Get();
-  if (a != nullptr && !IsSim(*a)) {
-    // A captured allocation becomes a graph allocation node of the runtime: forward it (its free
-    // is forwarded too, since bucketalloc does not know the pointer).
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (Real().StreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
-      a = nullptr;
-  }
+  // A captured allocation becomes a graph allocation node of the runtime: forward it (its free is
+  // forwarded too, since bucketalloc does not know the pointer).
+  if (a != nullptr && !IsSim(*a) && Capturing(stream)) a = nullptr;
   if (a != nullptr) {
     absl::StatusOr<int> device = StreamDevice(*a, stream);
     if (!device.ok()) {
@@ -340,6 +400,30 @@ std::atomic<void*> g_real_free_async_ptsz{nullptr};
 using bucketalloc::Get;
 using bucketalloc::Real;
 
+namespace bucketalloc {
+namespace {
+
+// Runs an interposer's body: no exception (std::bad_alloc from a host allocation above all) may
+// cross into the C program, which would terminate it; it becomes the runtime's error code.
+template <typename Body>
+cudaError_t NoThrow(const char* call, Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    Verbose(call, "host memory exhausted (std::bad_alloc)", cudaErrorMemoryAllocation);
+    return cudaErrorMemoryAllocation;
+  } catch (...) {
+    Verbose(call, "an internal exception", cudaErrorUnknown);
+    return cudaErrorUnknown;
+  }
+}
+
+using StreamDestroyFn = cudaError_t (*)(cudaStream_t);
+std::atomic<void*> g_real_stream_destroy{nullptr};
+
+}  // namespace
+}  // namespace bucketalloc
+
 extern "C" {
 
 // The per-thread-default-stream variants (nvcc --default-stream per-thread); not declared by the
@@ -348,76 +432,107 @@ cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream);
 cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream);
 
 __attribute__((visibility("default"))) cudaError_t cudaMalloc(void** ptr, size_t size) {
-  if (ptr == nullptr) {
-    bucketalloc::Verbose("cudaMalloc", "the output pointer is NULL", cudaErrorInvalidValue);
-    return cudaErrorInvalidValue;
-  }
-  bucketalloc::Allocator* a = Get();
-  if (a == nullptr) return Real().Malloc(ptr, size);
-  absl::StatusOr<int> device = bucketalloc::CurrentDevice(*a);
-  if (!device.ok()) {
-    bucketalloc::Verbose("cudaMalloc", device.status().message(), cudaErrorInvalidDevice);
-    return cudaErrorInvalidDevice;
-  }
-  return *bucketalloc::Malloc("cudaMalloc", ptr, size, a, *device, &bucketalloc::g_sync_key);
+  return bucketalloc::NoThrow("cudaMalloc", [&] {
+    if (ptr == nullptr) {
+      bucketalloc::Verbose("cudaMalloc", "the output pointer is NULL", cudaErrorInvalidValue);
+      return cudaErrorInvalidValue;
+    }
+    bucketalloc::Allocator* a = Get();
+    if (a == nullptr) return Real().Malloc(ptr, size);
+    absl::StatusOr<int> device = bucketalloc::CurrentDevice(*a);
+    if (!device.ok()) {
+      bucketalloc::Verbose("cudaMalloc", device.status().message(), cudaErrorInvalidDevice);
+      return cudaErrorInvalidDevice;
+    }
+    return *bucketalloc::Malloc("cudaMalloc", ptr, size, a, *device, bucketalloc::SyncKey());
+  });
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaFree(void* ptr) {
-  if (ptr == nullptr) {
-    // Programs call it to create the context: the runtime's, except on the simulated device.
-    bucketalloc::Allocator* a = Get();
-    if (a != nullptr && bucketalloc::IsSim(*a)) return cudaSuccess;
-    return Real().Free(nullptr);
-  }
-  if (std::optional<cudaError_t> r = bucketalloc::Free("cudaFree", ptr, nullptr, /*synchronize=*/true)) return *r;
-  return Real().Free(ptr);
+  return bucketalloc::NoThrow("cudaFree", [&] {
+    if (ptr == nullptr) {
+      // Programs call it to create the context: the runtime's, except on the simulated device.
+      bucketalloc::Allocator* a = Get();
+      if (a != nullptr && bucketalloc::IsSim(*a)) return cudaSuccess;
+      return Real().Free(nullptr);
+    }
+    if (std::optional<cudaError_t> r = bucketalloc::Free("cudaFree", ptr, nullptr, /*synchronize=*/true)) return *r;
+    return Real().Free(ptr);
+  });
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
-  return bucketalloc::MallocAsync("cudaMallocAsync", bucketalloc::g_real_malloc_async, ptr, size, stream);
+  return bucketalloc::NoThrow("cudaMallocAsync", [&] {
+    return bucketalloc::MallocAsync("cudaMallocAsync", bucketalloc::g_real_malloc_async, ptr, size, stream);
+  });
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
-  return bucketalloc::MallocAsync("cudaMallocAsync_ptsz", bucketalloc::g_real_malloc_async_ptsz, ptr, size,
-                                  stream == nullptr ? cudaStreamPerThread : stream);
+  return bucketalloc::NoThrow("cudaMallocAsync_ptsz", [&] {
+    return bucketalloc::MallocAsync("cudaMallocAsync_ptsz", bucketalloc::g_real_malloc_async_ptsz, ptr, size,
+                                    stream == nullptr ? cudaStreamPerThread : stream);
+  });
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
-  return bucketalloc::FreeAsync("cudaFreeAsync", bucketalloc::g_real_free_async, ptr, stream);
+  return bucketalloc::NoThrow("cudaFreeAsync", [&] {
+    return bucketalloc::FreeAsync("cudaFreeAsync", bucketalloc::g_real_free_async, ptr, stream);
+  });
 }
 
 __attribute__((visibility("default"))) cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
-  return bucketalloc::FreeAsync("cudaFreeAsync_ptsz", bucketalloc::g_real_free_async_ptsz, ptr,
-                                stream == nullptr ? cudaStreamPerThread : stream);
+  return bucketalloc::NoThrow("cudaFreeAsync_ptsz", [&] {
+    return bucketalloc::FreeAsync("cudaFreeAsync_ptsz", bucketalloc::g_real_free_async_ptsz, ptr,
+                                  stream == nullptr ? cudaStreamPerThread : stream);
+  });
+}
+
+// cudaStreamDestroy returns while the stream's work is still queued, and the runtime may give the
+// handle to a new stream: bucketalloc first waits for the work of a stream it keeps memory for
+// (Allocator::RetireStream), so that the new stream inherits only idle blocks.
+__attribute__((visibility("default"))) cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  return bucketalloc::NoThrow("cudaStreamDestroy", [&] {
+    bucketalloc::Allocator* a = Get();
+    if (a != nullptr && stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+      if (absl::Status s = a->RetireStream(static_cast<bucketalloc::Stream>(stream)); !s.ok()) {
+        bucketalloc::Verbose("cudaStreamDestroy", s.message(), cudaErrorUnknown);
+      }
+    }
+    auto next = reinterpret_cast<bucketalloc::StreamDestroyFn>(
+        bucketalloc::RealSymbol(bucketalloc::g_real_stream_destroy, "cudaStreamDestroy"));
+    return next != nullptr ? next(stream) : cudaErrorSharedObjectInitFailed;
+  });
 }
 
 // What the program sees: total = min(device total, bucketalloc's cap); free = min(the device's free
 // memory + what bucketalloc holds cached (reserved - active), cap - active). Memory bucketalloc
 // caches is free for the program's next cudaMalloc, and it can never get more than the cap.
 __attribute__((visibility("default"))) cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-  bucketalloc::Allocator* a = Get();
-  if (a == nullptr) return Real().MemGetInfo(free_bytes, total_bytes);
-  if (free_bytes == nullptr || total_bytes == nullptr) {
-    bucketalloc::Verbose("cudaMemGetInfo", "an output pointer is NULL", cudaErrorInvalidValue);
-    return cudaErrorInvalidValue;
-  }
-  absl::StatusOr<int> device = bucketalloc::CurrentDevice(*a);
-  absl::StatusOr<bucketalloc::Backend*> backend =
-      device.ok() ? a->backend(*device) : absl::StatusOr<bucketalloc::Backend*>(device.status());
-  absl::StatusOr<bucketalloc::DeviceMemInfo> info =
-      backend.ok() ? (*backend)->GetMemInfo() : absl::StatusOr<bucketalloc::DeviceMemInfo>(backend.status());
-  absl::StatusOr<bucketalloc::DeviceStats> stats =
-      info.ok() ? a->GetStats(*device) : absl::StatusOr<bucketalloc::DeviceStats>(info.status());
-  if (!stats.ok()) {
-    bucketalloc::Verbose("cudaMemGetInfo", stats.status().message(), cudaErrorInvalidDevice);
-    return cudaErrorInvalidDevice;
-  }
-  const auto cap = static_cast<std::size_t>(stats->capacity_bytes);
-  const auto reserved = static_cast<std::size_t>(stats->reserved_bytes[bucketalloc::kAllPools].current);
-  const auto active = static_cast<std::size_t>(stats->active_bytes[bucketalloc::kAllPools].current);
-  *total_bytes = std::min(info->total_bytes, cap);
-  *free_bytes = std::min({info->free_bytes + (reserved - active), cap - std::min(cap, active), *total_bytes});
-  return cudaSuccess;
+  return bucketalloc::NoThrow("cudaMemGetInfo", [&] {
+    bucketalloc::Allocator* a = Get();
+    if (a == nullptr) return Real().MemGetInfo(free_bytes, total_bytes);
+    if (free_bytes == nullptr || total_bytes == nullptr) {
+      bucketalloc::Verbose("cudaMemGetInfo", "an output pointer is NULL", cudaErrorInvalidValue);
+      return cudaErrorInvalidValue;
+    }
+    absl::StatusOr<int> device = bucketalloc::CurrentDevice(*a);
+    absl::StatusOr<bucketalloc::Backend*> backend =
+        device.ok() ? a->backend(*device) : absl::StatusOr<bucketalloc::Backend*>(device.status());
+    absl::StatusOr<bucketalloc::DeviceMemInfo> info =
+        backend.ok() ? (*backend)->GetMemInfo() : absl::StatusOr<bucketalloc::DeviceMemInfo>(backend.status());
+    absl::StatusOr<bucketalloc::DeviceStats> stats =
+        info.ok() ? a->GetStats(*device) : absl::StatusOr<bucketalloc::DeviceStats>(info.status());
+    if (!stats.ok()) {
+      bucketalloc::Verbose("cudaMemGetInfo", stats.status().message(), cudaErrorInvalidDevice);
+      return cudaErrorInvalidDevice;
+    }
+    const auto cap = static_cast<std::size_t>(stats->capacity_bytes);
+    const auto reserved = static_cast<std::size_t>(stats->reserved_bytes[bucketalloc::kAllPools].current);
+    const auto active = static_cast<std::size_t>(stats->active_bytes[bucketalloc::kAllPools].current);
+    *total_bytes = std::min(info->total_bytes, cap);
+    *free_bytes = std::min({info->free_bytes + (reserved - active), cap - std::min(cap, active), *total_bytes});
+    return cudaSuccess;
+  });
 }
 
 }  // extern "C"

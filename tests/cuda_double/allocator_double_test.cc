@@ -77,7 +77,8 @@ class DoubleTest : public ::testing::Test {
   }
   void TearDown() override {
     EXPECT_EQ(cudadouble_violation_count(), 0) << "CUDA rules broken:\n" << cudadouble_violations();
-    EXPECT_EQ(cudadouble_corruptions(), corruptions_before_) << "a block was reused before its work ran: " << cudadouble_first_corruption();
+    EXPECT_EQ(cudadouble_corruptions(), corruptions_before_)
+        << "a block was reused before its work ran: " << cudadouble_first_corruption();
   }
   // Frees what is cached and checks that the allocator holds nothing and the device has it back.
   static void ExpectAllReturned(Allocator& a, int device) {
@@ -359,7 +360,8 @@ TEST_F(DoubleTest, NoContextOnADeviceNobodyNamed) {
     CUcontext current = reinterpret_cast<CUcontext>(1);
     ASSERT_EQ(cuCtxGetCurrent(&current), CUDA_SUCCESS);
     EXPECT_EQ(current, nullptr) << "the allocator left a context current on a thread that had none";
-  }).join();
+  })
+      .join();
   EXPECT_EQ(cudadouble_contexts_created(0), 0) << "a context was created on device 0, which nobody used";
   std::thread([&] {
     ASSERT_CUDA(cudaSetDevice(1));

@@ -1584,6 +1584,16 @@ cudaError_t EnsureContext() {
   return cudaSuccess;
 }
 
+// EnsureContext for a call on `stream`: a created stream carries its context, so only the default
+// stream handles (NULL, cudaStreamLegacy, cudaStreamPerThread: the current context's) need one.
+cudaError_t EnsureContextFor(cudaStream_t stream) {
+  const auto v = reinterpret_cast<std::uintptr_t>(stream);
+  if (v > reinterpret_cast<std::uintptr_t>(cudaStreamPerThread)) {
+    return DInit(0) == CUDA_SUCCESS ? cudaSuccess : cudaErrorNoDevice;
+  }
+  return EnsureContext();
+}
+
 void ReportAtExit() {
   Locked l;
   if (l.s.violations.empty()) return;
@@ -1648,7 +1658,7 @@ EXPORT cudaError_t cudaFree(void* p) {
 // stream reaches the free.
 EXPORT cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
   if (p == nullptr) return Ret(cudaErrorInvalidValue);
-  if (cudaError_t e = EnsureContext(); e != cudaSuccess) return Ret(e);
+  if (cudaError_t e = EnsureContextFor(stream); e != cudaSuccess) return Ret(e);
   Locked l;
   CUresult err = CUDA_SUCCESS;
   Stream* st = UsableStream(l.s, reinterpret_cast<CUstream>(stream), "cudaMallocAsync", &err);
@@ -1667,7 +1677,7 @@ EXPORT cudaError_t cudaMallocAsync_ptsz(void** p, size_t bytes, cudaStream_t str
 }
 
 EXPORT cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
-  if (cudaError_t e = EnsureContext(); e != cudaSuccess) return Ret(e);
+  if (cudaError_t e = EnsureContextFor(stream); e != cudaSuccess) return Ret(e);
   if (p == nullptr) return cudaSuccess;
   Locked l;
   CUresult err = CUDA_SUCCESS;
@@ -1703,31 +1713,31 @@ EXPORT cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWi
 EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s) { return Ret(DStreamDestroy(reinterpret_cast<CUstream>(s))); }
 
 EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  if (cudaError_t e = EnsureContext(); e != cudaSuccess) return Ret(e);
+  if (cudaError_t e = EnsureContextFor(s); e != cudaSuccess) return Ret(e);
   return Ret(DStreamSynchronize(reinterpret_cast<CUstream>(s)));
 }
 EXPORT cudaError_t cudaStreamQuery(cudaStream_t s) {
-  if (cudaError_t e = EnsureContext(); e != cudaSuccess) return Ret(e);
+  if (cudaError_t e = EnsureContextFor(s); e != cudaSuccess) return Ret(e);
   return Ret(DStreamQuery(reinterpret_cast<CUstream>(s)));
 }
 EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
-  if (cudaError_t e = EnsureContext(); e != cudaSuccess) return Ret(e);
+  if (cudaError_t e = EnsureContextFor(s); e != cudaSuccess) return Ret(e);
   return Ret(DStreamIsCapturing(reinterpret_cast<CUstream>(s), reinterpret_cast<CUstreamCaptureStatus*>(status)));
 }
 EXPORT cudaError_t cudaStreamGetDevice(cudaStream_t s, int* device) {
   if (device == nullptr) return Ret(cudaErrorInvalidValue);
-  if (cudaError_t e = EnsureContext(); e != cudaSuccess) return Ret(e);
+  if (cudaError_t e = EnsureContextFor(s); e != cudaSuccess) return Ret(e);
   CUcontext ctx = nullptr;
   if (CUresult r = DStreamGetCtx(reinterpret_cast<CUstream>(s), &ctx); r != CUDA_SUCCESS) return Ret(r);
   *device = reinterpret_cast<Context*>(ctx)->device;
   return cudaSuccess;
 }
 EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
-  if (cudaError_t err = EnsureContext(); err != cudaSuccess) return Ret(err);
+  if (cudaError_t err = EnsureContextFor(s); err != cudaSuccess) return Ret(err);
   return Ret(DStreamWaitEvent(reinterpret_cast<CUstream>(s), reinterpret_cast<CUevent>(e), flags));
 }
 EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
-  if (cudaError_t e = EnsureContext(); e != cudaSuccess) return Ret(e);
+  if (cudaError_t e = EnsureContextFor(s); e != cudaSuccess) return Ret(e);
   return Ret(DStreamBeginCapture(reinterpret_cast<CUstream>(s), static_cast<CUstreamCaptureMode>(mode)));
 }
 EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
@@ -1751,7 +1761,7 @@ EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) 
 }
 EXPORT cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
 EXPORT cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  if (cudaError_t err = EnsureContext(); err != cudaSuccess) return Ret(err);
+  if (cudaError_t err = EnsureContextFor(s); err != cudaSuccess) return Ret(err);
   return Ret(DEventRecord(reinterpret_cast<CUevent>(e), reinterpret_cast<CUstream>(s)));
 }
 EXPORT cudaError_t cudaEventQuery(cudaEvent_t e) { return Ret(DEventQuery(reinterpret_cast<CUevent>(e))); }
@@ -1837,7 +1847,7 @@ bool IsDeviceRange(State& s, std::uintptr_t p) {
 // Queues a copy (or a set, when `src` is null) on `stream`; `sync` waits for it.
 cudaError_t Transfer(const char* call, void* dst, const void* src, int value, std::size_t bytes, cudaStream_t stream,
                      bool sync) {
-  if (cudaError_t e = EnsureContext(); e != cudaSuccess) return Ret(e);
+  if (cudaError_t e = EnsureContextFor(stream); e != cudaSuccess) return Ret(e);
   Locked l;
   State& s = l.s;
   CUresult err = CUDA_SUCCESS;
@@ -1894,7 +1904,7 @@ EXPORT cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStrea
 // The host function runs in stream order; like CUDA's it must not call CUDA.
 EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
   if (fn == nullptr) return Ret(cudaErrorInvalidValue);
-  if (cudaError_t e = EnsureContext(); e != cudaSuccess) return Ret(e);
+  if (cudaError_t e = EnsureContextFor(stream); e != cudaSuccess) return Ret(e);
   Locked l;
   CUresult err = CUDA_SUCCESS;
   Stream* st = UsableStream(l.s, reinterpret_cast<CUstream>(stream), "cudaLaunchHostFunc", &err);
