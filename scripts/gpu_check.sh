@@ -2,15 +2,22 @@
 # scripts/gpu_check.sh — the one prepared command for a lent GPU machine.
 #
 # Owns: the list of checks run on a real GPU, each a step with its own timeout inside one overall
-# budget, and the summary ("step <name>: PASS|FAIL (seconds)" per step, then
-# "gpu_check: N passed, M failed"). Exits non-zero when any step failed.
+# budget, and the summary ("step <name>: PASS|FAIL|NOT RUN (seconds)" per step, then
+# "gpu_check: N passed, M failed, K not run"). Exits non-zero when any step failed or a step that
+# needs the GPU was not run.
+# Order: what only a GPU machine can check first (PyTorch on the GPU, then the real CUDA tests and
+# the shim), the CPU-only core tests last (CI runs them anyway; they are cut first when the budget
+# runs out). The default budget (330 s) leaves room in the device time for a rerun.
+# Libraries: PyTorch's steps run with PyTorch's own CUDA libraries (nothing of the bundle on
+# LD_LIBRARY_PATH; libbucketalloc.so finds its Abseil beside itself through its RUNPATH and loads
+# the driver itself); only the bundle's test programs get bundle/lib on LD_LIBRARY_PATH.
 # Needs bundle/ (made here by scripts/make_gpu_bundle.sh, carried as ["bundle"]): the binaries in
 # bundle/bin (packed as bundle/bin.tar.xz, unpacked here on the first run) and their libraries in
 # bundle/lib. BUCKETALLOC_EXPECT_GPU=1 makes a missing GPU a failure in the tests, never a skip.
 #
 # Usage, from the repo root on the GPU machine:
 #   bash scripts/gpu_check.sh
-# Environment: GPU_CHECK_BUDGET_S (overall budget, default 480 s), BUNDLE (default bundle),
+# Environment: GPU_CHECK_BUDGET_S (overall budget, default 330 s), BUNDLE (default bundle),
 # GPU_CHECK_LOG_DIR (where gpu_check.log, every step's output, and cuda_backend_test.xml go; default
 # $OUT/gpu_check when $OUT is set, so they come back from the device tool, else /tmp/gpu_check).
 #
@@ -19,7 +26,7 @@ set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2  # the repo root (also when run as bundle/gpu_check.sh)
 BUNDLE=${BUNDLE:-bundle}
-BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-330}
 
 if [[ ! -d $BUNDLE/bin && -f $BUNDLE/bin.tar.xz ]]; then
   # Python's tarfile reads xz itself, so the GPU image needs no xz binary.
@@ -39,7 +46,10 @@ if [[ ! -d $BUNDLE/bin ]]; then
   exit 2
 fi
 
-export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The bundle's programs need its libraries (Abseil, GoogleTest, the toolkit's libcudart for the
+# preload programs); PyTorch's steps must not see them (torch loads its own CUDA libraries).
+BUNDLE_LIBS="$PWD/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+with_bundle() { env LD_LIBRARY_PATH="$BUNDLE_LIBS" "$@"; }
 export BUCKETALLOC_EXPECT_GPU=1
 unset BUCKETALLOC_CONF
 if [[ -n ${OUT:-} ]]; then LOG_DIR=${GPU_CHECK_LOG_DIR:-$OUT/gpu_check}; else LOG_DIR=${GPU_CHECK_LOG_DIR:-/tmp/gpu_check}; fi
@@ -51,9 +61,12 @@ START_S=$SECONDS
 STEP_LINES=()
 PASSED=0
 FAILED=0
+NOT_RUN=0
+OPTIONAL=0  # set to 1 around steps whose absence (budget spent) is not a failure
 
 # run_step NAME TIMEOUT_S CMD...: runs CMD with a timeout (cut to what is left of the budget),
-# appends its output to $LOG and records PASS (exit 0) or FAIL.
+# appends its output to $LOG and records PASS (exit 0) or FAIL; with no budget left, NOT RUN (a
+# failure unless OPTIONAL=1).
 run_step() {
   local name=$1 timeout_s=$2
   shift 2
@@ -62,8 +75,9 @@ run_step() {
   echo "=== step $name (timeout ${timeout_s}s, ${left}s of the budget left): $*" | tee -a "$LOG"
   if ((left < 5)); then
     echo "gpu_check: no time left in the ${BUDGET_S}s budget; $name not run"
-    STEP_LINES+=("step $name: FAIL (0s, not run: budget spent)")
-    FAILED=$((FAILED + 1))
+    STEP_LINES+=("step $name: NOT RUN (budget spent)")
+    NOT_RUN=$((NOT_RUN + 1))
+    ((OPTIONAL == 1)) || FAILED=$((FAILED + 1))
     return
   fi
   ((timeout_s > left)) && timeout_s=$left
@@ -92,19 +106,119 @@ else
 fi
 
 # ---- the steps
-# 1. The cudaMalloc and vmm backends and the allocator with backend:cuda and backend:vmm on the
-#    device (tests/cuda/cuda_backend_test.cc; a missing GPU fails it).
+HAVE_TORCH=0
+python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && HAVE_TORCH=1
+TORCH_ENV=(env PYTHONPATH="$PWD/python/torch_plugin${PYTHONPATH:+:$PYTHONPATH}"
+           BUCKETALLOC_LIBRARY="$PWD/$BUNDLE/lib/libbucketalloc.so.0")
+
+# 1. The serving trace of the replay steps: the vendored Azure requests (the first 300) served by
+#    Llama-3.1-8B, as `bucketalloc-bench generate serving` writes it.
+TRACE=${TMPDIR:-/tmp}/gpu_serving_trace.csv
+rm -f "$TRACE"
+if [[ -x $BUNDLE/bin/bucketalloc-bench ]]; then
+  run_step serving_trace 20 with_bundle "$BUNDLE/bin/bucketalloc-bench" generate serving \
+    --requests data/requests/azure_llm_inference_trace_2023_conv.csv \
+    --model data/models/Llama-3.1-8B-Instruct.config.json --limit 300 -o "$TRACE"
+else
+  STEP_LINES+=("step serving_trace: FAIL (0s, $BUNDLE/bin/bucketalloc-bench missing)")
+  FAILED=$((FAILED + 1))
+fi
+
+# 2. PyTorch: bucketalloc_torch.enable() on the GPU (workload vs a CPU reference, stats,
+#    record_stream, empty_cache, CUDA graphs, the OOM error) and the torch.empty/del latency loop
+#    against PyTorch's native allocator in the same run (scripts/gpu_torch_check.py), with torch's
+#    own CUDA libraries.
+if ((HAVE_TORCH == 1)); then
+  run_step pytorch 100 "${TORCH_ENV[@]}" python3 scripts/gpu_torch_check.py
+else
+  STEP_LINES+=("step pytorch: FAIL (0s, python3 cannot import torch with CUDA here)")
+  FAILED=$((FAILED + 1))
+fi
+
+# 3. The benchmark harness against real PyTorch: the serving trace replayed through PyTorch's native
+#    allocator, expandable segments, cudaMallocAsync and bucketalloc; pytorch-policy on the simulated
+#    device must predict native's peak reserved within 5%; the cost model's cudaMalloc calibration.
+#    bucketalloc-bench is a bundle program: the script gives it the bundle's libraries itself.
+if [[ -x $BUNDLE/bin/bucketalloc-bench && -s $TRACE && $HAVE_TORCH == 1 ]]; then
+  run_step replay_pytorch 120 "${TORCH_ENV[@]}" BENCH_LD_LIBRARY_PATH="$BUNDLE_LIBS" \
+    python3 scripts/gpu_replay_check.py "$TRACE" --bench "$BUNDLE/bin/bucketalloc-bench"
+else
+  STEP_LINES+=("step replay_pytorch: FAIL (0s, no trace, $BUNDLE/bin/bucketalloc-bench missing or no torch with CUDA)")
+  FAILED=$((FAILED + 1))
+fi
+
+# 4. The cuda and vmm backends and the allocator with backend:cuda and backend:vmm on the device
+#    (tests/cuda/cuda_backend_test.cc: the same source CI runs on the CUDA double; a missing GPU
+#    fails it).
 if [[ -x $BUNDLE/bin/cuda_backend_test ]]; then
-  run_step cuda_backend_test 120 "$BUNDLE/bin/cuda_backend_test" --gtest_brief=1 \
+  run_step cuda_backend_test 60 with_bundle "$BUNDLE/bin/cuda_backend_test" --gtest_brief=1 \
     "--gtest_output=xml:$LOG_DIR/cuda_backend_test.xml"
 else
   STEP_LINES+=("step cuda_backend_test: FAIL (0s, $BUNDLE/bin/cuda_backend_test missing)")
   FAILED=$((FAILED + 1))
 fi
 
-# 2. The core tests (sim backend), on this machine's CPUs and libraries, with default options.
-# c_abi_test drives the process-wide allocator of the C ABI: each of its tests needs a fresh process
-# (as ctest runs them), so run_each_test runs them one by one.
+# 5. The LD_PRELOAD drop-in on the GPU.
+#    preload_kernel_check (tests/preload/preload_kernel_check.cu): buffers freed with cudaFreeAsync
+#    on another stream while a slow kernel still reads them must not be handed out again early (0 bad
+#    words), and the negative control (freed on the wrong stream, a program bug) must show bad words;
+#    then cudaMalloc/cudaFree rounds; the exit stats must show bucketalloc served them.
+#    preload_scenarios: the scenarios CI runs on the CUDA double (tests/preload/
+#    preload_double_program.cc: exhaust, device1, capture, destroy, perthread), now real, under
+#    backend:cuda and backend:vmm.
+#    preload_probe: the five-call probe, whose JSON exit stats must count its 12 allocations.
+PRELOAD=$PWD/$BUNDLE/lib/libbucketalloc_preload.so
+if [[ -x $BUNDLE/bin/preload_kernel_check && -f $PRELOAD ]]; then
+  run_step preload_kernel_check 60 with_bundle bash -c '
+    lib=$0 bin=$1
+    out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_STATS_ON_EXIT=stderr "$bin" 2>&1); rc=$?
+    echo "$out"
+    ((rc == 0)) && grep -q "allocation" <<<"$out" || exit 1
+    out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:cuda "$bin" --negative-control 2>&1); rc=$?
+    echo "$out"
+    ((rc == 0))' "$PRELOAD" "$BUNDLE/bin/preload_kernel_check"
+else
+  STEP_LINES+=("step preload_kernel_check: FAIL (0s, $BUNDLE/bin/preload_kernel_check or the preload library missing)")
+  FAILED=$((FAILED + 1))
+fi
+if [[ -x $BUNDLE/bin/preload_double_program && -f $PRELOAD ]]; then
+  run_step preload_scenarios 60 with_bundle bash -c '
+    lib=$0 bin=$1 failed=0
+    for scenario in exhaust device1 capture destroy perthread; do
+      for conf in backend:cuda backend:vmm; do
+        LD_PRELOAD="$lib" BUCKETALLOC_CONF=$conf "$bin" "$scenario" | sed "s/^/[$conf] /" || failed=1
+      done
+    done
+    exit $failed' "$PRELOAD" "$BUNDLE/bin/preload_double_program"
+else
+  STEP_LINES+=("step preload_scenarios: FAIL (0s, $BUNDLE/bin/preload_double_program or the preload library missing)")
+  FAILED=$((FAILED + 1))
+fi
+if [[ -x $BUNDLE/bin/preload_probe && -f $PRELOAD ]]; then
+  run_step preload_probe 30 with_bundle bash -c '
+    stats=$(mktemp --suffix=.json)
+    LD_PRELOAD="$0" BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_VERBOSE=1 BUCKETALLOC_STATS_ON_EXIT="$stats" "$1" || exit 1
+    python3 -c "import json,sys; s=json.load(open(sys.argv[1]))[\"devices\"][0][\"stats\"]; \
+print(\"exit stats:\", s[\"allocation.all.allocated\"], \"allocations\"); sys.exit(s[\"allocation.all.allocated\"] != 12)" "$stats"
+  ' "$PRELOAD" "$BUNDLE/bin/preload_probe"
+fi
+
+# 6. Virtual-memory stitching on the GPU: the harness replays the serving trace with
+#    bucketalloc:backend:vmm (cuMemCreate/cuMemMap granules) beside plain bucketalloc, on the
+#    smallest card stitching needs and on a 130 GiB card, each against its simulated twin; no OOM
+#    with stitching, and granules stitched on the small card (scripts/gpu_replay_check.py --vmm).
+if [[ -x $BUNDLE/bin/bucketalloc-bench && -s $TRACE ]]; then
+  run_step replay_vmm 60 with_bundle python3 scripts/gpu_replay_check.py "$TRACE" --bench "$BUNDLE/bin/bucketalloc-bench" --vmm
+else
+  STEP_LINES+=("step replay_vmm: FAIL (0s, no trace or $BUNDLE/bin/bucketalloc-bench missing)")
+  FAILED=$((FAILED + 1))
+fi
+
+# 7. CPU-only, last and optional (CI runs them; cut first when the budget runs out): the core tests
+#    on this machine's CPUs and libraries, and a short run of the micro-benchmarks. c_abi_test
+#    drives the process-wide allocator of the C ABI: each of its tests needs a fresh process (as
+#    ctest runs them), so run_each_test runs them one by one.
+OPTIONAL=1
 run_each_test() {  # run_each_test BINARY: every test of a gtest binary in its own process
   local bin=$1 suite="" line test failed=0
   while IFS= read -r line; do
@@ -115,100 +229,27 @@ run_each_test() {  # run_each_test BINARY: every test of a gtest binary in its o
   done < <("$bin" --gtest_list_tests)
   return $failed
 }
-for test_bin in "$BUNDLE"/bin/*_test; do
-  [[ -x $test_bin ]] || continue
-  name=$(basename "$test_bin")
-  [[ $name == cuda_backend_test ]] && continue
-  if [[ $name == c_abi_test ]]; then
-    run_step "$name" 60 bash -c "$(declare -f run_each_test); run_each_test \"\$0\"" "$test_bin"
-  else
-    run_step "$name" 60 "$test_bin" --gtest_brief=1
-  fi
-done
-
-# 3. A short run of the micro-benchmarks (the C ABI's cost over the C++ call it wraps included).
+run_core_tests() {  # every core *_test binary of the bundle but the GPU one
+  local failed=0 bin name
+  for bin in "$BUNDLE"/bin/*_test; do
+    name=$(basename "$bin")
+    [[ -x $bin && $name != cuda_backend_test ]] || continue
+    echo "--- $name"
+    if [[ $name == c_abi_test ]]; then run_each_test "$bin" || failed=1; else "$bin" --gtest_brief=1 || failed=1; fi
+  done
+  return $failed
+}
+run_step core_tests 120 with_bundle bash -c "BUNDLE=$BUNDLE; $(declare -f run_each_test run_core_tests); run_core_tests"
 if [[ -x $BUNDLE/bin/bucketalloc_microbench ]]; then
-  run_step bucketalloc_microbench 90 "$BUNDLE/bin/bucketalloc_microbench" \
-    --benchmark_min_time=0.05
+  run_step bucketalloc_microbench 45 with_bundle "$BUNDLE/bin/bucketalloc_microbench" --benchmark_min_time=0.05
 fi
-if [[ -x $BUNDLE/bin/bucketalloc_c_abi_bench ]]; then
-  run_step bucketalloc_c_abi_bench 30 "$BUNDLE/bin/bucketalloc_c_abi_bench" --benchmark_min_time=0.1
-fi
-
-# 4. The LD_PRELOAD drop-in on the GPU (tests/preload/preload_kernel_check.cu): buffers freed with
-#    cudaFreeAsync on another stream while a slow kernel still reads them must not be handed out
-#    again early (0 bad words), and the negative control (freed on the wrong stream, a program bug)
-#    must show bad words, which proves the check can see early reuse; then cudaMalloc/cudaFree
-#    rounds. The exit stats must show bucketalloc served them. Then the five-call probe, whose JSON
-#    exit stats must count its 12 allocations (it also passes without the preload on a GPU).
-if [[ -x $BUNDLE/bin/preload_kernel_check && -f $BUNDLE/lib/libbucketalloc_preload.so ]]; then
-  run_step preload_kernel_check 120 bash -c '
-    lib=$0 bin=$1
-    out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_STATS_ON_EXIT=stderr "$bin" 2>&1); rc=$?
-    echo "$out"
-    ((rc == 0)) && grep -q "allocation" <<<"$out" || exit 1
-    out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:cuda "$bin" --negative-control 2>&1); rc=$?
-    echo "$out"
-    ((rc == 0))' "$PWD/$BUNDLE/lib/libbucketalloc_preload.so" "$BUNDLE/bin/preload_kernel_check"
-  run_step preload_probe 60 bash -c '
-    stats=$(mktemp --suffix=.json)
-    LD_PRELOAD="$0" BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_VERBOSE=1 BUCKETALLOC_STATS_ON_EXIT="$stats" "$1" || exit 1
-    python3 -c "import json,sys; s=json.load(open(sys.argv[1]))[\"devices\"][0][\"stats\"]; \
-print(\"exit stats:\", s[\"allocation.all.allocated\"], \"allocations\"); sys.exit(s[\"allocation.all.allocated\"] != 12)" "$stats"
-  ' "$PWD/$BUNDLE/lib/libbucketalloc_preload.so" "$BUNDLE/bin/preload_probe"
-else
-  STEP_LINES+=("step preload_kernel_check: FAIL (0s, $BUNDLE/bin/preload_kernel_check or the preload library missing)")
-  FAILED=$((FAILED + 1))
-fi
-
-# 5. The serving trace of the replay steps: the vendored Azure requests (the first 300) served by
-#    Llama-3.1-8B, as `bucketalloc-bench generate serving` writes it. Then virtual-memory stitching
-#    on the GPU (issue 6): the harness replays it with bucketalloc:backend:vmm (cuMemCreate/cuMemMap
-#    granules) beside plain bucketalloc, on the smallest card stitching needs and on a 130 GiB card,
-#    each against its simulated twin; no OOM with stitching, and granules stitched on the small card
-#    (scripts/gpu_replay_check.py --vmm; no PyTorch needed).
-TRACE=${TMPDIR:-/tmp}/gpu_serving_trace.csv
-rm -f "$TRACE"
-if [[ -x $BUNDLE/bin/bucketalloc-bench ]]; then
-  run_step serving_trace 30 "$BUNDLE/bin/bucketalloc-bench" generate serving \
-    --requests data/requests/azure_llm_inference_trace_2023_conv.csv \
-    --model data/models/Llama-3.1-8B-Instruct.config.json --limit 300 -o "$TRACE"
-  run_step replay_vmm 90 python3 scripts/gpu_replay_check.py "$TRACE" --bench "$BUNDLE/bin/bucketalloc-bench" --vmm
-else
-  STEP_LINES+=("step replay_vmm: FAIL (0s, $BUNDLE/bin/bucketalloc-bench missing)")
-  FAILED=$((FAILED + 1))
-fi
-
-# 6. PyTorch: bucketalloc_torch.enable() on the GPU (workload vs a CPU reference, stats,
-#    record_stream, empty_cache, CUDA graphs, the OOM error) and the torch.empty/del latency loop
-#    against PyTorch's native allocator in the same run (scripts/gpu_torch_check.py).
-if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  run_step pytorch 150 env PYTHONPATH="$PWD/python/torch_plugin${PYTHONPATH:+:$PYTHONPATH}" \
-    BUCKETALLOC_LIBRARY="$PWD/$BUNDLE/lib/libbucketalloc.so.0" python3 scripts/gpu_torch_check.py
-else
-  STEP_LINES+=("step pytorch: FAIL (0s, python3 cannot import torch with CUDA here)")
-  FAILED=$((FAILED + 1))
-fi
-
-# 7. The benchmark harness against real PyTorch (issue 5): the serving trace of step 5 replayed
-#    through PyTorch's native allocator, expandable segments, cudaMallocAsync and bucketalloc;
-#    pytorch-policy on the simulated device must predict native's peak reserved within 5%; and the
-#    cost model's cudaMalloc/cudaFree calibration.
-if [[ -x $BUNDLE/bin/bucketalloc-bench ]] &&
-  python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  run_step replay_pytorch 240 env PYTHONPATH="$PWD/python/torch_plugin${PYTHONPATH:+:$PYTHONPATH}" \
-    BUCKETALLOC_LIBRARY="$PWD/$BUNDLE/lib/libbucketalloc.so.0" \
-    python3 scripts/gpu_replay_check.py "$TRACE" --bench "$BUNDLE/bin/bucketalloc-bench"
-else
-  STEP_LINES+=("step replay_pytorch: FAIL (0s, $BUNDLE/bin/bucketalloc-bench missing or no torch with CUDA)")
-  FAILED=$((FAILED + 1))
-fi
+OPTIONAL=0
 
 # ---- the summary
 {
   echo
   echo "=== gpu_check summary ($((SECONDS - START_S))s)"
   for line in "${STEP_LINES[@]}"; do echo "$line"; done
-  echo "gpu_check: $PASSED passed, $FAILED failed"
+  echo "gpu_check: $PASSED passed, $FAILED failed, $NOT_RUN not run"
 } | tee -a "$LOG"
 ((FAILED == 0))

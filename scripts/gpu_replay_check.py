@@ -137,7 +137,12 @@ def gib(n):
 def run_bench(bench, name, *args):
     """Runs `bench ARGS --json OUT`; returns (the JSON, None), or (None, "exit N" and its stderr)."""
     out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"gpu_replay_{name.replace(':', '_')}.json")
-    proc = subprocess.run([bench, *args, "--json", out], capture_output=True, text=True)
+    # The bench is a bundle program: BENCH_LD_LIBRARY_PATH (set by gpu_check.sh) gives it the
+    # bundle's libraries without putting them in front of torch's own in this process.
+    env = dict(os.environ)
+    if os.environ.get("BENCH_LD_LIBRARY_PATH"):
+        env["LD_LIBRARY_PATH"] = os.environ["BENCH_LD_LIBRARY_PATH"]
+    proc = subprocess.run([bench, *args, "--json", out], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         return None, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
     with open(out) as f:

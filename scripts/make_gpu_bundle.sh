@@ -8,8 +8,11 @@
 # libbucketalloc_preload.so, libcudart.so for the preload programs, and the non-system shared
 # libraries all of these load:
 # Abseil, GoogleTest/GoogleMock, Google Benchmark, mimalloc, and any shared library of this
-# build), bundle/gpu_check.sh and bundle/MANIFEST. cudart is linked statically, so no CUDA library
-# travels; the system's libc/libstdc++ are not copied (the GPU image is newer, which is compatible).
+# build), bundle/gpu_check.sh and bundle/MANIFEST. The libraries load the CUDA driver at run time
+# and link no cudart; only the preload programs link the toolkit's libcudart.so (it travels); the
+# tests that run on the CUDA double (*_double_test) stay behind: on a GPU machine they would load the
+# real libcuda.so.1 in its place. The system's libc/libstdc++ are not copied (the GPU image is
+# newer, which is compatible).
 # The bundle must stay within the device tool's 64 MiB carry limit: binaries and libraries are
 # stripped when they would take more than 40 MiB, and bundle/bin travels as bundle/bin.tar.xz (each
 # test binary links the whole core statically, so the ~50 of them share most of their bytes and
@@ -48,7 +51,7 @@ if [[ ! -x $CUDA_TEST ]]; then
   echo "make_gpu_bundle: $CUDA_TEST was not built" >&2
   exit 1
 fi
-mapfile -t TESTS < <(find "$BUILD_DIR/tests" -type f -name '*_test' -perm -u+x | sort)
+mapfile -t TESTS < <(find "$BUILD_DIR/tests" -type f -name '*_test' ! -name '*_double_test' -perm -u+x | sort)
 BINARIES=("${TESTS[@]}")
 mapfile -t BENCH < <(find "$BUILD_DIR/bench" -type f -name 'bucketalloc_*bench' -perm -u+x | sort)
 BINARIES+=("${BENCH[@]}")
@@ -59,7 +62,7 @@ if [[ ! -x $BUILD_DIR/tools/bucketalloc-bench ]]; then
 fi
 BINARIES+=("$BUILD_DIR/tools/bucketalloc-bench")
 # The LD_PRELOAD drop-in's programs (the kernel check needs nvcc; CMake builds it when nvcc works).
-for program in preload_probe preload_kernel_check; do
+for program in preload_probe preload_kernel_check preload_double_program; do
   if [[ ! -x $BUILD_DIR/tests/$program ]]; then
     echo "make_gpu_bundle: $BUILD_DIR/tests/$program was not built" >&2
     exit 1

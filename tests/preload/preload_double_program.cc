@@ -1,8 +1,12 @@
 // tests/preload/preload_double_program.cc — a CUDA program (linked against the shared libcudart)
 // that tests/preload/check_preload_double.sh runs on the CUDA double (tests/cuda_double), with and
-// without the LD_PRELOAD shim. The double is the process's libcudart; its controls are found with
-// dlsym. Each scenario exits 0 only when every CUDA call succeeded as the runtime documents, no
-// CUDA rule was broken and no kernel found another stream's data.
+// without the LD_PRELOAD shim, and scripts/gpu_check.sh runs on a real GPU under the shim. On the
+// double (the process's libcudart; its controls found with dlsym) the writes and checks are its fake
+// kernels and every CUDA rule is checked; on a GPU the writes are cudaMemsetAsync and the checks
+// stream-ordered copies to the host, compared after a device synchronization, and contexts are read
+// with the driver's cuDevicePrimaryCtxGetState. Each scenario exits 0 only when every CUDA call
+// succeeded as the runtime documents, no CUDA rule was broken and no check found another stream's
+// data.
 //
 //   exhaust    allocate until the device is full (cudaMalloc and cudaMallocAsync), free it all, then
 //              a 3 GiB cudaMalloc must succeed (the shim gives its cache back on the way)
@@ -19,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -26,14 +31,16 @@ namespace {
 
 int failures = 0;
 
-#define CHECK(expr)                                                                   \
-  do {                                                                                \
-    cudaError_t e_ = (expr);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
+#define CHECK(expr)                                                                           \
+  do {                                                                                        \
+    cudaError_t e_ = (expr);                                                                  \
+    if (e_ != cudaSuccess) {                                                                  \
       std::printf("FAIL %s:%d: %s -> %s\n", __FILE__, __LINE__, #expr, cudaGetErrorName(e_)); \
-      ++failures;                                                                     \
-    }                                                                                 \
+      ++failures;                                                                             \
+    }                                                                                         \
   } while (0)
+
+bool on_double = false;
 
 template <typename F>
 F Control(const char* name) {
@@ -45,8 +52,62 @@ F Control(const char* name) {
   return reinterpret_cast<F>(f);
 }
 
-int (*Fill)(void*, void*, size_t, uint8_t);
-int (*Expect)(void*, const void*, size_t, uint8_t);
+// On a GPU: the checks queued so far (the first bytes of each range, copied in stream order).
+struct HostCheck {
+  std::vector<uint8_t> bytes;
+  uint8_t value;
+};
+std::vector<HostCheck*> host_checks;
+constexpr size_t kCheckedBytes = 64 << 10;
+
+int Fill(void* stream, void* ptr, size_t bytes, uint8_t value) {
+  if (on_double) return Control<int (*)(void*, void*, size_t, uint8_t)>("cudadouble_fill")(stream, ptr, bytes, value);
+  return cudaMemsetAsync(ptr, value, bytes, static_cast<cudaStream_t>(stream));
+}
+
+int Expect(void* stream, const void* ptr, size_t bytes, uint8_t value) {
+  if (on_double) {
+    return Control<int (*)(void*, const void*, size_t, uint8_t)>("cudadouble_expect")(stream, ptr, bytes, value);
+  }
+  auto* check = new HostCheck{std::vector<uint8_t>(bytes < kCheckedBytes ? bytes : kCheckedBytes), value};
+  host_checks.push_back(check);
+  return cudaMemcpyAsync(check->bytes.data(), ptr, check->bytes.size(), cudaMemcpyDeviceToHost,
+                         static_cast<cudaStream_t>(stream));
+}
+
+// Checks that found another stream's data (the double counts its own).
+uint64_t Corruptions() {
+  if (on_double) return Control<uint64_t (*)()>("cudadouble_corruptions")();
+  if (cudaDeviceSynchronize() != cudaSuccess) return 1;
+  uint64_t bad = 0;
+  for (const HostCheck* c : host_checks) {
+    for (uint8_t b : c->bytes) {
+      if (b != c->value) {
+        ++bad;
+        break;
+      }
+    }
+  }
+  return bad;
+}
+
+// Whether `device` has a primary context (the double counts creations; a GPU reports its state).
+bool HasContext(int device) {
+  if (on_double) return Control<int (*)(int)>("cudadouble_contexts_created")(device) != 0;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
+  auto state = lib != nullptr
+                   ? reinterpret_cast<int (*)(int, unsigned*, int*)>(dlsym(lib, "cuDevicePrimaryCtxGetState"))
+                   : nullptr;
+  unsigned flags = 0;
+  int active = 0;
+  if (state == nullptr || state(device, &flags, &active) != 0) {
+    std::printf("FAIL: cannot read device %d's primary context state\n", device);
+    ++failures;
+    return true;
+  }
+  return active != 0;
+}
 
 constexpr size_t kMiB = size_t{1} << 20;
 
@@ -77,6 +138,12 @@ void Exhaust() {
 }
 
 void Device1() {
+  int count = 0;
+  CHECK(cudaGetDeviceCount(&count));
+  if (count < 2) {
+    std::printf("device1: SKIPPED LOUDLY: needs 2 devices, this machine has %d\n", count);
+    return;
+  }
   void* p = nullptr;
   cudaStream_t s = nullptr;
   CHECK(cudaSetDevice(1));
@@ -87,12 +154,12 @@ void Device1() {
   std::thread([&] {  // never chooses a device
     CHECK(cudaFree(p));
     CHECK(cudaFreeAsync(q, s));
-  }).join();
+  })
+      .join();
   CHECK(cudaStreamSynchronize(s));
   CHECK(cudaStreamDestroy(s));
-  const int created = Control<int (*)(int)>("cudadouble_contexts_created")(0);
-  if (created != 0) {
-    std::printf("FAIL: %d context(s) created on device 0, which the program never used\n", created);
+  if (HasContext(0)) {
+    std::printf("FAIL: a context was created on device 0, which the program never used\n");
     ++failures;
   }
 }
@@ -178,8 +245,8 @@ int main(int argc, char** argv) {
     std::printf("usage: %s exhaust|device1|capture|destroy|perthread\n", argv[0]);
     return 2;
   }
-  Fill = Control<int (*)(void*, void*, size_t, uint8_t)>("cudadouble_fill");
-  Expect = Control<int (*)(void*, const void*, size_t, uint8_t)>("cudadouble_expect");
+  on_double = dlsym(RTLD_DEFAULT, "cudadouble_fill") != nullptr;
+  std::printf("%s: on %s\n", argv[1], on_double ? "the CUDA double" : "the real CUDA runtime and driver");
   const std::string_view what = argv[1];
   if (what == "exhaust") {
     Exhaust();
@@ -195,14 +262,15 @@ int main(int argc, char** argv) {
     std::printf("unknown scenario '%s'\n", argv[1]);
     return 2;
   }
-  const int violations = Control<int (*)()>("cudadouble_violation_count")();
-  const auto corruptions = Control<uint64_t (*)()>("cudadouble_corruptions")();
+  const int violations = on_double ? Control<int (*)()>("cudadouble_violation_count")() : 0;
+  const uint64_t corruptions = Corruptions();
   if (violations != 0) {
-    std::printf("FAIL: %d CUDA rule violation(s):\n%s", violations, Control<const char* (*)()>("cudadouble_violations")());
+    std::printf("FAIL: %d CUDA rule violation(s):\n%s", violations,
+                Control<const char* (*)()>("cudadouble_violations")());
   }
   if (corruptions != 0) {
-    std::printf("FAIL: %llu kernel(s) found another stream's data: %s\n", static_cast<unsigned long long>(corruptions),
-                Control<const char* (*)()>("cudadouble_first_corruption")());
+    std::printf("FAIL: %llu check(s) found another stream's data%s%s\n", static_cast<unsigned long long>(corruptions),
+                on_double ? ": " : "", on_double ? Control<const char* (*)()>("cudadouble_first_corruption")() : "");
   }
   const bool ok = failures == 0 && violations == 0 && corruptions == 0;
   std::printf("%s: %s\n", argv[1], ok ? "PASS" : "FAIL");
