@@ -49,7 +49,7 @@ fi
 # The bundle's programs need its libraries (Abseil, GoogleTest, the toolkit's libcudart for the
 # preload programs); PyTorch's steps must not see them (torch loads its own CUDA libraries).
 BUNDLE_LIBS="$PWD/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-with_bundle() { env LD_LIBRARY_PATH="$BUNDLE_LIBS" "$@"; }
+WITH_BUNDLE=(env LD_LIBRARY_PATH="$BUNDLE_LIBS")  # a prefix: timeout runs commands, not functions
 export BUCKETALLOC_EXPECT_GPU=1
 unset BUCKETALLOC_CONF
 if [[ -n ${OUT:-} ]]; then LOG_DIR=${GPU_CHECK_LOG_DIR:-$OUT/gpu_check}; else LOG_DIR=${GPU_CHECK_LOG_DIR:-/tmp/gpu_check}; fi
@@ -80,7 +80,8 @@ run_step() {
     ((OPTIONAL == 1)) || FAILED=$((FAILED + 1))
     return
   fi
-  ((timeout_s > left)) && timeout_s=$left
+  local cut=0
+  ((timeout_s > left)) && timeout_s=$left && cut=1
   local t0=$SECONDS rc
   timeout --kill-after=10 "$timeout_s" "$@" 2>&1 | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
@@ -89,6 +90,9 @@ run_step() {
   if ((rc == 0)); then
     STEP_LINES+=("step $name: PASS (${took}s)")
     PASSED=$((PASSED + 1))
+  elif ((OPTIONAL == 1 && cut == 1 && (rc == 124 || rc == 137))); then
+    STEP_LINES+=("step $name: NOT RUN (budget spent after ${took}s of it)")
+    NOT_RUN=$((NOT_RUN + 1))
   else
     STEP_LINES+=("step $name: FAIL (${took}s, exit $rc$note)")
     FAILED=$((FAILED + 1))
@@ -116,7 +120,7 @@ TORCH_ENV=(env PYTHONPATH="$PWD/python/torch_plugin${PYTHONPATH:+:$PYTHONPATH}"
 TRACE=${TMPDIR:-/tmp}/gpu_serving_trace.csv
 rm -f "$TRACE"
 if [[ -x $BUNDLE/bin/bucketalloc-bench ]]; then
-  run_step serving_trace 20 with_bundle "$BUNDLE/bin/bucketalloc-bench" generate serving \
+  run_step serving_trace 20 "${WITH_BUNDLE[@]}" "$BUNDLE/bin/bucketalloc-bench" generate serving \
     --requests data/requests/azure_llm_inference_trace_2023_conv.csv \
     --model data/models/Llama-3.1-8B-Instruct.config.json --limit 300 -o "$TRACE"
 else
@@ -151,7 +155,7 @@ fi
 #    (tests/cuda/cuda_backend_test.cc: the same source CI runs on the CUDA double; a missing GPU
 #    fails it).
 if [[ -x $BUNDLE/bin/cuda_backend_test ]]; then
-  run_step cuda_backend_test 60 with_bundle "$BUNDLE/bin/cuda_backend_test" --gtest_brief=1 \
+  run_step cuda_backend_test 60 "${WITH_BUNDLE[@]}" "$BUNDLE/bin/cuda_backend_test" --gtest_brief=1 \
     "--gtest_output=xml:$LOG_DIR/cuda_backend_test.xml"
 else
   STEP_LINES+=("step cuda_backend_test: FAIL (0s, $BUNDLE/bin/cuda_backend_test missing)")
@@ -169,7 +173,7 @@ fi
 #    preload_probe: the five-call probe, whose JSON exit stats must count its 12 allocations.
 PRELOAD=$PWD/$BUNDLE/lib/libbucketalloc_preload.so
 if [[ -x $BUNDLE/bin/preload_kernel_check && -f $PRELOAD ]]; then
-  run_step preload_kernel_check 60 with_bundle bash -c '
+  run_step preload_kernel_check 60 "${WITH_BUNDLE[@]}" bash -c '
     lib=$0 bin=$1
     out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_STATS_ON_EXIT=stderr "$bin" 2>&1); rc=$?
     echo "$out"
@@ -182,7 +186,8 @@ else
   FAILED=$((FAILED + 1))
 fi
 if [[ -x $BUNDLE/bin/preload_double_program && -f $PRELOAD ]]; then
-  run_step preload_scenarios 60 with_bundle bash -c '
+  run_step preload_scenarios 60 "${WITH_BUNDLE[@]}" bash -c '
+    set -o pipefail
     lib=$0 bin=$1 failed=0
     for scenario in exhaust device1 capture destroy perthread; do
       for conf in backend:cuda backend:vmm; do
@@ -195,7 +200,7 @@ else
   FAILED=$((FAILED + 1))
 fi
 if [[ -x $BUNDLE/bin/preload_probe && -f $PRELOAD ]]; then
-  run_step preload_probe 30 with_bundle bash -c '
+  run_step preload_probe 30 "${WITH_BUNDLE[@]}" bash -c '
     stats=$(mktemp --suffix=.json)
     LD_PRELOAD="$0" BUCKETALLOC_CONF=backend:cuda BUCKETALLOC_VERBOSE=1 BUCKETALLOC_STATS_ON_EXIT="$stats" "$1" || exit 1
     python3 -c "import json,sys; s=json.load(open(sys.argv[1]))[\"devices\"][0][\"stats\"]; \
@@ -208,7 +213,7 @@ fi
 #    smallest card stitching needs and on a 130 GiB card, each against its simulated twin; no OOM
 #    with stitching, and granules stitched on the small card (scripts/gpu_replay_check.py --vmm).
 if [[ -x $BUNDLE/bin/bucketalloc-bench && -s $TRACE ]]; then
-  run_step replay_vmm 60 with_bundle python3 scripts/gpu_replay_check.py "$TRACE" --bench "$BUNDLE/bin/bucketalloc-bench" --vmm
+  run_step replay_vmm 60 "${WITH_BUNDLE[@]}" python3 scripts/gpu_replay_check.py "$TRACE" --bench "$BUNDLE/bin/bucketalloc-bench" --vmm
 else
   STEP_LINES+=("step replay_vmm: FAIL (0s, no trace or $BUNDLE/bin/bucketalloc-bench missing)")
   FAILED=$((FAILED + 1))
@@ -239,9 +244,9 @@ run_core_tests() {  # every core *_test binary of the bundle but the GPU one
   done
   return $failed
 }
-run_step core_tests 120 with_bundle bash -c "BUNDLE=$BUNDLE; $(declare -f run_each_test run_core_tests); run_core_tests"
+run_step core_tests 120 "${WITH_BUNDLE[@]}" bash -c "BUNDLE=$BUNDLE; $(declare -f run_each_test run_core_tests); run_core_tests"
 if [[ -x $BUNDLE/bin/bucketalloc_microbench ]]; then
-  run_step bucketalloc_microbench 45 with_bundle "$BUNDLE/bin/bucketalloc_microbench" --benchmark_min_time=0.05
+  run_step bucketalloc_microbench 45 "${WITH_BUNDLE[@]}" "$BUNDLE/bin/bucketalloc_microbench" --benchmark_min_time=0.05
 fi
 OPTIONAL=0
 

@@ -22,9 +22,11 @@ if ((${#missing[@]})); then
 fi
 
 cuda="${CUDA_HOME:-/usr/local/cuda}"
-if [[ ! -f "$cuda/include/cuda_runtime_api.h" || ! -e "$cuda/lib64/libcudart_static.a" ]]; then
-  echo "setup: the CUDA toolkit was not found at $cuda (need include/cuda_runtime_api.h and" \
-       "lib64/libcudart_static.a); install CUDA 12 or 13 there or set CUDA_HOME" >&2
+# The library needs the toolkit's headers only (it loads the driver at run time); the test programs
+# of the LD_PRELOAD shim link the toolkit's shared libcudart.
+if [[ ! -f "$cuda/include/cuda.h" || ! -f "$cuda/include/cuda_runtime_api.h" || ! -e "$cuda/lib64/libcudart.so" ]]; then
+  echo "setup: the CUDA toolkit was not found at $cuda (need include/cuda.h, include/cuda_runtime_api.h and" \
+       "lib64/libcudart.so); install CUDA 12 or 13 there or set CUDA_HOME" >&2
   exit 1
 fi
 echo "setup: dependencies present (CUDA toolkit at $cuda)"

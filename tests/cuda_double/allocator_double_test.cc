@@ -146,7 +146,9 @@ TEST_P(DoubleConfigTest, HundredThousandOperationsWithKernelsOnFourStreams) {
         ASSERT_CUDA(cudaEventRecord(order, b.stream));
         ASSERT_CUDA(cudaStreamWaitEvent(other, order, 0));
         ASSERT_EQ(cudadouble_expect(other, b.p, b.size, b.tag), 0);
-        if (other != b.stream) ASSERT_TRUE(a->RecordStream(b.p, 0, other).ok());
+        if (other != b.stream) {
+          ASSERT_TRUE(a->RecordStream(b.p, 0, other).ok());
+        }
       }
       ASSERT_EQ(cudadouble_expect(b.stream, b.p, b.size, b.tag), 0);
       ASSERT_TRUE(a->Free(b.p, 0, b.size).ok());
@@ -282,7 +284,9 @@ TEST_F(DoubleTest, AGlobalCaptureElsewhereIsNeverInvalidated) {
       ASSERT_TRUE(hit.ok()) << hit.status();
       ASSERT_TRUE(a->Free(*hit, 0, 4 * kMiB).ok());
       absl::StatusOr<void*> miss = a->Allocate(64 * kMiB, 0, other);  // would need the device
-      if (miss.ok()) ASSERT_TRUE(a->Free(*miss, 0, 64 * kMiB).ok());
+      if (miss.ok()) {
+        ASSERT_TRUE(a->Free(*miss, 0, 64 * kMiB).ok());
+      }
     }).join();
     ASSERT_TRUE(a->Free(*in_graph, 0, 4 * kMiB).ok());
     ASSERT_TRUE(a->EndCapture(0, kPool).ok());
@@ -335,6 +339,37 @@ TEST_F(DoubleTest, PeersCanAccessVirtualMemory) {
   ASSERT_TRUE(a->RetireStream(s1).ok());
   ASSERT_CUDA(cudaStreamDestroy(s1));
   ExpectAllReturned(*a, 0);
+}
+
+// A run of granules is mapped with one cuMemMap each and made accessible with one cuMemSetAccess.
+TEST_F(DoubleTest, OneSetAccessPerMappedRun) {
+  std::unique_ptr<Allocator> a = Make("backend:vmm");
+  ASSERT_NE(a, nullptr);
+  const std::uint64_t maps = cudadouble_calls("cuMemMap"), access = cudadouble_calls("cuMemSetAccess");
+  absl::StatusOr<void*> p = a->Allocate(64 * kMiB, 0, nullptr);  // a new segment of 32 granules
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(cudadouble_calls("cuMemMap") - maps, 32u);
+  EXPECT_EQ(cudadouble_calls("cuMemSetAccess") - access, 1u) << "access is set once for the whole run";
+  ASSERT_TRUE(a->Free(*p, 0, 64 * kMiB).ok());
+  ExpectAllReturned(*a, 0);
+}
+
+// A driver older than CUDA 12.0 (DISABLED_: only its own ctest entry runs it, at
+// CUDA_DOUBLE_DRIVER_VERSION=11080):
+// the backends refuse it with an error that says what is needed.
+TEST_F(DoubleTest, DISABLED_ADriverOlderThan12IsRefusedNamingWhatIsNeeded) {
+  int version = 0;
+  ASSERT_EQ(cuDriverGetVersion(&version), CUDA_SUCCESS);
+  ASSERT_LT(version, 12000) << "run it at CUDA_DOUBLE_DRIVER_VERSION=11080 (its own ctest entry does)";
+  for (const char* conf : {"backend:cuda", "backend:vmm"}) {
+    absl::StatusOr<Options> o = ParseOptions(conf);
+    ASSERT_TRUE(o.ok());
+    absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::Create(*o);
+    absl::Status s = a.ok() ? (*a)->Allocate(kMiB, 0, nullptr).status() : a.status();
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+    EXPECT_NE(s.message().find("needs CUDA 12.0 or newer"), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find("11.8"), absl::string_view::npos) << s;
+  }
 }
 
 // The allocator never leaves a context current on a thread that had none, and never creates one on

@@ -254,6 +254,7 @@ struct State {
   std::string first_corruption;
   unsigned long long next_capture_id = 1;
   std::map<void*, int> graphs;
+  std::map<std::string, std::uint64_t> calls;  // driver calls by name (cudadouble_calls)
 };
 
 State& S() {
@@ -497,20 +498,25 @@ std::uint64_t Enqueue(Stream* stream, std::function<void()> run,
 
 // The checks of a stream handle used in an enqueue or a sync: live, a context for the default
 // handles, and the legacy stream unusable during a blocking capture. Returns the stream or sets *err.
-Stream* UsableStream(State& s, CUstream handle, const char* call, CUresult* err) {
+// The stream a handle names, or nullptr with the violation recorded and *err set.
+Stream* LiveStream(State& s, CUstream handle, const char* call, CUresult* err) {
   bool bad_context = false;
   Stream* st = StreamOf(s, handle, &bad_context);
-  if (st == nullptr) {
-    if (bad_context) {
-      Violate(s, kContextCurrent, call, "a default stream handle with no current context");
-      *err = CUDA_ERROR_INVALID_CONTEXT;
-    } else {
-      Violate(s, kLiveStream, call,
-              "stream handle " + std::to_string(reinterpret_cast<std::uintptr_t>(handle)) + " is not a live stream");
-      *err = CUDA_ERROR_INVALID_HANDLE;
-    }
-    return nullptr;
+  if (st != nullptr) return st;
+  if (bad_context) {
+    Violate(s, kContextCurrent, call, "a default stream handle with no current context");
+    *err = CUDA_ERROR_INVALID_CONTEXT;
+  } else {
+    Violate(s, kLiveStream, call,
+            "stream handle " + std::to_string(reinterpret_cast<std::uintptr_t>(handle)) + " is not a live stream");
+    *err = CUDA_ERROR_INVALID_HANDLE;
   }
+  return nullptr;
+}
+
+Stream* UsableStream(State& s, CUstream handle, const char* call, CUresult* err) {
+  Stream* st = LiveStream(s, handle, call, err);
+  if (st == nullptr) return nullptr;
   if (st->legacy) {
     std::vector<Stream*> caps = BlockingCaptures(s, st->ctx);
     if (!caps.empty()) {
@@ -923,12 +929,9 @@ CUresult DStreamGetCtx(CUstream handle, CUcontext* ctx) {
   Locked l;
   DRIVER_READY(l.s, "cuStreamGetCtx");
   if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  bool bad_context = false;
-  Stream* st = StreamOf(l.s, handle, &bad_context);
-  if (st == nullptr) {
-    Violate(l.s, bad_context ? kContextCurrent : kLiveStream, "cuStreamGetCtx", "not a live stream");
-    return bad_context ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-  }
+  CUresult err = CUDA_SUCCESS;
+  Stream* st = LiveStream(l.s, handle, "cuStreamGetCtx", &err);
+  if (st == nullptr) return err;
   *ctx = reinterpret_cast<CUcontext>(st->ctx);
   return CUDA_SUCCESS;
 }
@@ -937,12 +940,9 @@ CUresult DStreamIsCapturing(CUstream handle, CUstreamCaptureStatus* status) {
   Locked l;
   DRIVER_READY(l.s, "cuStreamIsCapturing");
   if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  bool bad_context = false;
-  Stream* st = StreamOf(l.s, handle, &bad_context);
-  if (st == nullptr) {
-    Violate(l.s, bad_context ? kContextCurrent : kLiveStream, "cuStreamIsCapturing", "not a live stream");
-    return bad_context ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-  }
+  CUresult err = CUDA_SUCCESS;
+  Stream* st = LiveStream(l.s, handle, "cuStreamIsCapturing", &err);
+  if (st == nullptr) return err;
   // cuda_runtime_api.h:2603: on the legacy stream during a blocking capture: ...Implicit, and the
   // capture is not invalidated (a documented answer, not a violation).
   if (st->legacy && !BlockingCaptures(l.s, st->ctx).empty()) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
@@ -1251,6 +1251,7 @@ Reservation* ReservationOf(State& s, std::uintptr_t va, std::size_t bytes) {
 CUresult DMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGenericAllocationHandle h,
                  unsigned long long flags) {
   Locked l;
+  ++l.s.calls["cuMemMap"];
   DRIVER_READY(l.s, "cuMemMap");
   const auto va = static_cast<std::uintptr_t>(ptr);
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1322,6 +1323,7 @@ CUresult DMemUnmap(CUdeviceptr ptr, std::size_t size) {
 
 CUresult DMemSetAccess(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc, std::size_t count) {
   Locked l;
+  ++l.s.calls["cuMemSetAccess"];
   DRIVER_READY(l.s, "cuMemSetAccess");
   const auto va = static_cast<std::uintptr_t>(ptr);
   if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1966,6 +1968,12 @@ EXPORT void cudadouble_clear_violations(void) {
 EXPORT void cudadouble_set_label(const char* label) {
   Locked l;
   l.s.label = label != nullptr ? label : "";
+}
+
+EXPORT uint64_t cudadouble_calls(const char* name) {
+  Locked l;
+  auto it = l.s.calls.find(name != nullptr ? name : "");
+  return it == l.s.calls.end() ? 0 : it->second;
 }
 
 EXPORT int cudadouble_contexts_created(int device) {
