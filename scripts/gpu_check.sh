@@ -206,6 +206,9 @@ if [[ -x $BUNDLE/bin/preload_probe && -f $PRELOAD ]]; then
     python3 -c "import json,sys; s=json.load(open(sys.argv[1]))[\"devices\"][0][\"stats\"]; \
 print(\"exit stats:\", s[\"allocation.all.allocated\"], \"allocations\"); sys.exit(s[\"allocation.all.allocated\"] != 12)" "$stats"
   ' "$PRELOAD" "$BUNDLE/bin/preload_probe"
+else
+  STEP_LINES+=("step preload_probe: FAIL (0s, $BUNDLE/bin/preload_probe or the preload library missing)")
+  FAILED=$((FAILED + 1))
 fi
 
 # 6. Virtual-memory stitching on the GPU: the harness replays the serving trace with

@@ -72,17 +72,14 @@ class Allocator {
     return PerThreadKey();
   }
 
-  // Call before destroying `stream` (cudaStreamDestroy returns at once and CUDA may give the handle
-  // to a new stream): waits for the stream's work if bucketalloc keeps cached memory for it, so that
-  // no later wait uses the dead handle and a new stream with the same handle value inherits only
-  // idle blocks. The LD_PRELOAD shim calls it from its cudaStreamDestroy.
-
   // Frees `ptr` (nullptr is a no-op). When `size` is given it must equal the requested size.
   // Errors (the state is left untouched): InvalidArgument for an unknown pointer, a double free, a
   // pointer of another device, or a size mismatch.
   absl::Status Free(void* ptr, int device = 0, std::optional<std::size_t> size = std::nullopt);
 
-  // Marks `ptr` as used on `stream`: its reuse after Free waits for the work queued on `stream`.
+  // Marks `ptr` as used on `stream`: its reuse after Free waits for the work queued on `stream`
+  // (cudaStreamPerThread: the calling thread's per-thread stream; when another thread frees the
+  // block, that wait is a device synchronization).
   absl::Status RecordStream(void* ptr, int device, Stream stream);
   // The same, for a caller that does not know the device (PyTorch's record_stream hook).
   absl::Status RecordStream(void* ptr, Stream stream);
@@ -98,6 +95,13 @@ class Allocator {
   // Releases every cached block that can be released (whole free segments and empty slabs) on
   // every device, after synchronizing pending stream events.
   absl::Status EmptyCache();
+
+  // Call before destroying `stream` (cudaStreamDestroy returns at once and CUDA may give the handle
+  // to a new stream): waits for the stream's work if bucketalloc keeps memory for it (cached
+  // blocks, or blocks that RecordStream marked as used on it), so that no later wait uses the dead
+  // handle and a new stream with the same handle value inherits only idle blocks. The LD_PRELOAD
+  // shim calls it from its cudaStreamDestroy. FailedPrecondition during a capture (the wait is
+  // forbidden then).
   absl::Status RetireStream(Stream stream);
 
   // Sets the cap of `device` to fraction x device memory (fraction in (0, 1]).

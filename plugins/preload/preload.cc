@@ -20,8 +20,8 @@
 //     still using the memory on any stream cannot see it handed out again;
 //   - cudaFreeAsync on a stream other than the allocation stream delays reuse until that stream's work
 //     queued before the free has completed (an event, as RecordStream);
-//   - cudaFreeAsync on a stream being captured is part of the graph: the block is parked (nothing is
-//     recorded inside the capture) and freed after the next device synchronization the shim makes;
+//   - cudaFreeAsync on a stream being captured is part of the graph, which bucketalloc cannot see
+//     launched: the block is parked (nothing is recorded inside the capture) and stays allocated;
 //   - cudaMallocAsync on a capturing stream goes to the runtime (a graph allocation node); device
 //     memory the shim takes while another thread captures is taken in relaxed capture mode, as
 //     PyTorch's allocator does, so that capture is not invalidated;
@@ -92,15 +92,9 @@ Stream SyncKey() {
 }
 
 // Blocks freed with cudaFreeAsync on a stream being captured: the free belongs to the graph, whose
-// kernels may still use the block, so it is parked, not cached, and freed after the next device
-// synchronization of its device that the shim makes (a cudaFree of one of bucketalloc's blocks).
-struct Parked {
-  void* ptr;
-  int device;
-};
-std::mutex g_parked_mu;
-std::vector<Parked> g_parked;  // guarded by g_parked_mu
-std::atomic<bool> g_has_parked{false};
+// kernels use the block whenever the graph is launched, which bucketalloc cannot see. Such a block
+// is parked: it stays allocated (counted as active in the stats) for the life of the process.
+std::atomic<std::int64_t> g_parked{0};
 
 const internal::CudaRuntime& Real() { return internal::CudaRuntimeApi(); }
 
@@ -251,23 +245,6 @@ cudaError_t SynchronizeDevice(Allocator& a, int device) {
   return cudaErrorUnknown;
 }
 
-// Frees the blocks parked on `device` (its work has just been waited for).
-void FreeParked(Allocator& a, int device) {
-  if (!g_has_parked.load(std::memory_order_acquire)) return;
-  std::vector<Parked> due;
-  {
-    std::lock_guard<std::mutex> lock(g_parked_mu);
-    auto mine = std::stable_partition(g_parked.begin(), g_parked.end(),
-                                      [device](const Parked& p) { return p.device != device; });
-    due.assign(mine, g_parked.end());
-    g_parked.erase(mine, g_parked.end());
-    g_has_parked.store(!g_parked.empty(), std::memory_order_release);
-  }
-  for (const Parked& p : due) {
-    if (absl::Status s = a.Free(p.ptr, p.device); !s.ok()) Verbose("cudaFree (parked)", s.message(), cudaErrorUnknown);
-  }
-}
-
 // Frees `ptr` if it lies in bucketalloc's memory: the result, or nullopt (not bucketalloc's: the
 // caller forwards it to the runtime). `stream` is cudaFreeAsync's; `synchronize` is cudaFree's.
 std::optional<cudaError_t> Free(absl::string_view call, void* ptr, cudaStream_t stream, bool synchronize) {
@@ -291,23 +268,18 @@ std::optional<cudaError_t> Free(absl::string_view call, void* ptr, cudaStream_t 
     // sticky error, the runtime unloading at exit) is returned as cudaFree would return it; the
     // block goes back to the cache either way.
     result = SynchronizeDevice(*a, *device);
-    if (result != cudaSuccess) {
-      internal::ClearLastErrorIf(Real(), result);
-    } else {
-      FreeParked(*a, *device);
-    }
+    if (result != cudaSuccess) internal::ClearLastErrorIf(Real(), result);
   } else if (Capturing(stream)) {
-    // The free is part of the graph being captured: park the block (see Parked), record nothing.
-    std::lock_guard<std::mutex> lock(g_parked_mu);
-    g_parked.push_back({ptr, *device});
-    g_has_parked.store(true, std::memory_order_release);
+    // The free is part of the graph being captured: park the block (see g_parked), record nothing.
+    g_parked.fetch_add(1, std::memory_order_relaxed);
+    Verbose(call, "freed inside a stream capture: the block stays allocated (parked)", cudaSuccess);
     return cudaSuccess;
   } else {
     absl::StatusOr<int> stream_device = StreamDevice(*a, stream);
     if (stream_device.ok() && *stream_device != *device) {
       // An event of `stream`'s device cannot order another device's block: wait for the stream.
       result = Real().StreamSynchronize(stream);
-    } else if (absl::Status s = a->RecordStream(ptr, *device, static_cast<Stream>(stream)); !s.ok()) {
+    } else if (absl::Status s = a->RecordStream(ptr, *device, KeyFor(stream)); !s.ok()) {
       Verbose(call, s.message(), cudaErrorInvalidValue);
       return cudaErrorInvalidValue;
     }
@@ -492,7 +464,7 @@ __attribute__((visibility("default"))) cudaError_t cudaFreeAsync_ptsz(void* ptr,
 // (Allocator::RetireStream), so that the new stream inherits only idle blocks.
 __attribute__((visibility("default"))) cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return bucketalloc::NoThrow("cudaStreamDestroy", [&] {
-    bucketalloc::Allocator* a = Get();
+    bucketalloc::Allocator* a = bucketalloc::g_process.get();  // none yet: nothing to retire
     if (a != nullptr && stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
       if (absl::Status s = a->RetireStream(static_cast<bucketalloc::Stream>(stream)); !s.ok()) {
         bucketalloc::Verbose("cudaStreamDestroy", s.message(), cudaErrorUnknown);

@@ -150,7 +150,7 @@ void Allocator::ExplainFreeError(absl::Status* s, void* ptr, int device) const {
 absl::Status Allocator::RecordStream(void* ptr, int device, Stream stream) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
-  return (*d)->RecordStream(ptr, stream);
+  return (*d)->RecordStream(ptr, PoolKey(stream));  // cudaStreamPerThread: this thread's
 }
 
 absl::Status Allocator::RecordStream(void* ptr, Stream stream) {

@@ -199,7 +199,13 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
 
 bool DeviceAllocator::CaptureRestricts(Stream stream) {
   if (captures_.running()) return true;
-  if (!options_.probe_stream_capture || IsPseudoStream(stream)) return false;  // a pseudo key is no stream
+  if (!options_.probe_stream_capture) return false;
+  if (IsPseudoStream(stream)) {
+    // This thread's per-thread default stream can be asked for by its handle; another pseudo key
+    // names no stream.
+    if (stream != Allocator::PoolKey(kPerThreadStream)) return false;
+    stream = kPerThreadStream;
+  }
   absl::StatusOr<bool> capturing = backend_->IsCapturing(stream);
   return capturing.ok() && *capturing;  // an error here is reported by the backend call that follows
 }
@@ -338,8 +344,13 @@ void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry, boo
   // an open graph pool waits for the pool's release first.
   PendingFrees::Uses uses = pending_.TakeUses(addr);
   PendingFrees::Events events;
-  if (!uses.empty() && !held && (captures_.running() || !pending_.RecordEvents(uses, &events).ok())) {
-    stats_.Count(&DeviceStats::num_deferred_frees);
+  if (!uses.empty() && !held) {
+    if (captures_.running() || !pending_.RecordEvents(uses, &events).ok()) {
+      stats_.Count(&DeviceStats::num_deferred_frees);
+    } else {
+      // Another thread's per-thread stream was waited for by a device synchronization: done.
+      uses.erase(std::remove_if(uses.begin(), uses.end(), IsPseudoStream), uses.end());
+    }
   }
   pools_.Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     Release(pool, addr, h, entry.requested);
@@ -425,16 +436,25 @@ absl::Status DeviceAllocator::EmptyCache() {
 
 absl::Status DeviceAllocator::RetireStream(Stream stream) {
   MutexLock lock(mu_);
-  if (!streams_.contains(stream) || IsPseudoStream(stream)) return absl::OkStatus();  // nothing kept for it
+  const bool key = streams_.contains(stream);
+  const bool used = pending_.NamesUse(stream);
+  if ((!key && !used) || IsPseudoStream(stream)) return absl::OkStatus();  // nothing kept for it
   if (captures_.running()) {
     return absl::FailedPreconditionError(
         absl::StrCat("bucketalloc: retiring stream ", absl::Hex(reinterpret_cast<std::uintptr_t>(stream)),
                      " on device ", device_, " during CUDA graph capture: CUDA forbids the wait it needs"));
   }
+  if (!key) {  // only a use (RecordStream) of live or deferred blocks: wait for it, then forget it
+    if (absl::Status s = registry_.SynchronizeStream(stream); !s.ok()) return s;
+    pending_.ForgetStream(stream);
+    return absl::OkStatus();
+  }
   // The next request on this handle (maybe a new stream) goes through PoolsForNewStream, which revives it.
   last_stream_ = nullptr;
   last_pools_ = nullptr;
-  return registry_.RetireStream(stream);
+  if (absl::Status s = registry_.RetireStream(stream); !s.ok()) return s;
+  pending_.ForgetStream(stream);  // its work is done: no use of it needs waiting for
+  return absl::OkStatus();
 }
 
 absl::Status DeviceAllocator::BeginCapture(GraphPoolId pool, CaptureFilter filter) {

@@ -1,6 +1,8 @@
 // src/frontend/pending_frees.cc — stream uses and pending frees (frontend/pending_frees.h).
 #include "frontend/pending_frees.h"
 
+#include "bucketalloc/allocator.h"
+
 #include <algorithm>
 #include <utility>
 
@@ -19,8 +21,47 @@ PendingFrees::Uses PendingFrees::TakeRecordedUses(std::uintptr_t ptr) {
   return uses;
 }
 
+bool PendingFrees::NamesUse(Stream stream) const {
+  auto names = [stream](const PendingFrees::Uses& uses) {
+    return std::find(uses.begin(), uses.end(), stream) != uses.end();
+  };
+  for (const auto& [ptr, uses] : uses_) {
+    if (names(uses)) return true;
+  }
+  for (const Pending& p : pending_) {
+    if (p.events.empty() && names(p.uses)) return true;
+  }
+  return false;
+}
+
+void PendingFrees::ForgetStream(Stream stream) {
+  auto drop = [stream](PendingFrees::Uses& uses) {
+    uses.erase(std::remove(uses.begin(), uses.end(), stream), uses.end());
+  };
+  for (auto it = uses_.begin(); it != uses_.end();) {
+    drop(it->second);
+    if (it->second.empty()) {
+      uses_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  for (Pending& p : pending_) {
+    if (p.events.empty()) drop(p.uses);  // deferred: not armed yet
+  }
+}
+
 absl::Status PendingFrees::RecordEvents(absl::Span<const Stream> uses, Events* events) {
   for (Stream s : uses) {
+    if (s == Allocator::PoolKey(kPerThreadStream)) s = kPerThreadStream;  // this thread's: its handle
+    if (IsPseudoStream(s)) {
+      if (absl::Status sync = backend_->SynchronizeDevice(); !sync.ok()) {
+        for (Event done : *events) backend_->DestroyEvent(done);
+        events->clear();
+        return sync;
+      }
+      continue;
+    }
     absl::StatusOr<Event> e = backend_->RecordEvent(s);
     if (!e.ok()) {
       for (Event done : *events) backend_->DestroyEvent(done);

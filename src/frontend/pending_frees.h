@@ -52,7 +52,14 @@ class PendingFrees {
     if (uses_.empty()) return {};
     return TakeRecordedUses(ptr);
   }
-  // Records one event per stream of `uses` into `events`; on failure destroys those recorded.
+  // Whether any live allocation or deferred free names `stream` as a use.
+  bool NamesUse(Stream stream) const;
+  // Drops `stream` from every use list (live allocations and deferred frees): its work has been
+  // waited for and its handle is about to die (RetireStream).
+  void ForgetStream(Stream stream);
+  // Records one event per stream of `uses` into `events`; on failure destroys those recorded. The
+  // calling thread's per-thread key is recorded on cudaStreamPerThread; another pseudo key (another
+  // thread's per-thread stream) cannot be recorded on: the device is synchronized instead.
   absl::Status RecordEvents(absl::Span<const Stream> uses, Events* events);
   // Holds the freed block at `ptr`: it waits for `events` (none yet when deferred or held by its
   // graph pool) on `uses`.

@@ -61,6 +61,7 @@ enum Rule {
   kVmmAccessMapped,
   kVmmUnmapWhole,
   kKernelAccess,
+  kPeerAccess,
   kDriverVersion,
   kRuleCount
 };
@@ -73,7 +74,8 @@ struct RuleText {
 constexpr RuleText kRules[kRuleCount] = {
     {"init-first", "cuda.h:5188 cuInit \"must be called before any other function from the driver API\""},
     {"context-current",
-     "cuda.h:6429 cuCtxGetCurrent \"If no context is bound to the calling CPU thread\" -> CUDA_ERROR_INVALID_CONTEXT"},
+     "cuda.h:2617 CUDA_ERROR_INVALID_CONTEXT \"most frequently indicates that there is no context bound to the "
+     "current thread\": calls that need one fail without it"},
     {"live-stream", "cuda.h:15825 cuStreamDestroy: the handle is released; later use is CUDA_ERROR_INVALID_HANDLE"},
     {"live-event", "cuda.h:16131 cuEventDestroy: the handle is destroyed; later use is CUDA_ERROR_INVALID_HANDLE"},
     {"event-stream-same-context",
@@ -121,12 +123,15 @@ constexpr RuleText kRules[kRuleCount] = {
      "cuda.h:13060 cuMemUnmap \"The range must be the entire contiguous address range that was mapped to\""},
     {"kernel-access",
      "cuda.h:12885 \"calling cuMemMap does not make the address accessible, the caller needs to update "
-     "accessibility of a contiguous mapped VA range by calling cuMemSetAccess\"; cuda.h:13081 cuMemSetAccess "
+     "accessibility of a contiguous mapped VA range by calling cuMemSetAccess\"; cuda.h:13086 cuMemSetAccess "
      "sets access per location (device): another device's kernel needs its own; memory not allocated or "
      "mapped may not be accessed"},
+    {"peer-access",
+     "cuda_runtime_api.h:8492 cudaDeviceEnablePeerAccess: \"all allocations from peerDevice will immediately be "
+     "accessible by the current device\" (access is unidirectional, and only after this call)"},
     {"driver-version",
-     "cuda.h:24347 cuGetProcAddress: a symbol requested at a version newer than the driver is not found "
-     "(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT / SYMBOL_NOT_FOUND)"},
+     "cuda.h:24296 cuGetProcAddress: \"If the specified CUDA version is greater than the driver version, the "
+     "API will return CUDA_ERROR_INVALID_VALUE\"; an ABI the double does not serve is asked for"},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -254,7 +259,8 @@ struct State {
   std::string first_corruption;
   unsigned long long next_capture_id = 1;
   std::map<void*, int> graphs;
-  std::map<std::string, std::uint64_t> calls;  // driver calls by name (cudadouble_calls)
+  std::map<std::string, std::uint64_t> calls;        // driver calls by name (cudadouble_calls)
+  std::map<std::pair<int, int>, bool> peer_enabled;  // (accessing device, owner device)
 };
 
 State& S() {
@@ -532,11 +538,19 @@ Stream* UsableStream(State& s, CUstream handle, const char* call, CUresult* err)
 bool EventComplete(const Event& e) { return e.stream == nullptr || e.stream->done >= e.id; }
 
 // Whether [p, p + bytes) may be touched by a kernel of `device`.
-bool Accessible(State& s, std::uintptr_t p, std::size_t bytes, int device, std::string* why) {
+bool Accessible(State& s, std::uintptr_t p, std::size_t bytes, int device, std::string* why, Rule* rule) {
+  *rule = kKernelAccess;
   auto lin = s.linear.upper_bound(p);
   if (lin != s.linear.begin()) {
     --lin;
-    if (p >= lin->first && p + bytes <= lin->first + lin->second.bytes) return true;  // peers: assumed enabled
+    if (p >= lin->first && p + bytes <= lin->first + lin->second.bytes) {
+      const int owner = lin->second.device;
+      if (owner == device || s.peer_enabled[{device, owner}]) return true;
+      *why = "device " + std::to_string(device) + " has no peer access to device " + std::to_string(owner) +
+             "'s memory (cudaDeviceEnablePeerAccess)";
+      *rule = kPeerAccess;
+      return false;
+    }
   }
   auto res = s.reservations.upper_bound(p);
   if (res == s.reservations.begin()) {
@@ -580,8 +594,9 @@ int LaunchKernel(void* stream_handle, std::uintptr_t p, std::size_t bytes, std::
   const int device = st->ctx->device;
   Enqueue(st, [&s, p, bytes, value, check, device, call] {
     std::string why;
-    if (!Accessible(s, p, bytes, device, &why)) {
-      Violate(s, kKernelAccess, call, why);
+    Rule rule = kKernelAccess;
+    if (!Accessible(s, p, bytes, device, &why, &rule)) {
+      Violate(s, rule, call, why);
       return;
     }
     auto* bytes_at = reinterpret_cast<std::uint8_t*>(p);
@@ -1522,27 +1537,31 @@ CUresult DGetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuin
   const Symbol* table = Symbols(&n);
   for (std::size_t i = 0; i < n; ++i) {
     if (std::strcmp(table[i].name, symbol) != 0) continue;
+    // cuda.h:24296: a version newer than the driver is CUDA_ERROR_INVALID_VALUE; cuda.h:24303: no
+    // ABI-compatible function is CUDA_SUCCESS with pfn NULL and the status saying why.
+    if (cuda_version > l.s.driver_version) {
+      Violate(l.s, kDriverVersion, "cuGetProcAddress",
+              std::string(symbol) + " asked for at " + std::to_string(cuda_version) + ", newer than the driver (" +
+                  std::to_string(l.s.driver_version) + ")");
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     if (cuda_version < table[i].version) {
       *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-      return CUDA_ERROR_NOT_FOUND;
+      return CUDA_SUCCESS;
     }
     if (const int newer = NewerAbi(symbol); newer != 0 && cuda_version >= newer) {
       Violate(l.s, kDriverVersion, "cuGetProcAddress",
               std::string(symbol) + " at version " + std::to_string(cuda_version) +
                   ": its ABI changed; the double serves only the older one");
       *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-      return CUDA_ERROR_NOT_FOUND;
-    }
-    if (table[i].version > l.s.driver_version) {
-      *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-      return CUDA_ERROR_NOT_FOUND;
+      return CUDA_SUCCESS;
     }
     *pfn = table[i].fn;
     *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
   }
   *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-  return CUDA_ERROR_NOT_FOUND;
+  return CUDA_SUCCESS;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1770,6 +1789,18 @@ EXPORT cudaError_t cudaEventQuery(cudaEvent_t e) { return Ret(DEventQuery(reinte
 EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t e) { return Ret(DEventSynchronize(reinterpret_cast<CUevent>(e))); }
 EXPORT cudaError_t cudaEventDestroy(cudaEvent_t e) { return Ret(DEventDestroy(reinterpret_cast<CUevent>(e))); }
 
+EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  if (cudaError_t e = EnsureContext(); e != cudaSuccess) return Ret(e);
+  Locked l;
+  if (flags != 0 || !ValidDevice(l.s, peer)) return Ret(cudaErrorInvalidValue);
+  const int device = Current()->device;
+  if (peer == device || !l.s.peer_access) return Ret(cudaErrorInvalidDevice);
+  bool& enabled = l.s.peer_enabled[{device, peer}];
+  if (enabled) return Ret(cudaErrorPeerAccessAlreadyEnabled);
+  enabled = true;
+  return cudaSuccess;
+}
+
 EXPORT cudaError_t cudaDeviceSynchronize() {
   if (cudaError_t e = EnsureContext(); e != cudaSuccess) return Ret(e);
   return Ret(DCtxSynchronize());
@@ -1823,12 +1854,13 @@ EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** f
   if (DInit(0) != CUDA_SUCCESS) return Ret(cudaErrorNoDevice);
   CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   const CUresult r = DGetProcAddress(symbol, fn, static_cast<int>(version), flags, &found);
+  if (r == CUDA_ERROR_INVALID_VALUE) return Ret(cudaErrorInvalidValue);
   if (status != nullptr) {
     *status = found == CU_GET_PROC_ADDRESS_SUCCESS                  ? cudaDriverEntryPointSuccess
               : found == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT ? cudaDriverEntryPointVersionNotSufficent
                                                                     : cudaDriverEntryPointSymbolNotFound;
   }
-  return r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_FOUND ? cudaSuccess : Ret(r);
+  return r == CUDA_SUCCESS ? cudaSuccess : Ret(r);
 }
 
 }  // extern "C"
@@ -1861,9 +1893,10 @@ cudaError_t Transfer(const char* call, void* dst, const void* src, int value, st
   const auto from = reinterpret_cast<std::uintptr_t>(src);
   const std::uint64_t id = Enqueue(st, [&s, d, from, value, bytes, device, call] {
     std::string why;
+    Rule rule = kKernelAccess;
     for (std::uintptr_t range : {d, from}) {
-      if (range != 0 && IsDeviceRange(s, range) && !Accessible(s, range, bytes, device, &why)) {
-        Violate(s, kKernelAccess, call, why);
+      if (range != 0 && IsDeviceRange(s, range) && !Accessible(s, range, bytes, device, &why, &rule)) {
+        Violate(s, rule, call, why);
         return;
       }
     }

@@ -45,9 +45,14 @@ TEST_F(CudaDoubleTest, ReportsItsConfiguredDriverVersion) {
   ASSERT_EQ(cuGetProcAddress_v2("cuMemMap", &fn, 10020, 0, &status), CUDA_SUCCESS);
   EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SUCCESS);
   EXPECT_EQ(fn, reinterpret_cast<void*>(&cuMemMap));
-  EXPECT_EQ(cuGetProcAddress_v2("cuMemMap", &fn, 10000, 0, &status), CUDA_ERROR_NOT_FOUND);
+  // An ABI older than the symbol's: success, no function, the reason in the status (cuda.h:24303).
+  EXPECT_EQ(cuGetProcAddress_v2("cuMemMap", &fn, 10000, 0, &status), CUDA_SUCCESS);
+  EXPECT_EQ(fn, nullptr);
   EXPECT_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
   ExpectNoViolation();
+  // A version newer than the driver: CUDA_ERROR_INVALID_VALUE (cuda.h:24296).
+  EXPECT_EQ(cuGetProcAddress_v2("cuMemMap", &fn, v + 10, 0, &status), CUDA_ERROR_INVALID_VALUE);
+  ExpectViolation("driver-version");
 }
 
 TEST_F(CudaDoubleTest, ContextsAreCreatedOnlyWhereTheProgramAsks) {
@@ -312,6 +317,22 @@ TEST_F(CudaDoubleTest, VirtualMemoryRules) {
   EXPECT_EQ(cudadouble_used_bytes(0), 0u);
   EXPECT_EQ(cuMemAddressFree(va, 4 * g), CUDA_SUCCESS);
   ExpectNoViolation();
+}
+
+TEST_F(CudaDoubleTest, AnotherDevicesMemoryNeedsPeerAccess) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, k2MiB), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(cudadouble_fill(nullptr, p, 64, 1), 0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ExpectViolation("peer-access");
+  ASSERT_EQ(cudaDeviceEnablePeerAccess(0, 0), cudaSuccess);
+  ASSERT_EQ(cudadouble_fill(nullptr, p, 64, 1), 0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ExpectNoViolation();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaFree(p), cudaSuccess);
 }
 
 TEST_F(CudaDoubleTest, MemGetInfoCountsPhysicalMemory) {
