@@ -99,9 +99,12 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
 // The fast paths are a published device and an OK result; the rest is out of line (a first call on
 // a device, an error to explain), so that the fast paths keep a small frame.
 absl::StatusOr<void*> Allocator::Allocate(std::size_t size, int device, Stream stream) {
+  // cudaStreamPerThread goes out of line, so that the fast path stays two tail calls with no frame.
+  if (stream == kPerThreadStream) [[unlikely]]
+    return AllocateOnNewDevice(size, device, PerThreadKey());
   if (DeviceAllocator* d = Published(devices_->ptrs, device)) [[likely]]
-    return d->Allocate(size, PoolKey(stream));
-  return AllocateOnNewDevice(size, device, PoolKey(stream));
+    return d->Allocate(size, stream);
+  return AllocateOnNewDevice(size, device, stream);
 }
 
 Stream Allocator::PerThreadKey() {
