@@ -13,8 +13,7 @@ namespace internal {
 namespace {
 
 bool IsDefaultStream(Stream stream) {
-  return stream == nullptr || stream == reinterpret_cast<Stream>(CU_STREAM_LEGACY) ||
-         stream == reinterpret_cast<Stream>(CU_STREAM_PER_THREAD);
+  return stream == nullptr || stream == kLegacyStream || stream == kPerThreadStream;
 }
 
 }  // namespace
@@ -106,30 +105,27 @@ absl::StatusOr<Event> CudaBackend::RecordEvent(Stream stream) {
     }
   }
   // A stream of another device: its context is current while the event is created and recorded.
-  bool pushed = false;
+  ScopedContext stream_guard(driver_, device_);
   if (foreign) {
-    if (CUresult error = driver_.CtxPushCurrent(*stream_ctx); error != CUDA_SUCCESS) {
-      return Error(absl::StrCat("cuCtxPushCurrent(the context of stream ", Hex(stream), ")"), error);
+    if (absl::Status status =
+            stream_guard.EnterContext(*stream_ctx, absl::StrCat("cuEventRecord(stream ", Hex(stream), ")"));
+        !status.ok()) {
+      return status;
     }
-    pushed = true;
   }
-  auto pop = [&] {
-    CUcontext popped = nullptr;
-    if (pushed) driver_.CtxPopCurrent(&popped);
-  };
   if (event == nullptr) {
     if (CUresult error = driver_.EventCreate(&event, CU_EVENT_DISABLE_TIMING); error != CUDA_SUCCESS) {
-      pop();
       return Error("cuEventCreate(CU_EVENT_DISABLE_TIMING)", error);
     }
   }
   if (CUresult error = driver_.EventRecord(event, static_cast<CUstream>(stream)); error != CUDA_SUCCESS) {
-    if (foreign) driver_.EventDestroy(event);
-    pop();
-    if (!foreign) ReturnToPool(event);
+    if (foreign) {
+      driver_.EventDestroy(event);
+    } else {
+      ReturnToPool(event);
+    }
     return Error(absl::StrCat("cuEventRecord(stream ", Hex(stream), ")"), error);
   }
-  pop();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (foreign) foreign_events_.insert(event);

@@ -153,12 +153,16 @@ absl::Status ScopedContext::Enter(absl::string_view call) {
   if (!ctx.ok()) {
     return absl::Status(ctx.status().code(), absl::StrCat(call, " on device ", device_, ": ", ctx.status().message()));
   }
+  return EnterContext(*ctx, call);
+}
+
+absl::Status ScopedContext::EnterContext(CUcontext ctx, absl::string_view call) {
   CUcontext current = nullptr;
   if (CUresult e = driver_.CtxGetCurrent(&current); e != CUDA_SUCCESS) {
     return CuStatus(driver_, absl::StrCat("cuCtxGetCurrent for ", call, " on device ", device_), e);
   }
-  if (current == *ctx) return absl::OkStatus();
-  if (CUresult e = driver_.CtxPushCurrent(*ctx); e != CUDA_SUCCESS) {
+  if (current == ctx) return absl::OkStatus();
+  if (CUresult e = driver_.CtxPushCurrent(ctx); e != CUDA_SUCCESS) {
     return CuStatus(driver_, absl::StrCat("cuCtxPushCurrent(device ", device_, ") for ", call), e);
   }
   pushed_ = true;

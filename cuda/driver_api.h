@@ -113,8 +113,11 @@ class ScopedContext {
     if (pushed_) driver_.CtxPopCurrent(&popped);  // cannot fail: this thread pushed it
   }
 
-  // Makes the context current; `call` names the operation it is for (used only in an error).
+  // Makes the device's primary context current; `call` names the operation it is for (used only
+  // in an error).
   absl::Status Enter(absl::string_view call);
+  // Makes `ctx` current instead (a stream's own context, e.g. another device's), the same way.
+  absl::Status EnterContext(CUcontext ctx, absl::string_view call);
 
  private:
   const DriverApi& driver_;

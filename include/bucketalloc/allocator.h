@@ -71,6 +71,11 @@ class Allocator {
       return stream;
     return PerThreadKey();
   }
+  // The inverse on this thread: the stream handle a pool key can be named by here (this thread's
+  // per-thread key is cudaStreamPerThread); another pseudo key stays as it is (it names no stream).
+  static Stream StreamOfKey(Stream key) {
+    return IsPseudoStream(key) && key == PerThreadKey() ? kPerThreadStream : key;
+  }
 
   // Frees `ptr` (nullptr is a no-op). When `size` is given it must equal the requested size.
   // Errors (the state is left untouched): InvalidArgument for an unknown pointer, a double free, a

@@ -200,12 +200,8 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
 bool DeviceAllocator::CaptureRestricts(Stream stream) {
   if (captures_.running()) return true;
   if (!options_.probe_stream_capture) return false;
-  if (IsPseudoStream(stream)) {
-    // This thread's per-thread default stream can be asked for by its handle; another pseudo key
-    // names no stream.
-    if (stream != Allocator::PoolKey(kPerThreadStream)) return false;
-    stream = kPerThreadStream;
-  }
+  stream = Allocator::StreamOfKey(stream);   // this thread's per-thread key: cudaStreamPerThread
+  if (IsPseudoStream(stream)) return false;  // another pseudo key names no stream
   absl::StatusOr<bool> capturing = backend_->IsCapturing(stream);
   return capturing.ok() && *capturing;  // an error here is reported by the backend call that follows
 }
@@ -444,15 +440,14 @@ absl::Status DeviceAllocator::RetireStream(Stream stream) {
         absl::StrCat("bucketalloc: retiring stream ", absl::Hex(reinterpret_cast<std::uintptr_t>(stream)),
                      " on device ", device_, " during CUDA graph capture: CUDA forbids the wait it needs"));
   }
-  if (!key) {  // only a use (RecordStream) of live or deferred blocks: wait for it, then forget it
-    if (absl::Status s = registry_.SynchronizeStream(stream); !s.ok()) return s;
-    pending_.ForgetStream(stream);
-    return absl::OkStatus();
+  if (key) {
+    // The next request on this handle (maybe a new stream) goes through PoolsForNewStream, which
+    // revives it.
+    last_stream_ = nullptr;
+    last_pools_ = nullptr;
   }
-  // The next request on this handle (maybe a new stream) goes through PoolsForNewStream, which revives it.
-  last_stream_ = nullptr;
-  last_pools_ = nullptr;
-  if (absl::Status s = registry_.RetireStream(stream); !s.ok()) return s;
+  // A pool key is remembered as retired; a stream that is only a use (RecordStream) is waited for.
+  if (absl::Status s = key ? registry_.RetireStream(stream) : registry_.SynchronizeStream(stream); !s.ok()) return s;
   pending_.ForgetStream(stream);  // its work is done: no use of it needs waiting for
   return absl::OkStatus();
 }

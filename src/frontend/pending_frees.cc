@@ -53,7 +53,7 @@ void PendingFrees::ForgetStream(Stream stream) {
 
 absl::Status PendingFrees::RecordEvents(absl::Span<const Stream> uses, Events* events) {
   for (Stream s : uses) {
-    if (s == Allocator::PoolKey(kPerThreadStream)) s = kPerThreadStream;  // this thread's: its handle
+    s = Allocator::StreamOfKey(s);
     if (IsPseudoStream(s)) {
       if (absl::Status sync = backend_->SynchronizeDevice(); !sync.ok()) {
         for (Event done : *events) backend_->DestroyEvent(done);
