@@ -42,14 +42,13 @@ absl::StatusOr<void*> CudaBackend::Allocate(std::size_t bytes) {
     return status;
   }
   CUdeviceptr ptr = 0;
-  // In relaxed capture mode, as PyTorch's allocator calls cudaMalloc: a capture another thread runs
-  // in global mode does not forbid this allocation (cuda.h, cuThreadExchangeStreamCaptureMode),
-  // which is not stream-ordered and so not part of any graph. The caller refuses allocations during
-  // a capture it knows of; this covers the ones it does not (the LD_PRELOAD shim's programs).
-  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  const bool exchanged = driver_.ThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
-  const CUresult alloc_error = driver_.MemAlloc(&ptr, bytes);
-  if (exchanged) driver_.ThreadExchangeStreamCaptureMode(&mode);
+  // In relaxed capture mode, as PyTorch's allocator calls cudaMalloc: growth during a capture (a
+  // private pool's, or an unannounced capture's) is legal.
+  CUresult alloc_error;
+  {
+    RelaxedCaptureMode relaxed(driver_);
+    alloc_error = driver_.MemAlloc(&ptr, bytes);
+  }
   if (CUresult error = alloc_error; error != CUDA_SUCCESS) {
     Count(&BackendCounters::failed_allocs);
     return Error(absl::StrCat("cuMemAlloc(", bytes, " bytes)"), error);

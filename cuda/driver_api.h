@@ -125,6 +125,29 @@ class ScopedContext {
   bool pushed_ = false;
 };
 
+// Puts the calling thread in relaxed stream-capture mode for its lifetime, as PyTorch's allocator
+// does around cudaMalloc (cudaMallocMaybeCapturing): a capture running in global mode, on this
+// thread or another, then does not forbid the allocation calls made meanwhile (cuda.h,
+// cuThreadExchangeStreamCaptureMode: "CU_STREAM_CAPTURE_MODE_RELAXED ... the local thread is not
+// prohibited from potentially unsafe API calls"). Those calls are not stream-ordered, so they are
+// not part of any graph.
+class RelaxedCaptureMode {
+ public:
+  explicit RelaxedCaptureMode(const DriverApi& driver) : driver_(driver) {
+    exchanged_ = driver_.ThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCaptureMode() {
+    if (exchanged_) driver_.ThreadExchangeStreamCaptureMode(&mode_);  // the thread's mode back
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  const DriverApi& driver_;
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool exchanged_ = false;
+};
+
 }  // namespace bucketalloc::internal
 
 #endif  // BUCKETALLOC_CUDA_DRIVER_API_H_

@@ -61,6 +61,7 @@ class VmmBackend final : public CudaBackend {
     }
     ScopedContext ctx(driver_, device());
     if (absl::Status status = ctx.Enter("cuMemAddressReserve"); !status.ok()) return status;
+    RelaxedCaptureMode relaxed(driver_);  // growth during a capture, as PyTorch grows
     CUdeviceptr va = 0;
     if (CUresult error = driver_.MemAddressReserve(&va, bytes, alignment, /*addr=*/0, /*flags=*/0);
         error != CUDA_SUCCESS) {
@@ -89,6 +90,7 @@ class VmmBackend final : public CudaBackend {
       Count(&BackendCounters::failed_physical_creates);
       return status;
     }
+    RelaxedCaptureMode relaxed(driver_);  // growth during a capture, as PyTorch grows
     CUmemGenericAllocationHandle handle = 0;
     if (CUresult error = driver_.MemCreate(&handle, bytes, &prop_, /*flags=*/0); error != CUDA_SUCCESS) {
       Count(&BackendCounters::failed_physical_creates);
@@ -114,6 +116,7 @@ class VmmBackend final : public CudaBackend {
     *mapped = 0;
     ScopedContext ctx(driver_, device());
     if (absl::Status status = ctx.Enter("cuMemMap"); !status.ok()) return status;
+    RelaxedCaptureMode relaxed(driver_);  // growth during a capture, as PyTorch grows
     absl::Status map_error;
     std::size_t n = 0;
     for (; n < handles.size(); ++n) {

@@ -117,13 +117,17 @@ class Allocator {
   absl::StatusOr<FragmentationReport> GetFragmentation(int device) const;
   // The readable summary table (stats, then the fragmentation table).
   absl::StatusOr<std::string> Summary(int device) const;
-  // CUDA graph capture (PyTorch's beginAllocateToPool / endAllocateToPool / releasePool hooks, or
-  // the C ABI's bucketalloc_capture_*). Between BeginCapture and EndCapture the device makes no
-  // backend call at all (CUDA forbids allocating, freeing, synchronizing and querying events in every
-  // thread while a global-mode capture runs): requests are served from the cache or fail. Blocks
-  // allocated for a stream that `filter` accepts belong to graph pool `pool`; when freed (during or
-  // after the capture) they are held, not reused, until ReleasePool(pool), because every replay of
-  // the graph still writes them. Captures may nest and several may run.
+  // CUDA graph capture and private pools (PyTorch's beginAllocateToPool / endAllocateToPool /
+  // releasePool hooks, called by CUDAGraph and MemPool, or the C ABI's bucketalloc_capture_*), with
+  // PyTorch's semantics. BeginCapture routes the requests of the streams `filter` accepts into
+  // private pool `pool` (created, or its use count + 1) until EndCapture; ReleasePool drops one use.
+  // A private pool has its own segments and free lists: a block freed into it serves later requests
+  // routed to it (later in the same capture, or another capture sharing the pool), never others.
+  // During a capture a miss grows the pool (allocation in relaxed capture mode, which CUDA allows);
+  // no event is queried, nothing is synchronized, released or stitched, and cross-stream frees
+  // record their events after it. At a use count of 0 the pool's memory goes back at the next
+  // release (release-and-retry, EmptyCache), after a device synchronization. A capture that failed
+  // before EndCapture ends at ReleasePool, or when its streams are seen no longer capturing.
   absl::Status BeginCapture(int device, GraphPoolId pool, CaptureFilter filter);
   absl::Status EndCapture(int device, GraphPoolId pool);
   absl::Status ReleasePool(int device, GraphPoolId pool);

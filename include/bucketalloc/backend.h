@@ -87,9 +87,11 @@ struct BackendCounters {
   std::int64_t free_bytes = 0;
   std::int64_t failed_allocs = 0;  // Allocate calls that returned an error
   std::int64_t events_recorded = 0;
-  // Calls CUDA forbids while a stream capture is running (Allocate, Free, QueryEvent,
-  // SynchronizeEvent); the sim backend refuses them and counts them here. Always 0 on CUDA.
+  // Calls CUDA forbids while a stream capture is running (Free, Unmap, QueryEvent,
+  // SynchronizeEvent, SynchronizeDevice); the sim backend refuses them and counts them here. Always
+  // 0 on CUDA. (Allocation is allowed: the backends allocate in relaxed capture mode.)
   std::int64_t capture_violations = 0;
+  std::int64_t device_syncs = 0;  // SynchronizeDevice calls that succeeded (the sim backend counts them)
   // Virtual memory (backends that support it).
   std::int64_t physical_creates = 0;  // successful CreatePhysical calls
   std::int64_t physical_releases = 0;
@@ -134,8 +136,9 @@ class Backend {
   // (the sim backend's streams complete only when a test says so).
   virtual absl::Status SynchronizeDevice() { return absl::OkStatus(); }
   // Returns true while `stream` is being captured into a CUDA graph. While any capture runs, CUDA
-  // forbids allocating, freeing, synchronizing and querying events (cudaErrorStreamCaptureUnsupported,
-  // and the capture is invalidated), so the allocator asks this before any of them on a slow path.
+  // forbids freeing, synchronizing and querying events (cudaErrorStreamCaptureUnsupported, and the
+  // capture is invalidated), and allocating except in relaxed capture mode (which the backends
+  // switch to), so the allocator asks this before any of them on a slow path.
   // An event recorded on a capturing stream becomes a graph node and never completes eagerly.
   virtual absl::StatusOr<bool> IsCapturing(Stream stream) { return false; }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "bucketalloc/capture.h"
 
 namespace bucketalloc {
 
@@ -52,6 +53,7 @@ struct SegmentSnapshot {
   bool small = false;
   int tier = -1;            // the tier whose blocks the segment holds, or -1 (bucketalloc's own field)
   bool expandable = false;  // a mapped run of a stitched (vmm) range: PyTorch's is_expandable
+  GraphPoolId pool_id;      // PyTorch's segment_pool_id: the private pool, or {0, 0}
   std::vector<BlockSnapshot> blocks;
 };
 

@@ -89,7 +89,8 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
   X(num_tier_fallbacks, "tier requests served at their exact rounded size instead")                                 \
   X(num_gc_releases, "segments and slabs released by garbage_collection_threshold")                                 \
   X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")                              \
-  X(num_capture_refusals, "allocations refused during CUDA graph capture (no cached block fit)")                    \
+  X(num_capture_refusals, "allocations refused during CUDA graph capture (the backend cannot allocate then)")       \
+  X(num_abandoned_captures, "captures ended by bucketalloc: their streams stopped capturing without an end call")   \
   X(num_deferred_frees, "cross-stream frees whose events were recorded later (a capture ran, or recording failed)") \
   X(num_stitches, "large allocations served by stitching granules of free blocks into a new range (vmm)")           \
   X(num_granules_stitched, "physical granules unmapped from free blocks and mapped into a stitched range (vmm)")    \

@@ -230,7 +230,7 @@ class SimBackendImpl final : public SimBackend {
 
   absl::Status Map(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Status s = RefuseDuringCapture("Map"); !s.ok()) return s;
+    // Allowed during a capture: the vmm backend maps in relaxed capture mode, as CUDA allows.
     auto p = physical_.find(handle);
     if (p == physical_.end() || p->second.bytes != bytes) {
       return absl::InvalidArgumentError(absl::StrCat("sim backend: Map(", absl::Hex(va), ", ", bytes, ", ", handle,
@@ -362,6 +362,13 @@ class SimBackendImpl final : public SimBackend {
     std::lock_guard<std::mutex> lock(mu_);
     ++streams_[stream].queued;
   }
+  absl::Status SynchronizeDevice() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = RefuseDuringCapture("SynchronizeDevice"); !s.ok()) return s;
+    ++counters_.device_syncs;
+    for (auto& [stream, st] : streams_) st.completed = st.queued;  // every stream's work is done
+    return absl::OkStatus();
+  }
   void CompleteWork(Stream stream) override {
     std::lock_guard<std::mutex> lock(mu_);
     SimStream& s = streams_[stream];
@@ -420,10 +427,11 @@ class SimBackendImpl final : public SimBackend {
         absl::StrCat("sim backend: ", call, " while a stream capture is running (cudaErrorStreamCaptureUnsupported)"));
   }
 
-  // What Allocate and CreatePhysical refuse, in order: any call during a capture, a size that is not
-  // a positive multiple of the granularity, an injected fault, and more than the free memory.
+  // What Allocate and CreatePhysical refuse, in order: a size that is not a positive multiple of the
+  // granularity, an injected fault, and more than the free memory. Both are allowed during a capture:
+  // the cuda and vmm backends allocate in relaxed capture mode, which CUDA allows (cuda.h,
+  // cuThreadExchangeStreamCaptureMode) and PyTorch's allocator does (cudaMallocMaybeCapturing).
   absl::Status CheckGrowth(absl::string_view call, std::size_t bytes) {
-    if (absl::Status s = RefuseDuringCapture(call); !s.ok()) return s;
     if (bytes == 0 || bytes % options_.granularity != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sim backend: ", call, "(", bytes, ") is not a positive multiple of the granularity ", options_.granularity));

@@ -49,7 +49,11 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
       registry_(backend_.get(), &stats_, &history_),
       pools_(PoolContext{&stats_, &registry_, &clock_}, options.small_pool_limit,
              MakeLargeConfig(options, backend_->Granularity())),
-      pending_(backend_.get()) {
+      pending_(backend_.get()),
+      private_([this] {
+        return std::make_unique<Pools>(PoolContext{&stats_, &registry_, &clock_}, options_.small_pool_limit,
+                                       MakeLargeConfig(options_, backend_->Granularity()));
+      }) {
   registry_.set_collector([this](std::size_t incoming) ABSL_NO_THREAD_SAFETY_ANALYSIS { CollectGarbage(incoming); });
 }
 
@@ -83,6 +87,7 @@ DeviceAllocator::~DeviceAllocator() {
   MutexLock lock(mu_);
   // Give back everything that is cached; live allocations still held by callers are reported.
   SyncAndReleaseAll();
+  ReleasePrivatePools(/*all=*/true);
   pending_.DestroyEvents();
   if (!live_.empty() || !pending_.empty()) {
     std::fprintf(stderr, "bucketalloc: device %d destroyed with %zu live allocations (%s) still held\n", device_,
@@ -114,15 +119,24 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
   if (size > kMaxRequestBytes) [[unlikely]]
     return InvalidSize(size);
   MutexLock lock(mu_);
+  if (private_.routing()) [[unlikely]]
+    return AllocateRouted(size, stream);
   StreamPools& sp = PoolsFor(stream);
-  const std::uint16_t graph = captures_.running() ? captures_.TagFor(stream) : 0;
-  return pools_.Route(
-      size, [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, graph); });
+  return pools_.Route(size,
+                      [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, 0); });
+}
+
+absl::StatusOr<void*> DeviceAllocator::AllocateRouted(std::size_t size, Stream stream) {
+  const std::uint16_t tag =
+      private_.TagFor(stream, [&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, false); });
+  StreamPools& sp = tag == 0 ? PoolsFor(stream) : private_.StreamPoolsFor(tag, stream);
+  return PoolsOf(tag).Route(
+      size, [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, tag); });
 }
 
 template <typename P>
 inline absl::StatusOr<void*> DeviceAllocator::AllocateIn(P& pool, StreamPools& sp, std::size_t size, Stream stream,
-                                                         std::uint16_t graph) {
+                                                         std::uint16_t private_pool) {
   typename P::StreamState& ss = sp.of<P>();
   const typename P::Request request = pool.RequestFor(size);
   std::optional<typename P::Handle> h = pool.TryAllocate(ss, request);
@@ -136,7 +150,7 @@ inline absl::StatusOr<void*> DeviceAllocator::AllocateIn(P& pool, StreamPools& s
   }
   P::SetRequested(*h, size);
   const std::uintptr_t ptr = P::Address(*h);
-  CommitLive(pool, ptr, *h, size, graph);
+  CommitLive(pool, ptr, *h, size, private_pool);
   history_.Record(TraceAction::kAlloc, ptr, size, stream);
   if (!hit) MaybeCheckInvariants();
   return reinterpret_cast<void*>(ptr);
@@ -144,13 +158,12 @@ inline absl::StatusOr<void*> DeviceAllocator::AllocateIn(P& pool, StreamPools& s
 
 template <typename P>
 void DeviceAllocator::CommitLive(const P& pool, std::uintptr_t ptr, typename P::Handle h, std::size_t size,
-                                 std::uint16_t graph) {
+                                 std::uint16_t private_pool) {
   stats_.Increase(&DeviceStats::requested_bytes, P::kIndex, static_cast<std::int64_t>(size));
   stats_.Increase(&DeviceStats::allocated_bytes, P::kIndex, static_cast<std::int64_t>(P::BlockSize(h)));
   stats_.Increase(&DeviceStats::allocation, P::kIndex, 1);
   if (pool.Oversize(h)) stats_.device(&DeviceStats::oversize_allocations).Increase(1);
-  captures_.Tag(graph);
-  live_.Emplace(ptr, h, size, graph);
+  live_.Emplace(ptr, h, size, private_pool);
 }
 
 template <typename P>
@@ -171,48 +184,65 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
     if (h->ok()) stats_.Count(&DeviceStats::num_tier_fallbacks);
     return smaller;
   };
-  if (CaptureRestricts(stream)) {
-    // Only cached memory: the source refuses anything that would call the backend.
-    registry_.set_capturing(true);
-    absl::StatusOr<typename P::Handle> h = serve(request);
-    if (absl::IsFailedPrecondition(h.status())) fallback(&h);
-    registry_.set_capturing(false);
-    if (absl::IsFailedPrecondition(h.status())) return CaptureMiss(size, stream);
-    return h;
-  }
-  if (!pending_.empty()) RetirePending(PendingFrees::Mode::kPollAll);
+  // During a capture the source grows (the backend allocates in relaxed capture mode, which CUDA
+  // allows and PyTorch does) but collects, releases and stitches nothing; no event is polled and
+  // nothing is released and retried: CUDA forbids the queries, synchronizations and frees.
+  const bool capturing = CaptureRestricts(stream);
+  auto failed = [&](const absl::Status& s) {
+    return absl::IsResourceExhausted(s) || (capturing && absl::IsFailedPrecondition(s));
+  };
+  if (!capturing && !pending_.empty()) RetirePending(PendingFrees::Mode::kPollAll);
+  registry_.set_capturing(capturing);
   absl::StatusOr<typename P::Handle> h = serve(request);
-  if (!absl::IsResourceExhausted(h.status())) return h;
-  // Release the cache (after synchronizing pending stream events) and try once more.
-  SyncAndReleaseAll();
-  stats_.Count(&DeviceStats::num_alloc_retries);
-  h = serve(request);
-  if (!absl::IsResourceExhausted(h.status())) return h;
+  if (!capturing && absl::IsResourceExhausted(h.status())) {
+    // Release the cache (after synchronizing pending stream events) and try once more.
+    SyncAndReleaseAll();
+    stats_.Count(&DeviceStats::num_alloc_retries);
+    h = serve(request);
+  }
   typename P::Request needed = request;
-  if (std::optional<typename P::Request> smaller = fallback(&h); smaller.has_value()) {
-    needed = *smaller;
-    if (!absl::IsResourceExhausted(h.status())) return h;
+  if (failed(h.status())) {
+    if (std::optional<typename P::Request> smaller = fallback(&h); smaller.has_value()) needed = *smaller;
+  }
+  registry_.set_capturing(false);
+  if (!absl::IsResourceExhausted(h.status())) {
+    // A backend that cannot allocate during a capture refused (FailedPrecondition).
+    if (capturing && absl::IsFailedPrecondition(h.status())) return CaptureMiss(size, stream);
+    return h;
   }
   const auto [rounded, segment] = pool.OomSizes(needed);
   return OutOfMemory(P::kIndex, size, rounded, segment, h.status());
 }
 
-bool DeviceAllocator::CaptureRestricts(Stream stream) {
-  if (captures_.running()) return true;
-  if (!options_.probe_stream_capture) return false;
-  stream = Allocator::StreamOfKey(stream);   // this thread's per-thread key: cudaStreamPerThread
-  if (IsPseudoStream(stream)) return false;  // another pseudo key names no stream
+bool DeviceAllocator::StreamCaptures(Stream stream, bool if_unknown) {
+  stream = Allocator::StreamOfKey(stream);        // this thread's per-thread key: cudaStreamPerThread
+  if (IsPseudoStream(stream)) return if_unknown;  // another thread's per-thread stream cannot be asked
   absl::StatusOr<bool> capturing = backend_->IsCapturing(stream);
-  return capturing.ok() && *capturing;  // an error here is reported by the backend call that follows
+  return capturing.ok() ? *capturing : if_unknown;
+}
+
+void DeviceAllocator::EndAbandonedCaptures() {
+  if (!private_.routing()) return;
+  const int ended =
+      private_.EndAbandoned([&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, true); });
+  if (ended > 0) stats_.Count(&DeviceStats::num_abandoned_captures, ended);
+}
+
+bool DeviceAllocator::CaptureRestricts(Stream stream) {
+  if (private_.routing()) EndAbandonedCaptures();
+  if (private_.routing()) return true;
+  if (!options_.probe_stream_capture) return false;
+  return StreamCaptures(stream, false);  // an error here is reported by the backend call that follows
 }
 
 absl::Status DeviceAllocator::CaptureMiss(std::size_t size, Stream stream) {
   stats_.Count(&DeviceStats::num_capture_refusals);
-  return absl::FailedPreconditionError(absl::StrCat(
-      "bucketalloc: cannot allocate ", size, " bytes on device ", device_, " for stream ", PtrStr(stream),
-      " during CUDA graph capture: no cached block fits, and CUDA forbids cudaMalloc while a capture runs. "
-      "Run the captured work once on the capturing stream before capturing (so that its blocks are cached on "
-      "that stream), and do not empty the cache between that warm-up and the capture"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("bucketalloc: cannot allocate ", size, " bytes on device ", device_, " for stream ", PtrStr(stream),
+                   " during CUDA graph capture: no cached block fits, and backend '", backend_->Name(),
+                   "' cannot allocate while a capture runs. Run the captured work once on the capturing stream before "
+                   "capturing (so that its blocks are cached on that stream), and do not empty the cache between that "
+                   "warm-up and the capture"));
 }
 
 void DeviceAllocator::CollectGarbage(std::size_t incoming) {
@@ -299,18 +329,17 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   if (size.has_value() && *size != entry.requested) [[unlikely]]
     return FreeSizeMismatch(ptr, entry.requested, *size);
   live_.Erase(found);
-  const bool held = captures_.Holds(entry.graph);
-  if (pending_.has_uses() || held) [[unlikely]] {
-    FreeInUse(addr, entry, held);
+  if (pending_.has_uses()) [[unlikely]] {
+    FreeInUse(addr, entry);
   } else {
-    pools_.Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       Release(pool, addr, h, entry.requested);
       Complete(pool, addr, h, entry);
     });
   }
   // Blocks awaiting stream events are polled on every free and every slow path, never on a hit, and
   // never during a capture (CUDA forbids event queries then).
-  if (!pending_.empty() && !captures_.running()) RetirePending(PendingFrees::Mode::kPollUntilBusy);
+  if (!pending_.empty() && !private_.routing()) RetirePending(PendingFrees::Mode::kPollUntilBusy);
   return absl::OkStatus();
 }
 
@@ -326,31 +355,30 @@ inline void DeviceAllocator::Release(const P& pool, std::uintptr_t ptr, typename
 
 template <typename P>
 inline void DeviceAllocator::Complete(P& pool, std::uintptr_t ptr, typename P::Handle h, const LiveEntry& entry) {
-  captures_.Untag(entry.graph);
   // Recorded before the return, which may merge the block (its stream is read from its segment).
   history_.Record(TraceAction::kFreeCompleted, ptr, entry.requested, P::StreamOf(h));
   pool.Return(h);
 }
 
-void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry, bool held) {
+void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry) {
   // Streams other than the allocation stream that used the block (RecordStream): its reuse waits for
   // an event on each. The events are recorded now, or later when a capture runs (an event recorded
   // during capture is a graph node and would report completion at once) or recording fails: the
-  // block then waits without events (deferred) and is armed on a later free or slow path. A block of
-  // an open graph pool waits for the pool's release first.
+  // block then waits without events (deferred) and is armed on a later free or slow path, as
+  // PyTorch defers the events of frees during a capture.
   PendingFrees::Uses uses = pending_.TakeUses(addr);
   PendingFrees::Events events;
-  if (!uses.empty() && !held) {
-    if (captures_.running() || !pending_.RecordEvents(uses, &events).ok()) {
+  if (!uses.empty()) {
+    if (private_.routing() || !pending_.RecordEvents(uses, &events).ok()) {
       stats_.Count(&DeviceStats::num_deferred_frees);
     } else {
       // Another thread's per-thread stream was waited for by a device synchronization: done.
       uses.erase(std::remove_if(uses.begin(), uses.end(), IsPseudoStream), uses.end());
     }
   }
-  pools_.Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     Release(pool, addr, h, entry.requested);
-    if (!uses.empty() || held) {
+    if (!uses.empty()) {
       PoolType<decltype(pool)>::MarkPending(h);
       pending_.Hold(addr, entry, std::move(events), std::move(uses));
     } else {
@@ -360,14 +388,14 @@ void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry, boo
 }
 
 void DeviceAllocator::ReturnEntry(std::uintptr_t ptr, const LiveEntry& entry) {
-  pools_.Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS { Complete(pool, ptr, h, entry); });
+  PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Complete(pool, ptr, h, entry);
+  });
 }
 
 void DeviceAllocator::RetirePending(PendingFrees::Mode mode) {
-  pending_.Retire(
-      mode, /*may_arm=*/!captures_.running(),
-      [&](const LiveEntry& e) ABSL_NO_THREAD_SAFETY_ANALYSIS { return captures_.Holds(e.graph); },
-      [&](std::uintptr_t ptr, const LiveEntry& e) ABSL_NO_THREAD_SAFETY_ANALYSIS { ReturnEntry(ptr, e); });
+  pending_.Retire(mode, /*may_arm=*/!private_.routing(),
+                  [&](std::uintptr_t ptr, const LiveEntry& e) ABSL_NO_THREAD_SAFETY_ANALYSIS { ReturnEntry(ptr, e); });
 }
 
 void DeviceAllocator::SyncAndReleaseAll() {
@@ -376,6 +404,28 @@ void DeviceAllocator::SyncAndReleaseAll() {
     RetirePending(PendingFrees::Mode::kSynchronize);
   }
   pools_.ForEach([](auto& pool) { pool.ReleaseAll(); });
+  ReleasePrivatePools(/*all=*/false);
+}
+
+void DeviceAllocator::ReleasePrivatePools(bool all) {
+  std::vector<std::uint16_t> tags;
+  private_.ForEach([&](std::uint16_t tag, const PrivatePools::Pool& p) {
+    if (all || p.freeable()) tags.push_back(tag);
+  });
+  if (tags.empty()) return;
+  // PyTorch returns a private pool's memory by cudaFree, which waits for the device: a replay of the
+  // graph launched on any stream may still write it.
+  if (absl::Status s = backend_->SynchronizeDevice(); !s.ok()) {
+    std::fprintf(stderr, "bucketalloc: device %d: synchronizing before releasing private pools failed: %s\n", device_,
+                 std::string(s.message()).c_str());
+    return;
+  }
+  stats_.Count(&DeviceStats::num_sync_all_streams);
+  for (std::uint16_t tag : tags) {
+    PrivatePools::Pool& p = private_.at(tag);
+    p.pools->ForEach([](auto& pool) { pool.ReleaseAll(); });
+    if (p.freeable() && !p.pools->HoldsMemory()) private_.Erase(tag);  // holds no memory: forgotten
+  }
 }
 
 absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
@@ -386,8 +436,9 @@ absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
     return absl::InvalidArgumentError(absl::StrCat("bucketalloc: record_stream(", PtrStr(ptr), ") on device ", device_,
                                                    ": no live allocation starts at this address"));
   }
-  const Stream own =
-      pools_.Visit(found->handle, [](auto& pool, auto h) { return PoolType<decltype(pool)>::StreamOf(h); });
+  const Stream own = PoolsOf(found->private_pool).Visit(found->handle, [](auto& pool, auto h) {
+    return PoolType<decltype(pool)>::StreamOf(h);
+  });
   if (stream == own) return absl::OkStatus();  // uses on the allocation stream are ordered
   pending_.AddUse(addr, stream);
   return absl::OkStatus();
@@ -419,7 +470,8 @@ absl::StatusOr<std::pair<void*, std::size_t>> DeviceAllocator::BaseAllocation(vo
 
 absl::Status DeviceAllocator::EmptyCache() {
   MutexLock lock(mu_);
-  if (captures_.running()) {
+  EndAbandonedCaptures();
+  if (private_.routing()) {
     return absl::FailedPreconditionError(
         absl::StrCat("bucketalloc: empty_cache on device ", device_,
                      " during CUDA graph capture: CUDA forbids the "
@@ -432,10 +484,11 @@ absl::Status DeviceAllocator::EmptyCache() {
 
 absl::Status DeviceAllocator::RetireStream(Stream stream) {
   MutexLock lock(mu_);
-  const bool key = streams_.contains(stream);
+  bool key = streams_.contains(stream);
+  private_.ForEach([&](std::uint16_t, const PrivatePools::Pool& p) { key = key || p.streams.contains(stream); });
   const bool used = pending_.NamesUse(stream);
   if ((!key && !used) || IsPseudoStream(stream)) return absl::OkStatus();  // nothing kept for it
-  if (captures_.running()) {
+  if (private_.routing()) {
     return absl::FailedPreconditionError(
         absl::StrCat("bucketalloc: retiring stream ", absl::Hex(reinterpret_cast<std::uintptr_t>(stream)),
                      " on device ", device_, " during CUDA graph capture: CUDA forbids the wait it needs"));
@@ -454,21 +507,25 @@ absl::Status DeviceAllocator::RetireStream(Stream stream) {
 
 absl::Status DeviceAllocator::BeginCapture(GraphPoolId pool, CaptureFilter filter) {
   MutexLock lock(mu_);
-  return captures_.Begin(pool, std::move(filter), device_);
+  return private_.Begin(pool, std::move(filter), device_);
 }
 
 absl::Status DeviceAllocator::EndCapture(GraphPoolId pool) {
   MutexLock lock(mu_);
-  return captures_.End(pool, device_);
+  return private_.End(pool, device_);
 }
 
 absl::Status DeviceAllocator::ReleasePool(GraphPoolId pool) {
   MutexLock lock(mu_);
-  absl::StatusOr<bool> released = captures_.Release(pool, device_);
-  if (!released.ok()) return released.status();
-  if (!*released) return absl::OkStatus();  // a pool that never captured on this device
-  // Its held blocks become reusable (retired now, unless another capture forbids the event calls).
-  if (!captures_.running() && !pending_.empty()) RetirePending(PendingFrees::Mode::kPollAll);
+  // At a use count of 0 the pool is freeable: its memory goes back at the next release (an OOM's
+  // release-and-retry, empty_cache), after a device synchronization, as in PyTorch.
+  if (private_.Release(pool, device_)) {
+    std::uint16_t tag = 0;
+    private_.ForEach([&](std::uint16_t t, const PrivatePools::Pool& p) {
+      if (p.id == pool && !p.pools->HoldsMemory()) tag = t;
+    });
+    if (tag != 0) private_.Erase(tag);  // nothing to give back
+  }
   MaybeCheckInvariants();
   return absl::OkStatus();
 }
@@ -509,7 +566,8 @@ FragmentationReport DeviceAllocator::GetFragmentation() const {
 
 FragmentationReport DeviceAllocator::FragmentationLocked() const {
   FragmentationReport r;
-  pools_.ForEach([&](const auto& pool) { pool.AddFragmentation(&r); });
+  ForEachPools(
+      [&](const Pools& pools, GraphPoolId) { pools.ForEach([&](const auto& pool) { pool.AddFragmentation(&r); }); });
   for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
     const auto pool = static_cast<PoolIndex>(p);
     r.pools[p].requested = stats_.Current(&DeviceStats::requested_bytes, pool);
@@ -522,7 +580,8 @@ FragmentationReport DeviceAllocator::FragmentationLocked() const {
 
 std::size_t DeviceAllocator::SpareBytes() const {
   std::size_t spare = 0;
-  pools_.ForEach([&](const auto& pool) { spare += pool.spare_bytes(); });
+  ForEachPools(
+      [&](const Pools& pools, GraphPoolId) { pools.ForEach([&](const auto& pool) { spare += pool.spare_bytes(); }); });
   return spare;
 }
 
@@ -533,18 +592,26 @@ void DeviceAllocator::SetHistory(bool enabled, std::size_t max_entries) {
 
 std::vector<TraceEntry> DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* segments) const {
   MutexLock lock(mu_);
-  std::vector<SpanView> spans;
-  pools_.ForEach([&](const auto& pool) { pool.Describe(&spans); });
   absl::flat_hash_map<std::uintptr_t, std::size_t> pending;
   pending_.ForEach([&](std::uintptr_t ptr, const LiveEntry& e) { pending.emplace(ptr, e.requested); });
-  AppendSegmentSnapshots(
-      device_, std::move(spans),
-      [&](std::uintptr_t ptr) ABSL_NO_THREAD_SAFETY_ANALYSIS -> BlockUse {
-        if (const LiveEntry* e = live_.Find(ptr)) return {BlockSnapshotState::kActiveAllocated, e->requested};
-        auto it = pending.find(ptr);
-        return {BlockSnapshotState::kActivePendingFree, it == pending.end() ? 0 : it->second};
-      },
-      segments);
+  const std::size_t first = segments->size();
+  ForEachPools([&](const Pools& pools, GraphPoolId id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    std::vector<SpanView> spans;
+    pools.ForEach([&](const auto& pool) { pool.Describe(&spans); });
+    const std::size_t before = segments->size();
+    AppendSegmentSnapshots(
+        device_, std::move(spans),
+        [&](std::uintptr_t ptr) ABSL_NO_THREAD_SAFETY_ANALYSIS -> BlockUse {
+          if (const LiveEntry* e = live_.Find(ptr)) return {BlockSnapshotState::kActiveAllocated, e->requested};
+          auto it = pending.find(ptr);
+          return {BlockSnapshotState::kActivePendingFree, it == pending.end() ? 0 : it->second};
+        },
+        segments);
+    for (std::size_t i = before; i < segments->size(); ++i) (*segments)[i].pool_id = id;
+  });
+  // The device's segments in address order, whichever pool holds them.
+  std::sort(segments->begin() + static_cast<std::ptrdiff_t>(first), segments->end(),
+            [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
   return history_.Entries();
 }
 

@@ -5,7 +5,7 @@
 //   - the live map of allocations (address -> LiveEntry);
 //   - the segment registry and cap (frontend/segment_registry.h), the pools' MemorySource;
 //   - pending frees and stream events (frontend/pending_frees.h);
-//   - graph captures and their pools (frontend/graph_captures.h);
+//   - graph captures and the private pools they allocate into (frontend/private_pools.h);
 //   - the history ring (frontend/history.h) and the stat ledger (internal/stat_ledger.h).
 // It routes each request to its pool, runs the slow path in one order for every pool (poll stream
 // events, serve from cache or new memory, release and retry once, a smaller fallback request, then
@@ -20,8 +20,8 @@
 // the components hold (requested/allocated/allocation over live entries, active over live and
 // pending ones, reserved/segment over the registry and the spare granules, cached = reserved -
 // active, inactive_split over the pools' partly used memory, oversize over both); each pool holds
-// as many active blocks as the entries name; each graph pool's blocks are the entries that carry
-// its tag.
+// as many active blocks as the entries name (the device's own pools and each private pool); every
+// entry's private pool exists.
 //
 // Example: see bucketalloc/allocator.h, which owns one DeviceAllocator per device.
 #ifndef BUCKETALLOC_FRONTEND_DEVICE_ALLOCATOR_H_
@@ -43,10 +43,10 @@
 #include "bucketalloc/options.h"
 #include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
-#include "frontend/graph_captures.h"
 #include "frontend/history.h"
 #include "frontend/pending_frees.h"
 #include "frontend/pools.h"
+#include "frontend/private_pools.h"
 #include "frontend/segment_registry.h"
 #include "internal/live_map.h"
 #include "internal/mutex.h"
@@ -98,6 +98,17 @@ class DeviceAllocator final {
   friend class DeviceAllocatorTestPeer;  // corrupts state on purpose to test CheckInvariants
   DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device);
 
+  // The pools of private pool `tag` (0: the device's own).
+  Pools& PoolsOf(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return tag == 0 ? pools_ : *private_.at(tag).pools;
+  }
+  const Pools& PoolsOf(std::uint16_t tag) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return tag == 0 ? pools_ : *private_.at(tag).pools;
+  }
+  // An allocation while a capture or MemPool context routes requests: into its private pool when
+  // its filter accepts `stream`, else into the device's own pools.
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<void*> AllocateRouted(std::size_t size, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The free lists of `stream` (the last stream's without a lookup).
   StreamPools& PoolsFor(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (last_pools_ != nullptr && stream == last_stream_) [[likely]]
@@ -108,35 +119,46 @@ class DeviceAllocator final {
   // The fast path in `pool`, then its slow path.
   template <typename P>
   ABSL_ATTRIBUTE_ALWAYS_INLINE absl::StatusOr<void*> AllocateIn(P& pool, StreamPools& sp, std::size_t size,
-                                                                Stream stream, std::uint16_t graph)
+                                                                Stream stream, std::uint16_t private_pool)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The slow path, the same for every pool: during a capture only cached memory (and a fallback);
-  // else poll stream events, serve, release and retry once, a fallback, then the OOM report.
+  // The slow path, the same for every pool: poll stream events, serve, release and retry once, a
+  // fallback, then the OOM report. During a capture: serve (growing in relaxed capture mode, as
+  // PyTorch does), a fallback, the OOM report; no event query, release or stitching.
   template <typename P>
   absl::StatusOr<typename P::Handle> AllocateSlow(P& pool, typename P::StreamState& ss, Stream stream, std::size_t size,
                                                   const typename P::Request& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   template <typename P>
-  void CommitLive(const P& pool, std::uintptr_t ptr, typename P::Handle h, std::size_t size, std::uint16_t graph)
+  void CommitLive(const P& pool, std::uintptr_t ptr, typename P::Handle h, std::size_t size, std::uint16_t private_pool)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The stats and history of a free of `h` (its pool's counts and the free_requested event).
   template <typename P>
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Release(const P& pool, std::uintptr_t ptr, typename P::Handle h,
                                             std::size_t requested) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives freed `h` back to `pool` once nothing holds it: its graph tag, the free_completed event,
-  // and the return to its pool.
+  // Gives freed `h` back to `pool` once nothing holds it: the free_completed event and the return
+  // to its pool.
   // (Inlined: it is the end of every cache-hit free.)
   template <typename P>
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Complete(P& pool, std::uintptr_t ptr, typename P::Handle h, const LiveEntry& entry)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The free of a block that other streams used or a graph pool holds: it waits, or, with no use
-  // recorded for it after all, goes back to its pool.
-  void FreeInUse(std::uintptr_t addr, const LiveEntry& entry, bool held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The free of a block that other streams used: it waits, or, with no use recorded for it after
+  // all, goes back to its pool.
+  void FreeInUse(std::uintptr_t addr, const LiveEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives a freed block back to its pool (it is no longer active).
   void ReturnEntry(std::uintptr_t ptr, const LiveEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetirePending(PendingFrees::Mode mode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Synchronizes pending events and releases every pool's wholly free memory.
+  // Synchronizes pending events and releases the wholly free memory of the device's own pools and
+  // of the freeable private pools.
   void SyncAndReleaseAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the wholly free memory of the freeable private pools (every private pool when `all`,
+  // as the device goes away), after a device synchronization (the last replay of a graph may still
+  // run), and forgets the pools left with no memory.
+  void ReleasePrivatePools(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the routings of captures that were abandoned (their streams no longer capture).
+  void EndAbandonedCaptures() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `stream` (a pool key) is capturing now; `if_unknown` when that cannot be asked (another
+  // thread's per-thread stream, a backend error).
+  bool StreamCaptures(Stream stream, bool if_unknown) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Garbage collection before `incoming` bytes of growth: releases wholly free memory, oldest
   // first across the pools, until reserved + incoming fits under threshold x cap.
   void CollectGarbage(std::size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -150,13 +172,20 @@ class DeviceAllocator final {
   ABSL_ATTRIBUTE_NOINLINE absl::Status FreeSizeMismatch(void* ptr, std::size_t requested, std::size_t given)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status InvalidFree(void* ptr, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True when the slow path for `stream` must make no backend call: a capture announced by
-  // BeginCapture runs on this device, or `stream` itself is capturing (for hosts that do not
-  // announce captures; cudaStreamIsCapturing on the live allocating stream).
+  // True when the slow path for `stream` runs under capture rules (no event query, synchronization
+  // or release): a capture announced by BeginCapture runs on this device, or `stream` itself is
+  // capturing (for hosts that do not announce captures; cudaStreamIsCapturing on the live stream).
   bool CaptureRestricts(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The error of a request that only fresh device memory could serve during capture of `stream`.
+  // The error of a request that only fresh device memory could serve during capture of `stream`,
+  // when the backend cannot allocate during a capture.
   absl::Status CaptureMiss(std::size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   FragmentationReport FragmentationLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls f(pools) for the device's own pools and every private pool's.
+  template <typename F>
+  void ForEachPools(F&& f) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    f(pools_, GraphPoolId{});
+    private_.ForEach([&](std::uint16_t, const PrivatePools::Pool& p) { f(*p.pools, p.id); });
+  }
   // Reserved bytes in no pool unit: every pool's spares.
   std::size_t SpareBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckInvariantsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -178,7 +207,7 @@ class DeviceAllocator final {
   StreamPools* last_pools_ ABSL_GUARDED_BY(mu_) = nullptr;
   LiveMap<LiveEntry> live_ ABSL_GUARDED_BY(mu_);
   PendingFrees pending_ ABSL_GUARDED_BY(mu_);
-  GraphCaptures captures_ ABSL_GUARDED_BY(mu_);
+  PrivatePools private_ ABSL_GUARDED_BY(mu_);
   std::optional<OomReport> last_oom_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -2,6 +2,7 @@
 // each component checks itself, and this sums what they report and holds the sums against each
 // other and the stats.
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -46,18 +47,23 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   };
   Sums sums[kNumPoolIndices];
   std::int64_t oversize = 0;
-  std::vector<std::int64_t> tags(captures_.num_tags());
+  std::vector<std::int64_t> tags(private_.num_tags());
+  // Active blocks per private pool tag and pool index (tag 0: the device's own pools).
+  std::vector<std::array<std::int64_t, kNumPoolIndices>> active_by_tag(private_.num_tags());
   std::vector<std::pair<std::uintptr_t, std::size_t>> blocks;
   blocks.reserve(live_.size() + pending_.size());
   absl::Status entries;
   auto visit = [&](std::uintptr_t ptr, const LiveEntry& e, bool live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (!entries.ok()) return;
-    if (e.graph >= tags.size()) {
-      entries = fail("an entry carries an unknown graph tag");
+    const std::uint16_t tag = e.private_pool;
+    bool stored = tag == 0;
+    private_.ForEach([&](std::uint16_t t, const PrivatePools::Pool&) { stored = stored || t == tag; });
+    if (tag >= tags.size() || !stored) {
+      entries = fail("an entry names a private pool that does not exist");
       return;
     }
-    ++tags[e.graph];
-    pools_.Visit(e.handle, [&](const auto& pool, auto h) {
+    ++tags[tag];
+    PoolsOf(tag).Visit(e.handle, [&](const auto& pool, auto h) {
       using P = PoolType<decltype(pool)>;
       const std::size_t size = P::BlockSize(h);
       if (absl::Status s = pool.CheckHandle(h, live); !s.ok()) {
@@ -76,6 +82,7 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
       }
       s.active_bytes += static_cast<std::int64_t>(size);
       s.active += 1;
+      active_by_tag[tag][P::kIndex] += 1;
       blocks.emplace_back(ptr, size);
     });
   };
@@ -92,29 +99,44 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
       return fail(absl::StrCat("block ", absl::Hex(ptr), " does not lie inside one registered segment"));
     }
   }
-  if (absl::Status s = captures_.CheckInvariants(tags); !s.ok()) return fail(s.message());
+  if (absl::Status s = private_.CheckInvariants(tags); !s.ok()) return fail(s.message());
   // Each pool checks itself, given the active blocks the entries name; and its units are exactly
   // the registered ranges.
   absl::Status pools;
   std::size_t units = 0;
   std::int64_t spare[kNumPoolIndices] = {};  // reserved bytes in no unit (spare granules)
   InactiveSplit split[kNumPoolIndices];
-  pools_.ForEach([&](const auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    using P = PoolType<decltype(pool)>;
-    spare[P::kIndex] = static_cast<std::int64_t>(pool.spare_bytes());
-    split[P::kIndex] = pool.inactive_split();
-    if (pools.ok()) pools = pool.CheckInvariants(sums[P::kIndex].active);
-    for (const auto& [stream, sp] : streams_) {
-      if (pools.ok()) pools = pool.CheckStreamState(sp->template of<P>());
+  auto check_pools =
+      [&](std::uint16_t tag, const Pools& instance,
+          const absl::flat_hash_map<Stream, std::unique_ptr<StreamPools>>& streams) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        instance.ForEach([&](const auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          using P = PoolType<decltype(pool)>;
+          spare[P::kIndex] += static_cast<std::int64_t>(pool.spare_bytes());
+          const InactiveSplit is = pool.inactive_split();
+          split[P::kIndex].bytes += is.bytes;
+          split[P::kIndex].count += is.count;
+          if (pools.ok()) pools = pool.CheckInvariants(active_by_tag[tag][P::kIndex]);
+          for (const auto& [stream, sp] : streams) {
+            if (pools.ok()) pools = pool.CheckStreamState(sp->template of<P>());
+          }
+          pool.ForEachUnit([&](std::uintptr_t base, std::size_t bytes, std::size_t mapped, bool virtual_memory) {
+            ++units;
+            std::optional<SegmentRegistry::Range> r = registry_.At(base);
+            if (pools.ok() &&
+                (!r.has_value() || r->bytes != bytes || r->pool != P::kIndex || r->virtual_memory != virtual_memory ||
+                 (r->virtual_memory ? r->mapped : r->bytes) != mapped)) {
+              pools = absl::InternalError(
+                  absl::StrCat("segment ", absl::Hex(base), " does not match its registered range"));
+            }
+          });
+        });
+      };
+  check_pools(0, pools_, streams_);
+  private_.ForEach([&](std::uint16_t tag, const PrivatePools::Pool& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (pools.ok() && p.freeable() && !p.pools->HoldsMemory()) {
+      pools = absl::InternalError("a freeable private pool that holds no memory is still kept");
     }
-    pool.ForEachUnit([&](std::uintptr_t base, std::size_t bytes, std::size_t mapped, bool virtual_memory) {
-      ++units;
-      std::optional<SegmentRegistry::Range> r = registry_.At(base);
-      if (pools.ok() && (!r.has_value() || r->bytes != bytes || r->pool != P::kIndex ||
-                         r->virtual_memory != virtual_memory || (r->virtual_memory ? r->mapped : r->bytes) != mapped)) {
-        pools = absl::InternalError(absl::StrCat("segment ", absl::Hex(base), " does not match its registered range"));
-      }
-    });
+    check_pools(tag, *p.pools, p.streams);
   });
   if (!pools.ok()) return fail(pools.message());
   const SegmentRegistry::Totals totals = registry_.totals();

@@ -77,8 +77,7 @@ bool PendingFrees::Contains(std::uintptr_t ptr) const {
   return std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.ptr == ptr; });
 }
 
-void PendingFrees::Retire(Mode mode, bool may_arm, absl::FunctionRef<bool(const LiveEntry&)> holds,
-                          absl::FunctionRef<void(std::uintptr_t, const LiveEntry&)> done) {
+void PendingFrees::Retire(Mode mode, bool may_arm, absl::FunctionRef<void(std::uintptr_t, const LiveEntry&)> done) {
   std::size_t kept = 0;
   bool stopped = false;
   for (std::size_t i = 0; i < pending_.size(); ++i) {
@@ -88,13 +87,10 @@ void PendingFrees::Retire(Mode mode, bool may_arm, absl::FunctionRef<bool(const 
     }
     Pending& p = pending_[i];
     bool complete = !stopped;
-    // A block that waits for something other than its streams' work (its graph pool's release, or
-    // events not recorded yet) does not stop the polling of the blocks after it.
+    // A block that waits for something other than its streams' work (events not recorded yet) does
+    // not stop the polling of the blocks after it.
     bool waits_for_other = false;
-    if (complete && holds(p.entry)) {
-      complete = false;
-      waits_for_other = true;
-    } else if (complete && p.events.empty() && !p.uses.empty()) {
+    if (complete && p.events.empty() && !p.uses.empty()) {
       complete = may_arm && RecordEvents(p.uses, &p.events).ok();  // arm a deferred free
       waits_for_other = !complete;
     }
@@ -131,7 +127,7 @@ absl::Status PendingFrees::CheckInvariants(absl::FunctionRef<bool(std::uintptr_t
     if (!is_live(ptr)) return absl::InternalError("a recorded stream use belongs to no live allocation");
   }
   for (const Pending& p : pending_) {
-    if (p.uses.empty() && p.entry.graph == 0) return absl::InternalError("a pending free waits for nothing");
+    if (p.uses.empty()) return absl::InternalError("a pending free waits for nothing");
     if (!p.events.empty() && p.events.size() != p.uses.size()) {
       return absl::InternalError("a pending free lacks an event per stream");
     }

@@ -1,15 +1,13 @@
 // src/frontend/pending_frees.h — frees that wait for other streams' work (layer L4).
 //
 // Owns: the stream uses of live allocations (RecordStream: the streams other than its own that a
-// block was used on), and the blocks freed while such uses (or their graph pool) still hold them,
-// each with one backend event per use. A block is reusable once every event has completed and no
-// unreleased graph pool holds it. While a capture runs, or when recording an event fails, a free
-// is deferred: it waits without events, and is armed (its events recorded) by a later retire.
-// Retiring polls oldest first: a free polls until the first block still busy (later frees are
-// mostly later in stream order), a slow path polls all, a release waits for each event.
-// Invariants (CheckInvariants): every recorded use belongs to a live allocation; every pending
-// free waits for a use or a graph pool; an armed free has one event per use.
-// Thread-safety: none; the device lock guards it.
+// block was used on), and the blocks freed while such uses still hold them, each with one backend
+// event per use. A block is reusable once every event has completed. While a capture runs, or when recording an event
+// fails, a free is deferred: it waits without events, and is armed (its events recorded) by a later retire. Retiring
+// polls oldest first: a free polls until the first block still busy (later frees are mostly later in stream order), a
+// slow path polls all, a release waits for each event. Invariants (CheckInvariants): every recorded use belongs to a
+// live allocation; every pending free waits for a use; an armed free has one event per use. Thread-safety: none; the
+// device lock guards it.
 //
 // Example:
 //   pending.AddUse(ptr, other_stream);                 // RecordStream
@@ -61,19 +59,16 @@ class PendingFrees {
   // calling thread's per-thread key is recorded on cudaStreamPerThread; another pseudo key (another
   // thread's per-thread stream) cannot be recorded on: the device is synchronized instead.
   absl::Status RecordEvents(absl::Span<const Stream> uses, Events* events);
-  // Holds the freed block at `ptr`: it waits for `events` (none yet when deferred or held by its
-  // graph pool) on `uses`.
+  // Holds the freed block at `ptr`: it waits for `events` (none yet when deferred) on `uses`.
   void Hold(std::uintptr_t ptr, const LiveEntry& entry, Events events, Uses uses) {
     pending_.push_back(Pending{ptr, entry, std::move(events), std::move(uses)});
   }
   bool empty() const { return pending_.empty(); }
   bool Contains(std::uintptr_t ptr) const;
 
-  // Retires the pending blocks whose events have completed (and that no graph pool holds):
-  // `done(ptr, entry)` takes each, oldest first. `holds(entry)` is true while its graph pool holds
-  // it; `may_arm` is false while events may not be recorded (a capture runs).
-  void Retire(Mode mode, bool may_arm, absl::FunctionRef<bool(const LiveEntry&)> holds,
-              absl::FunctionRef<void(std::uintptr_t, const LiveEntry&)> done);
+  // Retires the pending blocks whose events have completed: `done(ptr, entry)` takes each, oldest
+  // first. `may_arm` is false while events may not be recorded (a capture runs).
+  void Retire(Mode mode, bool may_arm, absl::FunctionRef<void(std::uintptr_t, const LiveEntry&)> done);
   // Destroys the events of the blocks still pending (the device goes away).
   void DestroyEvents();
 

@@ -41,7 +41,7 @@ using PoolHandle = std::variant<SmallPool::Handle, LargePool::Handle>;
 struct LiveEntry {
   PoolHandle handle;
   std::size_t requested = 0;
-  std::uint16_t graph = 0;  // the graph pool's tag (GraphCaptures) if allocated during a capture
+  std::uint16_t private_pool = 0;  // the private pool's tag (PrivatePools); 0: the device's own pools
 };
 
 // Every pool's free lists of one stream.
@@ -99,6 +99,15 @@ class Pools {
   template <typename F>
   decltype(auto) Visit(const PoolHandle& handle, F&& f) const {
     return std::visit([&](auto h) -> decltype(auto) { return f(PoolOf<decltype(h)>(), h); }, handle);
+  }
+  // True while a pool holds a unit (segment, slab) or spare granules.
+  bool HoldsMemory() const {
+    bool holds = false;
+    ForEach([&](const auto& pool) {
+      holds = holds || pool.spare_bytes() > 0;
+      pool.ForEachUnit([&](std::uintptr_t, std::size_t, std::size_t, bool) { holds = true; });
+    });
+    return holds;
   }
   std::unique_ptr<StreamPools> NewStreamPools() const { return std::make_unique<StreamPools>(small(), large()); }
 

@@ -9,11 +9,6 @@
 
 namespace bucketalloc::internal {
 
-absl::Status SegmentRegistry::RefuseDuringCapture() const {
-  // The caller turns this into its capture miss; no backend call (not even a release) is legal now.
-  return absl::FailedPreconditionError("bucketalloc: no device allocation during stream capture");
-}
-
 absl::Status SegmentRegistry::CheckHeadroom(std::size_t bytes) const {
   if (Headroom() >= bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(
@@ -27,8 +22,7 @@ std::size_t SegmentRegistry::Headroom() const {
 }
 
 absl::StatusOr<std::uintptr_t> SegmentRegistry::AllocateSegment(std::size_t bytes, PoolIndex pool) {
-  if (capturing_) return RefuseDuringCapture();
-  if (collect_) collect_(bytes);
+  if (collect_ && !capturing_) collect_(bytes);  // no release during a capture
   if (absl::Status s = CheckHeadroom(bytes); !s.ok()) return s;
   absl::StatusOr<void*> p = backend_->Allocate(bytes);
   if (!p.ok()) return p.status();
@@ -55,8 +49,7 @@ bool SegmentRegistry::ReleaseSegment(std::uintptr_t base, std::size_t bytes, Poo
 }
 
 absl::StatusOr<std::uintptr_t> SegmentRegistry::ReserveRange(std::size_t bytes, std::size_t to_map) {
-  if (capturing_) return RefuseDuringCapture();
-  if (to_map > 0 && collect_) collect_(to_map);
+  if (to_map > 0 && collect_ && !capturing_) collect_(to_map);
   absl::StatusOr<std::uintptr_t> va = backend_->ReserveAddressRange(bytes, granularity_);
   if (!va.ok()) return va.status();
   ranges_.emplace(*va, Range{*va, bytes, kLargePool, /*virtual_memory=*/true, /*mapped=*/0});

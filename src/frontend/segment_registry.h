@@ -5,7 +5,7 @@
 // stitching, every address range with its mapped bytes, registered by address; the cap, checked
 // before any growth; the reserved and segment stats; the history's segment events; a collection
 // hook run before growth (garbage collection, which the device runs over its pools); and, for the
-// slow path of a CUDA graph capture, the refusal of any backend call that allocates.
+// slow path of a CUDA graph capture, growth without collection.
 // Invariants (CheckInvariants): registered ranges do not overlap; the backend holds exactly the
 // registered allocations (their count; and their bytes, when it counts bytes) and exactly the mapped
 // plus spare granules.
@@ -60,10 +60,11 @@ class SegmentRegistry final : public MemorySource {
   // `collect(incoming)` runs before the backend is asked for `incoming` more bytes.
   void set_collector(std::function<void(std::size_t)> collect) { collect_ = std::move(collect); }
   // The slow path now running: its stream (for the history), and whether it runs during a capture,
-  // when no backend call may allocate (the calls that would are refused with FailedPrecondition).
+  // when the source grows but collects nothing (no release is legal then).
   void BeginSlowPath(Stream stream) { slow_path_stream_ = stream; }
   Stream slow_path_stream() const { return slow_path_stream_; }
   void set_capturing(bool capturing) { capturing_ = capturing; }
+  bool Capturing() const override { return capturing_; }
 
   // MemorySource.
   absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) override;
@@ -100,7 +101,6 @@ class SegmentRegistry final : public MemorySource {
  private:
   // ResourceExhausted when reserving `bytes` more would exceed the cap.
   absl::Status CheckHeadroom(std::size_t bytes) const;
-  absl::Status RefuseDuringCapture() const;
 
   Backend* const backend_;
   StatLedger* const stats_;

@@ -67,7 +67,7 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
                         {"requested_size", s.requested_size},
                         {"stream", s.stream},
                         {"segment_type", s.small ? "small" : "large"},
-                        {"segment_pool_id", Json::array({0, 0})},
+                        {"segment_pool_id", Json::array({s.pool_id.first, s.pool_id.second})},
                         {"is_expandable", s.expandable},
                         {"tier", s.tier},
                         {"frames", Json::array()},

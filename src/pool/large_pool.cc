@@ -189,7 +189,10 @@ absl::StatusOr<LargePool::Handle> LargePool::Serve(StreamState& ss, Stream strea
   }
   *served = Served::kFromNewMemory;
   if (block.ok()) return Handle{*block};
-  if (!absl::IsResourceExhausted(block.status()) || stitcher_ == nullptr) return block.status();
+  // No stitching during a capture: it unmaps granules, which CUDA forbids then.
+  if (!absl::IsResourceExhausted(block.status()) || stitcher_ == nullptr || ctx_.source->Capturing()) {
+    return block.status();
+  }
   // At the cap, with stitching: the granules of free blocks.
   absl::StatusOr<Block*> stitched = stitcher_->Stitch(*this, ss, stream, r.rounded, r.tier);
   if (stitched.ok()) return Handle{*stitched};

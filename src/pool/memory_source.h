@@ -56,6 +56,9 @@ class MemorySource {
   virtual absl::Status SynchronizeStream(Stream stream) = 0;
   // Bytes that may still be created or allocated under the cap.
   virtual std::size_t Headroom() const = 0;
+  // True while the slow path runs during a CUDA graph capture: the source grows (in relaxed capture
+  // mode) but collects nothing, and the pools release and stitch nothing.
+  virtual bool Capturing() const { return false; }
 };
 
 struct PoolContext {

@@ -327,11 +327,13 @@ TEST_F(DoubleTest, AnUnannouncedCaptureOnThePerThreadStreamIsSeen) {
   ASSERT_TRUE(a->RecordStream(*p, 0, other).ok());
   ASSERT_TRUE(a->Free(*p, 0, 4 * kMiB).ok());
   ASSERT_CUDA(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
-  absl::StatusOr<void*> miss = a->Allocate(32 * kMiB, 0, cudaStreamPerThread);  // not cached
-  EXPECT_TRUE(absl::IsFailedPrecondition(miss.status())) << miss.status();
+  // Not cached: grows in relaxed capture mode (as PyTorch's allocator does); no event is polled.
+  absl::StatusOr<void*> miss = a->Allocate(32 * kMiB, 0, cudaStreamPerThread);
+  ASSERT_TRUE(miss.ok()) << miss.status();
   cudaGraph_t graph = nullptr;
-  ASSERT_CUDA(cudaStreamEndCapture(cudaStreamPerThread, &graph));
+  ASSERT_CUDA(cudaStreamEndCapture(cudaStreamPerThread, &graph));  // valid: nothing invalidated it
   ASSERT_CUDA(cudaGraphDestroy(graph));
+  ASSERT_TRUE(a->Free(*miss, 0, 32 * kMiB).ok());
   ASSERT_TRUE(a->RetireStream(other).ok());
   ASSERT_CUDA(cudaStreamDestroy(other));
   ExpectAllReturned(*a, 0);
@@ -363,9 +365,11 @@ TEST_F(DoubleTest, AGlobalCaptureElsewhereIsNeverInvalidated) {
       absl::StatusOr<void*> hit = a->Allocate(4 * kMiB, 0, other);  // from the cache
       ASSERT_TRUE(hit.ok()) << hit.status();
       ASSERT_TRUE(a->Free(*hit, 0, 4 * kMiB).ok());
-      // Fresh device memory during an announced capture: refused, no device call made.
+      // Fresh device memory during an announced capture: allocated in relaxed capture mode, which
+      // the other thread's global-mode capture does not forbid.
       absl::StatusOr<void*> miss = a->Allocate(64 * kMiB, 0, other);
-      EXPECT_TRUE(absl::IsFailedPrecondition(miss.status())) << miss.status();
+      ASSERT_TRUE(miss.ok()) << miss.status();
+      ASSERT_TRUE(a->Free(*miss, 0, 64 * kMiB).ok());
     }).join();
     ASSERT_TRUE(a->Free(*in_graph, 0, 4 * kMiB).ok());
     ASSERT_TRUE(a->EndCapture(0, kPool).ok());

@@ -1,9 +1,13 @@
-// CUDA graph capture (DeviceAllocator's capture rules), over every configuration. While a capture
-// runs, requests are served from the cache only and a miss fails clearly; no backend call CUDA
-// forbids during capture is made by any stream's slow path or free (the sim backend refuses them
-// and counts them, as CUDA's global mode does); cross-stream frees record their events after the
-// capture; and blocks of a graph pool are held until the pool is released.
+// CUDA graph capture and private pools (DeviceAllocator's capture rules, PyTorch's PrivatePool
+// semantics), over every configuration: requests routed to a capture's private pool grow it during
+// the capture (the backends allocate in relaxed capture mode) and reuse its freed blocks, in the
+// same capture and in later captures sharing the pool; its blocks never serve other requests; no
+// call CUDA forbids during capture is made (the sim backend refuses them and counts them); a
+// released pool's memory goes back after a device synchronization; a failed capture recovers.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "bucketalloc/allocator.h"
@@ -29,71 +33,168 @@ class CaptureTest : public ::bucketalloc::testing::ConfiguredAllocatorTest {
     absl::Status s = allocator_->CheckInvariants(0);
     EXPECT_TRUE(s.ok()) << s;
   }
-  // An announced capture of stream `s` into kPool (as PyTorch's hooks announce it).
-  void Begin(Stream s) {
-    ASSERT_TRUE(allocator_->BeginCapture(0, kPool, [s](Stream x) { return x == s; }).ok());
+  // An announced capture of stream `s` into `pool` (as PyTorch's CUDAGraph::capture_begin does:
+  // beginAllocateToPool, then cudaStreamBeginCapture).
+  void Begin(Stream s, GraphPoolId pool = kPool) {
+    ASSERT_TRUE(allocator_->BeginCapture(0, pool, [s](Stream x) { return x == s; }).ok());
     sim_->SetCapturing(s, true);
   }
-  void End(Stream s) {
+  void End(Stream s, GraphPoolId pool = kPool) {
     sim_->SetCapturing(s, false);
-    ASSERT_TRUE(allocator_->EndCapture(0, kPool).ok());
+    ASSERT_TRUE(allocator_->EndCapture(0, pool).ok());
   }
+  // A decode step's allocations on `s`: intermediates freed at once, one output kept.
+  void* Step(Stream s, std::vector<void*>* addresses = nullptr) {
+    void* output = nullptr;
+    for (std::size_t size : {std::size_t{4096}, 300000 + std::size_t{0}, 3 * kMiB, 5 * kMiB}) {
+      absl::StatusOr<void*> a = allocator_->Allocate(size, 0, s);
+      EXPECT_TRUE(a.ok()) << size << ": " << a.status();
+      if (!a.ok()) return nullptr;
+      if (addresses != nullptr) addresses->push_back(*a);
+      if (output == nullptr && size == 3 * kMiB) {
+        output = *a;
+      } else {
+        EXPECT_TRUE(allocator_->Free(*a).ok());
+      }
+    }
+    return output;
+  }
+  std::int64_t Reserved() { return Stats().reserved_bytes[kAllPools].current; }
   SimBackend* sim_ = nullptr;
 };
 
-const std::vector<std::size_t>& Sizes() {
-  static const std::vector<std::size_t> sizes = {512, 4096, 300000, 3 * kMiB, 9 * kMiB + 7};
-  return sizes;
-}
-
-TEST_P(CaptureTest, WarmedUpSizesAreServedFromTheCacheDuringCapture) {
-  for (bool announced : {true, false}) {  // hooks, or only the stream's own capture status
-    const Stream s = TestStream(announced ? 1 : 2);
-    std::vector<void*> warm;
-    for (std::size_t size : Sizes()) warm.push_back(*allocator_->Allocate(size, 0, s));
-    for (void* p : warm) ASSERT_TRUE(allocator_->Free(p).ok());
-    const std::int64_t device_allocs = sim_->counters().allocs;
-    if (announced)
-      Begin(s);
-    else
-      sim_->SetCapturing(s, true);
-    std::vector<void*> during;
-    for (std::size_t size : Sizes()) {
-      absl::StatusOr<void*> p = allocator_->Allocate(size, 0, s);
-      ASSERT_TRUE(p.ok()) << size << ": " << p.status();
-      during.push_back(*p);
-    }
-    if (announced)
-      End(s);
-    else
-      sim_->SetCapturing(s, false);
-    for (void* p : during) ASSERT_TRUE(allocator_->Free(p).ok());
-    EXPECT_EQ(sim_->counters().allocs, device_allocs);
-    EXPECT_EQ(Stats().num_capture_refusals, 0);
-  }
-  ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());
-}
-
-TEST_P(CaptureTest, AMissDuringCaptureFailsClearlyOnEveryStreamAndCallsNoBackend) {
+TEST_P(CaptureTest, ACaptureGrowsItsPrivatePoolAndCallsNothingCudaForbids) {
   const Stream s = TestStream(1), other = TestStream(2);
   Begin(s);
-  // The capturing stream, and another thread's stream: CUDA's global mode forbids both to grow.
+  // The capturing stream (routed to the pool) and another thread's stream (the device's own pools):
+  // both grow in relaxed capture mode, as PyTorch's cudaMallocMaybeCapturing does.
+  std::vector<void*> taken;
   for (Stream stream : {s, other}) {
     for (std::size_t size : {std::size_t{4096}, 5 * kMiB}) {
       absl::StatusOr<void*> p = allocator_->Allocate(size, 0, stream);
-      ASSERT_TRUE(absl::IsFailedPrecondition(p.status())) << p.status();
-      EXPECT_TRUE(absl::StrContains(p.status().message(), "during CUDA graph capture")) << p.status();
-      EXPECT_TRUE(absl::StrContains(p.status().message(), "before capturing")) << p.status();
+      ASSERT_TRUE(p.ok()) << p.status();
+      taken.push_back(*p);
     }
   }
-  EXPECT_TRUE(absl::IsFailedPrecondition(allocator_->EmptyCache()));
+  EXPECT_GT(sim_->counters().allocs, 0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(allocator_->EmptyCache())) << "no release during a capture";
+  for (void* p : taken) ASSERT_TRUE(allocator_->Free(p).ok());
   End(s);
-  EXPECT_EQ(sim_->counters().allocs, 0);
-  EXPECT_EQ(Stats().num_capture_refusals, 4);
-  EXPECT_EQ(Stats().num_ooms, 0) << "a capture miss is not an out-of-memory";
-  void* p = *allocator_->Allocate(5 * kMiB, 0, s);  // after the capture: grows as usual
-  ASSERT_TRUE(allocator_->Free(p).ok());
+  EXPECT_EQ(Stats().num_capture_refusals, 0);
+  EXPECT_EQ(Stats().num_ooms, 0);
+  ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());
   ASSERT_TRUE(allocator_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0) << "the released pool's memory and the cache went back";
+}
+
+TEST_P(CaptureTest, APoolReusesItsFreedBlocksInTheCaptureAndServesNothingElse) {
+  const Stream s = TestStream(1);
+  for (std::size_t size : {std::size_t{4096}, 3 * kMiB}) {
+    Begin(s);
+    void* intermediate = *allocator_->Allocate(size, 0, s);
+    ASSERT_TRUE(allocator_->Free(intermediate).ok());  // freed inside the graph: reused inside it
+    absl::StatusOr<void*> output = allocator_->Allocate(size, 0, s);
+    ASSERT_TRUE(output.ok()) << output.status();
+    EXPECT_EQ(*output, intermediate) << "PyTorch reuses a private pool's freed block in the same capture";
+    End(s);
+    ASSERT_TRUE(allocator_->Free(*output).ok());  // a graph output freed after the capture: back to the pool
+    // Eager work after the capture does not get the pool's blocks.
+    void* eager = *allocator_->Allocate(size, 0, s);
+    EXPECT_NE(eager, *output) << "a private pool's block served a request outside the pool";
+    ASSERT_TRUE(allocator_->Free(eager).ok());
+    // empty_cache keeps a pool in use; the snapshot names the pool of its segments.
+    ASSERT_TRUE(allocator_->EmptyCache().ok());
+    EXPECT_GT(Reserved(), 0);
+    absl::StatusOr<MemorySnapshot> snap = allocator_->Snapshot(0);
+    ASSERT_TRUE(snap.ok());
+    ASSERT_FALSE(snap->segments.empty());
+    for (const SegmentSnapshot& seg : snap->segments) EXPECT_EQ(seg.pool_id, kPool);
+    ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());  // the graph is destroyed
+    EXPECT_GT(Reserved(), 0) << "freed at the next release, as in PyTorch";
+    const std::int64_t syncs = sim_->counters().device_syncs;
+    ASSERT_TRUE(allocator_->EmptyCache().ok());
+    EXPECT_EQ(sim_->counters().device_syncs, syncs + 1) << "a released pool's memory waits for the device";
+    EXPECT_EQ(Reserved(), 0);
+  }
+}
+
+TEST_P(CaptureTest, NCapturesSharingAPoolCostAboutOneCapture) {
+  const Stream s = TestStream(1);
+  constexpr int kGraphs = 8;
+  std::vector<void*> outputs;
+  std::vector<std::int64_t> reserved;
+  for (int g = 0; g < kGraphs; ++g) {
+    Begin(s);  // every graph into kPool: graph_pool_handle() shared
+    outputs.push_back(Step(s));
+    End(s);
+    ASSERT_TRUE(allocator_->Free(outputs.back()).ok()) << "the output is the next graph's input, then dropped";
+    reserved.push_back(Reserved());
+  }
+  EXPECT_EQ(reserved.back(), reserved.front()) << "each later capture reused the first one's blocks";
+  for (int g = 0; g < kGraphs; ++g) ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());
+  ASSERT_TRUE(allocator_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
+TEST_P(CaptureTest, TwoGraphsSharingAPoolReleaseInEitherOrder) {
+  const Stream s = TestStream(1);
+  for (bool first_released_first : {true, false}) {
+    std::vector<void*> g1_blocks, g2_blocks;
+    Begin(s);
+    void* out1 = Step(s, &g1_blocks);
+    End(s);
+    Begin(s);
+    void* out2 = Step(s, &g2_blocks);
+    End(s);
+    // g2 replays while g1 is reset: nothing of the pool may serve other requests meanwhile.
+    ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());
+    ASSERT_TRUE(allocator_->EmptyCache().ok());
+    std::set<void*> pool_blocks(g1_blocks.begin(), g1_blocks.end());
+    pool_blocks.insert(g2_blocks.begin(), g2_blocks.end());
+    std::vector<void*> eager;
+    for (std::size_t size : {std::size_t{4096}, 300000 + std::size_t{0}, 3 * kMiB, 5 * kMiB}) {
+      eager.push_back(*allocator_->Allocate(size, 0, s));
+      EXPECT_EQ(pool_blocks.count(eager.back()), 0u) << "a block of a pool still in use served an eager tensor";
+    }
+    for (void* p : eager) ASSERT_TRUE(allocator_->Free(p).ok());
+    ASSERT_TRUE(allocator_->Free(first_released_first ? out1 : out2).ok());
+    ASSERT_TRUE(allocator_->Free(first_released_first ? out2 : out1).ok());
+    ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());  // the last use
+    ASSERT_TRUE(allocator_->EmptyCache().ok());
+    EXPECT_EQ(Reserved(), 0);
+  }
+}
+
+TEST_P(CaptureTest, AFailedCaptureRecoversInEveryOrder) {
+  const Stream s = TestStream(1);
+  // (1) cudaStreamEndCapture failed, and the host releases the pool without ending (older torch).
+  Begin(s);
+  void* lost = Step(s);
+  sim_->SetCapturing(s, false);  // the capture was invalidated; endAllocateToPool never comes
+  ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());
+  ASSERT_TRUE(allocator_->EmptyCache().ok()) << "no capture runs any more";
+  ASSERT_TRUE(allocator_->Free(lost).ok());
+  // (2) torch 2.15's reset(): end, then release.
+  Begin(s);
+  void* out = Step(s);
+  sim_->SetCapturing(s, false);
+  ASSERT_TRUE(allocator_->EndCapture(0, kPool).ok());
+  ASSERT_TRUE(allocator_->Free(out).ok());
+  ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());
+  // (3) the graph object lingers: neither end nor release. The next slow path sees that the
+  // routing's stream no longer captures and ends it.
+  Begin(s);
+  out = Step(s);
+  sim_->SetCapturing(s, false);
+  void* big = *allocator_->Allocate(40 * kMiB / 4, 0, TestStream(2));  // a slow path
+  EXPECT_EQ(Stats().num_abandoned_captures, 1);
+  EXPECT_TRUE(allocator_->EmptyCache().ok()) << "the device is out of capture mode";
+  void* eager = *allocator_->Allocate(3 * kMiB, 0, s);
+  EXPECT_NE(eager, out);
+  for (void* p : {big, eager, out}) ASSERT_TRUE(allocator_->Free(p).ok());
+  ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());
+  ASSERT_TRUE(allocator_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
 }
 
 TEST_P(CaptureTest, CrossStreamFreesDuringCaptureRecordTheirEventsAfterIt) {
@@ -125,58 +226,32 @@ TEST_P(CaptureTest, CrossStreamFreesDuringCaptureRecordTheirEventsAfterIt) {
   }
 }
 
-TEST_P(CaptureTest, GraphBlocksAreHeldUntilTheirPoolIsReleased) {
-  const Stream s = TestStream(1);
-  for (std::size_t size : {std::size_t{4096}, 3 * kMiB}) {
-    // Warm two blocks on s, so that the capture can allocate twice.
-    void* w1 = *allocator_->Allocate(size, 0, s);
-    void* w2 = *allocator_->Allocate(size, 0, s);
-    ASSERT_TRUE(allocator_->Free(w1).ok());
-    ASSERT_TRUE(allocator_->Free(w2).ok());
-    Begin(s);
-    void* intermediate = *allocator_->Allocate(size, 0, s);
-    ASSERT_TRUE(allocator_->Free(intermediate).ok());  // freed inside the graph: replays still write it
-    absl::StatusOr<void*> output = allocator_->Allocate(size, 0, s);
-    ASSERT_TRUE(output.ok()) << output.status();
-    EXPECT_NE(*output, intermediate) << "a graph's freed block was reused";
-    End(s);
-    const std::int64_t graph_bytes = Stats().active_bytes[kAllPools].current;  // one held, one live
-    EXPECT_EQ(graph_bytes, 2 * Stats().allocated_bytes[kAllPools].current);
-    ASSERT_TRUE(allocator_->Free(*output).ok());  // a graph output freed after the capture: also held
-    EXPECT_EQ(Stats().active_bytes[kAllPools].current, graph_bytes) << "both graph blocks are held";
-    // Eager work after the capture does not get them.
-    void* eager = *allocator_->Allocate(size, 0, s);
-    EXPECT_NE(eager, intermediate);
-    EXPECT_NE(eager, *output);
-    ASSERT_TRUE(allocator_->Free(eager).ok());
-    ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());  // the graph is destroyed
-    EXPECT_EQ(Stats().active_bytes[kAllPools].current, 0);
-    ASSERT_TRUE(allocator_->EmptyCache().ok());
-    EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
-  }
-}
-
-TEST_P(CaptureTest, OnlyTheCapturedStreamsBlocksBelongToTheGraph) {
+TEST_P(CaptureTest, OnlyTheCapturedStreamsBlocksBelongToThePool) {
   const Stream s = TestStream(1), other = TestStream(2);
   void* warm = *allocator_->Allocate(4096, 0, other);
   ASSERT_TRUE(allocator_->Free(warm).ok());
   Begin(s);
   void* p = *allocator_->Allocate(4096, 0, other);  // another thread's eager work during the capture
+  EXPECT_EQ(p, warm) << "served from the device's own cache";
   ASSERT_TRUE(allocator_->Free(p).ok());
-  EXPECT_EQ(Stats().active_bytes[kAllPools].current, 0) << "not held: it is not the graph's";
   End(s);
+  void* q = *allocator_->Allocate(4096, 0, other);
+  EXPECT_EQ(q, warm) << "not the pool's: reusable by anyone on its stream";
+  ASSERT_TRUE(allocator_->Free(q).ok());
   ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());
 }
 
 TEST_P(CaptureTest, BadCaptureCallsAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(allocator_->BeginCapture(0, kPool, nullptr)));
   EXPECT_TRUE(absl::IsNotFound(allocator_->EndCapture(0, kPool)));
-  EXPECT_TRUE(allocator_->ReleasePool(0, GraphPoolId{7, 7}).ok()) << "a pool never captured here: nothing to do";
+  EXPECT_TRUE(allocator_->ReleasePool(0, GraphPoolId{7, 7}).ok()) << "a pool never used here: nothing to do";
   Begin(TestStream(1));
-  EXPECT_TRUE(absl::IsFailedPrecondition(allocator_->ReleasePool(0, kPool))) << "still capturing";
+  EXPECT_TRUE(absl::IsFailedPrecondition(allocator_->BeginCapture(0, kPool, [](Stream) { return true; })))
+      << "already allocating to it";
   End(TestStream(1));
   EXPECT_TRUE(absl::IsFailedPrecondition(allocator_->EndCapture(0, kPool))) << "ended twice";
   ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());
+  EXPECT_TRUE(absl::IsNotFound(allocator_->EndCapture(0, kPool))) << "released: no longer in use";
 }
 
 BUCKETALLOC_INSTANTIATE_OVER_CONFIGS(CaptureTest);

@@ -77,8 +77,9 @@ class SimBackend : public Backend {
   // device's free memory shrinks by that much. 0 ends it.
   virtual void SetExternalUsage(std::size_t bytes) = 0;
   // Starts (true) or ends a simulated CUDA stream capture on `stream`. While any stream captures,
-  // Allocate, Free, QueryEvent and SynchronizeEvent fail with FailedPrecondition (as CUDA's global
-  // capture mode does) and count a capture violation; an event recorded on a capturing stream is
+  // Free, Unmap, QueryEvent, SynchronizeEvent and SynchronizeDevice fail with FailedPrecondition (as
+  // CUDA's global capture mode does) and count a capture violation; Allocate, CreatePhysical and Map
+  // succeed (the real backends call them in relaxed capture mode); an event recorded on a capturing stream is
   // a graph node: it reports completion at once, which is what makes it unsafe to rely on.
   virtual void SetCapturing(Stream stream, bool capturing) = 0;
   // Returns the bytes currently allocated from the simulated device through this backend.

@@ -1,0 +1,146 @@
+// src/frontend/private_pools.cc — captures and their private pools (frontend/private_pools.h).
+#include "frontend/private_pools.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "internal/check.h"
+
+namespace bucketalloc::internal {
+namespace {
+
+std::string PoolName(GraphPoolId id) { return absl::StrCat("(", id.first, ", ", id.second, ")"); }
+
+}  // namespace
+
+std::uint16_t PrivatePools::TagFor(Stream stream, absl::FunctionRef<bool(Stream)> capturing) {
+  for (auto it = routings_.rbegin(); it != routings_.rend(); ++it) {
+    if (!it->filter(stream)) continue;
+    if (std::find(it->served.begin(), it->served.end(), stream) == it->served.end()) {
+      it->served.push_back(stream);
+      it->captured = it->captured || capturing(stream);
+    }
+    return it->tag;
+  }
+  return 0;
+}
+
+StreamPools& PrivatePools::StreamPoolsFor(std::uint16_t tag, Stream stream) {
+  Pool& pool = at(tag);
+  auto it = pool.streams.find(stream);
+  if (it == pool.streams.end()) it = pool.streams.emplace(stream, pool.pools->NewStreamPools()).first;
+  return *it->second;
+}
+
+std::uint16_t PrivatePools::Find(GraphPoolId id) const {
+  for (std::size_t t = 1; t < pools_.size(); ++t) {
+    if (pools_[t] != nullptr && pools_[t]->id == id) return static_cast<std::uint16_t>(t);
+  }
+  return 0;
+}
+
+absl::Status PrivatePools::NotInUse(GraphPoolId id, absl::string_view what, int device) const {
+  return absl::NotFoundError(absl::StrCat("bucketalloc: ", what, " private pool ", PoolName(id), " on device ", device,
+                                          ": no such pool is in use (no capture or MemPool began into it)"));
+}
+
+absl::Status PrivatePools::Begin(GraphPoolId id, CaptureFilter filter, int device) {
+  if (!filter) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: begin allocating to private pool ", PoolName(id),
+                                                   " on device ", device,
+                                                   " needs a stream filter; accepted: a callable that is true for "
+                                                   "the capturing stream(s)"));
+  }
+  std::uint16_t tag = Find(id);
+  if (tag != 0 && std::any_of(routings_.begin(), routings_.end(), [&](const Routing& r) { return r.tag == tag; })) {
+    return absl::FailedPreconditionError(absl::StrCat("bucketalloc: begin allocating to private pool ", PoolName(id),
+                                                      " on device ", device,
+                                                      ": a capture or MemPool context already allocates to it; end "
+                                                      "it first (PyTorch refuses this too)"));
+  }
+  if (tag == 0) {
+    std::size_t slot = 1;
+    while (slot < pools_.size() && pools_[slot] != nullptr) ++slot;
+    if (slot == pools_.size()) {
+      if (slot > std::numeric_limits<std::uint16_t>::max()) {
+        return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: device ", device, " already has ", slot - 1,
+                                                         " private pools; release some (graph reset) first"));
+      }
+      pools_.emplace_back();
+    }
+    pools_[slot] = std::make_unique<Pool>();
+    pools_[slot]->id = id;
+    pools_[slot]->pools = make_pools_();
+    tag = static_cast<std::uint16_t>(slot);
+  }
+  ++pools_[tag]->use_count;  // a freeable pool begun into again is in use again
+  routings_.push_back(Routing{tag, std::move(filter), {}});
+  return absl::OkStatus();
+}
+
+absl::Status PrivatePools::End(GraphPoolId id, int device) {
+  const std::uint16_t tag = Find(id);
+  if (tag == 0 || pools_[tag]->freeable()) return NotInUse(id, "end allocating to", device);
+  auto it = std::find_if(routings_.rbegin(), routings_.rend(), [&](const Routing& r) { return r.tag == tag; });
+  if (it == routings_.rend()) {
+    return absl::FailedPreconditionError(absl::StrCat("bucketalloc: end allocating to private pool ", PoolName(id),
+                                                      " on device ", device, ": no capture into it is running"));
+  }
+  routings_.erase(std::next(it).base());
+  return absl::OkStatus();
+}
+
+bool PrivatePools::Release(GraphPoolId id, int device) {
+  (void)device;
+  const std::uint16_t tag = Find(id);
+  if (tag == 0 || pools_[tag]->freeable()) return false;
+  // A routing still running into it was abandoned (cudaStreamEndCapture failed, so End never came).
+  routings_.erase(std::remove_if(routings_.begin(), routings_.end(), [&](const Routing& r) { return r.tag == tag; }),
+                  routings_.end());
+  return --pools_[tag]->use_count == 0;
+}
+
+int PrivatePools::EndAbandoned(absl::FunctionRef<bool(Stream)> capturing) {
+  const std::size_t before = routings_.size();
+  routings_.erase(std::remove_if(routings_.begin(), routings_.end(),
+                                 [&](const Routing& r) {
+                                   return r.captured && std::none_of(r.served.begin(), r.served.end(),
+                                                                     [&](Stream s) { return capturing(s); });
+                                 }),
+                  routings_.end());
+  return static_cast<int>(before - routings_.size());
+}
+
+void PrivatePools::Erase(std::uint16_t tag) {
+  BA_DCHECK(pools_[tag] != nullptr && pools_[tag]->freeable(), "erasing a private pool in use");
+  pools_[tag].reset();
+}
+
+absl::Status PrivatePools::CheckInvariants(const std::vector<std::int64_t>& blocks_per_tag) const {
+  if (blocks_per_tag.size() != pools_.size())
+    return absl::InternalError("private pools: a block carries an unknown tag");
+  for (const Routing& r : routings_) {
+    if (r.tag == 0 || r.tag >= pools_.size() || pools_[r.tag] == nullptr) {
+      return absl::InternalError("private pools: a routing has no pool");
+    }
+    if (pools_[r.tag]->freeable()) return absl::InternalError("private pools: a freeable pool is routed to");
+  }
+  for (std::size_t tag = 1; tag < pools_.size(); ++tag) {
+    if (pools_[tag] == nullptr) {
+      if (blocks_per_tag[tag] != 0) return absl::InternalError("private pools: a block belongs to an erased pool");
+      continue;
+    }
+    const Pool& p = *pools_[tag];
+    const auto routed =
+        std::count_if(routings_.begin(), routings_.end(), [&](const Routing& r) { return r.tag == tag; });
+    if (p.use_count < routed) {
+      return absl::InternalError(absl::StrCat("private pool ", PoolName(p.id), " counts ", p.use_count, " uses but ",
+                                              routed, " routings run into it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bucketalloc::internal

@@ -1,0 +1,120 @@
+// src/frontend/private_pools.h — CUDA graph captures and the private memory pools they allocate
+// into, on one device (layer L4). PyTorch's PrivatePool semantics (c10/cuda/CUDACachingAllocator.cpp:
+// beginAllocateToPool, endAllocateToPool, releasePool, graph_pools_freeable).
+//
+// Owns: the routings now running (a capture or a MemPool context: a pool and a stream filter), and
+// the private pools by tag (slot 0 is the device's own pools, never stored here), each with its own
+// small and large pool (own segments and slabs, own free lists per stream) and a use count: +1 per
+// Begin of a routing into it, -1 per Release. A private pool's blocks serve only requests routed to
+// it: during a capture a freed block returns to its pool's free lists and serves later requests of
+// the same pool, in the same capture or another capture sharing the pool, as PyTorch's do. A pool
+// whose count reaches 0 is freeable: the device gives its wholly free memory back after a device
+// synchronization (release-and-retry, empty_cache), and forgets the pool once it holds no memory.
+// Invariants (CheckInvariants): every routing names a pool in use (count > 0); a pool's count is at
+// least the routings into it; a stored pool is in use or still holds memory; each pool's own checks.
+// Thread-safety: none; the device lock guards it.
+//
+// Example:
+//   pools.Begin(id, filter, device);                // beginAllocateToPool: count + 1
+//   std::uint16_t tag = pools.TagFor(stream);       // 0: the device's own pools
+//   pools.End(id, device);                          // endAllocateToPool
+//   pools.Release(id, device);                      // releasePool: count - 1; 0: freeable
+#ifndef BUCKETALLOC_FRONTEND_PRIVATE_POOLS_H_
+#define BUCKETALLOC_FRONTEND_PRIVATE_POOLS_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "bucketalloc/capture.h"
+#include "frontend/pools.h"
+
+namespace bucketalloc::internal {
+
+class PrivatePools {
+ public:
+  // One private pool.
+  struct Pool {
+    GraphPoolId id;
+    int use_count = 0;  // routings begun into it and not released; 0: freeable
+    std::unique_ptr<Pools> pools;
+    absl::flat_hash_map<Stream, std::unique_ptr<StreamPools>> streams;  // its free lists per stream
+    bool freeable() const { return use_count == 0; }
+  };
+
+  // `make_pools()` builds the small and large pool of a new private pool.
+  explicit PrivatePools(std::function<std::unique_ptr<Pools>()> make_pools)
+      : make_pools_(std::move(make_pools)), pools_(1) {}
+
+  // True while some routing runs (a capture or a MemPool context).
+  bool routing() const { return !routings_.empty(); }
+  // The tag of the pool a request on `stream` goes to now: the latest routing whose filter accepts
+  // it, else 0 (the device's own pools). The first time a routing serves a stream it remembers it,
+  // and asks `capturing(stream)`: a routing that served a capturing stream is a capture's (else a
+  // MemPool context's).
+  std::uint16_t TagFor(Stream stream, absl::FunctionRef<bool(Stream)> capturing);
+  // The private pool of a non-zero tag.
+  Pool& at(std::uint16_t tag) { return *pools_[tag]; }
+  const Pool& at(std::uint16_t tag) const { return *pools_[tag]; }
+  // The free lists of `stream` in pool `tag`.
+  StreamPools& StreamPoolsFor(std::uint16_t tag, Stream stream);
+  // Calls f(tag, pool) for every stored private pool.
+  template <typename F>
+  void ForEach(F&& f) {
+    for (std::size_t t = 1; t < pools_.size(); ++t)
+      if (pools_[t] != nullptr) f(static_cast<std::uint16_t>(t), *pools_[t]);
+  }
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (std::size_t t = 1; t < pools_.size(); ++t)
+      if (pools_[t] != nullptr) f(static_cast<std::uint16_t>(t), static_cast<const Pool&>(*pools_[t]));
+  }
+  // The number of tag slots (stored pools and free slots, slot 0 included).
+  std::size_t num_tags() const { return pools_.size(); }
+
+  // Starts routing the requests `filter` accepts into pool `id` (created, or its count + 1).
+  // InvalidArgument without a filter; FailedPrecondition while a routing into `id` already runs (as
+  // PyTorch refuses); ResourceExhausted past 65535 pools.
+  absl::Status Begin(GraphPoolId id, CaptureFilter filter, int device);
+  // Ends the routing into `id`. NotFound for a pool not in use here, FailedPrecondition when no
+  // routing into it runs.
+  absl::Status End(GraphPoolId id, int device);
+  // Releases one use of `id` (the graph or MemPool is gone). A routing into it still running was
+  // abandoned (its capture failed before End): it ends first. Returns true when the pool became
+  // freeable; false for a pool not in use here (no error: a pool that never allocated on this device).
+  bool Release(GraphPoolId id, int device);
+  // Ends every capture's routing none of whose served streams still captures (`capturing(stream)`):
+  // a capture abandoned without End (cudaStreamEndCapture failed). Returns how many ended.
+  int EndAbandoned(absl::FunctionRef<bool(Stream)> capturing);
+  // Forgets pool `tag`: freeable, holding no memory.
+  void Erase(std::uint16_t tag);
+
+  // `blocks_per_tag[tag]`: the live and pending blocks of each tag (num_tags() entries).
+  absl::Status CheckInvariants(const std::vector<std::int64_t>& blocks_per_tag) const;
+
+ private:
+  struct Routing {
+    std::uint16_t tag = 0;
+    CaptureFilter filter;
+    absl::InlinedVector<Stream, 2> served;  // the streams whose requests it routed
+    bool captured = false;                  // one of them was capturing when first served
+  };
+  // The tag of pool `id` (stored, in use or freeable), or 0.
+  std::uint16_t Find(GraphPoolId id) const;
+  absl::Status NotInUse(GraphPoolId id, absl::string_view what, int device) const;
+
+  std::function<std::unique_ptr<Pools>()> make_pools_;
+  std::vector<Routing> routings_;
+  std::vector<std::unique_ptr<Pool>> pools_;  // by tag; slot 0 and erased slots are null
+};
+
+}  // namespace bucketalloc::internal
+
+#endif  // BUCKETALLOC_FRONTEND_PRIVATE_POOLS_H_
