@@ -59,6 +59,14 @@ BUCKETALLOC_API void* bucketalloc_malloc(ssize_t size, int device, cudaStream_t 
  * and sets the last error (and prints it to stderr). */
 BUCKETALLOC_API void bucketalloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream);
 
+/* The same as bucketalloc_malloc, with the kind of failure: 0 and *out set (NULL for size 0); 1 out
+ * of memory, with the last error beginning as PyTorch's own OOM message ("CUDA out of memory. Tried
+ * to allocate 20.00 MiB. GPU 0 has a total capacity of ...") followed by bucketalloc's report (its
+ * first line names the cause); -1 any other error (the last error names it). For an alloc function
+ * compiled against a host's exception types (bucketalloc_torch builds one that throws PyTorch's
+ * c10::OutOfMemoryError). */
+BUCKETALLOC_API int bucketalloc_try_malloc(ssize_t size, int device, cudaStream_t stream, void** out);
+
 #ifdef __cplusplus
 /* C++ hosts only (PyTorch): the same as bucketalloc_malloc, but a failure with size > 0 throws
  * std::bad_alloc whose what() is the error message (the OOM report) instead of returning NULL.
@@ -100,15 +108,16 @@ BUCKETALLOC_API void* bucketalloc_base_alloc(void* ptr, size_t* size);
 
 /* ---- CUDA graph capture --------------------------------------------------------------------
  * A host that captures CUDA graphs announces each capture (PyTorch does it through the hooks below,
- * registered by bucketalloc_torch.enable()). Between begin and end the device makes no CUDA call at
- * all (CUDA forbids allocating, freeing, synchronizing and querying events in every thread while a
- * global-mode capture runs): requests are served from the cache or fail with an error naming the
- * capture. Blocks allocated on `stream` during the capture belong to graph pool `pool`; freed, they
- * are held (not reused) until bucketalloc_release_pool(pool), since every replay still writes them.
- * Each returns 0, or -1 with the last error set. */
+ * registered by bucketalloc_torch.enable()), with PyTorch's private-pool semantics: requests on
+ * `stream` between begin and end go to private pool `pool` (its use count + 1), which has its own
+ * memory: its freed blocks serve later requests of the pool (in this capture or another sharing
+ * it) and nothing else. A miss grows the pool in relaxed capture mode; nothing is freed,
+ * synchronized or queried during the capture. Each returns 0, or -1 with the last error set. */
 BUCKETALLOC_API int bucketalloc_capture_begin(int device, unsigned long long pool, cudaStream_t stream);
 BUCKETALLOC_API int bucketalloc_capture_end(int device, unsigned long long pool);
-/* The graph of `pool` is destroyed: its held blocks become reusable. Unknown pools are a no-op. */
+/* The graph of `pool` is destroyed: its use count - 1; at 0 its memory goes back at the next
+ * release (empty_cache, or release-and-retry before an OOM) after a device synchronization. A
+ * capture into it still running (it failed before end) ends. Unknown pools are a no-op. */
 BUCKETALLOC_API int bucketalloc_release_pool(int device, unsigned long long pool);
 
 #ifdef __cplusplus

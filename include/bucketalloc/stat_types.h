@@ -78,6 +78,7 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
 #define BUCKETALLOC_COUNTERS(X)                                                                                     \
   X(num_alloc_retries, "allocations that released the cache and retried")                                           \
   X(num_ooms, "allocations that failed with out-of-memory")                                                         \
+  X(num_oom_rejections, "device allocations refused without asking the device: they would exceed the cap")          \
   X(num_device_alloc, "backend allocations (cudaMalloc calls that succeeded)")                                      \
   X(num_device_free, "backend frees (cudaFree calls)")                                                              \
   X(num_device_free_failures, "backend frees that failed (the memory stayed cached)")                               \

@@ -58,12 +58,19 @@ struct OomReport {
   std::size_t active = 0;
   std::size_t cached = 0;
   std::size_t largest_free = 0;
-  std::size_t device_free = 0;  // as the backend reported it
+  std::size_t device_free = 0;   // as the backend reported it
+  std::size_t segment = 0;       // the backend allocation the request needed (PyTorch's "Tried to allocate")
+  std::size_t device_total = 0;  // the device's memory
   OomCause cause = OomCause::kCapacity;
   std::string diagnosis;  // one line, names the cause and the numbers behind it
   FragmentationReport fragmentation;
 
   std::string ToString() const;  // the diagnosis, the numbers and the histogram
+  // The first sentences of PyTorch's own OOM message (c10/cuda/CUDACachingAllocator.cpp), from
+  // these numbers: "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of
+  // 79.19 GiB of which 1.20 GiB is free. 40.00 GiB allowed; Of the allocated memory ... is allocated
+  // by PyTorch, and ... is reserved by PyTorch but unallocated." (sizes as PyTorch's format_size).
+  std::string TorchHeader() const;
   std::string ToJson() const;
 };
 

@@ -219,6 +219,32 @@ void* bucketalloc_malloc_or_throw(ssize_t size, int device, cudaStream_t stream)
   throw bucketalloc::AllocationError(std::move(message));
 }
 
+int bucketalloc_try_malloc(ssize_t size, int device, cudaStream_t stream, void** out) {
+  return Guarded<int>(-1, [&]() -> int {
+    if (out == nullptr) {
+      SetError(absl::InvalidArgumentError("bucketalloc_try_malloc: out is NULL; accepted: a void* to set"));
+      return -1;
+    }
+    *out = nullptr;
+    absl::StatusOr<void*> p = bucketalloc::Malloc(size, device, stream);
+    if (p.ok()) [[likely]] {
+      *out = *p;
+      return 0;
+    }
+    if (!absl::IsResourceExhausted(p.status())) {
+      SetError(p.status());
+      return -1;
+    }
+    std::string message(p.status().message());
+    if (Allocator* a = bucketalloc::g_process.get()) {
+      absl::StatusOr<std::optional<bucketalloc::OomReport>> report = a->LastOomReport(device);
+      if (report.ok() && report->has_value()) message = absl::StrCat((*report)->TorchHeader(), "\n", message);
+    }
+    bucketalloc::SetErrorText(message);
+    return 1;
+  });
+}
+
 void bucketalloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
   if (ptr == nullptr) return;
   Guarded<int>(0, [&]() -> int {

@@ -280,6 +280,7 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   s.allocated = static_cast<std::size_t>(stats_.Current(&DeviceStats::allocated_bytes, kAllPools));
   s.active = static_cast<std::size_t>(stats_.Current(&DeviceStats::active_bytes, kAllPools));
   s.pool_cached = static_cast<std::size_t>(stats_.Current(&DeviceStats::cached_bytes, pool));
+  s.device_total = device_total_;
   if (absl::StatusOr<DeviceMemInfo> info = backend_->GetMemInfo(); info.ok()) s.device_free = info->free_bytes;
   s.failure = std::string(cause.message());
   s.stitching = options_.Stitching() && pool == kLargePool;

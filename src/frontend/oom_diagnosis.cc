@@ -21,6 +21,8 @@ OomReport DiagnoseOom(const OomSituation& s) {
   r.fragmentation = s.fragmentation;
   r.largest_free = static_cast<std::size_t>(s.fragmentation.pools[s.pool].largest_free);
   r.device_free = s.device_free;
+  r.segment = s.segment;
+  r.device_total = s.device_total;
   const std::size_t headroom = s.capacity > s.reserved ? s.capacity - s.reserved : 0;
   const std::size_t pending = s.active - s.allocated;
   std::string pool_name = kPoolNames[s.pool].key;  // "small_pool" -> "small-pool"

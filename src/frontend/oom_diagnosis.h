@@ -38,7 +38,8 @@ struct OomSituation {
   std::size_t active = 0;       // >= allocated
   std::size_t pool_cached = 0;  // the request's pool's cached bytes
   std::size_t device_free = 0;  // as the backend reported it
-  std::string failure;          // the failed call's message
+  std::size_t device_total = 0;
+  std::string failure;  // the failed call's message
   // With stitching (large pool): the bytes of whole free granules a stitch could move.
   bool stitching = false;
   std::size_t movable = 0;

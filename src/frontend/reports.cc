@@ -133,6 +133,32 @@ std::string OomReport::ToString() const {
   return out;
 }
 
+namespace {
+
+// PyTorch's format_size (c10/core/Allocator.h): bytes up to 1 KiB, then KiB, MiB, GiB with two
+// decimals, each up to and including its upper bound.
+std::string TorchFormatSize(std::size_t size) {
+  const double d = static_cast<double>(size);
+  if (size <= 1024) return absl::StrCat(size, " bytes");
+  if (size <= 1048576) return absl::StrFormat("%.2f KiB", d / 1024.0);
+  if (size <= 1073741824) return absl::StrFormat("%.2f MiB", d / 1048576.0);
+  return absl::StrFormat("%.2f GiB", d / 1073741824.0);
+}
+
+}  // namespace
+
+std::string OomReport::TorchHeader() const {
+  std::string out =
+      absl::StrCat("CUDA out of memory. Tried to allocate ", TorchFormatSize(segment != 0 ? segment : rounded),
+                   ". GPU ", device, " has a total capacity of ", TorchFormatSize(device_total), " of which ",
+                   TorchFormatSize(device_free), " is free. ");
+  if (capacity < device_total) absl::StrAppend(&out, TorchFormatSize(capacity), " allowed; ");
+  absl::StrAppend(&out, "Of the allocated memory ", TorchFormatSize(allocated), " is allocated by PyTorch, and ",
+                  TorchFormatSize(reserved > allocated ? reserved - allocated : 0),
+                  " is reserved by PyTorch but unallocated.");
+  return out;
+}
+
 std::string OomReport::ToJson() const {
   Json j{{"device", device},
          {"requested", requested},

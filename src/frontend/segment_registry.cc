@@ -11,6 +11,7 @@ namespace bucketalloc::internal {
 
 absl::Status SegmentRegistry::CheckHeadroom(std::size_t bytes) const {
   if (Headroom() >= bytes) return absl::OkStatus();
+  stats_->Count(&DeviceStats::num_oom_rejections);  // PyTorch's count of allocations over its fraction limit
   return absl::ResourceExhaustedError(
       absl::StrCat("bucketalloc: reserving ", bytes, " more bytes would exceed the cap of ", cap_, " bytes (",
                    stats_->Current(&DeviceStats::reserved_bytes, kAllPools), " reserved)"));

@@ -30,9 +30,10 @@ import os
 import pickle
 import sys
 import threading
+import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
-from . import _lib
+from . import _lib, _torch_ext
 from ._lib import BucketallocError
 
 from ._version import project_version as _project_version
@@ -329,7 +330,8 @@ _HOOKS = (
 
 
 class _Enabled(NamedTuple):
-    malloc_name: str
+    raise_on_oom: bool
+    malloc_name: str  # the alloc function torch calls
     allocator: Any  # the torch.cuda.memory.CUDAPluggableAllocator
 
 
@@ -357,8 +359,36 @@ def _refuse_if_native_allocator_used(torch: Any) -> None:
         raise _too_late(f"PyTorch's native allocator already holds {reserved} bytes of CUDA memory")
 
 
-def _install(malloc_name: str) -> Any:
-    """Creates the CUDAPluggableAllocator with every hook this torch has and makes it current."""
+def _alloc_functions(torch: Any, raise_on_oom: bool) -> Tuple[str, str, str]:
+    """The library path and the alloc and free function names torch is given.
+
+    raise_on_oom: the alloc function compiled against this torch (``_torch_ext``), which raises
+    torch.cuda.OutOfMemoryError; when it cannot be built, bucketalloc_malloc_or_throw (a RuntimeError)
+    with a warning that names what is missing. Otherwise bucketalloc_malloc (NULL on failure).
+    """
+    if not raise_on_oom:
+        return _lib.library_path(), "bucketalloc_malloc", "bucketalloc_free"
+    try:
+        return _torch_ext.load(torch, _lib.lib()), _torch_ext.MALLOC, _torch_ext.FREE
+    except _torch_ext.Unavailable as e:
+        warnings.warn(
+            "bucketalloc: an out-of-memory failure will raise RuntimeError, not torch.cuda.OutOfMemoryError, "
+            f"because the alloc function compiled against this torch cannot be built: {e}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return _lib.library_path(), "bucketalloc_malloc_or_throw", "bucketalloc_free"
+
+
+def _check_device() -> None:
+    """Creates the allocator now, so that a missing or too old driver is reported by enable()."""
+    if _lib.lib().bucketalloc_device_count() < 0:
+        raise BucketallocError(_lib.last_error() or "bucketalloc: the allocator cannot be created")
+
+
+def _install(raise_on_oom: bool) -> Tuple[str, Any]:
+    """Creates the CUDAPluggableAllocator with every hook this torch has and makes it current;
+    returns the alloc function's name and the allocator."""
     try:
         import torch
     except ImportError as e:
@@ -366,7 +396,8 @@ def _install(malloc_name: str) -> Any:
             f"bucketalloc_torch.enable() needs PyTorch ({e}); the stats and snapshot functions work without it"
         ) from e
     _refuse_if_native_allocator_used(torch)
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib.library_path(), malloc_name, "bucketalloc_free")
+    path, malloc_name, free_name = _alloc_functions(torch, raise_on_oom)
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(path, malloc_name, free_name)
     hooks = allocator.allocator()
     for setter, function in _HOOKS:
         if hasattr(hooks, setter):
@@ -377,7 +408,7 @@ def _install(malloc_name: str) -> Any:
         if "already initialized" in str(e):
             raise _too_late(f"PyTorch says: {e}") from e
         raise
-    return allocator
+    return malloc_name, allocator
 
 
 def enable(conf: Optional[str] = None, *, patch_torch: bool = False, raise_on_oom: bool = True, **options: Any) -> Any:
@@ -398,32 +429,37 @@ def enable(conf: Optional[str] = None, *, patch_torch: bool = False, raise_on_oo
             memory_summary, memory_snapshot and torch.cuda.memory's _snapshot, _dump_snapshot and
             _record_memory_history (which raise under a pluggable allocator) by this module's;
             unpatch_torch() restores them.
-        raise_on_oom: allocate with ``bucketalloc_malloc_or_throw``, so that a failed allocation
-            raises a RuntimeError carrying the OOM report. False uses ``bucketalloc_malloc``, which
-            returns NULL, and PyTorch does not check that pointer: keep the default.
+        raise_on_oom: a failed allocation raises ``torch.cuda.OutOfMemoryError`` (PyTorch's
+            c10::OutOfMemoryError, thrown by an alloc function compiled against the installed torch
+            on first use and cached; see _torch_ext), whose message begins as PyTorch's ("CUDA out
+            of memory. Tried to allocate ...") and continues with bucketalloc's report. Without a
+            C++ compiler or torch's headers it is a RuntimeError carrying the report, with a
+            warning saying what is missing. False uses ``bucketalloc_malloc``, which returns NULL,
+            and PyTorch does not check that pointer: keep the default.
         **options: more options, appended to `conf` (e.g. ``capacity="40GiB"``).
 
     Returns:
         The torch.cuda.memory.CUDAPluggableAllocator (e.g. for torch.cuda.MemPool).
 
     Raises:
-        BucketallocError: a bad option, a configuration that differs from the one the allocator was
-            already created with, a second call with another raise_on_oom, or CUDA already in use
+        BucketallocError: a bad option, no usable device (the message says which case: no NVIDIA
+            driver, or a driver too old for the library, with the versions), a configuration that
+            differs from the one the allocator was already created with, a second call with another raise_on_oom, or CUDA already in use
             by PyTorch's native allocator (the swap is too late; the message says what to do).
         ImportError: torch cannot be imported.
     """
     global _enabled
     requested = _compose_conf(conf, options)
-    malloc_name = "bucketalloc_malloc_or_throw" if raise_on_oom else "bucketalloc_malloc"
     with _enable_lock:
-        if _enabled is not None and _enabled.malloc_name != malloc_name:
+        if _enabled is not None and _enabled.raise_on_oom != raise_on_oom:
             raise BucketallocError(
                 f"bucketalloc is already PyTorch's allocator with raise_on_oom={not raise_on_oom}; "
                 "PyTorch cannot swap an allocator in use, so it cannot change"
             )
         _apply_conf(requested)  # the library accepts the configuration it already has
         if _enabled is None:
-            _enabled = _Enabled(malloc_name, _install(malloc_name))
+            _check_device()
+            _enabled = _Enabled(raise_on_oom, *_install(raise_on_oom))
         if patch_torch:
             _patch_torch()
         return _enabled.allocator

@@ -56,6 +56,10 @@ _SIGNATURES = {
     # Declared for its address only (PyTorch calls it): never call it from Python, because the C++
     # exception it throws on failure cannot cross ctypes and terminates the process.
     "bucketalloc_malloc_or_throw": (ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
+    # 0 (and *out), 1 out of memory, -1 another error; the last error has the message.
+    "bucketalloc_try_malloc": (
+        ctypes.c_int, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    ),
     # Hooks (CUDAPluggableAllocator.allocator().set_*_fn).
     "bucketalloc_init": (None, [ctypes.c_int]),
     "bucketalloc_empty_cache": (None, []),

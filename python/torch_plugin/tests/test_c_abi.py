@@ -221,32 +221,34 @@ def test_memory_fraction_out_of_range_is_reported():
 
 
 @fresh_process(SIM)
-def test_stream_capture_serves_only_cached_memory():
+def test_stream_capture_allocates_into_the_graphs_private_pool():
     so = _lib.lib()
     warm = malloc(4 * MiB, STREAM_A)
-    free(warm, 4 * MiB, STREAM_A)  # warm-up: a cached 20 MiB segment on stream A
-    reserved = ba.memory_reserved(0)
+    free(warm, 4 * MiB, STREAM_A)  # a cached segment of the device's own pools on stream A
     _lib.check(so.bucketalloc_capture_begin(0, 9, STREAM_A), "bucketalloc_capture_begin")
     _lib.check(so.bucketalloc_sim_set_capturing(0, STREAM_A, 1), "bucketalloc_sim_set_capturing")
     graph_block = malloc(4 * MiB, STREAM_A)
-    assert graph_block == warm  # a cache hit is allowed during capture
-    assert so.bucketalloc_malloc(64 * MiB, 0, STREAM_A) is None  # a miss would need cudaMalloc
-    assert "during CUDA graph capture" in _lib.last_error()
+    assert graph_block != warm  # the graph's pool, not the device's cache
+    big = malloc(64 * MiB, STREAM_A)  # a miss grows the pool during the capture
+    reserved = ba.memory_reserved(0)
     so.bucketalloc_empty_cache()
     assert "empty_cache on device 0 during CUDA graph capture" in _lib.last_error()
     assert ba.memory_reserved(0) == reserved
     s = ba.memory_stats(0)
-    assert s["num_capture_refusals"] == 1
+    assert s["num_capture_refusals"] == 0
     assert s["num_ooms"] == 0
     free(graph_block, 4 * MiB, STREAM_A)
+    free(big, 64 * MiB, STREAM_A)
     _lib.check(so.bucketalloc_sim_set_capturing(0, STREAM_A, 0), "bucketalloc_sim_set_capturing")
     _lib.check(so.bucketalloc_capture_end(0, 9), "bucketalloc_capture_end")
-    # The graph's block is held while the graph may replay.
-    assert malloc(4 * MiB, STREAM_A) != graph_block
-    assert ba.memory_stats(0)["active_bytes.all.current"] == 8 * MiB
+    # The graph's blocks stay in its pool while the graph may replay.
+    eager = malloc(4 * MiB, STREAM_A)
+    assert eager != graph_block
+    assert {segment["segment_pool_id"] for segment in ba.snapshot(0)["segments"]} == {(0, 0), (9, 0)}
     _lib.check(so.bucketalloc_release_pool(0, 9), "bucketalloc_release_pool")
-    assert ba.memory_stats(0)["active_bytes.all.current"] == 4 * MiB
-    assert malloc(64 * MiB, STREAM_A)
+    free(eager, 4 * MiB, STREAM_A)
+    ba.empty_cache()
+    assert ba.memory_reserved(0) == 0
     ba.check_invariants(0)
 
 

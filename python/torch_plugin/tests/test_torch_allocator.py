@@ -1,0 +1,195 @@
+"""bucketalloc inside the real torch (the PyPI CUDA wheel), on the simulated device, without a driver.
+
+torch's own CUDAPluggableAllocator object is driven from C++ (tests/torch_probe.cpp, built with
+torch.utils.cpp_extension) the way torch's CUDA code drives it: allocations through
+CUDAPluggableAllocator::malloc, frees through raw_delete, and CUDAGraph's pool hooks
+(beginAllocateToPool, endAllocateToPool, releasePool). torch.cuda.graph itself and tensors on
+"cuda" need a driver: scripts/gpu_torch_check.py runs those on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+
+import pytest
+
+from helpers import run_python
+
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("accelerate") is None:
+    pytest.fail(
+        "torch and accelerate are not installed in this environment: scripts/test_python.sh installs them "
+        "(the PyPI CUDA wheel, cached under ~/.cache/bucketalloc/wheels)",
+        pytrace=False,
+    )
+
+
+def _driver_present() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+# Builds (once; cached under TORCH_EXTENSIONS_DIR) and imports the probe in a child process.
+PROBE = """
+import os, pathlib, torch.utils.cpp_extension as ext
+import helpers
+probe = ext.load(name="bucketalloc_torch_probe", sources=[str(helpers.TESTS_DIR / "torch_probe.cpp")],
+                 extra_include_paths=[os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")],
+                 extra_ldflags=["-ltorch_cuda", "-lc10_cuda"], verbose=False)
+"""
+
+SIM = "backend:sim,capacity:256MiB,sim_total_memory:1GiB"
+
+
+@pytest.mark.skipif(_driver_present(), reason="this machine has an NVIDIA driver: the no-driver error cannot be seen")
+def test_enable_without_a_driver_says_so_at_once():
+    run_python(
+        """
+        import bucketalloc_torch as ba
+        try:
+            ba.enable()
+        except ba.BucketallocError as e:
+            assert "no CUDA driver" in str(e) and "libcuda.so.1" in str(e), e
+            assert "insufficient" not in str(e), e
+        else:
+            raise AssertionError("enable() succeeded without a driver")
+        """
+    )
+
+
+def test_oom_is_torch_out_of_memory_error_with_torchs_message_and_accelerate_sees_it():
+    run_python(
+        PROBE
+        + """
+import torch, accelerate.utils.memory as acc_memory
+import bucketalloc_torch as ba
+ba.enable()
+stream = 0x1000
+p = probe.malloc(64 << 20, 0, stream)
+assert p != 0
+try:
+    probe.malloc(600 << 20, 0, stream)
+except torch.cuda.OutOfMemoryError as e:
+    text = str(e)
+    assert text.startswith("CUDA out of memory. Tried to allocate 600.00 MiB. GPU 0 has a total capacity of 1024.00 MiB"), text
+    assert "256.00 MiB allowed;" in text, text
+    assert "bucketalloc: out of memory on device 0: capacity" in text, text
+    assert acc_memory.should_reduce_batch_size(e), "accelerate does not see an OOM"
+else:
+    raise AssertionError("600 MiB under a 256 MiB cap were allocated")
+stats = ba.memory_stats()
+assert stats["num_ooms"] == 1 and stats["num_oom_rejections"] >= 1, stats
+probe.free(p)
+ba.check_invariants()
+""",
+        conf=SIM,
+    )
+
+
+def test_graphs_sharing_a_pool_through_torchs_allocator_object_in_both_reset_orders():
+    run_python(
+        PROBE
+        + """
+import bucketalloc_torch as ba
+ba.enable()
+s = 0x1000
+sizes = [4096, 300000, 3 << 20, 5 << 20]
+def capture(pool):
+    probe.begin_allocate_to_pool(0, pool[0], pool[1], s)   # CUDAGraph::capture_begin
+    blocks = [probe.malloc(n, 0, s) for n in sizes]
+    out = blocks.pop(2)
+    for b in blocks:
+        probe.free(b)                                        # intermediates, freed inside the capture
+    probe.end_allocate_to_pool(0, pool[0], pool[1])          # capture_end
+    return out, set(blocks) | {out}
+pool = (1, 0)                                                # graph_pool_handle()
+for first in (0, 1):
+    out1, b1 = capture(pool)
+    one = ba.memory_reserved()
+    out2, b2 = capture(pool)
+    assert ba.memory_reserved() == one, "the second graph reused the first one's blocks"
+    outs = [out1, out2]
+    probe.release_pool(0, pool[0], pool[1])                  # one graph reset, the other replays
+    ba.empty_cache()
+    eager = [probe.malloc(n, 0, s) for n in sizes]
+    assert not set(eager) & (b1 | b2), "a block of a pool still in use served an eager tensor"
+    for e in eager:
+        probe.free(e)
+    probe.free(outs[first]); probe.free(outs[1 - first])
+    probe.release_pool(0, pool[0], pool[1])
+    ba.empty_cache()
+    assert ba.memory_reserved() == 0, ba.memory_stats()
+    ba.check_invariants()
+""",
+        conf=SIM,
+    )
+
+
+def test_n_captures_sharing_a_pool_cost_about_one_capture():
+    run_python(
+        PROBE
+        + """
+import bucketalloc_torch as ba
+ba.enable()
+s, pool, n = 0x1000, (2, 0), 16
+held = []
+for g in range(n):
+    probe.begin_allocate_to_pool(0, pool[0], pool[1], s)
+    blocks = [probe.malloc(size, 0, s) for size in (8 << 20, 1 << 20, 12 << 20, 65536)]
+    for b in blocks:
+        probe.free(b)
+    probe.end_allocate_to_pool(0, pool[0], pool[1])
+    held.append(ba.memory_reserved())
+print(f"reserved after 1 capture: {held[0]}; after {n}: {held[-1]}")
+assert held[-1] == held[0], held
+for g in range(n):
+    probe.release_pool(0, pool[0], pool[1])
+ba.empty_cache()
+assert ba.memory_reserved() == 0
+""",
+        conf=SIM,
+    )
+
+
+def test_a_failed_capture_then_normal_allocation():
+    run_python(
+        PROBE
+        + """
+import bucketalloc_torch as ba
+ba.enable()
+s = 0x1000
+ba._lib.lib().bucketalloc_sim_set_capturing(0, s, 1)
+probe.begin_allocate_to_pool(0, 3, 0, s)
+p = probe.malloc(3 << 20, 0, s)
+ba._lib.lib().bucketalloc_sim_set_capturing(0, s, 0)        # cudaStreamEndCapture threw: no end hook
+probe.release_pool(0, 3, 0)                                  # an older torch's reset(): release only
+ba.empty_cache()                                             # not refused: no capture runs
+q = probe.malloc(3 << 20, 0, s)
+assert q != p, "the abandoned graph's live block was handed out again"
+probe.free(p); probe.free(q)
+ba.empty_cache()
+assert ba.memory_reserved() == 0
+ba.check_invariants()
+""",
+        conf=SIM,
+    )
+
+
+def test_mempool_is_refused_by_torchs_pluggable_path():
+    run_python(
+        PROBE
+        + """
+import bucketalloc_torch as ba
+ba.enable()
+try:
+    probe.create_or_incref_pool(0, 0, 1)                     # what torch.cuda.MemPool() calls first
+except RuntimeError as e:
+    assert "does not yet support createOrIncrefPool" in str(e), e
+else:
+    raise AssertionError("torch's pluggable allocator accepted createOrIncrefPool")
+""",
+        conf=SIM,
+    )
