@@ -47,12 +47,13 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
       device_(device),
       backend_(std::move(backend)),
       registry_(backend_.get(), &stats_, &history_),
-      pools_(PoolContext{&stats_, &registry_, &clock_}, options.small_pool_limit,
-             MakeLargeConfig(options, backend_->Granularity())),
+      large_config_(MakeLargeConfig(options, backend_->Granularity())),
+      pools_(PoolContext{&stats_, &registry_, &clock_}, options.small_pool_limit, large_config_),
       pending_(backend_.get()),
+      // A private pool's small and large pool: configured as the device's own.
       private_([this] {
         return std::make_unique<Pools>(PoolContext{&stats_, &registry_, &clock_}, options_.small_pool_limit,
-                                       MakeLargeConfig(options_, backend_->Granularity()));
+                                       large_config_);
       }) {
   registry_.set_collector([this](std::size_t incoming) ABSL_NO_THREAD_SAFETY_ANALYSIS { CollectGarbage(incoming); });
 }
@@ -188,9 +189,6 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
   // allows and PyTorch does) but collects, releases and stitches nothing; no event is polled and
   // nothing is released and retried: CUDA forbids the queries, synchronizations and frees.
   const bool capturing = CaptureRestricts(stream);
-  auto failed = [&](const absl::Status& s) {
-    return absl::IsResourceExhausted(s) || (capturing && absl::IsFailedPrecondition(s));
-  };
   if (!capturing && !pending_.empty()) RetirePending(PendingFrees::Mode::kPollAll);
   registry_.set_capturing(capturing);
   absl::StatusOr<typename P::Handle> h = serve(request);
@@ -201,7 +199,7 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
     h = serve(request);
   }
   typename P::Request needed = request;
-  if (failed(h.status())) {
+  if (absl::IsResourceExhausted(h.status()) || (capturing && absl::IsFailedPrecondition(h.status()))) {
     if (std::optional<typename P::Request> smaller = fallback(&h); smaller.has_value()) needed = *smaller;
   }
   registry_.set_capturing(false);
@@ -229,7 +227,7 @@ void DeviceAllocator::EndAbandonedCaptures() {
 }
 
 bool DeviceAllocator::CaptureRestricts(Stream stream) {
-  if (private_.routing()) EndAbandonedCaptures();
+  EndAbandonedCaptures();
   if (private_.routing()) return true;
   if (!options_.probe_stream_capture) return false;
   return StreamCaptures(stream, false);  // an error here is reported by the backend call that follows
@@ -423,9 +421,8 @@ void DeviceAllocator::ReleasePrivatePools(bool all) {
   }
   stats_.Count(&DeviceStats::num_sync_all_streams);
   for (std::uint16_t tag : tags) {
-    PrivatePools::Pool& p = private_.at(tag);
-    p.pools->ForEach([](auto& pool) { pool.ReleaseAll(); });
-    if (p.freeable() && !p.pools->HoldsMemory()) private_.Erase(tag);  // holds no memory: forgotten
+    private_.at(tag).pools->ForEach([](auto& pool) { pool.ReleaseAll(); });
+    private_.ForgetIfEmpty(tag);
   }
 }
 
@@ -520,13 +517,7 @@ absl::Status DeviceAllocator::ReleasePool(GraphPoolId pool) {
   MutexLock lock(mu_);
   // At a use count of 0 the pool is freeable: its memory goes back at the next release (an OOM's
   // release-and-retry, empty_cache), after a device synchronization, as in PyTorch.
-  if (private_.Release(pool, device_)) {
-    std::uint16_t tag = 0;
-    private_.ForEach([&](std::uint16_t t, const PrivatePools::Pool& p) {
-      if (p.id == pool && !p.pools->HoldsMemory()) tag = t;
-    });
-    if (tag != 0) private_.Erase(tag);  // nothing to give back
-  }
+  private_.ForgetIfEmpty(private_.Release(pool));  // a pool with nothing to give back is forgotten now
   MaybeCheckInvariants();
   return absl::OkStatus();
 }

@@ -201,6 +201,7 @@ class DeviceAllocator final {
   std::uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;  // advances on every free; orders cached memory by age
   HistoryRing history_ ABSL_GUARDED_BY(mu_);
   SegmentRegistry registry_ ABSL_GUARDED_BY(mu_);
+  const LargePoolConfig large_config_;  // of the device's large pool and every private pool's
   Pools pools_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Stream, std::unique_ptr<StreamPools>> streams_ ABSL_GUARDED_BY(mu_);
   Stream last_stream_ ABSL_GUARDED_BY(mu_) = nullptr;

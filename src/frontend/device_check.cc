@@ -56,9 +56,7 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   auto visit = [&](std::uintptr_t ptr, const LiveEntry& e, bool live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (!entries.ok()) return;
     const std::uint16_t tag = e.private_pool;
-    bool stored = tag == 0;
-    private_.ForEach([&](std::uint16_t t, const PrivatePools::Pool&) { stored = stored || t == tag; });
-    if (tag >= tags.size() || !stored) {
+    if (tag != 0 && !private_.contains(tag)) {
       entries = fail("an entry names a private pool that does not exist");
       return;
     }

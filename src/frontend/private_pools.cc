@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "internal/check.h"
 
 namespace bucketalloc::internal {
 namespace {
@@ -92,14 +91,13 @@ absl::Status PrivatePools::End(GraphPoolId id, int device) {
   return absl::OkStatus();
 }
 
-bool PrivatePools::Release(GraphPoolId id, int device) {
-  (void)device;
+std::uint16_t PrivatePools::Release(GraphPoolId id) {
   const std::uint16_t tag = Find(id);
-  if (tag == 0 || pools_[tag]->freeable()) return false;
+  if (tag == 0 || pools_[tag]->freeable()) return 0;
   // A routing still running into it was abandoned (cudaStreamEndCapture failed, so End never came).
   routings_.erase(std::remove_if(routings_.begin(), routings_.end(), [&](const Routing& r) { return r.tag == tag; }),
                   routings_.end());
-  return --pools_[tag]->use_count == 0;
+  return --pools_[tag]->use_count == 0 ? tag : 0;
 }
 
 int PrivatePools::EndAbandoned(absl::FunctionRef<bool(Stream)> capturing) {
@@ -113,9 +111,10 @@ int PrivatePools::EndAbandoned(absl::FunctionRef<bool(Stream)> capturing) {
   return static_cast<int>(before - routings_.size());
 }
 
-void PrivatePools::Erase(std::uint16_t tag) {
-  BA_DCHECK(pools_[tag] != nullptr && pools_[tag]->freeable(), "erasing a private pool in use");
+bool PrivatePools::ForgetIfEmpty(std::uint16_t tag) {
+  if (!contains(tag) || !pools_[tag]->freeable() || pools_[tag]->pools->HoldsMemory()) return false;
   pools_[tag].reset();
+  return true;
 }
 
 absl::Status PrivatePools::CheckInvariants(const std::vector<std::int64_t>& blocks_per_tag) const {

@@ -18,7 +18,7 @@
 //   pools.Begin(id, filter, device);                // beginAllocateToPool: count + 1
 //   std::uint16_t tag = pools.TagFor(stream);       // 0: the device's own pools
 //   pools.End(id, device);                          // endAllocateToPool
-//   pools.Release(id, device);                      // releasePool: count - 1; 0: freeable
+//   pools.Release(id);                              // releasePool: count - 1; 0: freeable
 #ifndef BUCKETALLOC_FRONTEND_PRIVATE_POOLS_H_
 #define BUCKETALLOC_FRONTEND_PRIVATE_POOLS_H_
 
@@ -87,14 +87,16 @@ class PrivatePools {
   // routing into it runs.
   absl::Status End(GraphPoolId id, int device);
   // Releases one use of `id` (the graph or MemPool is gone). A routing into it still running was
-  // abandoned (its capture failed before End): it ends first. Returns true when the pool became
-  // freeable; false for a pool not in use here (no error: a pool that never allocated on this device).
-  bool Release(GraphPoolId id, int device);
+  // abandoned (its capture failed before End): it ends first. Returns the pool's tag when it became
+  // freeable, else 0 (also for a pool not in use here: no error, it never allocated on this device).
+  std::uint16_t Release(GraphPoolId id);
   // Ends every capture's routing none of whose served streams still captures (`capturing(stream)`):
   // a capture abandoned without End (cudaStreamEndCapture failed). Returns how many ended.
   int EndAbandoned(absl::FunctionRef<bool(Stream)> capturing);
-  // Forgets pool `tag`: freeable, holding no memory.
-  void Erase(std::uint16_t tag);
+  // Forgets pool `tag` if it is freeable and holds no memory; true when it did.
+  bool ForgetIfEmpty(std::uint16_t tag);
+  // True when `tag` names a stored private pool.
+  bool contains(std::uint16_t tag) const { return tag != 0 && tag < pools_.size() && pools_[tag] != nullptr; }
 
   // `blocks_per_tag[tag]`: the live and pending blocks of each tag (num_tags() entries).
   absl::Status CheckInvariants(const std::vector<std::int64_t>& blocks_per_tag) const;

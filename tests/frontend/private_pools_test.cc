@@ -47,13 +47,13 @@ TEST_F(PrivatePoolsTest, RequestsFollowTheLatestMatchingRoutingAndUseCountsDecid
   EXPECT_EQ(Tag(TestStream(1)), t1);
   ASSERT_TRUE(pools_.End({1, 1}, 0).ok());
   EXPECT_EQ(pools_.at(t1).use_count, 2);
-  EXPECT_FALSE(pools_.Release({1, 1}, 0)) << "one graph still uses it";
-  EXPECT_TRUE(pools_.Release({1, 1}, 0)) << "the last use: freeable";
+  EXPECT_EQ(pools_.Release({1, 1}), 0) << "one graph still uses it";
+  EXPECT_EQ(pools_.Release({1, 1}), t1) << "the last use: freeable";
   EXPECT_TRUE(pools_.at(t1).freeable());
-  EXPECT_FALSE(pools_.Release({1, 1}, 0)) << "a freeable pool is no longer in use";
+  EXPECT_EQ(pools_.Release({1, 1}), 0) << "a freeable pool is no longer in use";
   std::vector<std::int64_t> blocks(pools_.num_tags());
   EXPECT_TRUE(pools_.CheckInvariants(blocks).ok());
-  pools_.Erase(t1);
+  EXPECT_TRUE(pools_.ForgetIfEmpty(t1));
   blocks[t1] = 1;
   EXPECT_FALSE(pools_.CheckInvariants(blocks).ok()) << "an entry of an erased pool";
   // The erased slot is reused by a new pool.
@@ -68,13 +68,13 @@ TEST_F(PrivatePoolsTest, AnAbandonedCaptureEndsAtReleaseOrWhenItsStreamsStopCapt
   EXPECT_EQ(pools_.EndAbandoned([](Stream) { return true; }), 0) << "still capturing";
   EXPECT_EQ(pools_.EndAbandoned([](Stream) { return false; }), 1);
   EXPECT_FALSE(pools_.routing());
-  EXPECT_TRUE(pools_.Release({1, 1}, 0));
+  EXPECT_NE(pools_.Release({1, 1}), 0);
   // A MemPool context (its streams never capture) is never taken for an abandoned capture.
   ASSERT_TRUE(pools_.Begin({2, 2}, Only(TestStream(2)), 0).ok());
   ASSERT_NE(Tag(TestStream(2), /*capturing=*/false), 0);
   EXPECT_EQ(pools_.EndAbandoned([](Stream) { return false; }), 0);
   // Released while its routing still runs (cudaStreamEndCapture threw): the routing ends.
-  EXPECT_TRUE(pools_.Release({2, 2}, 0));
+  EXPECT_NE(pools_.Release({2, 2}), 0);
   EXPECT_FALSE(pools_.routing());
 }
 
@@ -85,7 +85,7 @@ TEST_F(PrivatePoolsTest, MisuseIsAClearErrorAndChangesNothing) {
   EXPECT_TRUE(absl::IsNotFound(pools_.End({9, 9}, 4)));
   EXPECT_TRUE(absl::StrContains(pools_.End({9, 9}, 4).message(), "private pool (9, 9) on device 4"))
       << pools_.End({9, 9}, 4);
-  EXPECT_FALSE(pools_.Release({9, 9}, 0)) << "a pool never used here is no error";
+  EXPECT_EQ(pools_.Release({9, 9}), 0) << "a pool never used here is no error";
   ASSERT_TRUE(pools_.Begin({1, 1}, Only(TestStream(1)), 0).ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(pools_.Begin({1, 1}, Only(TestStream(2)), 0))) << "already routed to";
   ASSERT_TRUE(pools_.End({1, 1}, 0).ok());

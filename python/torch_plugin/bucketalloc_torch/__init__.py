@@ -331,7 +331,6 @@ _HOOKS = (
 
 class _Enabled(NamedTuple):
     raise_on_oom: bool
-    malloc_name: str  # the alloc function torch calls
     allocator: Any  # the torch.cuda.memory.CUDAPluggableAllocator
 
 
@@ -386,9 +385,8 @@ def _check_device() -> None:
         raise BucketallocError(_lib.last_error() or "bucketalloc: the allocator cannot be created")
 
 
-def _install(raise_on_oom: bool) -> Tuple[str, Any]:
-    """Creates the CUDAPluggableAllocator with every hook this torch has and makes it current;
-    returns the alloc function's name and the allocator."""
+def _install(raise_on_oom: bool) -> Any:
+    """Creates the CUDAPluggableAllocator with every hook this torch has and makes it current."""
     try:
         import torch
     except ImportError as e:
@@ -408,7 +406,7 @@ def _install(raise_on_oom: bool) -> Tuple[str, Any]:
         if "already initialized" in str(e):
             raise _too_late(f"PyTorch says: {e}") from e
         raise
-    return malloc_name, allocator
+    return allocator
 
 
 def enable(conf: Optional[str] = None, *, patch_torch: bool = False, raise_on_oom: bool = True, **options: Any) -> Any:
@@ -459,7 +457,7 @@ def enable(conf: Optional[str] = None, *, patch_torch: bool = False, raise_on_oo
         _apply_conf(requested)  # the library accepts the configuration it already has
         if _enabled is None:
             _check_device()
-            _enabled = _Enabled(raise_on_oom, *_install(raise_on_oom))
+            _enabled = _Enabled(raise_on_oom, _install(raise_on_oom))
         if patch_torch:
             _patch_torch()
         return _enabled.allocator

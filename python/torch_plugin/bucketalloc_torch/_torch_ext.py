@@ -53,7 +53,8 @@ def _compiler() -> str:
     raise Unavailable("no C++ compiler found (set CXX, or install g++: apt-get install g++)")
 
 
-def _command(torch: Any, output: pathlib.Path) -> List[str]:
+def _command(torch: Any) -> List[str]:
+    """The compile command, without its output ("-o path" is appended)."""
     torch_dir = pathlib.Path(torch.__file__).resolve().parent
     include, lib = torch_dir / "include", torch_dir / "lib"
     if not (include / "c10" / "util" / "Exception.h").is_file():
@@ -63,23 +64,22 @@ def _command(torch: Any, output: pathlib.Path) -> List[str]:
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
     return [
         _compiler(), "-std=c++20", "-O2", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        "-isystem", str(include), str(SOURCE), "-o", str(output),
-        f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}",
+        "-isystem", str(include), str(SOURCE), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}",
     ]
 
 
 def build(torch: Any) -> pathlib.Path:
     """Returns the path of the library built for `torch`, compiling it when it is not cached."""
-    probe = _command(torch, pathlib.Path("out"))  # raises Unavailable naming what is missing
+    command = _command(torch)  # raises Unavailable naming what is missing
     key = hashlib.sha256()
     key.update(SOURCE.read_bytes())
-    key.update("\0".join([torch.__version__, *probe]).encode())
+    key.update("\0".join([torch.__version__, *command]).encode())
     output = cache_dir() / "torch_alloc" / key.hexdigest()[:20] / LIBRARY_NAME
     if output.is_file():
         return output
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f"{LIBRARY_NAME}.{os.getpid()}.tmp")
-    command = _command(torch, temporary)
+    command += ["-o", str(temporary)]
     process = subprocess.run(command, capture_output=True, text=True, check=False)
     if process.returncode != 0:
         temporary.unlink(missing_ok=True)
