@@ -12,15 +12,21 @@ Runs two fresh processes in one run and compares them:
       - empty_cache: torch.cuda.empty_cache() releases everything cached;
       - CUDA graphs: warm up on a side stream, capture on it (CUDAGraph.capture_begin/capture_end,
         which call bucketalloc's graph-pool hooks), replay, compare, reset;
+      - torch.cuda.graph with one graph_pool_handle() shared by two graphs: both replay correctly,
+        the second costs no new memory, and resetting the first leaves the second correct;
+      - torch.cuda.make_graphed_callables on a small MLP, forward and backward against eager;
       - torch/cuda/_memory_viz.py reads dump_snapshot()'s pickle (stats and trace);
-      - an impossible request raises RuntimeError carrying bucketalloc's OOM report;
+      - an impossible request raises torch.cuda.OutOfMemoryError whose message begins as torch's
+        and carries bucketalloc's report;
+      - accelerate.find_executable_batch_size shrinks the batch until it fits under a cap set with
+        torch.cuda.set_per_process_memory_fraction (SKIP when accelerate is not installed);
       - the latency loop below.
   * native: PyTorch's own caching allocator, the same latency loop.
 The latency loop: `torch.empty(n, dtype=uint8, device="cuda")` then `del` (a cache hit after the
 first), for n in 4 KiB, 256 KiB, 2 MiB and 64 MiB, best of 5 repetitions of 20000 pairs each,
 in nanoseconds per pair. Target (issue 3): bucketalloc within 1.1x of native.
 
-Prints one line per check ("check <name>: PASS|FAIL <detail>"), the latency table, and exits
+Prints one line per check ("check <name>: PASS|FAIL|SKIP <detail>"), the latency table, and exits
 non-zero when a check failed. The latency target is reported, not enforced (a benchmark, not a test).
 
 Usage: python3 scripts/gpu_torch_check.py            (the driver: runs both processes)
@@ -61,8 +67,8 @@ def latency_ns(torch) -> dict:
 def checks_bucketalloc(torch, ba) -> list:
     results = []
 
-    def check(name, ok, detail=""):
-        results.append({"name": name, "ok": bool(ok), "detail": detail})
+    def check(name, ok, detail="", skipped=False):
+        results.append({"name": name, "ok": bool(ok) or skipped, "skipped": skipped, "detail": detail})
 
     # Variable-length workload against a CPU reference.
     gen = torch.Generator().manual_seed(1234)
@@ -169,6 +175,68 @@ def checks_bucketalloc(torch, ba) -> list:
     except Exception as e:  # noqa: BLE001 — report the failure as a check
         check("cuda_graph_capture_and_replay", False, f"{type(e).__name__}: {str(e).splitlines()[0]}")
 
+    # torch.cuda.graph with one private pool shared by two graphs (graph_pool_handle()), as serving
+    # engines capture their decode graphs: the second graph reuses the first one's freed blocks.
+    try:
+        pool = torch.cuda.graph_pool_handle()
+        x = torch.randn(1024, 1024, device="cuda")
+        w = torch.randn(1024, 1024, device="cuda")
+        g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):  # warm up (cuBLAS workspaces) outside the capture
+                torch.relu(x @ w) @ w
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g1, pool=pool):
+            y1 = torch.relu(x @ w) @ w  # the intermediate relu(x @ w) is freed inside the capture
+        one = ba.memory_reserved()
+        with torch.cuda.graph(g2, pool=pool):
+            y2 = torch.relu(y1 @ w) @ w
+        two = ba.memory_reserved()
+        x.copy_(torch.randn(1024, 1024, device="cuda"))
+        g1.replay()
+        g2.replay()
+        torch.cuda.synchronize()
+        ref1 = torch.relu(x @ w) @ w
+        ref2 = torch.relu(ref1 @ w) @ w
+        err = max((y1 - ref1).abs().max().item() / ref1.abs().max().item(),
+                  (y2 - ref2).abs().max().item() / ref2.abs().max().item())
+        g1.reset()  # one graph gone; the other still replays into the shared pool
+        eager = [torch.empty(4 << 20, device="cuda") for _ in range(8)]
+        for e in eager:
+            e.fill_(7.0)
+        g2.replay()
+        torch.cuda.synchronize()
+        err2 = (y2 - torch.relu(y1 @ w) @ w).abs().max().item() / ref2.abs().max().item()
+        del eager
+        g2.reset()
+        check("graphs_sharing_a_pool", err < 1e-3 and err2 < 1e-3 and two - one <= (one // 4),
+              f"relative error {err:.1e} / after reset {err2:.1e}; reserved after graph 1 {one} B, after graph 2 "
+              f"{two} B")
+        del y1, y2
+    except Exception as e:  # noqa: BLE001
+        check("graphs_sharing_a_pool", False, f"{type(e).__name__}: {str(e).splitlines()[0]}")
+
+    # make_graphed_callables: forward and backward graphs of a module, against eager.
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64)).cuda()
+        sample = torch.randn(32, 256, device="cuda", requires_grad=True)
+        graphed = torch.cuda.make_graphed_callables(model, (sample,))
+        inp = torch.randn(32, 256, device="cuda", requires_grad=True)
+        out = graphed(inp)
+        out.sum().backward()
+        graphed_grad = inp.grad.clone()
+        inp.grad = None
+        ref = model(inp)
+        ref.sum().backward()
+        err = max((out - ref).abs().max().item(), (graphed_grad - inp.grad).abs().max().item())
+        check("make_graphed_callables", err < 1e-3, f"max abs error {err:.1e}")
+        del model, graphed, out, ref, inp, sample
+    except Exception as e:  # noqa: BLE001
+        check("make_graphed_callables", False, f"{type(e).__name__}: {str(e).splitlines()[0]}")
+
     # PyTorch's memory_viz reads our snapshot.
     import tempfile
     keep = torch.empty(5 << 20, dtype=torch.uint8, device="cuda")
@@ -190,13 +258,42 @@ def checks_bucketalloc(torch, ba) -> list:
     del keep
     check("memory_viz_reads_the_snapshot", ok, "; ".join(outputs))
 
-    # An impossible request raises with our report.
+    # An impossible request raises torch's own OOM type, with torch's message first, then our report.
     try:
         torch.empty(1 << 46, dtype=torch.uint8, device="cuda")
-        check("oom_raises_with_the_report", False, "a 64 TiB tensor was allocated")
+        check("oom_raises_torch_out_of_memory_error", False, "a 64 TiB tensor was allocated")
+    except torch.cuda.OutOfMemoryError as e:
+        text = str(e)
+        check("oom_raises_torch_out_of_memory_error",
+              text.startswith("CUDA out of memory. Tried to allocate") and "bucketalloc: out of memory" in text,
+              text.splitlines()[0][:200])
     except RuntimeError as e:
-        first = str(e).splitlines()[0] if str(e) else ""
-        check("oom_raises_with_the_report", "bucketalloc: out of memory" in str(e), first[:160])
+        check("oom_raises_torch_out_of_memory_error", False, f"a {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+
+    # accelerate's batch-size search under a cap: shrinks the batch after each OOM until it fits.
+    try:
+        from accelerate.utils import find_executable_batch_size
+    except ImportError:
+        check("accelerate_finds_a_batch_size", True, "accelerate is not installed here", skipped=True)
+    else:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction((4 << 30) / total)  # a 4 GiB cap
+        tried = []
+
+        @find_executable_batch_size(starting_batch_size=128)
+        def step(batch_size):
+            tried.append(batch_size)
+            t = torch.empty(batch_size * (256 << 20), dtype=torch.uint8, device="cuda")  # 256 MiB per sample
+            del t
+            return batch_size
+
+        try:
+            found = step()
+            check("accelerate_finds_a_batch_size", found * (256 << 20) < (4 << 30) and len(tried) > 1,
+                  f"tried {tried}, found {found}")
+        except Exception as e:  # noqa: BLE001
+            check("accelerate_finds_a_batch_size", False, f"tried {tried}: {type(e).__name__}: {str(e)[:160]}")
+        torch.cuda.set_per_process_memory_fraction(1.0)
 
     try:
         ba.check_invariants()
@@ -232,7 +329,8 @@ def driver() -> int:
         results[mode] = json.loads(line[len("RESULT "):])
     failed = 0
     for c in results["bucketalloc"]["checks"]:
-        print(f"check {c['name']}: {'PASS' if c['ok'] else 'FAIL'} {c['detail']}")
+        status = "SKIP" if c.get("skipped") else ("PASS" if c["ok"] else "FAIL")
+        print(f"check {c['name']}: {status} {c['detail']}")
         failed += not c["ok"]
     print(f"\ntorch {results['native']['torch']} on {results['native']['device']}")
     print("torch.empty/del latency, ns per pair (best of %d x %d):" % (REPEATS, PAIRS))

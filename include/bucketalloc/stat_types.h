@@ -102,6 +102,13 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
   X(oversize_allocations, "live allocations larger than max_split_size") \
   X(oversize_segments, "segments larger than max_split_size")
 
+// The reserved bytes of one private pool (PyTorch's reserved_bytes_by_private_pools), by its id.
+struct PrivatePoolStats {
+  std::uint64_t id_first = 0;
+  std::uint64_t id_second = 0;
+  StatArray reserved_bytes;
+};
+
 // A snapshot of one device's statistics.
 struct DeviceStats {
 #define BUCKETALLOC_DECLARE_POOL_STAT(name, doc) StatArray name;
@@ -115,6 +122,9 @@ struct DeviceStats {
 #undef BUCKETALLOC_DECLARE_DEVICE_STAT
   std::int64_t max_split_size = -1;  // PyTorch reports -1 for "unlimited"
   std::int64_t capacity_bytes = 0;   // the effective cap
+  // Each private pool's reserved bytes (CUDA graphs), as PyTorch's memory_stats() reports them
+  // under "reserved_bytes_by_private_pools.<first>_<second>.<pool>.<metric>".
+  std::vector<PrivatePoolStats> reserved_bytes_by_private_pools;
 
   // Resets every gauge's peak to its current value.
   void ResetPeaks();

@@ -74,7 +74,11 @@ struct OomReport {
   std::string ToJson() const;
 };
 
-// The readable table like torch.cuda.memory_summary().
+// torch.cuda.memory_summary()'s table, rendered from `stats` exactly as torch renders it
+// (torch/cuda/memory.py); `abbreviated` leaves out the per-pool rows, as torch's does.
+std::string TorchMemorySummary(const DeviceStats& stats, int device, bool abbreviated);
+// The readable summary: TorchMemorySummary, then bucketalloc's rows (the cap, cached bytes per pool,
+// every counter).
 std::string StatsSummary(const DeviceStats& stats, int device);
 
 }  // namespace bucketalloc

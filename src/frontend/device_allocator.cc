@@ -131,8 +131,11 @@ absl::StatusOr<void*> DeviceAllocator::AllocateRouted(std::size_t size, Stream s
   const std::uint16_t tag =
       private_.TagFor(stream, [&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, false); });
   StreamPools& sp = tag == 0 ? PoolsFor(stream) : private_.StreamPoolsFor(tag, stream);
-  return PoolsOf(tag).Route(
+  registry_.set_owner(tag);  // what a private pool grows is counted as its own
+  absl::StatusOr<void*> p = PoolsOf(tag).Route(
       size, [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, tag); });
+  registry_.set_owner(0);
+  return p;
 }
 
 template <typename P>
@@ -421,8 +424,10 @@ void DeviceAllocator::ReleasePrivatePools(bool all) {
   }
   stats_.Count(&DeviceStats::num_sync_all_streams);
   for (std::uint16_t tag : tags) {
+    registry_.set_owner(tag);
     private_.at(tag).pools->ForEach([](auto& pool) { pool.ReleaseAll(); });
-    private_.ForgetIfEmpty(tag);
+    registry_.set_owner(0);
+    if (private_.ForgetIfEmpty(tag)) registry_.ForgetOwner(tag);
   }
 }
 
@@ -517,7 +522,8 @@ absl::Status DeviceAllocator::ReleasePool(GraphPoolId pool) {
   MutexLock lock(mu_);
   // At a use count of 0 the pool is freeable: its memory goes back at the next release (an OOM's
   // release-and-retry, empty_cache), after a device synchronization, as in PyTorch.
-  private_.ForgetIfEmpty(private_.Release(pool));  // a pool with nothing to give back is forgotten now
+  // A pool with nothing to give back is forgotten now.
+  if (const std::uint16_t tag = private_.Release(pool); private_.ForgetIfEmpty(tag)) registry_.ForgetOwner(tag);
   MaybeCheckInvariants();
   return absl::OkStatus();
 }
@@ -538,12 +544,19 @@ absl::Status DeviceAllocator::SetMemoryFraction(double fraction) {
 
 DeviceStats DeviceAllocator::GetStats() const {
   MutexLock lock(mu_);
-  return stats_.Snapshot();
+  DeviceStats s = stats_.Snapshot();
+  private_.ForEach([&](std::uint16_t tag, const PrivatePools::Pool& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (const StatArray* reserved = registry_.OwnedReserved(tag)) {
+      s.reserved_bytes_by_private_pools.push_back(PrivatePoolStats{p.id.first, p.id.second, *reserved});
+    }
+  });
+  return s;
 }
 
 void DeviceAllocator::ResetPeakStats() {
   MutexLock lock(mu_);
   stats_.ResetPeaks();
+  registry_.ResetOwnedPeaks();
 }
 
 std::optional<OomReport> DeviceAllocator::LastOom() const {

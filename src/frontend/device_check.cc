@@ -134,6 +134,19 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
     if (pools.ok() && p.freeable() && !p.pools->HoldsMemory()) {
       pools = absl::InternalError("a freeable private pool that holds no memory is still kept");
     }
+    // The reserved bytes counted for the pool are what its units map and its spares hold.
+    std::int64_t held = 0;
+    p.pools->ForEach([&](const auto& pool) {
+      held += static_cast<std::int64_t>(pool.spare_bytes());
+      pool.ForEachUnit(
+          [&](std::uintptr_t, std::size_t, std::size_t mapped, bool) { held += static_cast<std::int64_t>(mapped); });
+    });
+    const StatArray* owned = registry_.OwnedReserved(tag);
+    if (pools.ok() && (owned == nullptr ? 0 : (*owned)[kAllPools].current) != held) {
+      pools = absl::InternalError(
+          absl::StrCat("private pool (", p.id.first, ", ", p.id.second, ") holds ", held, " reserved bytes but ",
+                       owned == nullptr ? 0 : (*owned)[kAllPools].current, " are counted for it"));
+    }
     check_pools(tag, *p.pools, p.streams);
   });
   if (!pools.ok()) return fail(pools.message());

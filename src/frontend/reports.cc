@@ -4,10 +4,13 @@
 #include "bucketalloc/stats.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc {
@@ -89,6 +92,16 @@ std::string StatsToJson(const DeviceStats& stats) {
 #undef BUCKETALLOC_DEVICE_STAT_JSON
   j["max_split_size"] = stats.max_split_size;
   j["capacity_bytes"] = stats.capacity_bytes;
+  for (const PrivatePoolStats& pp : stats.reserved_bytes_by_private_pools) {
+    for (int p = 0; p < kNumPoolIndices; ++p) {
+      const std::string prefix =
+          absl::StrCat("reserved_bytes_by_private_pools.", pp.id_first, "_", pp.id_second, ".", kPoolNames[p].key, ".");
+      j[prefix + "current"] = pp.reserved_bytes[p].current;
+      j[prefix + "peak"] = pp.reserved_bytes[p].peak;
+      j[prefix + "allocated"] = pp.reserved_bytes[p].allocated;
+      j[prefix + "freed"] = pp.reserved_bytes[p].freed;
+    }
+  }
   return j.dump();
 }
 
@@ -176,8 +189,83 @@ std::string OomReport::ToJson() const {
   return j.dump();
 }
 
+namespace {
+
+// PyTorch's memory_summary() formatters (torch/cuda/memory.py): a value scaled down by 1024 (sizes)
+// or 1000 (counts) as often as its row's first value (`pref`, the "all" row's) is at least 768 KiB
+// or 750 thousand, with integer division.
+std::string TorchSize(std::int64_t size, double pref) {
+  static constexpr const char* kPrefixes[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int i = 0;
+  for (; i + 1 < 6 && !(pref < 768 * 1024); ++i) {
+    size /= 1024;
+    pref /= 1024;
+  }
+  return absl::StrFormat("%6d %s", size, kPrefixes[i]);
+}
+std::string TorchCount(std::int64_t count, double pref) {
+  static constexpr const char* kPrefixes[] = {" ", "K", "M"};
+  int i = 0;
+  for (; i + 1 < 3 && !(pref < 750 * 1000); ++i) {
+    count /= 1000;
+    pref /= 1000;
+  }
+  return absl::StrFormat("%7d %s ", count, kPrefixes[i]);
+}
+
+}  // namespace
+
+std::string TorchMemorySummary(const DeviceStats& s, int device, bool abbreviated) {
+  std::vector<std::string> lines;
+  lines.push_back(std::string(75, '='));
+  lines.push_back(absl::StrFormat(" %16s PyTorch CUDA memory summary, device ID %-17d ", "", device));
+  lines.push_back(std::string(75, '-'));
+  lines.push_back(absl::StrFormat("  %9s CUDA OOMs: %-12d | %6s cudaMalloc retries: %-8d  ", "", s.num_ooms, "",
+                                  s.num_alloc_retries));
+  lines.push_back(std::string(75, '='));
+  lines.push_back("        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ");
+  using Formatter = std::string (*)(std::int64_t, double);
+  // Each column is scaled by its "all" row's value.
+  auto row = [&](absl::string_view name, const Stat& st, const Stat& pref, Formatter f) {
+    lines.push_back(absl::StrFormat(
+        " %-21s | %s | %s | %s | %s ", name, f(st.current, static_cast<double>(pref.current)),
+        f(st.peak, static_cast<double>(pref.peak)), f(st.allocated, static_cast<double>(pref.allocated)),
+        f(st.freed, static_cast<double>(pref.freed))));
+  };
+  struct Metric {
+    StatArray DeviceStats::*stat;
+    const char* name;
+    Formatter format;
+  };
+  for (const Metric& m : {Metric{&DeviceStats::allocated_bytes, "Allocated memory", TorchSize},
+                          Metric{&DeviceStats::active_bytes, "Active memory", TorchSize},
+                          Metric{&DeviceStats::requested_bytes, "Requested memory", TorchSize},
+                          Metric{&DeviceStats::reserved_bytes, "GPU reserved memory", TorchSize},
+                          Metric{&DeviceStats::inactive_split_bytes, "Non-releasable memory", TorchSize},
+                          Metric{&DeviceStats::allocation, "Allocations", TorchCount},
+                          Metric{&DeviceStats::active, "Active allocs", TorchCount},
+                          Metric{&DeviceStats::segment, "GPU reserved segments", TorchCount},
+                          Metric{&DeviceStats::inactive_split, "Non-releasable allocs", TorchCount}}) {
+    lines.push_back(std::string(75, '-'));
+    const StatArray& a = s.*m.stat;
+    row(m.name, a[kAllPools], a[kAllPools], m.format);
+    if (!abbreviated) {
+      row("      from large pool", a[kLargePool], a[kAllPools], m.format);
+      row("      from small pool", a[kSmallPool], a[kAllPools], m.format);
+    }
+  }
+  for (const auto& [stat, name] : {std::pair{&DeviceStats::oversize_allocations, "Oversize allocations"},
+                                   std::pair{&DeviceStats::oversize_segments, "Oversize GPU segments"}}) {
+    lines.push_back(std::string(75, '-'));
+    row(name, s.*stat, s.*stat, TorchCount);
+  }
+  lines.push_back(std::string(75, '='));
+  return absl::StrCat("|", absl::StrJoin(lines, "|\n|"), "|\n");
+}
+
 std::string StatsSummary(const DeviceStats& s, int device) {
-  std::string out;
+  // PyTorch's table, then bucketalloc's rows: the cache, the cap and every counter.
+  std::string out = TorchMemorySummary(s, device, /*abbreviated=*/false);
   const std::string rule(88, '=');
   absl::StrAppend(&out, rule, "\n");
   absl::StrAppendFormat(&out, "|%-86s|\n",
@@ -187,27 +275,16 @@ std::string StatsSummary(const DeviceStats& s, int device) {
   absl::StrAppendFormat(&out, "| %-26s | %12s | %12s | %12s | %12s |\n", "Metric", "Cur Usage", "Peak Usage",
                         "Tot Alloc", "Tot Freed");
   absl::StrAppend(&out, std::string(88, '-'), "\n");
-  auto row = [&](const std::string& label, const Stat& st, bool bytes) {
-    auto fmt = [bytes](std::int64_t v) {
-      return bytes ? FormatBytes(static_cast<std::size_t>(std::max<std::int64_t>(v, 0))) : absl::StrCat(v);
-    };
+  auto row = [&](const std::string& label, const Stat& st) {
+    auto fmt = [](std::int64_t v) { return FormatBytes(static_cast<std::size_t>(std::max<std::int64_t>(v, 0))); };
     absl::StrAppendFormat(&out, "| %-26s | %12s | %12s | %12s | %12s |\n", label, fmt(st.current), fmt(st.peak),
                           fmt(st.allocated), fmt(st.freed));
   };
   // PyTorch's order: the total, then the pools from the last (large) to the first (small).
-#define BUCKETALLOC_SUMMARY_ROW(name, doc)                                 \
-  {                                                                        \
-    const bool bytes = absl::EndsWith(#name, "_bytes");                    \
-    row(#name, s.name[kAllPools], bytes);                                  \
-    for (int p = kNumPoolIndices - 1; p > kAllPools; --p) {                \
-      row(absl::StrCat("  from ", kPoolNames[p].label), s.name[p], bytes); \
-    }                                                                      \
+  row("cached_bytes", s.cached_bytes[kAllPools]);
+  for (int p = kNumPoolIndices - 1; p > kAllPools; --p) {
+    row(absl::StrCat("  from ", kPoolNames[p].label), s.cached_bytes[p]);
   }
-  BUCKETALLOC_POOL_STATS(BUCKETALLOC_SUMMARY_ROW)
-#undef BUCKETALLOC_SUMMARY_ROW
-#define BUCKETALLOC_SUMMARY_DEVICE_ROW(name, doc) row(#name, s.name, false);
-  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_SUMMARY_DEVICE_ROW)
-#undef BUCKETALLOC_SUMMARY_DEVICE_ROW
   absl::StrAppend(&out, std::string(88, '-'), "\n");
 #define BUCKETALLOC_SUMMARY_COUNTER(name, doc) absl::StrAppendFormat(&out, "| %-26s | %57d |\n", #name, s.name);
   BUCKETALLOC_COUNTERS(BUCKETALLOC_SUMMARY_COUNTER)

@@ -28,8 +28,9 @@ absl::StatusOr<std::uintptr_t> SegmentRegistry::AllocateSegment(std::size_t byte
   absl::StatusOr<void*> p = backend_->Allocate(bytes);
   if (!p.ok()) return p.status();
   const auto base = reinterpret_cast<std::uintptr_t>(*p);
-  ranges_.emplace(base, Range{base, bytes, pool});
+  ranges_.emplace(base, Range{base, bytes, pool, false, 0, owner_});
   stats_->Increase(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(bytes));
+  CountOwned(owner_, pool, static_cast<std::int64_t>(bytes));
   stats_->Increase(&DeviceStats::segment, pool, 1);
   stats_->Count(&DeviceStats::num_device_alloc);
   history_->Record(TraceAction::kSegmentAlloc, base, bytes, slow_path_stream_);
@@ -41,7 +42,9 @@ bool SegmentRegistry::ReleaseSegment(std::uintptr_t base, std::size_t bytes, Poo
     stats_->Count(&DeviceStats::num_device_free_failures);
     return false;
   }
-  ranges_.erase(base);
+  auto it = ranges_.find(base);
+  CountOwned(it->second.owner, pool, -static_cast<std::int64_t>(bytes));
+  ranges_.erase(it);
   stats_->Decrease(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(bytes));
   stats_->Decrease(&DeviceStats::segment, pool, 1);
   stats_->Count(&DeviceStats::num_device_free);
@@ -53,7 +56,7 @@ absl::StatusOr<std::uintptr_t> SegmentRegistry::ReserveRange(std::size_t bytes, 
   if (to_map > 0 && collect_ && !capturing_) collect_(to_map);
   absl::StatusOr<std::uintptr_t> va = backend_->ReserveAddressRange(bytes, granularity_);
   if (!va.ok()) return va.status();
-  ranges_.emplace(*va, Range{*va, bytes, kLargePool, /*virtual_memory=*/true, /*mapped=*/0});
+  ranges_.emplace(*va, Range{*va, bytes, kLargePool, /*virtual_memory=*/true, /*mapped=*/0, owner_});
   stats_->Increase(&DeviceStats::segment, kLargePool, 1);
   history_->Record(TraceAction::kSegmentAlloc, *va, bytes, slow_path_stream_);
   return *va;
@@ -76,6 +79,7 @@ absl::StatusOr<PhysicalHandle> SegmentRegistry::CreateGranule() {
   absl::StatusOr<PhysicalHandle> h = backend_->CreatePhysical(granularity_);
   if (!h.ok()) return h.status();
   stats_->Increase(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(granularity_));
+  CountOwned(owner_, kLargePool, static_cast<std::int64_t>(granularity_));
   return *h;
 }
 
@@ -85,6 +89,7 @@ bool SegmentRegistry::ReleaseGranule(PhysicalHandle handle) {
     return false;
   }
   stats_->Decrease(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(granularity_));
+  CountOwned(owner_, kLargePool, -static_cast<std::int64_t>(granularity_));
   return true;
 }
 
@@ -123,6 +128,23 @@ absl::Status SegmentRegistry::RetireStream(Stream stream) {
   if (absl::Status s = SynchronizeStream(stream); !s.ok()) return s;
   retired_.insert(stream);
   return absl::OkStatus();
+}
+
+void SegmentRegistry::CountOwned(std::uint16_t owner, PoolIndex pool, std::int64_t delta) {
+  if (owner == 0) return;
+  StatArray& a = owned_[owner];
+  a[pool].Add(delta);
+  a[kAllPools].Add(delta);
+}
+
+const StatArray* SegmentRegistry::OwnedReserved(std::uint16_t tag) const {
+  auto it = owned_.find(tag);
+  return it == owned_.end() ? nullptr : &it->second;
+}
+
+void SegmentRegistry::ResetOwnedPeaks() {
+  for (auto& [tag, a] : owned_)
+    for (Stat& s : a) s.ResetPeak();
 }
 
 std::optional<SegmentRegistry::Range> SegmentRegistry::Holding(std::uintptr_t addr, std::size_t size) const {

@@ -24,6 +24,7 @@
 #include <optional>
 
 #include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -44,6 +45,7 @@ class SegmentRegistry final : public MemorySource {
     PoolIndex pool = kLargePool;
     bool virtual_memory = false;
     std::size_t mapped = 0;
+    std::uint16_t owner = 0;  // the private pool that grew it (its tag; 0: the device's own pools)
   };
   // What the registry holds, per pool, for the device-wide check.
   struct Totals {
@@ -64,6 +66,14 @@ class SegmentRegistry final : public MemorySource {
   void BeginSlowPath(Stream stream) { slow_path_stream_ = stream; }
   Stream slow_path_stream() const { return slow_path_stream_; }
   void set_capturing(bool capturing) { capturing_ = capturing; }
+  // The private pool (tag; 0: the device's own pools) whose growth and releases run now: what it
+  // reserves is also counted as its own (PyTorch's reserved_bytes_by_private_pools).
+  void set_owner(std::uint16_t tag) { owner_ = tag; }
+  // The reserved bytes counted for private pool `tag`, or nullptr when it never reserved any.
+  const StatArray* OwnedReserved(std::uint16_t tag) const;
+  // Forgets the counts of private pool `tag` (the pool is gone), and resets every count's peak.
+  void ForgetOwner(std::uint16_t tag) { owned_.erase(tag); }
+  void ResetOwnedPeaks();
   bool Capturing() const override { return capturing_; }
 
   // MemorySource.
@@ -101,6 +111,8 @@ class SegmentRegistry final : public MemorySource {
  private:
   // ResourceExhausted when reserving `bytes` more would exceed the cap.
   absl::Status CheckHeadroom(std::size_t bytes) const;
+  // Counts `delta` reserved bytes of `pool` for private pool `owner` (nothing for 0).
+  void CountOwned(std::uint16_t owner, PoolIndex pool, std::int64_t delta);
 
   Backend* const backend_;
   StatLedger* const stats_;
@@ -110,6 +122,8 @@ class SegmentRegistry final : public MemorySource {
   std::function<void(std::size_t)> collect_;
   Stream slow_path_stream_ = nullptr;
   bool capturing_ = false;
+  std::uint16_t owner_ = 0;
+  absl::flat_hash_map<std::uint16_t, StatArray> owned_;  // reserved bytes per private pool tag
   absl::btree_map<std::uintptr_t, Range> ranges_;
   absl::flat_hash_set<Stream> retired_;  // streams waited for by RetireStream, unused since
 };

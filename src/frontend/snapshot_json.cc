@@ -48,6 +48,14 @@ std::string Str(absl::string_view s) { return std::string(s); }
 
 }  // namespace
 
+// The frames of an active block or a trace entry: bucketalloc records no stack, and says so in
+// one frame, where PyTorch's memory_viz would otherwise claim the block "was allocated before
+// _record_history was enabled".
+Json NoStackFrames() {
+  return Json::array(
+      {{{"name", "<bucketalloc recorded no stack for this allocation>"}, {"filename", "<bucketalloc>"}, {"line", 0}}});
+}
+
 std::string SnapshotToJson(const MemorySnapshot& snapshot) {
   Json segments = Json::array();
   for (const SegmentSnapshot& s : snapshot.segments) {
@@ -57,7 +65,7 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
                         {"size", b.size},
                         {"requested_size", b.requested_size},
                         {"state", Str(BlockStateName(b.state))},
-                        {"frames", Json::array()}});
+                        {"frames", b.state == BlockSnapshotState::kInactive ? Json::array() : NoStackFrames()}});
     }
     segments.push_back({{"device", s.device},
                         {"address", s.address},
@@ -86,7 +94,7 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
       j["size"] = e.size;
       j["stream"] = e.stream;
       j["time_us"] = e.time_us;
-      j["frames"] = Json::array();
+      j["frames"] = NoStackFrames();
       entries.push_back(std::move(j));
     }
     traces.push_back(std::move(entries));

@@ -131,9 +131,15 @@ TEST_P(CaptureTest, NCapturesSharingAPoolCostAboutOneCapture) {
     reserved.push_back(Reserved());
   }
   EXPECT_EQ(reserved.back(), reserved.front()) << "each later capture reused the first one's blocks";
+  // All of it is the pool's own (PyTorch's reserved_bytes_by_private_pools).
+  const DeviceStats stats = Stats();
+  ASSERT_EQ(stats.reserved_bytes_by_private_pools.size(), 1u);
+  EXPECT_EQ(stats.reserved_bytes_by_private_pools[0].id_second, kPool.second);
+  EXPECT_EQ(stats.reserved_bytes_by_private_pools[0].reserved_bytes[kAllPools].current, reserved.back());
   for (int g = 0; g < kGraphs; ++g) ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());
   ASSERT_TRUE(allocator_->EmptyCache().ok());
   EXPECT_EQ(Reserved(), 0);
+  EXPECT_TRUE(Stats().reserved_bytes_by_private_pools.empty()) << "the pool is forgotten";
 }
 
 TEST_P(CaptureTest, TwoGraphsSharingAPoolReleaseInEitherOrder) {

@@ -206,6 +206,8 @@ TEST_P(SnapshotTest, JsonHasPyTorchsLayout) {
     ++types[seg["segment_type"].get<std::string>()];
     for (const auto& block : seg["blocks"]) {
       for (const char* key : {"address", "size", "requested_size", "state", "frames"}) EXPECT_TRUE(block.contains(key));
+      // An active block says that no stack was recorded (one frame), a free one has none.
+      EXPECT_EQ(block["frames"].size(), block["state"] == "inactive" ? 0u : 1u) << block.dump();
     }
   }
   EXPECT_EQ(types["small"], 1);
@@ -214,6 +216,8 @@ TEST_P(SnapshotTest, JsonHasPyTorchsLayout) {
   ASSERT_FALSE(trace.empty());
   for (const auto& e : trace) {
     for (const char* key : {"action", "addr", "size", "stream", "time_us", "frames"}) EXPECT_TRUE(e.contains(key));
+    ASSERT_EQ(e["frames"].size(), 1u);
+    EXPECT_EQ(e["frames"][0]["filename"], "<bucketalloc>");
   }
   EXPECT_EQ(j["allocator_settings"]["BUCKETALLOC_CONF"].get<std::string>(), FormatOptions(allocator_->options()));
   ASSERT_TRUE(allocator_->Free(b).ok());

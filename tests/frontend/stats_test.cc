@@ -36,8 +36,11 @@ TEST(StatsJsonTest, UsesPyTorchKeys) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   const std::string summary = StatsSummary(s, 0);
-  EXPECT_TRUE(absl::StrContains(summary, "allocated_bytes")) << summary;
+  EXPECT_TRUE(absl::StartsWith(summary, TorchMemorySummary(s, 0, false))) << summary;
+  EXPECT_TRUE(absl::StrContains(summary, "| Allocated memory      |   4096 B   |")) << summary;
+  EXPECT_TRUE(absl::StrContains(summary, "cudaMalloc retries: 2 ")) << summary;
   EXPECT_TRUE(absl::StrContains(summary, "num_alloc_retries")) << summary;
+  EXPECT_TRUE(absl::StrContains(summary, "cached_bytes")) << summary;
 }
 
 TEST(FragmentationTest, Ratios) {

@@ -57,7 +57,7 @@ err=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:sim BUCKETALLOC_STATS_ON_EXIT=s
 echo "$err" | head -5
 grep -q "cudaMalloc: the output pointer is NULL -> cudaErrorInvalidValue (1)" <<<"$err" || fail "no verbose report"
 grep -q "cudaErrorMemoryAllocation" <<<"$err" || fail "no verbose OOM report"
-grep -q "allocated_bytes" <<<"$err" || fail "no stats table on stderr"
+grep -q "PyTorch CUDA memory summary" <<<"$err" && grep -q "| Allocated memory" <<<"$err" || fail "no stats table on stderr"
 
 echo "== 4. the first calls come from 8 threads at once (lazy initialization)"
 out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:sim BUCKETALLOC_STATS_ON_EXIT="$work/threads.json" \

@@ -205,16 +205,19 @@ def reset_peak_memory_stats(device: Device = None) -> None:
     _lib.check(_lib.lib().bucketalloc_reset_peak_stats(_device_index(device)), "bucketalloc_reset_peak_stats")
 
 
-# The rows of the per-pool breakdown in the summary table, left out by abbreviated=True.
-_POOL_ROW_PREFIXES = ("|   from large pool", "|   from small pool")
+# The rows of the per-pool breakdown in the summary tables (torch's, then bucketalloc's), left out
+# by abbreviated=True.
+_POOL_ROW_PREFIXES = ("|       from large pool", "|       from small pool", "|   from large pool", "|   from small pool")
 
 
 def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
-    """Returns the readable summary of `device`: the stats table, then the fragmentation table.
+    """Returns the readable summary of `device`: torch.cuda.memory_summary()'s table, rendered
+    exactly as torch renders it, then bucketalloc's rows (cap, cached bytes, every counter) and the
+    fragmentation table (histograms, tiers).
 
     Args:
         device: the device.
-        abbreviated: leave out the per-pool rows (large/small pool) of the stats table, as
+        abbreviated: leave out the per-pool rows (large/small pool), as
             torch.cuda.memory_summary(abbreviated=True) does.
     """
     text = _lib.read_text(_lib.lib().bucketalloc_summary, _device_index(device))
@@ -266,8 +269,8 @@ def snapshot(device: Device = None) -> Dict[str, Any]:
 
     ``"segments"``: every segment (large pool) and slab (small pool) with its ``"blocks"`` and their
     states (active_allocated, active_pending_free, inactive); ``"device_traces"``: per device, the
-    recorded history (see record_memory_history()); ``"allocator_settings"``. Frames are empty
-    (bucketalloc records no stacks).
+    recorded history (see record_memory_history()); ``"allocator_settings"``. bucketalloc records
+    no stacks: an active block or trace entry has one frame that says so, a free block none.
 
     Args:
         device: None for every device (as PyTorch's _snapshot()), else only that device's segments.

@@ -164,12 +164,13 @@ def test_memory_stats_has_torch_keys_sorted():
 def test_memory_summary_and_its_abbreviated_form():
     malloc(1000)
     full = ba.memory_summary()
+    assert full.startswith("|" + "=" * 75 + "|\n|                  PyTorch CUDA memory summary, device ID 0")
     assert "bucketalloc memory summary, device 0" in full
-    assert "|   from small pool" in full and "|   from large pool" in full
+    assert "|       from small pool" in full and "|   from large pool" in full
     short = ba.memory_summary(abbreviated=True)
     assert "from small pool" not in short and "from large pool" not in short
-    assert "| allocated_bytes" in short and "| num_ooms" in short
-    assert short.splitlines() == [line for line in full.splitlines() if "|   from " not in line]
+    assert "| Allocated memory" in short and "| cached_bytes" in short and "| num_ooms" in short
+    assert short.splitlines() == [line for line in full.splitlines() if " from " not in line]
 
 
 # ---- fragmentation ---------------------------------------------------------------------------

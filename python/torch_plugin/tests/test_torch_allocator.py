@@ -145,10 +145,15 @@ for g in range(n):
     held.append(ba.memory_reserved())
 print(f"reserved after 1 capture: {held[0]}; after {n}: {held[-1]}")
 assert held[-1] == held[0], held
+# torch's per-pool key (memory_stats flattens the pool id (2, 0) as "2_0"): all of it is the pool's.
+stats = ba.memory_stats()
+assert stats["reserved_bytes_by_private_pools.2_0.all.current"] == held[-1], stats
+assert stats["reserved_bytes_by_private_pools.2_0.large_pool.current"] == stats["reserved_bytes.large_pool.current"]
 for g in range(n):
     probe.release_pool(0, pool[0], pool[1])
 ba.empty_cache()
 assert ba.memory_reserved() == 0
+assert not any(k.startswith("reserved_bytes_by_private_pools") for k in ba.memory_stats()), "a forgotten pool"
 """,
         conf=SIM,
     )
@@ -190,6 +195,94 @@ except RuntimeError as e:
     assert "does not yet support createOrIncrefPool" in str(e), e
 else:
     raise AssertionError("torch's pluggable allocator accepted createOrIncrefPool")
+""",
+        conf=SIM,
+    )
+
+
+def test_memory_summary_is_torchs_own_rendering_then_bucketallocs_rows():
+    run_python(
+        PROBE
+        + """
+import torch.cuda.memory as torch_memory
+import bucketalloc_torch as ba
+ba.enable()
+s = 0x1000
+# Sizes that make torch's formatter scale (KiB, MiB, GiB) and counts in the thousands.
+blocks = [probe.malloc(n, 0, s) for n in [700] * 2000 + [3 << 20, 900 << 20, 5 << 20]]
+probe.free(blocks[-1])
+ours_stats = ba.memory_stats(0)
+torch_memory.memory_stats = lambda device=None: ours_stats   # torch's own renderer on our stats
+for abbreviated in (False, True):
+    torchs = torch_memory.memory_summary(0, abbreviated=abbreviated)
+    ours = ba.memory_summary(0, abbreviated=abbreviated)
+    assert ours.startswith(torchs), (abbreviated, ours[:2000], torchs)
+    rest = ours[len(torchs):]
+    assert "bucketalloc memory summary, device 0" in rest and "| cached_bytes" in rest, rest
+for b in blocks[:-1]:
+    probe.free(b)
+""",
+        conf="backend:sim,capacity:2GiB,sim_total_memory:4GiB",
+    )
+
+
+def test_torchs_memory_viz_reads_a_snapshot_and_shows_the_no_stack_frame(tmp_path):
+    out = tmp_path / "snapshot.pickle"
+    run_python(
+        PROBE
+        + f"""
+import pickle
+import torch.cuda._memory_viz as viz
+import bucketalloc_torch as ba
+ba.enable(patch_torch=True)
+import torch
+torch.cuda.memory._record_memory_history("all", max_entries=1000)
+s = 0x1000
+kept = [probe.malloc(n, 0, s) for n in (4096, 3 << 20, 30 << 20)]
+probe.free(probe.malloc(5 << 20, 0, s))
+torch.cuda.memory._dump_snapshot({str(out)!r})
+with open({str(out)!r}, "rb") as f:
+    snap = pickle.load(f)
+marker = "<bucketalloc recorded no stack for this allocation>"
+active = [b for seg in snap["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"]
+assert len(active) == 3 and all(b["frames"][0]["name"] == marker for b in active), active
+assert marker in viz._frame_fmt(active[0]["frames"][0])
+text = viz.segsum(snap)                                   # torch's own readers
+assert "segment" in text.lower(), text
+trace = viz.trace(snap)
+assert "cudaMalloc(" in trace and "del " in trace and "free completed" in trace, trace
+for plot in (viz.trace_plot, viz.segment_plot):
+    html = plot(snap)
+    assert "<html" in html.lower() and len(html) > 1000
+for p in kept:
+    probe.free(p)
+""",
+        conf=SIM,
+    )
+
+
+def test_accelerate_shrinks_the_batch_until_it_fits_under_the_cap():
+    run_python(
+        PROBE
+        + """
+from accelerate.utils import find_executable_batch_size
+import bucketalloc_torch as ba
+ba.enable()
+tried = []
+
+@find_executable_batch_size(starting_batch_size=64)
+def step(batch_size):
+    tried.append(batch_size)
+    p = probe.malloc(batch_size * (16 << 20), 0, 0x1000)   # 16 MiB per sample under a 256 MiB cap
+    probe.free(p)
+    return batch_size
+
+found = step()
+# accelerate shrinks the batch after each torch.cuda.OutOfMemoryError (by 0.9 in this version)
+# until one fits: the one before it did not.
+assert tried[0] == 64 and tried == sorted(tried, reverse=True) and found == tried[-1], tried
+assert found * 16 <= 256 < tried[-2] * 16, tried
+assert ba.memory_stats()["num_ooms"] == len(tried) - 1
 """,
         conf=SIM,
     )
