@@ -279,7 +279,25 @@ def snapshot(device: Device = None) -> Dict[str, Any]:
     data = json.loads(_lib.read_text(_lib.lib().bucketalloc_snapshot_json, index))
     for segment in data["segments"]:
         segment["segment_pool_id"] = tuple(segment["segment_pool_id"])
+    _attach_stacks(data)
     return data
+
+
+def _attach_stacks(data: Dict[str, Any]) -> None:
+    """Gives active blocks, and the latest alloc entry of each address, the Python stack recorded
+    for that address (record_memory_history(stacks="python") under enable())."""
+    table = _torch_ext.stacks()
+    if not table:
+        return
+    for segment in data["segments"]:
+        for block in segment["blocks"]:
+            if block["state"] != "inactive" and block["address"] in table:
+                block["frames"] = table[block["address"]]
+    for trace in data["device_traces"]:
+        latest = {e["addr"]: i for i, e in enumerate(trace) if e["action"] == "alloc"}
+        for address, i in latest.items():
+            if address in table:
+                trace[i]["frames"] = table[address]
 
 
 def dump_snapshot(filename: Union[str, "os.PathLike[str]"] = "dump_snapshot.pickle",
@@ -311,6 +329,8 @@ def record_memory_history(enabled: Union[None, bool, str] = "all", max_entries: 
     else:
         raise ValueError(f"enabled={enabled!r}; accepted: 'all', 'state' or True (on), None or False (off)")
     _lib.check(_lib.lib().bucketalloc_record_history(int(on), max_entries), "bucketalloc_record_history")
+    if not on:
+        _torch_ext.record_stacks(False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,15 +509,27 @@ def _record_memory_history_as_torch(
 ) -> None:
     """Stands in for torch.cuda.memory._record_memory_history (same parameters, same order).
 
-    bucketalloc records no stack frames, so `context`, `stacks`, `compile_context` and
-    `global_record_annotations` change nothing; it records every device (`device` is not used);
-    turning recording on always clears the history (`clear_history` is implied); every action is
-    recorded (`skip_actions` must be empty).
+    With `context` not None and `stacks` "python" or "all", every allocation records the Python
+    stack of the calling thread (under enable()'s compiled alloc function; C++ frames are not
+    recorded), which snapshot() gives the active blocks and the latest alloc entry of each
+    address. `compile_context` and `global_record_annotations` change nothing; every device is
+    recorded (`device` is not used); turning recording on always clears the history
+    (`clear_history` is implied); every action is recorded (`skip_actions` must be empty).
     """
-    del context, stacks, device, clear_history, compile_context, global_record_annotations
+    del device, clear_history, compile_context, global_record_annotations
     if skip_actions:
         raise BucketallocError(f"skip_actions={skip_actions!r}: bucketalloc records every action; accepted: None or []")
     record_memory_history(enabled, max_entries)
+    if enabled is None or enabled is False:
+        return
+    want = context is not None and stacks in ("python", "all")
+    if not _torch_ext.record_stacks(want) and want:
+        warnings.warn(
+            "bucketalloc: Python stacks are recorded only by the alloc function bucketalloc_torch.enable() compiles "
+            "against torch (it is not in use); the snapshot's blocks carry a frame saying no stack was recorded",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def _snapshot_as_torch(device: Device = None, augment_with_fx_traces: bool = False) -> Dict[str, Any]:

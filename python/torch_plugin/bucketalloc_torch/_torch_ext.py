@@ -18,7 +18,8 @@ import os
 import pathlib
 import shutil
 import subprocess
-from typing import Any, List
+import sysconfig
+from typing import Any, Dict, List, Optional
 
 SOURCE = pathlib.Path(__file__).resolve().parent / "csrc" / "torch_alloc.cc"
 LIBRARY_NAME = "libbucketalloc_torch_alloc.so"
@@ -62,9 +63,13 @@ def _command(torch: Any) -> List[str]:
     if not (lib / "libc10.so").is_file():
         raise Unavailable(f"torch's libc10.so is missing ({lib}/libc10.so)")
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    python_include = sysconfig.get_paths()["include"]
+    if not os.path.isfile(os.path.join(python_include, "Python.h")):
+        raise Unavailable(f"Python's C headers are not installed ({python_include}/Python.h is missing)")
     return [
         _compiler(), "-std=c++20", "-O2", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        "-isystem", str(include), str(SOURCE), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}",
+        "-isystem", str(include), "-isystem", python_include, str(SOURCE),
+        f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}",
     ]
 
 
@@ -88,6 +93,23 @@ def build(torch: Any) -> pathlib.Path:
     return output
 
 
+# The loaded alloc library, through ctypes.PyDLL (its Python-facing functions keep the GIL).
+_loaded: Optional[ctypes.PyDLL] = None
+
+
+def record_stacks(on: bool) -> bool:
+    """Turns Python stack recording on or off; False when the alloc library is not loaded."""
+    if _loaded is None:
+        return False
+    _loaded.bucketalloc_torch_record_stacks(int(on))
+    return True
+
+
+def stacks() -> Dict[int, List[Dict[str, Any]]]:
+    """The recorded Python stacks by address ({} when the alloc library is not loaded)."""
+    return {} if _loaded is None else _loaded.bucketalloc_torch_stacks()
+
+
 def load(torch: Any, library: ctypes.CDLL) -> str:
     """Builds (or finds) the alloc library for `torch`, points it at `library` (libbucketalloc)
     and returns its path, for ``CUDAPluggableAllocator(path, MALLOC, FREE)``."""
@@ -102,4 +124,10 @@ def load(torch: Any, library: ctypes.CDLL) -> str:
     extension.bucketalloc_torch_init(
         address("bucketalloc_try_malloc"), address("bucketalloc_free"), address("bucketalloc_last_error")
     )
+    global _loaded
+    _loaded = ctypes.PyDLL(str(path))
+    _loaded.bucketalloc_torch_record_stacks.restype = None
+    _loaded.bucketalloc_torch_record_stacks.argtypes = [ctypes.c_int]
+    _loaded.bucketalloc_torch_stacks.restype = ctypes.py_object
+    _loaded.bucketalloc_torch_stacks.argtypes = []
     return str(path)

@@ -284,10 +284,18 @@ def test_enable_with_options_and_patch_later():
     )
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed here")
 def test_enable_without_torch_says_it_needs_it():
     run_python(
         """
+        import importlib.abc, sys
+
+        class NoTorch(importlib.abc.MetaPathFinder):  # torch is installed here: hide it
+            def find_spec(self, name, path, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+                return None
+
+        sys.meta_path.insert(0, NoTorch())
         import bucketalloc_torch as ba
         try:
             ba.enable()

@@ -226,7 +226,7 @@ for b in blocks[:-1]:
     )
 
 
-def test_torchs_memory_viz_reads_a_snapshot_and_shows_the_no_stack_frame(tmp_path):
+def test_torchs_memory_viz_reads_a_snapshot_with_stacks_and_the_no_stack_frame(tmp_path):
     out = tmp_path / "snapshot.pickle"
     run_python(
         PROBE
@@ -236,17 +236,22 @@ import torch.cuda._memory_viz as viz
 import bucketalloc_torch as ba
 ba.enable(patch_torch=True)
 import torch
-torch.cuda.memory._record_memory_history("all", max_entries=1000)
 s = 0x1000
+early = probe.malloc(1 << 20, 0, s)  # before recording: no stack
+torch.cuda.memory._record_memory_history("all", max_entries=1000)
 kept = [probe.malloc(n, 0, s) for n in (4096, 3 << 20, 30 << 20)]
 probe.free(probe.malloc(5 << 20, 0, s))
 torch.cuda.memory._dump_snapshot({str(out)!r})
 with open({str(out)!r}, "rb") as f:
     snap = pickle.load(f)
 marker = "<bucketalloc recorded no stack for this allocation>"
-active = [b for seg in snap["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"]
-assert len(active) == 3 and all(b["frames"][0]["name"] == marker for b in active), active
-assert marker in viz._frame_fmt(active[0]["frames"][0])
+blocks = dict((b["address"], b) for seg in snap["segments"] for b in seg["blocks"])
+assert blocks[early]["frames"][0]["name"] == marker, blocks[early]
+assert marker in viz._frame_fmt(blocks[early]["frames"][0])
+for p in kept:  # recorded: their Python stack (this script's module level)
+    outer = blocks[p]["frames"][-1]
+    assert (outer["filename"], outer["name"]) == ("<string>", "<module>") and outer["line"] > 0, blocks[p]
+    assert "<string>" in viz._frame_fmt(blocks[p]["frames"][-1])
 text = viz.segsum(snap)                                   # torch's own readers
 assert "segment" in text.lower(), text
 trace = viz.trace(snap)
@@ -254,7 +259,7 @@ assert "cudaMalloc(" in trace and "del " in trace and "free completed" in trace,
 for plot in (viz.trace_plot, viz.segment_plot):
     html = plot(snap)
     assert "<html" in html.lower() and len(html) > 1000
-for p in kept:
+for p in kept + [early]:
     probe.free(p)
 """,
         conf=SIM,
@@ -283,6 +288,37 @@ found = step()
 assert tried[0] == 64 and tried == sorted(tried, reverse=True) and found == tried[-1], tried
 assert found * 16 <= 256 < tried[-2] * 16, tried
 assert ba.memory_stats()["num_ooms"] == len(tried) - 1
+""",
+        conf=SIM,
+    )
+
+
+def test_record_memory_history_with_python_stacks_gives_blocks_their_stacks():
+    run_python(
+        PROBE
+        + """
+import torch
+import bucketalloc_torch as ba
+ba.enable(patch_torch=True)
+s = 0x1000
+
+def allocate_in_a_named_function():
+    return probe.malloc(3 << 20, 0, s)
+
+before = probe.malloc(4096, 0, s)                      # before recording: no stack
+torch.cuda.memory._record_memory_history("all", stacks="python", max_entries=1000)
+p = allocate_in_a_named_function()
+snap = torch.cuda.memory._snapshot()
+blocks = {b["address"]: b for seg in snap["segments"] for b in seg["blocks"]}
+frames = blocks[p]["frames"]
+assert frames[0]["name"] == "allocate_in_a_named_function", frames
+assert frames[0]["filename"] == "<string>" and frames[0]["line"] > 0, frames
+assert blocks[before]["frames"][0]["filename"] == "<bucketalloc>", blocks[before]["frames"]
+alloc = [e for e in snap["device_traces"][0] if e["action"] == "alloc" and e["addr"] == p]
+assert alloc and alloc[-1]["frames"] == frames
+torch.cuda.memory._record_memory_history(None)
+q = probe.malloc(3 << 20, 0, s)                        # recording off: no new stack
+probe.free(p); probe.free(q); probe.free(before)
 """,
         conf=SIM,
     )
