@@ -7,7 +7,6 @@ PyTorch checks (the library loads and exports the named functions; setters take 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import subprocess
