@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/allocator.h"
 #include "frontend/oom_diagnosis.h"
@@ -120,22 +121,16 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
   if (size > kMaxRequestBytes) [[unlikely]]
     return InvalidSize(size);
   MutexLock lock(mu_);
-  if (private_.routing()) [[unlikely]]
-    return AllocateRouted(size, stream);
-  StreamPools& sp = PoolsFor(stream);
-  return pools_.Route(size,
-                      [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, 0); });
+  // One call of AllocateIn, so that the fast path stays inlined in this function.
+  std::uint16_t tag = 0;
+  StreamPools& sp = private_.routing() ? RoutedPoolsFor(stream, &tag) : PoolsFor(stream);
+  return PoolsOf(tag).Route(
+      size, [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, tag); });
 }
 
-absl::StatusOr<void*> DeviceAllocator::AllocateRouted(std::size_t size, Stream stream) {
-  const std::uint16_t tag =
-      private_.TagFor(stream, [&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, false); });
-  StreamPools& sp = tag == 0 ? PoolsFor(stream) : private_.StreamPoolsFor(tag, stream);
-  registry_.set_owner(tag);  // what a private pool grows is counted as its own
-  absl::StatusOr<void*> p = PoolsOf(tag).Route(
-      size, [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, tag); });
-  registry_.set_owner(0);
-  return p;
+StreamPools& DeviceAllocator::RoutedPoolsFor(Stream stream, std::uint16_t* tag) {
+  *tag = private_.TagFor(stream, [&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, false); });
+  return *tag == 0 ? PoolsFor(stream) : private_.StreamPoolsFor(*tag, stream);
 }
 
 template <typename P>
@@ -148,7 +143,7 @@ inline absl::StatusOr<void*> DeviceAllocator::AllocateIn(P& pool, StreamPools& s
   if (hit) {
     stats_.Count(&DeviceStats::num_cache_hits);
   } else {
-    absl::StatusOr<typename P::Handle> slow = AllocateSlow(pool, ss, stream, size, request);
+    absl::StatusOr<typename P::Handle> slow = AllocateSlow(pool, ss, stream, size, request, private_pool);
     if (!slow.ok()) return slow.status();
     h = *slow;
   }
@@ -172,8 +167,11 @@ void DeviceAllocator::CommitLive(const P& pool, std::uintptr_t ptr, typename P::
 
 template <typename P>
 absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typename P::StreamState& ss, Stream stream,
-                                                                 std::size_t size, const typename P::Request& request) {
+                                                                 std::size_t size, const typename P::Request& request,
+                                                                 std::uint16_t private_pool) {
   registry_.BeginSlowPath(stream);
+  registry_.set_owner(private_pool);  // what a private pool grows is counted as its own
+  absl::Cleanup no_owner = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { registry_.set_owner(0); };
   auto serve = [&](const typename P::Request& r) {
     Served served = Served::kFromNewMemory;
     absl::StatusOr<typename P::Handle> h = pool.Serve(ss, stream, r, &served);

@@ -105,9 +105,9 @@ class DeviceAllocator final {
   const Pools& PoolsOf(std::uint16_t tag) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return tag == 0 ? pools_ : *private_.at(tag).pools;
   }
-  // An allocation while a capture or MemPool context routes requests: into its private pool when
-  // its filter accepts `stream`, else into the device's own pools.
-  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<void*> AllocateRouted(std::size_t size, Stream stream)
+  // While a capture or MemPool context routes requests: the free lists of `stream` in the private
+  // pool its filter accepts it for (*tag set), else the device's own (*tag = 0).
+  ABSL_ATTRIBUTE_NOINLINE StreamPools& RoutedPoolsFor(Stream stream, std::uint16_t* tag)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The free lists of `stream` (the last stream's without a lookup).
   StreamPools& PoolsFor(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -124,9 +124,10 @@ class DeviceAllocator final {
   // The slow path, the same for every pool: poll stream events, serve, release and retry once, a
   // fallback, then the OOM report. During a capture: serve (growing in relaxed capture mode, as
   // PyTorch does), a fallback, the OOM report; no event query, release or stitching.
+  // What it grows is counted as private pool `private_pool`'s (0: the device's own pools).
   template <typename P>
   absl::StatusOr<typename P::Handle> AllocateSlow(P& pool, typename P::StreamState& ss, Stream stream, std::size_t size,
-                                                  const typename P::Request& request)
+                                                  const typename P::Request& request, std::uint16_t private_pool)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   template <typename P>
   void CommitLive(const P& pool, std::uintptr_t ptr, typename P::Handle h, std::size_t size, std::uint16_t private_pool)
