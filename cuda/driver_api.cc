@@ -39,7 +39,9 @@ absl::Status Resolve(GetProcAddressFn get, int driver_version, const char* symbo
   return absl::OkStatus();
 }
 
-absl::Status Load(DriverApi* api) {
+// Opens the driver library; the handle stays open for the life of the process (the table points
+// into it, and dlopen is reference-counted).
+absl::StatusOr<void*> OpenDriver() {
   void* lib = dlopen(kDriverLibrary, RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     const char* why = dlerror();
@@ -47,14 +49,27 @@ absl::Status Load(DriverApi* api) {
         absl::StrCat("no CUDA driver: cannot load ", kDriverLibrary, " (", why != nullptr ? why : "dlopen failed",
                      "); bucketalloc needs an NVIDIA driver for CUDA ", VersionText(kMinDriverVersion), " or newer"));
   }
-  // Found: the handle stays open for the life of the process (the table points into it).
+  return lib;
+}
+
+// cuDriverGetVersion of the opened library (it needs no cuInit).
+absl::StatusOr<int> QueryVersion(void* lib) {
   auto version_fn = reinterpret_cast<CUresult (*)(int*)>(dlsym(lib, "cuDriverGetVersion"));
   int version = 0;
   if (version_fn == nullptr || version_fn(&version) != CUDA_SUCCESS) {
     return absl::FailedPreconditionError(
         absl::StrCat(kDriverLibrary, " has no working cuDriverGetVersion: not a CUDA driver library"));
   }
-  auto get = reinterpret_cast<GetProcAddressFn>(dlsym(lib, "cuGetProcAddress_v2"));
+  return version;
+}
+
+absl::Status Load(DriverApi* api) {
+  absl::StatusOr<void*> lib = OpenDriver();
+  if (!lib.ok()) return lib.status();
+  absl::StatusOr<int> queried = QueryVersion(*lib);
+  if (!queried.ok()) return queried.status();
+  const int version = *queried;
+  auto get = reinterpret_cast<GetProcAddressFn>(dlsym(*lib, "cuGetProcAddress_v2"));
   if (version < kMinDriverVersion || get == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("the CUDA driver is version ", VersionText(version),
                                                       "; bucketalloc needs CUDA ", VersionText(kMinDriverVersion),
@@ -115,6 +130,14 @@ bool IsCaptureError(CUresult error) {
 constexpr int kMaxDevices = 64;
 
 }  // namespace
+
+absl::StatusOr<int> CudaDriverVersion() {
+  absl::StatusOr<void*> lib = OpenDriver();
+  if (!lib.ok()) return lib.status();
+  return QueryVersion(*lib);
+}
+
+int CudaHeadersVersion() { return CUDA_VERSION; }
 
 absl::StatusOr<const DriverApi*> Driver() {
   static std::mutex mu;

@@ -89,6 +89,14 @@ struct DriverApi {
 // not kept: a later call tries again.
 absl::StatusOr<const DriverApi*> Driver();
 
+// The installed driver's version (cuDriverGetVersion, e.g. 13000 for 13.0), read without cuInit
+// and without resolving the table, so it answers on a machine whose driver cannot run bucketalloc
+// (too old, no device); FailedPrecondition naming why when there is no driver library.
+absl::StatusOr<int> CudaDriverVersion();
+
+// The CUDA toolkit version whose headers this build was compiled with (cuda.h's CUDA_VERSION).
+int CudaHeadersVersion();
+
 // The primary context of `device` (retained on first use, which creates it: what the runtime's
 // cudaSetDevice or cudaFree(0) does), kept for the life of the process.
 absl::StatusOr<CUcontext> PrimaryContext(const DriverApi& driver, int device);

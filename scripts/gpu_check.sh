@@ -128,6 +128,28 @@ else
   FAILED=$((FAILED + 1))
 fi
 
+# 1b. The wheel as a server installs it (docs/install.md): into a venv that sees the machine's own
+#    torch (system site packages), without BUCKETALLOC_LIBRARY; --version must name the driver, and
+#    the launchers from the venv's bin/ must serve a CUDA program (backend:cuda) and run the harness.
+WHEEL=$(ls "$BUNDLE"/bucketalloc-*.whl 2>/dev/null | head -1)
+if [[ -n $WHEEL && -x $BUNDLE/bin/preload_probe ]]; then
+  run_step wheel 90 env -u BUCKETALLOC_LIBRARY -u BUCKETALLOC_CONF WHEEL="$WHEEL" PROBE="$BUNDLE/bin/preload_probe" \
+    BUNDLE_LIBS="$BUNDLE_LIBS" bash -c '
+    set -e
+    venv=$(mktemp -d)/venv
+    python3 -m venv --system-site-packages "$venv"
+    "$venv/bin/python" -m pip install --quiet --no-index --no-deps "$WHEEL"
+    cd "$(dirname "$venv")"
+    "$venv/bin/python" -m bucketalloc_torch --version | tee versions.txt
+    grep -qE "^CUDA driver: [0-9]+\.[0-9]+$" versions.txt
+    LD_LIBRARY_PATH=$BUNDLE_LIBS "$venv/bin/bucketalloc-preload" --conf backend:cuda --stats-on-exit stats.json -- "$OLDPWD/$PROBE"
+    python3 -c "import json; s = json.load(open(\"stats.json\"))[\"devices\"][0][\"stats\"]; assert s[\"allocation.all.allocated\"] == 12, s; print(\"wheel preload: 12 allocations served\")"
+    "$venv/bin/bucketalloc-bench" --help | head -2'
+else
+  STEP_LINES+=("step wheel: FAIL (0s, no $BUNDLE/bucketalloc-*.whl or $BUNDLE/bin/preload_probe; scripts/make_gpu_bundle.sh makes them)")
+  FAILED=$((FAILED + 1))
+fi
+
 # 2. PyTorch: bucketalloc_torch.enable() on the GPU (workload vs a CPU reference, stats,
 #    record_stream, empty_cache, CUDA graphs, the OOM error) and the torch.empty/del latency loop
 #    against PyTorch's native allocator in the same run (scripts/gpu_torch_check.py), with torch's

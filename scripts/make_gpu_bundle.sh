@@ -120,6 +120,9 @@ done
 ((missing == 0)) || exit 1
 
 cp scripts/gpu_check.sh "$BUNDLE/gpu_check.sh"
+# The self-contained wheel (docs/install.md), installed on the GPU machine by gpu_check.sh's wheel step.
+wheel=$(scripts/build_wheel.sh | tail -1) || { echo "make_gpu_bundle: scripts/build_wheel.sh failed" >&2; exit 1; }
+cp "$wheel" "$BUNDLE/"
 
 bundle_bytes() { du -sb "$BUNDLE" | cut -f1; }
 if (($(bundle_bytes) > STRIP_ABOVE_BYTES)); then

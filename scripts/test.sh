@@ -4,7 +4,10 @@
 #   2. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, built without
 #      NDEBUG so that invariants are checked after every slow-path event;
 #   3. the concurrency stress test under ThreadSanitizer;
-#   4. the PyTorch plugin's pytest suite (python/torch_plugin) against the built libbucketalloc.so;
+#   4. the Python package as a GPU server installs it (scripts/test_python.sh): the self-contained
+#      wheel (scikit-build-core, auditwheel) in a fresh venv with the real torch, its pytest suite
+#      run from the installed copy with the system's Abseil hidden, bucketalloc-bench and the
+#      bucketalloc-preload launcher from the venv's bin/;
 #   5. the installed package: examples/consumer built with find_package(bucketalloc);
 #   6. the format: every C, C++ and CUDA file as .clang-format says (scripts/format.sh --check).
 # Ends with "N passed, N failed". Environment: JOBS (default 2).
@@ -53,7 +56,7 @@ test_tsan() { TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build/tsan/te
 
 step "build (RelWithDebInfo)" build_release
 step "tests (RelWithDebInfo)" test_release
-step "PyTorch plugin (pytest, C ABI on the simulated device)" scripts/test_python.sh
+step "Python wheel in a clean venv (pytest with the real torch, bench, preload launcher)" scripts/test_python.sh
 step "build (ASan+UBSan, invariant checks on)" build_asan
 step "tests (ASan+UBSan)" test_asan
 step "build (TSan)" build_tsan

@@ -1,47 +1,77 @@
 #!/usr/bin/env bash
-# scripts/test_python.sh — installs the PyTorch plugin (python/torch_plugin) into build/venv and runs
-# its pytest suite against the built library.
+# scripts/test_python.sh — the Python package as a GPU server installs it, in a clean environment:
+#   1. builds the self-contained wheel (scripts/build_wheel.sh: scikit-build-core, auditwheel);
+#   2. installs it into a fresh venv outside the source tree (no system site packages), with the
+#      real torch (the PyPI CUDA wheel, which imports and drives its own allocator objects without a
+#      driver), accelerate and pytest, from wheels cached under the project's cache directory;
+#   3. runs the package's pytest suite (python/torch_plugin/tests, copied beside the venv) against
+#      the installed copy, BUCKETALLOC_LIBRARY unset, in a mount namespace (unshare) where every
+#      file of the system's Abseil is hidden under a bind mount of /dev/null: tests/test_installed.py
+#      checks every installed binary with ldd against the manylinux allowlist and runs
+#      bucketalloc-bench and the bucketalloc-preload launcher from the venv's bin/;
+#   4. runs the one test that needs the system's Abseil (the source tree's own build) outside it.
 #
 #   scripts/test_python.sh [pytest args...]
 #
-# Environment: LIB, the library to test (default build/release/lib/libbucketalloc.so; build it
-# first); BUCKETALLOC_CACHE_DIR, where downloaded wheels and built modules are kept (default
-# ~/.cache/bucketalloc). The venv uses /usr/bin/python3 with the system site packages (pytest) and
-# gets torch and accelerate; it is created when missing. Exits non-zero when a test fails.
+# Environment: BUCKETALLOC_CACHE_DIR, where downloaded wheels and built modules are kept (default
+# ~/.cache/bucketalloc); KEEP_VENV=1 keeps the temporary venv and prints its path. Needs root or
+# unprivileged user namespaces (unshare). Exits non-zero when a test fails.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
 
-lib="${LIB:-build/release/lib/libbucketalloc.so}"
-if [[ ! -f "$lib" ]]; then
-  echo "test_python.sh: $lib does not exist; build it (cmake -S . -B build/release -G Ninja &&" \
-       "ninja -C build/release) or set LIB=/path/to/libbucketalloc.so" >&2
-  exit 1
-fi
-lib="$(realpath "$lib")"
+wheel=$(scripts/build_wheel.sh | tee /dev/stderr | tail -1)
+[[ -f $wheel ]] || { echo "test_python.sh: the wheel build printed no wheel path" >&2; exit 1; }
 
-venv=build/venv
-if [[ ! -x "$venv/bin/python" ]]; then
-  /usr/bin/python3 -m venv --system-site-packages "$venv"
-fi
-# The real torch (the PyPI CUDA wheel; it imports and drives its own allocator objects without a
-# driver) and accelerate, from wheels cached under the project's cache directory (downloaded once).
 cache="${BUCKETALLOC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketalloc}"
 wheels="$cache/wheels"
 torch_version=2.15.0
-if ! "$venv/bin/python" -c "import torch, accelerate; assert torch.__version__.startswith('$torch_version')" 2>/dev/null; then
-  mkdir -p "$wheels"
-  if ! "$venv/bin/python" -m pip install --quiet --no-index --find-links "$wheels" "torch==$torch_version" accelerate \
-      2>/dev/null; then
-    echo "test_python.sh: downloading torch $torch_version and accelerate into $wheels (about 3 GB, once)"
-    "$venv/bin/python" -m pip download --quiet --dest "$wheels" "torch==$torch_version" accelerate
-    "$venv/bin/python" -m pip install --quiet --no-index --find-links "$wheels" "torch==$torch_version" accelerate
-  fi
-fi
-# torch.utils.cpp_extension builds the tests' probe module there, once per torch and source.
-export TORCH_EXTENSIONS_DIR="$cache/torch_extensions"
-export BUCKETALLOC_CACHE_DIR="$cache"
-# setuptools builds in the source tree; a stale build/ there would put removed modules in the wheel.
-rm -rf python/torch_plugin/build
-"$venv/bin/python" -m pip install --quiet --no-build-isolation --no-deps --force-reinstall ./python/torch_plugin
+work="$(mktemp -d "${TMPDIR:-/tmp}/bucketalloc-wheel-test.XXXXXX")"
+cleanup() {
+  if [[ "${KEEP_VENV:-0}" == 1 ]]; then echo "test_python.sh: kept $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
 
-BUCKETALLOC_LIBRARY="$lib" "$venv/bin/python" -m pytest -q -rs python/torch_plugin/tests "$@"  # -rs: every skip says why
+echo "== a fresh venv in $work/venv (no system site packages)"
+/usr/bin/python3 -m venv "$work/venv"
+py="$work/venv/bin/python"
+deps=("torch==$torch_version" accelerate pytest)
+if ! "$py" -m pip install --quiet --no-index --find-links "$wheels" "${deps[@]}" 2>/dev/null; then
+  echo "test_python.sh: downloading ${deps[*]} into $wheels (about 3 GB, once)"
+  mkdir -p "$wheels"
+  "$py" -m pip download --quiet --dest "$wheels" "${deps[@]}"
+  "$py" -m pip install --quiet --no-index --find-links "$wheels" "${deps[@]}"
+fi
+"$py" -m pip install --quiet --no-index --no-deps "$wheel"
+cp -r python/torch_plugin/tests "$work/tests"
+find "$work/tests" -name __pycache__ -prune -exec rm -rf {} +
+
+# The system's Abseil, hidden in the namespace: each real file (the .so links point at them).
+mapfile -t hidden < <(ls /usr/lib/x86_64-linux-gnu/libabsl_*.so.*.*.* 2>/dev/null)
+if ((${#hidden[@]} == 0)); then
+  echo "test_python.sh: no system Abseil found to hide (/usr/lib/x86_64-linux-gnu/libabsl_*); scripts/setup.sh" \
+       "installs libabsl-dev, which the check of the installed wheel needs" >&2
+  exit 1
+fi
+unshare_cmd=(unshare --mount --propagation private)
+if [[ $(id -u) -ne 0 ]]; then unshare_cmd+=(--map-root-user); fi
+
+unset BUCKETALLOC_LIBRARY BUCKETALLOC_CONF PYTHONPATH
+export BUCKETALLOC_SOURCE_TREE="$repo" BUCKETALLOC_TEST_INSTALLED=1
+# torch.utils.cpp_extension builds the tests' probe module there, once per torch and source.
+export TORCH_EXTENSIONS_DIR="$cache/torch_extensions" BUCKETALLOC_CACHE_DIR="$cache"
+export BUCKETALLOC_TEST_HIDDEN
+BUCKETALLOC_TEST_HIDDEN=$(IFS=:; echo "${hidden[*]}")
+
+echo "== pytest from $work/tests on the installed package, the system's Abseil hidden (${#hidden[@]} files)"
+cd "$work"
+"${unshare_cmd[@]}" bash -c '
+  set -e
+  IFS=: read -ra files <<<"$BUCKETALLOC_TEST_HIDDEN"
+  for f in "${files[@]}"; do mount --bind /dev/null "$f"; done
+  exec "$0" -m pytest -q -rs -p no:cacheprovider tests "$@"  # -rs: every skip says why
+' "$py" "$@"
+
+echo "== the source tree's own build, outside the namespace"
+unset BUCKETALLOC_TEST_HIDDEN
+"$py" -m pytest -q -rs -p no:cacheprovider tests/test_loader.py -k source_tree

@@ -167,6 +167,16 @@ class Allocator {
   std::unique_ptr<Devices> devices_;
 };
 
+// The CUDA versions of this build and machine, for version reports (python -m bucketalloc_torch
+// --version): the toolkit headers it was compiled with (cuda.h's CUDA_VERSION, e.g. 13000 for 13.0;
+// nothing CUDA is linked) and the installed driver's (cuDriverGetVersion through libcuda.so.1,
+// loaded at run time without cuInit; FailedPrecondition naming why when there is no driver).
+struct CudaVersions {
+  int headers = 0;
+  absl::StatusOr<int> driver;
+};
+CudaVersions GetCudaVersions();
+
 }  // namespace bucketalloc
 
 #endif  // BUCKETALLOC_ALLOCATOR_H_

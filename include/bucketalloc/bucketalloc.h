@@ -183,6 +183,13 @@ BUCKETALLOC_API int bucketalloc_is_initialized(void);
 BUCKETALLOC_API int bucketalloc_device_count(void);
 /* The library version, e.g. "0.1.0". */
 BUCKETALLOC_API const char* bucketalloc_version(void);
+/* The installed CUDA driver's version (cuDriverGetVersion, e.g. 13000 for 13.0), read through
+ * libcuda.so.1 loaded at run time, without cuInit and without creating the allocator; -1 with the
+ * last error naming why when there is no driver. */
+BUCKETALLOC_API int bucketalloc_cuda_driver_version(void);
+/* The CUDA toolkit version whose headers this library was compiled with (CUDA_VERSION, e.g. 13000);
+ * no CUDA library is linked. */
+BUCKETALLOC_API int bucketalloc_cuda_headers_version(void);
 
 /* ---- Simulated device controls (backend:sim only; -1 with an error on another backend) ------
  * For tests of stream semantics without a GPU: streams are any distinct pointer values. */

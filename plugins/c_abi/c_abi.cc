@@ -440,6 +440,19 @@ int bucketalloc_device_count(void) {
 
 const char* bucketalloc_version(void) { return BUCKETALLOC_VERSION_STRING; }
 
+int bucketalloc_cuda_driver_version(void) {
+  return Guarded<int>(-1, [&]() -> int {
+    absl::StatusOr<int> version = bucketalloc::GetCudaVersions().driver;
+    if (!version.ok()) {
+      bucketalloc::SetError(version.status());
+      return -1;
+    }
+    return *version;
+  });
+}
+
+int bucketalloc_cuda_headers_version(void) { return bucketalloc::GetCudaVersions().headers; }
+
 int bucketalloc_sim_enqueue_work(int device, cudaStream_t stream) {
   return bucketalloc::SimCall(device, [&](bucketalloc::SimBackend& sim) { sim.EnqueueWork(stream); });
 }

@@ -80,6 +80,12 @@ extern const BackendEntry kSimBackendEntry;   // src/backend/sim_backend.cc
 extern const BackendEntry kCudaBackendEntry;  // cuda/cuda_backend.cc
 extern const BackendEntry kVmmBackendEntry;   // cuda/vmm_backend.cc
 
+// The CUDA versions behind the cuda and vmm rows, for version reports; defined in
+// cuda/driver_api.cc (see there): the installed driver's, read through libcuda.so.1 loaded at run
+// time (FailedPrecondition naming why when there is none), and the toolkit headers' of this build.
+absl::StatusOr<int> CudaDriverVersion();
+int CudaHeadersVersion();
+
 }  // namespace bucketalloc::internal
 
 #endif  // BUCKETALLOC_BACKEND_REGISTRY_H_

@@ -311,4 +311,8 @@ absl::StatusOr<Backend*> Allocator::backend(int device) {
   return (*d)->backend();
 }
 
+CudaVersions GetCudaVersions() {
+  return CudaVersions{.headers = internal::CudaHeadersVersion(), .driver = internal::CudaDriverVersion()};
+}
+
 }  // namespace bucketalloc

@@ -39,6 +39,22 @@ class CAbiTest : public ::testing::Test {
   void TearDown() override { EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error(); }
 };
 
+// No driver here (the toolkit's libcuda.so is a link stub, never loaded): the driver's version is
+// -1 with the loader's reason; with a driver, a CUDA 12 or newer version. The headers' version is
+// the toolkit's this library was compiled with.
+TEST(CAbiVersionTest, CudaVersionsAreReportedWithOrWithoutADriver) {
+  const int driver = bucketalloc_cuda_driver_version();
+  if (driver == -1) {
+    EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "no CUDA driver: cannot load libcuda.so.1"))
+        << bucketalloc_last_error();
+  } else {
+    EXPECT_GE(driver, 12000);
+  }
+  EXPECT_GE(bucketalloc_cuda_headers_version(), 12000);
+  EXPECT_EQ(bucketalloc_cuda_headers_version() % 10, 0);  // 1000 * major + 10 * minor
+  EXPECT_STREQ(bucketalloc_version(), BUCKETALLOC_TEST_VERSION);
+}
+
 TEST_F(CAbiTest, MallocFreeAndStatsMatchTheOperations) {
   void* p = bucketalloc_malloc(3 << 20, 0, StreamOf(1));
   void* q = bucketalloc_malloc(1000, 0, StreamOf(1));

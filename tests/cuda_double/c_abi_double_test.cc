@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -129,6 +130,17 @@ TEST_P(CAbiDoubleTest, PerThreadDefaultStreamsOfTwoThreadsAreTwoStreams) {
     bucketalloc_free(p, kSize, 0, cudaStreamPerThread);
   }).join();
   ExpectAllReturned();
+}
+
+// The version report (python -m bucketalloc_torch --version): the double is the process's
+// libcuda.so.1, and its cuDriverGetVersion says 13.0, or CUDA_DOUBLE_DRIVER_VERSION (ctest runs the
+// suite again as a 12.2 driver); reading it creates no allocator and needs no cuInit.
+TEST(CAbiVersions, TheDriverVersionIsReadWithoutCreatingTheAllocator) {
+  const char* env = std::getenv("CUDA_DOUBLE_DRIVER_VERSION");
+  EXPECT_EQ(bucketalloc_cuda_driver_version(), env != nullptr ? std::atoi(env) : 13000) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_is_initialized(), 0);
+  EXPECT_EQ(bucketalloc_cuda_headers_version(), CUDART_VERSION);  // the toolkit this test built with
+  EXPECT_EQ(cudadouble_violation_count(), 0) << cudadouble_violations();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CAbiDoubleTest, ::testing::Values("backend:cuda", "backend:vmm"),

@@ -2,13 +2,16 @@
 
     python -m bucketalloc_torch [--conf CONF] [--patch-torch] script.py [args ...]
     python -m bucketalloc_torch [--conf CONF] [--patch-torch] -m module [args ...]
+    python -m bucketalloc_torch --version
 
 bucketalloc_torch.enable(CONF, patch_torch=...) runs first, then the program runs as
 ``python script.py args`` or ``python -m module args`` would run it: ``__name__ == "__main__"``,
 ``sys.argv == [script, *args]`` (for -m, argv[0] is the module's file), and ``sys.path[0]`` is the
 script's directory (for -m, the current directory). Without --conf, the BUCKETALLOC_CONF
 environment variable applies. Only the options before the script (or -m module) are the
-launcher's; everything after it belongs to the program.
+launcher's; everything after it belongs to the program. ``--version`` prints the package's, the
+library's, the CUDA driver's and the CUDA runtime's versions (exit status 1 when the library cannot
+be loaded).
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from typing import List, Optional, Tuple
 
 from . import BucketallocError, enable
 
-_USAGE = "python -m bucketalloc_torch [--conf CONF] [--patch-torch] (script.py | -m module) [args ...]"
+_USAGE = (
+    "python -m bucketalloc_torch [--conf CONF] [--patch-torch] (script.py | -m module) [args ...]\n"
+    "       python -m bucketalloc_torch --version"
+)
 
 # The launcher's own options: those that take a value, and flags.
 _VALUE_OPTIONS = ("--conf",)
-_FLAG_OPTIONS = ("--patch-torch", "-h", "--help")
+_FLAG_OPTIONS = ("--patch-torch", "--version", "-h", "--help")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,7 +55,25 @@ def _parser() -> argparse.ArgumentParser:
         help="make torch.cuda.memory_stats(), memory_summary(), memory._snapshot() and the other "
         "stats functions report bucketalloc's (they raise under a pluggable allocator)",
     )
+    parser.add_argument(
+        "--version",
+        action="store_true",
+        help="print the versions of this package, libbucketalloc, the CUDA driver and the CUDA runtime, and exit",
+    )
     return parser
+
+
+def _print_versions() -> None:
+    """--version: the report of _commands.version_lines(); exits 1 when the library cannot be loaded."""
+    from ._commands import version_lines
+
+    try:
+        lines = version_lines()
+    except BucketallocError as e:
+        print(f"python -m bucketalloc_torch: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    print("\n".join(lines))
+    sys.exit(0)
 
 
 def _split(argv: List[str]) -> Tuple[List[str], List[str]]:
@@ -101,6 +125,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = _parser()
     own, rest = _split(sys.argv[1:] if argv is None else argv)
     options = parser.parse_args(own)
+    if options.version:
+        _print_versions()
     script, module, args = _target(parser, rest)
     _check_target(parser, script, module)
     try:

@@ -3,13 +3,15 @@
 The library is searched, in order, at:
 
 1. the path in the ``BUCKETALLOC_LIBRARY`` environment variable (when set, nothing else is tried);
-2. ``bucketalloc_torch/lib/libbucketalloc.so``, a copy installed with the package;
+2. ``bucketalloc_torch/lib/libbucketalloc.so``, the copy a wheel carries (``pip install .`` from
+   the repository root builds it; docs/install.md);
 3. ``<repo>/build/release/lib/libbucketalloc.so`` when the package is used from its source tree;
 4. ``ctypes.util.find_library("bucketalloc")``, then plain ``libbucketalloc.so`` (the dynamic
    loader's search: ``LD_LIBRARY_PATH``, the ldconfig cache, the system directories).
 
-The library holds one process-wide allocator, so it is loaded once per process; ``lib()`` returns
-that handle. The helpers turn the ABI's error returns (-1 or NULL plus a thread-local message)
+The library found must be of this package's version (both come from the one ``project(... VERSION``
+of CMakeLists.txt); another version is refused with both versions named, not skipped. The library
+holds one process-wide allocator, so it is loaded once per process; ``lib()`` returns that handle. The helpers turn the ABI's error returns (-1 or NULL plus a thread-local message)
 into :class:`BucketallocError`.
 
 Example::
@@ -34,16 +36,18 @@ LIBRARY_ENV = "BUCKETALLOC_LIBRARY"
 LIBRARY_NAME = "libbucketalloc.so"
 
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
-# A copy of the library shipped inside the package (may be absent).
+# What a wheel carries inside the package (absent in the source tree): the C ABI library, the
+# LD_PRELOAD shim and the harness (bucketalloc_torch._commands runs the last two).
 PACKAGE_LIBRARY = _PACKAGE_DIR / "lib" / LIBRARY_NAME
+PACKAGE_PRELOAD = _PACKAGE_DIR / "lib" / "libbucketalloc_preload.so"
+PACKAGE_BENCH = _PACKAGE_DIR / "bin" / "bucketalloc-bench"
 # <repo>/python/torch_plugin/bucketalloc_torch/_lib.py -> <repo> (Path.parent stops at the root)
 _REPO_ROOT = _PACKAGE_DIR.parent.parent.parent
-# The library built in the source tree, used only when this file lies in a bucketalloc checkout.
-SOURCE_TREE_LIBRARY: Optional[pathlib.Path] = (
-    _REPO_ROOT / "build" / "release" / "lib" / LIBRARY_NAME
-    if (_REPO_ROOT / "include" / "bucketalloc" / "bucketalloc.h").is_file()
-    else None
+# The source tree's release build, used only when this file lies in a bucketalloc checkout.
+SOURCE_TREE_BUILD: Optional[pathlib.Path] = (
+    _REPO_ROOT / "build" / "release" if (_REPO_ROOT / "include" / "bucketalloc" / "bucketalloc.h").is_file() else None
 )
+SOURCE_TREE_LIBRARY: Optional[pathlib.Path] = None if SOURCE_TREE_BUILD is None else SOURCE_TREE_BUILD / "lib" / LIBRARY_NAME
 
 _c_char_buffer = ctypes.POINTER(ctypes.c_char)
 
@@ -92,6 +96,8 @@ _SIGNATURES = {
     "bucketalloc_is_initialized": (ctypes.c_int, []),
     "bucketalloc_device_count": (ctypes.c_int, []),
     "bucketalloc_version": (ctypes.c_char_p, []),
+    "bucketalloc_cuda_driver_version": (ctypes.c_int, []),
+    "bucketalloc_cuda_headers_version": (ctypes.c_int, []),
     # Simulated-device controls (backend:sim only).
     "bucketalloc_sim_enqueue_work": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
     "bucketalloc_sim_complete_work": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
@@ -147,14 +153,34 @@ def _load() -> Tuple[ctypes.CDLL, str]:
                 raise BucketallocError(f"{LIBRARY_ENV}={path}: cannot load it: {e}") from e
             tried.append(f"  {path} ({origin}): {e}")
             continue
+        _check_version(library, path)
         _declare(library, path)
         return library, path
     raise BucketallocError(
         f"cannot find {LIBRARY_NAME}. Tried:\n" + "\n".join(tried) + "\n"
-        f"Build it (cmake -S . -B build/release -G Ninja && ninja -C build/release), then set "
-        f"{LIBRARY_ENV}=/path/to/{LIBRARY_NAME}, copy it to {PACKAGE_LIBRARY.parent}/, or add its "
-        "directory to LD_LIBRARY_PATH"
+        "Install the package with its library (pip install . from the repository root, or the wheel "
+        "scripts/build_wheel.sh builds), or build it (cmake -S . -B build/release -G Ninja && ninja -C "
+        f"build/release) and set {LIBRARY_ENV}=/path/to/{LIBRARY_NAME} or add its directory to LD_LIBRARY_PATH"
     )
+
+
+def _check_version(library: ctypes.CDLL, path: str) -> None:
+    """Refuses a library whose bucketalloc_version() is not this package's version."""
+    from ._version import project_version
+
+    package = project_version()
+    if not hasattr(library, "bucketalloc_version"):
+        return  # not a libbucketalloc at all: _declare names what it lacks
+    version_fn = library.bucketalloc_version
+    version_fn.restype, version_fn.argtypes = ctypes.c_char_p, []
+    found = (version_fn() or b"").decode("utf-8", "replace")
+    if package != "unknown" and found != package:
+        raise BucketallocError(
+            f"{path} is libbucketalloc {found}, but this bucketalloc_torch ({_PACKAGE_DIR}) is {package}; the "
+            "package and its library are built together. Reinstall the package with its own library (pip install "
+            "--force-reinstall the wheel, or pip install . from the checkout of the version you want), or set "
+            f"{LIBRARY_ENV} to a libbucketalloc.so built from the same checkout as this package"
+        )
 
 
 def _declare(library: ctypes.CDLL, path: str) -> None:

@@ -1,8 +1,10 @@
 """The project's version, written once: the ``project(bucketalloc VERSION x.y.z`` line of the
 repository's CMakeLists.txt, which also compiles into the C ABI's ``bucketalloc_version()``.
 
-An installed package reads it from its metadata (setup.py wrote it there from CMakeLists.txt); a
-source tree that was never installed (``PYTHONPATH=python/torch_plugin``) reads CMakeLists.txt.
+A built package (a wheel, ``pip install .``) carries it in ``_build_info.py``, which the build
+writes from CMakeLists.txt (pyproject.toml); the source tree (``PYTHONPATH=python/torch_plugin``)
+reads CMakeLists.txt itself. Nothing reads installed metadata, so a source-tree copy on the path
+beside an installed one reports its own version.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ def read_cmake_version(cmake_lists: pathlib.Path) -> str:
 
 
 def project_version() -> str:
-    """The version of this package: its metadata when installed, else the source tree's CMakeLists.txt."""
+    """The version of this package: the one its build wrote, else the source tree's CMakeLists.txt."""
     try:
-        from importlib.metadata import PackageNotFoundError, version
+        from ._build_info import version  # written by the wheel build only
 
-        return version("bucketalloc-torch")
-    except PackageNotFoundError:
+        return version
+    except ImportError:
         pass
     if CMAKE_LISTS.is_file():
         return read_cmake_version(CMAKE_LISTS)

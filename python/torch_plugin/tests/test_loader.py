@@ -8,22 +8,27 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import pathlib
 import re
 import shutil
+import subprocess
 
 import pytest
 
 from bucketalloc_torch import _lib
 from helpers import TESTS_DIR, run_python
 
-REPO = TESTS_DIR.parents[2]
+# The repository: BUCKETALLOC_SOURCE_TREE when the suite runs from a copy (scripts/test_python.sh).
+REPO = pathlib.Path(os.environ.get("BUCKETALLOC_SOURCE_TREE") or TESTS_DIR.parents[2])
 HEADER = REPO / "include" / "bucketalloc" / "bucketalloc.h"
 RELEASE_LIBRARY = REPO / "build" / "release" / "lib" / "libbucketalloc.so"
+# The installed wheel's folder of grafted libraries (auditwheel), which a copy of its library needs.
+BUNDLED_DIR = pathlib.Path(_lib.__file__).resolve().parent.parent / "bucketalloc.libs"
 
 
 def test_every_function_of_the_header_is_declared():
     if not HEADER.is_file():
-        pytest.skip(f"needs the source tree ({HEADER})")
+        pytest.fail(f"needs the source tree's header ({HEADER}): set BUCKETALLOC_SOURCE_TREE to the repository")
     declared = set(re.findall(r"^BUCKETALLOC_API\b[^(]*?\b(bucketalloc_\w+)\(", HEADER.read_text(), re.MULTILINE))
     assert len(declared) > 20
     assert declared == set(_lib._SIGNATURES)
@@ -52,11 +57,24 @@ def test_a_library_without_the_abi_is_refused():
 
 
 def built_library() -> str:
-    """The library under test: BUCKETALLOC_LIBRARY, else the source tree's release build."""
-    path = os.environ.get("BUCKETALLOC_LIBRARY") or str(RELEASE_LIBRARY)
+    """The library under test: BUCKETALLOC_LIBRARY, else the installed package's, else the source
+    tree's release build."""
+    if os.environ.get("BUCKETALLOC_LIBRARY"):
+        path = os.environ["BUCKETALLOC_LIBRARY"]
+    elif _lib.PACKAGE_LIBRARY.is_file():
+        path = str(_lib.PACKAGE_LIBRARY)
+    else:
+        path = str(RELEASE_LIBRARY)
     if not os.path.isfile(path):
-        pytest.skip(f"needs a built library ({path})")
+        pytest.fail(f"needs a built library ({path}): build it or install the package")
     return path
+
+
+def copy_env(monkeypatch) -> None:
+    """Lets a copy of the library, moved out of the installed package, find the libraries that
+    auditwheel grafted beside the package (its RUNPATH is relative to its own folder)."""
+    if BUNDLED_DIR.is_dir():
+        monkeypatch.setenv("LD_LIBRARY_PATH", str(BUNDLED_DIR))
 
 
 @pytest.mark.skipif(ctypes.util.find_library("bucketalloc") is not None, reason="a libbucketalloc is installed system-wide")
@@ -93,6 +111,7 @@ def test_the_package_copy_is_used_without_the_environment(monkeypatch, tmp_path)
     copy.parent.mkdir()
     shutil.copy(built_library(), copy)
     monkeypatch.delenv("BUCKETALLOC_LIBRARY", raising=False)
+    copy_env(monkeypatch)
     run_python(
         f"""
         import pathlib
@@ -106,16 +125,52 @@ def test_the_package_copy_is_used_without_the_environment(monkeypatch, tmp_path)
 
 
 def test_the_source_tree_finds_its_release_build(monkeypatch):
+    if os.environ.get("BUCKETALLOC_TEST_HIDDEN"):
+        pytest.skip("the system's Abseil is hidden, which the source tree's build links (scripts/test_python.sh "
+                    "runs this test again outside the mount namespace)")
     if not RELEASE_LIBRARY.is_file():
-        pytest.skip(f"needs {RELEASE_LIBRARY}")
+        pytest.fail(f"needs {RELEASE_LIBRARY} (ninja -C build/release)")
     monkeypatch.delenv("BUCKETALLOC_LIBRARY", raising=False)
+    package_parent = REPO / "python" / "torch_plugin"
     run_python(
         f"""
         from bucketalloc_torch import _lib
-        assert _lib.__file__.startswith("{TESTS_DIR.parent}"), _lib.__file__  # the source tree's package
+        assert _lib.__file__.startswith("{package_parent}"), _lib.__file__  # the source tree's package
         assert _lib.library_path() == "{RELEASE_LIBRARY}", _lib.library_path()
         """,
-        extra_path=[TESTS_DIR.parent],
+        extra_path=[package_parent],
+    )
+
+
+FAKE_LIBRARY = """
+const char* bucketalloc_version(void) { return "%s"; }
+"""
+
+
+def test_a_library_of_another_version_is_refused(monkeypatch, tmp_path):
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        pytest.fail("needs a C compiler (scripts/setup.sh installs build-essential)")
+    source = tmp_path / "other.c"
+    source.write_text(FAKE_LIBRARY % "9.8.7")
+    other = tmp_path / "libbucketalloc.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(other), str(source)], check=True)
+    monkeypatch.setenv("BUCKETALLOC_LIBRARY", str(other))
+    run_python(
+        f"""
+        import bucketalloc_torch
+        from bucketalloc_torch import _lib
+        try:
+            _lib.lib()
+        except _lib.BucketallocError as e:
+            message = str(e)
+        else:
+            raise AssertionError("a library of another version was loaded")
+        version = bucketalloc_torch.__version__
+        assert message.startswith(f"{other} is libbucketalloc 9.8.7, but this bucketalloc_torch ("), message
+        assert f") is {{version}}; the package and its library are built together." in message, message
+        assert "pip install --force-reinstall" in message and "BUCKETALLOC_LIBRARY" in message, message
+        """
     )
 
 
@@ -123,6 +178,7 @@ def test_the_environment_wins(monkeypatch, tmp_path):
     copy = tmp_path / "elsewhere.so"
     shutil.copy(built_library(), copy)
     monkeypatch.setenv("BUCKETALLOC_LIBRARY", str(copy))
+    copy_env(monkeypatch)
     run_python(
         f"""
         from bucketalloc_torch import _lib
