@@ -39,15 +39,22 @@ absl::Status Resolve(GetProcAddressFn get, int driver_version, const char* symbo
   return absl::OkStatus();
 }
 
-// Opens the driver library; the handle stays open for the life of the process (the table points
-// into it, and dlopen is reference-counted).
+// Opens the driver library once; the handle stays open for the life of the process (the table
+// points into it). A failure is not kept: a later call tries again.
 absl::StatusOr<void*> OpenDriver() {
+  static std::atomic<void*> opened{nullptr};
+  if (void* lib = opened.load(std::memory_order_acquire); lib != nullptr) return lib;
   void* lib = dlopen(kDriverLibrary, RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     const char* why = dlerror();
     return absl::FailedPreconditionError(
         absl::StrCat("no CUDA driver: cannot load ", kDriverLibrary, " (", why != nullptr ? why : "dlopen failed",
                      "); bucketalloc needs an NVIDIA driver for CUDA ", VersionText(kMinDriverVersion), " or newer"));
+  }
+  void* expected = nullptr;
+  if (!opened.compare_exchange_strong(expected, lib, std::memory_order_acq_rel)) {
+    dlclose(lib);  // another thread opened it first: keep one reference
+    return expected;
   }
   return lib;
 }

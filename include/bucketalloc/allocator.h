@@ -168,14 +168,12 @@ class Allocator {
 };
 
 // The CUDA versions of this build and machine, for version reports (python -m bucketalloc_torch
-// --version): the toolkit headers it was compiled with (cuda.h's CUDA_VERSION, e.g. 13000 for 13.0;
-// nothing CUDA is linked) and the installed driver's (cuDriverGetVersion through libcuda.so.1,
-// loaded at run time without cuInit; FailedPrecondition naming why when there is no driver).
-struct CudaVersions {
-  int headers = 0;
-  absl::StatusOr<int> driver;
-};
-CudaVersions GetCudaVersions();
+// --version), in CUDA's encoding (1000 * major + 10 * minor: 13000 is 13.0).
+// The toolkit headers this build was compiled with (cuda.h's CUDA_VERSION; nothing CUDA is linked).
+int CudaHeadersVersion();
+// The installed driver's (cuDriverGetVersion through libcuda.so.1, loaded at run time without cuInit
+// and without creating an allocator); FailedPrecondition naming why when there is no driver.
+absl::StatusOr<int> CudaDriverVersion();
 
 }  // namespace bucketalloc
 

@@ -442,7 +442,7 @@ const char* bucketalloc_version(void) { return BUCKETALLOC_VERSION_STRING; }
 
 int bucketalloc_cuda_driver_version(void) {
   return Guarded<int>(-1, [&]() -> int {
-    absl::StatusOr<int> version = bucketalloc::GetCudaVersions().driver;
+    absl::StatusOr<int> version = bucketalloc::CudaDriverVersion();
     if (!version.ok()) {
       bucketalloc::SetError(version.status());
       return -1;
@@ -451,7 +451,7 @@ int bucketalloc_cuda_driver_version(void) {
   });
 }
 
-int bucketalloc_cuda_headers_version(void) { return bucketalloc::GetCudaVersions().headers; }
+int bucketalloc_cuda_headers_version(void) { return bucketalloc::CudaHeadersVersion(); }
 
 int bucketalloc_sim_enqueue_work(int device, cudaStream_t stream) {
   return bucketalloc::SimCall(device, [&](bucketalloc::SimBackend& sim) { sim.EnqueueWork(stream); });

@@ -311,8 +311,8 @@ absl::StatusOr<Backend*> Allocator::backend(int device) {
   return (*d)->backend();
 }
 
-CudaVersions GetCudaVersions() {
-  return CudaVersions{.headers = internal::CudaHeadersVersion(), .driver = internal::CudaDriverVersion()};
-}
+int CudaHeadersVersion() { return internal::CudaHeadersVersion(); }
+
+absl::StatusOr<int> CudaDriverVersion() { return internal::CudaDriverVersion(); }
 
 }  // namespace bucketalloc

@@ -118,6 +118,14 @@ def preload_main(argv: Optional[List[str]] = None) -> None:
         shim = preload_path()
     except BucketallocError as e:
         parser.exit(1, f"bucketalloc-preload: error: {e}\n")
+    if any(c in shim for c in " :\t"):
+        # ld.so splits LD_PRELOAD at spaces and colons, then only warns that the pieces "cannot be
+        # preloaded" and runs the program without the shim: refuse rather than run it unserved.
+        parser.exit(
+            1,
+            f"bucketalloc-preload: error: the shim's path {shim!r} holds a space or a colon, which LD_PRELOAD "
+            "cannot carry; install the package into an environment whose path has neither\n",
+        )
     env = dict(os.environ)
     env["LD_PRELOAD"] = shim + (f":{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else "")
     if options.conf is not None:

@@ -166,7 +166,7 @@ def _load() -> Tuple[ctypes.CDLL, str]:
 
 def _check_version(library: ctypes.CDLL, path: str) -> None:
     """Refuses a library whose bucketalloc_version() is not this package's version."""
-    from ._version import project_version
+    from ._version import UNKNOWN, project_version
 
     package = project_version()
     if not hasattr(library, "bucketalloc_version"):
@@ -174,7 +174,15 @@ def _check_version(library: ctypes.CDLL, path: str) -> None:
     version_fn = library.bucketalloc_version
     version_fn.restype, version_fn.argtypes = ctypes.c_char_p, []
     found = (version_fn() or b"").decode("utf-8", "replace")
-    if package != "unknown" and found != package:
+    if package == UNKNOWN:
+        if os.environ.get(LIBRARY_ENV):
+            return  # named on purpose: the user vouches for it
+        raise BucketallocError(
+            f"this bucketalloc_torch ({_PACKAGE_DIR}) does not know its version (no _build_info.py, and it is not "
+            f"in a source checkout), so it cannot check {path} (libbucketalloc {found}); install the package from "
+            f"its wheel or with pip install . from the repository root, or set {LIBRARY_ENV} to the library to use"
+        )
+    if found != package:
         raise BucketallocError(
             f"{path} is libbucketalloc {found}, but this bucketalloc_torch ({_PACKAGE_DIR}) is {package}; the "
             "package and its library are built together. Reinstall the package with its own library (pip install "
