@@ -20,7 +20,12 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
-wheel=$(scripts/build_wheel.sh | tee /dev/stderr | tail -1)
+# The build's output goes on to stderr as it comes (a dup of the descriptor: reopening /dev/stderr
+# would truncate a log file it points at); its last line is the wheel's path.
+build_log="$(mktemp)"
+scripts/build_wheel.sh | tee "$build_log" >&2
+wheel=$(tail -1 "$build_log")
+rm -f "$build_log"
 [[ -f $wheel ]] || { echo "test_python.sh: the wheel build printed no wheel path" >&2; exit 1; }
 
 cache="${BUCKETALLOC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketalloc}"
