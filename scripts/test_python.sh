@@ -28,8 +28,7 @@ wheel=$(tail -1 "$build_log")
 rm -f "$build_log"
 [[ -f $wheel ]] || { echo "test_python.sh: the wheel build printed no wheel path" >&2; exit 1; }
 
-cache="${BUCKETALLOC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketalloc}"
-wheels="$cache/wheels"
+source scripts/wheel_cache.sh  # cache, wheels, cached_install
 torch_version=2.15.0
 work="$(mktemp -d "${TMPDIR:-/tmp}/bucketalloc-wheel-test.XXXXXX")"
 cleanup() {
@@ -40,13 +39,7 @@ trap cleanup EXIT
 echo "== a fresh venv in $work/venv (no system site packages)"
 /usr/bin/python3 -m venv "$work/venv"
 py="$work/venv/bin/python"
-deps=("torch==$torch_version" accelerate pytest)
-if ! "$py" -m pip install --quiet --no-index --find-links "$wheels" "${deps[@]}" 2>/dev/null; then
-  echo "test_python.sh: downloading ${deps[*]} into $wheels (about 3 GB, once)"
-  mkdir -p "$wheels"
-  "$py" -m pip download --quiet --dest "$wheels" "${deps[@]}"
-  "$py" -m pip install --quiet --no-index --find-links "$wheels" "${deps[@]}"
-fi
+cached_install "$py" "torch==$torch_version" accelerate pytest  # about 3 GB the first time
 "$py" -m pip install --quiet --no-index --no-deps "$wheel"
 cp -r python/torch_plugin/tests "$work/tests"
 find "$work/tests" -name __pycache__ -prune -exec rm -rf {} +

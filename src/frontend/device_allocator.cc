@@ -425,7 +425,7 @@ void DeviceAllocator::ReleasePrivatePools(bool all) {
     registry_.set_owner(tag);
     private_.at(tag).pools->ForEach([](auto& pool) { pool.ReleaseAll(); });
     registry_.set_owner(0);
-    if (private_.ForgetIfEmpty(tag)) registry_.ForgetOwner(tag);
+    ForgetPrivatePoolIfEmpty(tag);
   }
 }
 
@@ -521,7 +521,7 @@ absl::Status DeviceAllocator::ReleasePool(GraphPoolId pool) {
   // At a use count of 0 the pool is freeable: its memory goes back at the next release (an OOM's
   // release-and-retry, empty_cache), after a device synchronization, as in PyTorch.
   // A pool with nothing to give back is forgotten now.
-  if (const std::uint16_t tag = private_.Release(pool); private_.ForgetIfEmpty(tag)) registry_.ForgetOwner(tag);
+  ForgetPrivatePoolIfEmpty(private_.Release(pool));
   MaybeCheckInvariants();
   return absl::OkStatus();
 }

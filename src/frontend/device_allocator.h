@@ -155,6 +155,10 @@ class DeviceAllocator final {
   // as the device goes away), after a device synchronization (the last replay of a graph may still
   // run), and forgets the pools left with no memory.
   void ReleasePrivatePools(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets private pool `tag` and the registry's counts for it when it holds no memory.
+  void ForgetPrivatePoolIfEmpty(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (private_.ForgetIfEmpty(tag)) registry_.ForgetOwner(tag);
+  }
   // Ends the routings of captures that were abandoned (their streams no longer capture).
   void EndAbandonedCaptures() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `stream` (a pool key) is capturing now; `if_unknown` when that cannot be asked (another

@@ -32,6 +32,9 @@ import pathlib
 import threading
 from typing import Callable, List, Optional, Tuple
 
+# The version and the source-tree test, defined once (_version imports nothing of the package).
+from . import _version
+
 LIBRARY_ENV = "BUCKETALLOC_LIBRARY"
 LIBRARY_NAME = "libbucketalloc.so"
 
@@ -41,12 +44,8 @@ _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 PACKAGE_LIBRARY = _PACKAGE_DIR / "lib" / LIBRARY_NAME
 PACKAGE_PRELOAD = _PACKAGE_DIR / "lib" / "libbucketalloc_preload.so"
 PACKAGE_BENCH = _PACKAGE_DIR / "bin" / "bucketalloc-bench"
-# <repo>/python/torch_plugin/bucketalloc_torch/_lib.py -> <repo> (Path.parent stops at the root)
-_REPO_ROOT = _PACKAGE_DIR.parent.parent.parent
 # The source tree's release build, used only when this file lies in a bucketalloc checkout.
-SOURCE_TREE_BUILD: Optional[pathlib.Path] = (
-    _REPO_ROOT / "build" / "release" if (_REPO_ROOT / "include" / "bucketalloc" / "bucketalloc.h").is_file() else None
-)
+SOURCE_TREE_BUILD: Optional[pathlib.Path] = _version.REPO / "build" / "release" if _version.IN_SOURCE_TREE else None
 SOURCE_TREE_LIBRARY: Optional[pathlib.Path] = None if SOURCE_TREE_BUILD is None else SOURCE_TREE_BUILD / "lib" / LIBRARY_NAME
 
 _c_char_buffer = ctypes.POINTER(ctypes.c_char)
@@ -166,15 +165,13 @@ def _load() -> Tuple[ctypes.CDLL, str]:
 
 def _check_version(library: ctypes.CDLL, path: str) -> None:
     """Refuses a library whose bucketalloc_version() is not this package's version."""
-    from ._version import UNKNOWN, project_version
-
-    package = project_version()
+    package = _version.project_version()
     if not hasattr(library, "bucketalloc_version"):
         return  # not a libbucketalloc at all: _declare names what it lacks
     version_fn = library.bucketalloc_version
     version_fn.restype, version_fn.argtypes = ctypes.c_char_p, []
     found = (version_fn() or b"").decode("utf-8", "replace")
-    if package == UNKNOWN:
+    if package == _version.UNKNOWN:
         if os.environ.get(LIBRARY_ENV):
             return  # named on purpose: the user vouches for it
         raise BucketallocError(

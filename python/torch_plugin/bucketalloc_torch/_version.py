@@ -17,9 +17,10 @@ import re
 
 UNKNOWN = "unknown"
 # <repo>/python/torch_plugin/bucketalloc_torch/_version.py -> <repo> (Path.parent stops at the root)
-_REPO = pathlib.Path(__file__).resolve().parent.parent.parent.parent
-CMAKE_LISTS = _REPO / "CMakeLists.txt"
-IN_SOURCE_TREE = CMAKE_LISTS.is_file() and (_REPO / "include" / "bucketalloc" / "bucketalloc.h").is_file()
+REPO = pathlib.Path(__file__).resolve().parent.parent.parent.parent
+CMAKE_LISTS = REPO / "CMakeLists.txt"
+# True when this package is the source tree's (the loader then also tries its release build).
+IN_SOURCE_TREE = CMAKE_LISTS.is_file() and (REPO / "include" / "bucketalloc" / "bucketalloc.h").is_file()
 _PATTERN = re.compile(r"project\(\s*bucketalloc\s+VERSION\s+([0-9]+\.[0-9]+\.[0-9]+)")
 
 
