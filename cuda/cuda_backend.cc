@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "backend/registry.h"
 #include "cuda/cuda_status.h"
@@ -220,6 +221,17 @@ constinit const BackendEntry kCudaBackendEntry = {
     CudaDevicesOf,
     MakeCuda,
 };
+
+void CudaBackend::PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.lock(); }
+void CudaBackend::ParentAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.unlock(); }
+absl::Status CudaBackend::ChildAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  mu_.unlock();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "bucketalloc: device ", device_,
+      " was set up in the parent of this fork() child, and CUDA cannot be used in a child of fork before exec "
+      "(its contexts are not copied); start workers with spawn or forkserver, or create the allocator after "
+      "forking"));
+}
 
 }  // namespace internal
 

@@ -58,6 +58,13 @@ class CudaBackend : public Backend {
   absl::Status SynchronizeDevice() override;
   absl::StatusOr<bool> IsCapturing(Stream stream) override;
   BackendCounters counters() const override;
+  // fork(2): CUDA does not copy its contexts, threads or driver state into a child of fork, and
+  // any CUDA use in the child before exec is undefined (PyTorch refuses it: "Cannot re-initialize
+  // CUDA in forked subprocess"). The child's device state is therefore unusable: ChildAfterFork
+  // says so, and every request on the device then fails with that reason.
+  void PrepareFork() override;
+  void ParentAfterFork() override;
+  absl::Status ChildAfterFork() override;
 
  protected:
   // The typed status of a failed driver `call` (with its arguments) on this device.

@@ -165,6 +165,16 @@ class Backend {
 
   // Returns the counters (a copy).
   virtual BackendCounters counters() const = 0;
+
+  // fork(2), called by the allocator's pthread_atfork handlers with the device's lock held (the
+  // forking thread is then the only one inside the backend). PrepareFork takes the backend's own
+  // locks; ParentAfterFork releases them; ChildAfterFork releases them in the child and makes the
+  // child's state its own. It returns an error when the device cannot be used in a child of
+  // fork (CUDA: a context does not survive fork), which the allocator then gives for every request
+  // on the device. The defaults do nothing (a backend without locks or shared state).
+  virtual void PrepareFork() {}
+  virtual void ParentAfterFork() {}
+  virtual absl::Status ChildAfterFork() { return absl::OkStatus(); }
 };
 
 // Creates the cudaMalloc backend for `device`. On a machine without a usable driver or device it

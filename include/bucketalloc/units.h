@@ -1,7 +1,7 @@
 // bucketalloc/units.h — byte units, and sizes as text (layer L0: usable by every layer).
 //
-// Owns: the binary units every layer counts in (kKiB, kMiB, kGiB), the "no limit" size, and the one
-// parser and formatter of sizes, used by the option table, the reports and the tools.
+// Owns: the binary units every layer counts in (kKiB, kMiB, kGiB), the "no limit" size, the one
+// parser and formatter of sizes, and the exact text of a number, used by the option table, the reports and the tools.
 // Thread-safety: constants and pure functions.
 //
 // Example:
@@ -32,6 +32,9 @@ std::string FormatBytes(std::size_t bytes);
 // Formats bytes as the shortest exact text ParseSize reads back: "16GiB", "3KiB", "1000", "0"
 // ("unlimited" for kUnlimited, which the size options read).
 std::string SizeText(std::size_t bytes);
+// Formats a number as the shortest text that reads back as the same double ("0.9999999",
+// "0.12345678", "1e-300"), for options printed to be configured again.
+std::string NumberText(double value);
 
 }  // namespace bucketalloc
 

@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -25,6 +24,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -297,6 +297,20 @@ class SimBackendImpl final : public SimBackend {
     return absl::OkStatus();
   }
 
+  // fork(2): the allocator holds the device lock; this holds the backend's. In the child, carved
+  // memory is the kernel's copy-on-write copy already, but the physical memory of the VMM twin is a
+  // MAP_SHARED memfd the parent still writes: the child copies every live physical range into a
+  // memfd of its own and maps that at the same addresses, so that neither process sees the other's
+  // writes and aliases stay aliases. The copy is taken as fork returns in the child (a parent thread
+  // writing device memory without the allocator meanwhile may be seen partly, as with any copy).
+  void PrepareFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.lock(); }
+  void ParentAfterFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.unlock(); }
+  absl::Status ChildAfterFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    absl::Status s = memfd_ >= 0 ? PrivatizePhysicalMemory() : absl::OkStatus();
+    mu_.unlock();
+    return s;
+  }
+
   absl::StatusOr<DeviceMemInfo> GetMemInfo() override {
     std::lock_guard<std::mutex> lock(mu_);
     return DeviceMemInfo{FreeBytes(), options_.total_memory};
@@ -492,6 +506,45 @@ class SimBackendImpl final : public SimBackend {
     return prev->first + prev->second.bytes > va;
   }
 
+  // The fork child's half of ChildAfterFork (mu_ held): a new memfd with the live physical
+  // ranges' bytes, mapped over every mapping of the old one, which is then closed.
+  absl::Status PrivatizePhysicalMemory() {
+    auto failed = [](absl::string_view what) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("sim backend: in the child of fork, cannot ", what,
+                       " to copy the simulated physical memory: ", std::strerror(errno)));
+    };
+    const int fd = memfd_create("bucketalloc-sim-physical", MFD_CLOEXEC);
+    if (fd < 0) return failed("create a memfd");
+    if (ftruncate(fd, static_cast<off_t>(options_.total_memory)) != 0) {
+      close(fd);
+      return failed("size a memfd");
+    }
+    std::vector<char> buffer(std::size_t{1} << 20);
+    for (const auto& [handle, p] : physical_) {
+      for (std::size_t done = 0; done < p.bytes;) {
+        const std::size_t n = std::min(buffer.size(), p.bytes - done);
+        const auto at = static_cast<off_t>(p.offset + done);
+        if (pread(memfd_, buffer.data(), n, at) != static_cast<ssize_t>(n) ||
+            pwrite(fd, buffer.data(), n, at) != static_cast<ssize_t>(n)) {
+          close(fd);
+          return failed("read and write the memfd");
+        }
+        done += n;
+      }
+    }
+    for (const auto& [va, m] : mappings_) {
+      if (mmap(reinterpret_cast<void*>(va), m.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+               static_cast<off_t>(physical_.at(m.handle).offset)) == MAP_FAILED) {
+        close(fd);
+        return failed("map the copy");
+      }
+    }
+    close(memfd_);
+    memfd_ = fd;
+    return absl::OkStatus();
+  }
+
   struct Physical {
     std::size_t offset = 0;  // in memfd_
     std::size_t bytes = 0;
@@ -594,9 +647,7 @@ bool ValidDevices(absl::string_view canonical) {
 absl::StatusOr<std::string> ParseNumber(absl::string_view v) {
   double d;
   if (!absl::SimpleAtod(v, &d) || !std::isfinite(d)) return NotAccepted();
-  char text[32];
-  const std::to_chars_result r = std::to_chars(text, text + sizeof(text), d);
-  return std::string(text, r.ptr);
+  return NumberText(d);
 }
 bool ValidFraction(absl::string_view canonical) {
   double d;

@@ -5,17 +5,41 @@
 #include <atomic>
 #include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "backend/registry.h"
 #include "frontend/device_allocator.h"
+#include "frontend/fork_registry.h"
 #include "internal/check.h"
 
 namespace bucketalloc {
 
 using internal::DeviceAllocator;
 
-struct Allocator::Devices {
-  explicit Devices(int n) : ptrs(n), owned(n) {}
+// The device states, and their part in fork(2) (frontend/fork_registry.h): creation's lock, then
+// every created device's (in device order).
+struct Allocator::Devices final : internal::ForkParticipant {
+  explicit Devices(int n) : ptrs(n), owned(n) { internal::RegisterForFork(this); }
+  ~Devices() { internal::UnregisterForFork(this); }
+  void PrepareFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    create_mu.lock();
+    for (const auto& d : owned) {
+      if (d != nullptr) d->PrepareFork();
+    }
+  }
+  void ParentAfterFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (auto it = owned.rbegin(); it != owned.rend(); ++it) {
+      if (*it != nullptr) (*it)->ParentAfterFork();
+    }
+    create_mu.unlock();
+  }
+  void ChildAfterFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (auto it = owned.rbegin(); it != owned.rend(); ++it) {
+      if (*it != nullptr) (*it)->ChildAfterFork();
+    }
+    create_mu.unlock();
+  }
+
   std::vector<std::atomic<DeviceAllocator*>> ptrs;  // published once, read without a lock
   std::mutex create_mu;
   std::vector<std::unique_ptr<DeviceAllocator>> owned;

@@ -1,6 +1,8 @@
 // src/frontend/device_allocator.cc — the coordinator of one device (frontend/device_allocator.h).
 #include "frontend/device_allocator.h"
 
+#include "bucketalloc/units.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <limits>
@@ -10,6 +12,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/allocator.h"
+#include "bucketalloc/units.h"
 #include "frontend/oom_diagnosis.h"
 #include "frontend/snapshot_walk.h"
 #include "internal/check.h"
@@ -34,11 +37,21 @@ LargePoolConfig MakeLargeConfig(const Options& o, std::size_t granularity) {
   return c;
 }
 
-std::size_t ComputeCap(std::size_t capacity, double fraction, std::size_t total, std::size_t granularity) {
+// The cap: the smaller of capacity (0: the device) and fraction x total, in whole granules. A cap
+// under one granule would fail every allocation: an error naming both settings.
+absl::StatusOr<std::size_t> ComputeCap(std::size_t capacity, double fraction, std::size_t total,
+                                       std::size_t granularity, int device) {
   std::size_t cap = capacity == 0 ? total : std::min(capacity, total);
   const auto by_fraction = static_cast<std::size_t>(fraction * static_cast<double>(total));
-  cap = std::min(cap, by_fraction);
-  return cap / granularity * granularity;
+  cap = std::min(cap, by_fraction) / granularity * granularity;
+  if (cap > 0) return cap;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "bucketalloc: capacity:", SizeText(capacity), " and memory_fraction:", NumberText(fraction), " give device ",
+      device, " (", FormatBytes(total), ") a cap of ",
+      FormatBytes(std::min(capacity == 0 ? total : capacity, by_fraction)), ", less than one ",
+      FormatBytes(granularity),
+      " granule, so every allocation would fail; accepted: a capacity of 0 "
+      "(the whole device) or at least one granule, and a memory_fraction that leaves at least one granule"));
 }
 
 }  // namespace
@@ -77,8 +90,11 @@ absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const O
   if (!info.ok()) return info.status();
   std::unique_ptr<DeviceAllocator> d(new DeviceAllocator(options, std::move(backend), device));
   d->device_total_ = info->total_bytes;
+  absl::StatusOr<std::size_t> cap =
+      ComputeCap(options.capacity, options.memory_fraction, info->total_bytes, granularity, device);
+  if (!cap.ok()) return cap.status();
   MutexLock lock(d->mu_);
-  d->registry_.set_cap(ComputeCap(options.capacity, options.memory_fraction, info->total_bytes, granularity));
+  d->registry_.set_cap(*cap);
   d->stats_.SetCapacity(static_cast<std::int64_t>(d->registry_.cap()));
   d->stats_.SetMaxSplitSize(options.max_split_size == kUnlimited ? -1
                                                                  : static_cast<std::int64_t>(options.max_split_size));
@@ -121,6 +137,8 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
   if (size > kMaxRequestBytes) [[unlikely]]
     return InvalidSize(size);
   MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
   // One call of AllocateIn, so that the fast path stays inlined in this function.
   std::uint16_t tag = 0;
   StreamPools& sp = private_.routing() ? RoutedPoolsFor(stream, &tag) : PoolsFor(stream);
@@ -277,6 +295,7 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   s.capacity = registry_.cap();
   s.reserved = static_cast<std::size_t>(stats_.Current(&DeviceStats::reserved_bytes, kAllPools));
   s.allocated = static_cast<std::size_t>(stats_.Current(&DeviceStats::allocated_bytes, kAllPools));
+  s.live_requested = static_cast<std::size_t>(stats_.Current(&DeviceStats::requested_bytes, kAllPools));
   s.active = static_cast<std::size_t>(stats_.Current(&DeviceStats::active_bytes, kAllPools));
   s.pool_cached = static_cast<std::size_t>(stats_.Current(&DeviceStats::cached_bytes, pool));
   s.device_total = device_total_;
@@ -322,6 +341,8 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   if (ptr == nullptr) return absl::OkStatus();
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
   LiveEntry* found = live_.Find(addr);
   if (found == nullptr) [[unlikely]]
     return FreeOfNoLiveAllocation(ptr);
@@ -431,6 +452,8 @@ void DeviceAllocator::ReleasePrivatePools(bool all) {
 
 absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
   MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   const LiveEntry* found = live_.Find(addr);
   if (found == nullptr) {
@@ -471,6 +494,8 @@ absl::StatusOr<std::pair<void*, std::size_t>> DeviceAllocator::BaseAllocation(vo
 
 absl::Status DeviceAllocator::EmptyCache() {
   MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
   EndAbandonedCaptures();
   if (private_.routing()) {
     return absl::FailedPreconditionError(
@@ -485,6 +510,8 @@ absl::Status DeviceAllocator::EmptyCache() {
 
 absl::Status DeviceAllocator::RetireStream(Stream stream) {
   MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
   bool key = streams_.contains(stream);
   private_.ForEach([&](std::uint16_t, const PrivatePools::Pool& p) { key = key || p.streams.contains(stream); });
   const bool used = pending_.NamesUse(stream);
@@ -506,18 +533,42 @@ absl::Status DeviceAllocator::RetireStream(Stream stream) {
   return absl::OkStatus();
 }
 
+// fork(2) (Allocator's pthread_atfork handlers): the device lock, then the backend's, so the
+// forking thread is the only one inside; the child keeps its copy of the state and learns from the
+// backend whether the device is usable there.
+void DeviceAllocator::PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  mu_.Lock();
+  backend_->PrepareFork();
+}
+
+void DeviceAllocator::ParentAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  backend_->ParentAfterFork();
+  mu_.Unlock();
+}
+
+void DeviceAllocator::ChildAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (absl::Status s = backend_->ChildAfterFork(); !s.ok() && fork_child_error_.ok()) fork_child_error_ = s;
+  mu_.Unlock();
+}
+
 absl::Status DeviceAllocator::BeginCapture(GraphPoolId pool, CaptureFilter filter) {
   MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
   return private_.Begin(pool, std::move(filter), device_);
 }
 
 absl::Status DeviceAllocator::EndCapture(GraphPoolId pool) {
   MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
   return private_.End(pool, device_);
 }
 
 absl::Status DeviceAllocator::ReleasePool(GraphPoolId pool) {
   MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
   // At a use count of 0 the pool is freeable: its memory goes back at the next release (an OOM's
   // release-and-retry, empty_cache), after a device synchronization, as in PyTorch.
   // A pool with nothing to give back is forgotten now.
@@ -531,8 +582,11 @@ absl::Status DeviceAllocator::SetMemoryFraction(double fraction) {
     return absl::InvalidArgumentError(absl::StrCat("bucketalloc: memory fraction ", fraction, " for device ", device_,
                                                    " is invalid; accepted: a number in (0, 1]"));
   }
+  absl::StatusOr<std::size_t> cap =
+      ComputeCap(options_.capacity, fraction, device_total_, backend_->Granularity(), device_);
+  if (!cap.ok()) return cap.status();  // the cap stays as it was
   MutexLock lock(mu_);
-  registry_.set_cap(ComputeCap(options_.capacity, fraction, device_total_, backend_->Granularity()));
+  registry_.set_cap(*cap);
   stats_.SetCapacity(static_cast<std::int64_t>(registry_.cap()));
   return absl::OkStatus();
 }

@@ -91,6 +91,12 @@ class DeviceAllocator final {
   // Turns history recording on (allocating a ring of `max_entries`, clearing the old history) or
   // off (freeing it).
   void SetHistory(bool enabled, std::size_t max_entries);
+  // fork(2): PrepareFork takes the device's and the backend's locks; ParentAfterFork releases
+  // them; ChildAfterFork releases them in the child, where a backend that cannot serve a fork
+  // child (CUDA) makes every later request on the device fail with its reason.
+  void PrepareFork();
+  void ParentAfterFork();
+  void ChildAfterFork();
   // The device allocation (segment or slab) that holds the live allocation `ptr`: base and size.
   absl::StatusOr<std::pair<void*, std::size_t>> BaseAllocation(void* ptr) const;
 
@@ -215,6 +221,8 @@ class DeviceAllocator final {
   PendingFrees pending_ ABSL_GUARDED_BY(mu_);
   PrivatePools private_ ABSL_GUARDED_BY(mu_);
   std::optional<OomReport> last_oom_ ABSL_GUARDED_BY(mu_);
+  // In a child of fork whose backend cannot serve it: the reason, given for every request.
+  absl::Status fork_child_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace bucketalloc::internal

@@ -27,12 +27,12 @@ OomReport DiagnoseOom(const OomSituation& s) {
   const std::size_t pending = s.active - s.allocated;
   std::string pool_name = kPoolNames[s.pool].key;  // "small_pool" -> "small-pool"
   std::replace(pool_name.begin(), pool_name.end(), '_', '-');
-  if (s.allocated + s.rounded > s.capacity) {
+  if (WorkingSetExceedsCap(s.live_requested, s.requested, s.capacity)) {
     r.cause = OomCause::kCapacity;
     r.diagnosis = absl::StrFormat(
-        "capacity: live allocations (%s) plus this request (%s) exceed the cap (%s); the working set "
-        "needs more memory than the device allows (reduce batch, context or concurrency, or raise the cap)",
-        FormatBytes(s.allocated), FormatBytes(s.rounded), FormatBytes(s.capacity));
+        "capacity: live allocations (%s requested) plus this request (%s) exceed the cap (%s); the working "
+        "set needs more memory than the device allows (reduce batch, context or concurrency, or raise the cap)",
+        FormatBytes(s.live_requested), FormatBytes(s.requested), FormatBytes(s.capacity));
   } else if (headroom >= s.segment) {
     r.cause = OomCause::kDeviceExhausted;
     r.diagnosis = absl::StrFormat(
@@ -52,6 +52,13 @@ OomReport DiagnoseOom(const OomSituation& s) {
         "%s; %s in the other pool; %s under the cap) but no free block fits %s",
         FormatBytes(headroom + r.cached), FormatBytes(s.pool_cached), pool_name, FormatBytes(r.largest_free),
         FormatBytes(r.cached - s.pool_cached), FormatBytes(headroom), FormatBytes(s.rounded));
+    if (s.allocated + s.rounded > s.capacity) {
+      absl::StrAppend(&r.diagnosis,
+                      absl::StrFormat("; rounding alone exceeds the cap: the live blocks (%s for %s requested) and "
+                                      "this request (%s for %s) round up past %s",
+                                      FormatBytes(s.allocated), FormatBytes(s.live_requested), FormatBytes(s.rounded),
+                                      FormatBytes(s.requested), FormatBytes(s.capacity)));
+    }
     if (s.stitching) {
       absl::StrAppend(
           &r.diagnosis,

@@ -5,7 +5,9 @@
 // backend bytes, `pending = active - allocated` (freed blocks awaiting stream events), `headroom =
 // cap - reserved`, `rounded` the rounded request, `segment` the backend allocation it needed, and
 // `pool_cached` the free cached bytes of the request's pool, the first matching row names it:
-//   capacity          allocated + rounded > cap
+//   capacity          live_requested + requested > cap (WorkingSetExceedsCap: what the callers
+//                     asked for does not fit, whatever any allocator rounds; the harness counts an
+//                     OOM of every replayed policy by the same function)
 //   device exhausted  headroom >= segment (the cap allows it but the device refused)
 //   cache held        pending > 0 and headroom + pool_cached < rounded
 //   fragmentation     otherwise
@@ -26,6 +28,13 @@
 
 namespace bucketalloc::internal {
 
+// The capacity row: the bytes the live allocations' callers asked for, plus this request, exceed
+// the cap. Rounding (block sizes, roundup_power2_divisions) is the allocator's own overhead: an OOM
+// it causes is fragmentation, internal rather than between blocks.
+inline bool WorkingSetExceedsCap(std::size_t live_requested, std::size_t requested, std::size_t cap) {
+  return live_requested > cap || requested > cap - live_requested;
+}
+
 struct OomSituation {
   int device = 0;
   PoolIndex pool = kLargePool;  // the request's pool
@@ -35,9 +44,10 @@ struct OomSituation {
   std::size_t capacity = 0;  // the cap
   std::size_t reserved = 0;
   std::size_t allocated = 0;
-  std::size_t active = 0;       // >= allocated
-  std::size_t pool_cached = 0;  // the request's pool's cached bytes
-  std::size_t device_free = 0;  // as the backend reported it
+  std::size_t live_requested = 0;  // what the live allocations' callers asked for (<= allocated)
+  std::size_t active = 0;          // >= allocated
+  std::size_t pool_cached = 0;     // the request's pool's cached bytes
+  std::size_t device_free = 0;     // as the backend reported it
   std::size_t device_total = 0;
   std::string failure;  // the failed call's message
   // With stitching (large pool): the bytes of whole free granules a stitch could move.

@@ -166,7 +166,8 @@ absl::StatusOr<std::size_t> ParseSizeValue(absl::string_view v) {
   if (!s.ok()) return Why();
   return *s;
 }
-std::string DoubleText(double d) { return absl::StrCat(d); }
+// Exact (absl::StrCat keeps 6 digits: 0.9999999 printed as 1, which the option then refused).
+std::string DoubleText(double d) { return NumberText(d); }
 std::string BoolText(bool b) { return b ? "true" : "false"; }
 
 // A field kind: how a typed field is read (an error is the row's message) and written.
@@ -274,9 +275,10 @@ std::vector<OptionRow> MakeTable() {
                   "stitch large blocks from physical granules (PyTorch's key): on cuda it selects the vmm backend, on "
                   "sim the simulated device's virtual memory; implied by backend:vmm",
                   false, BoolField<&Options::expandable_segments>, FormatBoolField<&Options::expandable_segments>));
-  t.push_back(Row("capacity", "a size (bytes, KiB, MiB, GiB); 0 = the device's memory",
+  t.push_back(Row("capacity", "0 (the device's memory) or a size of at least 2MiB (bytes, KiB, MiB, GiB)",
                   "per-device cap on reserved memory", true, SizeField<&Options::capacity>,
-                  FormatSizeField<&Options::capacity>));
+                  FormatSizeField<&Options::capacity>,
+                  Require<std::size_t, &Options::capacity>([](std::size_t c) { return c == 0 || c >= 2 * kMiB; })));
   t.push_back(Row("memory_fraction", "a number in (0, 1]",
                   "per-device cap as a fraction of the device's memory (the smaller cap wins); "
                   "PyTorch's set_per_process_memory_fraction",
@@ -463,7 +465,14 @@ std::vector<std::size_t> Options::ResolvedTiers(std::size_t granularity) const {
   if (!tiers.empty()) {
     out = tiers;
   } else {
-    for (std::uint64_t t : tiers_tokens) out.push_back(static_cast<std::size_t>(t) * bytes_per_token);
+    // Saturated at 2^62 (over any accepted tier, and safe to round): a product that wraps would
+    // read as a small tier.
+    constexpr std::size_t kSaturated = std::size_t{1} << 62;
+    for (std::uint64_t t : tiers_tokens) {
+      out.push_back(bytes_per_token != 0 && t > kSaturated / bytes_per_token
+                        ? kSaturated
+                        : static_cast<std::size_t>(t) * bytes_per_token);
+    }
   }
   for (std::size_t& t : out) t = internal::RoundUp(t, granularity);
   std::sort(out.begin(), out.end());

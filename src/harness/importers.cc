@@ -2,7 +2,9 @@
 #include "harness/importers.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bucketalloc/allocator.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc::harness {
@@ -60,6 +63,28 @@ class Builder {
   absl::flat_hash_map<std::uint64_t, std::uint64_t> live_;
 };
 
+// A JSON value as it may appear in an error message: ASCII, invalid UTF-8 replaced (dump would
+// throw on it), cut to 80 characters.
+std::string JsonExcerpt(const nlohmann::json& v) {
+  std::string text = v.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
+  if (text.size() > 80) text = absl::StrCat(text.substr(0, 80), "...");
+  return text;
+}
+
+// What a replay needs of a memory event: an address when it has bytes, and a size an allocator can
+// be asked for.
+absl::Status CheckMemoryEvent(absl::string_view where, std::uint64_t addr, std::int64_t bytes) {
+  if (addr == 0 && bytes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": a memory event of ", bytes, " bytes at address 0; only an empty event has no address"));
+  }
+  if (bytes > static_cast<std::int64_t>(kMaxRequestBytes) || bytes < -static_cast<std::int64_t>(kMaxRequestBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": a memory event of ", bytes, " bytes; accepted: at most ",
+                                                   kMaxRequestBytes, " (kMaxRequestBytes) either way"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Trace> ImportKinetoCsv(absl::string_view text, int device, absl::string_view source) {
@@ -78,7 +103,7 @@ absl::StatusOr<Trace> ImportKinetoCsv(absl::string_view text, int device, absl::
     return absl::InvalidArgumentError(absl::StrCat(source,
                                                    ":1: the header needs the columns ts_us, device_type, "
                                                    "device_id, addr and bytes; found \"",
-                                                   lines[0], "\""));
+                                                   Excerpt(lines[0]), "\""));
   }
   Builder b(device);
   for (std::size_t n = 1; n < lines.size(); ++n) {
@@ -91,8 +116,9 @@ absl::StatusOr<Trace> ImportKinetoCsv(absl::string_view text, int device, absl::
       return absl::InvalidArgumentError(absl::StrCat(source, ":", n + 1, ": expected ", header.size(),
                                                      " comma-separated fields with integer ts_us, device_type, "
                                                      "device_id, addr and bytes; found \"",
-                                                     lines[n], "\""));
+                                                     Excerpt(lines[n]), "\""));
     }
+    if (absl::Status s = CheckMemoryEvent(absl::StrCat(source, ":", n + 1), a, size); !s.ok()) return s;
     b.Add(t, dt, di, a, size, static_cast<int>(n + 1));
   }
   return b.Finish(source);
@@ -107,30 +133,78 @@ absl::StatusOr<Trace> ImportKinetoJson(absl::string_view text, int device, absl:
   // traceEvents are not in time order (Kineto groups them): sort the memory events by timestamp,
   // then by their event index.
   struct Event {
-    std::int64_t ts, order, type, id, addr, bytes;
+    std::int64_t ts, order, type, id;
+    std::uint64_t addr;
+    std::int64_t bytes;
     int index;
   };
   std::vector<Event> events;
   int index = 0;
   for (const nlohmann::json& e : j["traceEvents"]) {
     ++index;
-    if (!e.is_object() || e.value("name", "") != "[memory]" || !e.contains("args")) continue;
-    const nlohmann::json& a = e["args"];
-    auto get = [&](const char* key) -> std::int64_t {
-      return a.contains(key) && a[key].is_number_integer() ? a[key].get<std::int64_t>() : 0;
-    };
-    if (!a.contains("Addr") || !a.contains("Bytes")) {
+    if (!e.is_object()) continue;
+    const std::string where = absl::StrCat(source, ": traceEvents[", index - 1, "]");
+    auto bad = [&](absl::string_view field, absl::string_view accepted, const nlohmann::json& v) {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": traceEvents[", index - 1, "] is a [memory] event without Addr and Bytes"));
+          absl::StrCat(where, ": ", field, " is ", JsonExcerpt(v), "; accepted: ", accepted));
+    };
+    const auto name = e.find("name");
+    if (name == e.end()) continue;
+    if (!name->is_string()) return bad("\"name\"", "a string", *name);
+    if (name->get_ref<const std::string&>() != "[memory]") continue;
+    const auto args = e.find("args");
+    if (args == e.end() || !args->is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " is a [memory] event without an \"args\" object"));
     }
-    events.push_back({e.value("ts", std::int64_t{0}), get("Ev Idx"), get("Device Type"), get("Device Id"), get("Addr"),
-                      get("Bytes"), index});
+    // An integer field of args; `required` fields must be present.
+    auto integer = [&](const nlohmann::json& obj, const char* key, bool required, std::int64_t lo, std::int64_t hi,
+                       std::int64_t* out) -> absl::Status {
+      const auto it = obj.find(key);
+      if (it == obj.end()) {
+        return required ? absl::InvalidArgumentError(absl::StrCat(where, " is a [memory] event without \"", key, "\""))
+                        : absl::OkStatus();
+      }
+      const std::string accepted = absl::StrCat("an integer from ", lo, " to ", hi);
+      if (!it->is_number_integer()) return bad(absl::StrCat("\"", key, "\""), accepted, *it);
+      if (it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) {
+        return bad(absl::StrCat("\"", key, "\""), accepted, *it);
+      }
+      const std::int64_t v = it->get<std::int64_t>();
+      if (!it->is_number_unsigned() && (v < lo || v > hi)) return bad(absl::StrCat("\"", key, "\""), accepted, *it);
+      *out = v;
+      return absl::OkStatus();
+    };
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    constexpr std::int64_t kMaxBytes = static_cast<std::int64_t>(kMaxRequestBytes);
+    constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+    Event ev{0, 0, 0, 0, 0, 0, index};
+    std::int64_t addr = 0;
+    // Kineto writes "ts" as integer microseconds; Chrome's trace format also allows a fraction.
+    if (const auto ts = e.find("ts"); ts != e.end()) {
+      if (ts->is_number_integer() && !ts->is_number_unsigned()) {
+        ev.ts = ts->get<std::int64_t>();
+      } else if (ts->is_number() && std::isfinite(ts->get<double>()) && std::fabs(ts->get<double>()) < 9.2e18) {
+        ev.ts = static_cast<std::int64_t>(std::floor(ts->get<double>()));
+      } else {
+        return bad("\"ts\"", "a number of microseconds", *ts);
+      }
+    }
+    for (absl::Status s :
+         {integer(*args, "Ev Idx", false, std::numeric_limits<std::int64_t>::min(), kMax, &ev.order),
+          integer(*args, "Device Type", false, 0, kIntMax, &ev.type),
+          integer(*args, "Device Id", false, 0, kIntMax, &ev.id), integer(*args, "Addr", true, 0, kMax, &addr),
+          integer(*args, "Bytes", true, -kMaxBytes, kMaxBytes, &ev.bytes)}) {
+      if (!s.ok()) return s;
+    }
+    if (absl::Status s = CheckMemoryEvent(where, static_cast<std::uint64_t>(addr), ev.bytes); !s.ok()) return s;
+    ev.addr = static_cast<std::uint64_t>(addr);
+    events.push_back(ev);
   }
   std::stable_sort(events.begin(), events.end(),
                    [](const Event& x, const Event& y) { return std::tie(x.ts, x.order) < std::tie(y.ts, y.order); });
   Builder b(device);
   for (const Event& e : events) {
-    b.Add(e.ts, static_cast<int>(e.type), static_cast<int>(e.id), static_cast<std::uint64_t>(e.addr), e.bytes, e.index);
+    b.Add(e.ts, static_cast<int>(e.type), static_cast<int>(e.id), e.addr, e.bytes, e.index);
   }
   return b.Finish(source);
 }

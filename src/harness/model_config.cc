@@ -1,6 +1,7 @@
 // src/harness/model_config.cc — Hugging Face config.json to ModelSpec.
 #include "harness/model_config.h"
 
+#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -9,6 +10,10 @@
 
 namespace bucketalloc::harness {
 namespace {
+
+constexpr int kMaxLayers = 4096;
+constexpr std::uint64_t kMaxWeightBytes = std::uint64_t{1} << 50;      // 1 PiB
+constexpr std::uint64_t kMaxKvBytesPerToken = std::uint64_t{1} << 30;  // 1 GiB (Llama-3.1-70B: 320 KiB)
 
 constexpr const char* kModelTypes[] = {"llama", "mistral", "qwen2", "qwen3", "phi3"};
 
@@ -33,6 +38,11 @@ bool Flag(const nlohmann::json& j, const char* key) {
 }
 
 }  // namespace
+
+WideDims ModelSpec::wide() const {
+  auto u = [](int v) { return absl::uint128(static_cast<std::uint64_t>(v)); };
+  return {u(dtype_bytes), u(hidden), u(heads) * u(head_dim), u(kv_heads) * u(head_dim), u(intermediate), u(vocab)};
+}
 
 std::uint64_t ModelSpec::weight_bytes() const {
   std::uint64_t total = 0;
@@ -111,68 +121,93 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
   }
   m.fused_qkv = m.model_type == "phi3";
 
-  const std::uint64_t e = static_cast<std::uint64_t>(m.dtype_bytes);
-  const std::uint64_t h = static_cast<std::uint64_t>(m.hidden);
-  const std::uint64_t q = static_cast<std::uint64_t>(m.heads) * static_cast<std::uint64_t>(m.head_dim);
-  const std::uint64_t kv = static_cast<std::uint64_t>(m.kv_heads) * static_cast<std::uint64_t>(m.head_dim);
-  const std::uint64_t inter = static_cast<std::uint64_t>(m.intermediate);
-  const std::uint64_t vocab = static_cast<std::uint64_t>(m.vocab);
+  // Sizes are computed in 128 bits: each dimension is at most 2^30, so a product of three fits, and
+  // the total is checked against kMaxWeightBytes from one layer before the per-layer tensors are
+  // listed (a huge num_hidden_layers must not build a huge vector first).
+  if (m.layers > kMaxLayers) {
+    return KeyError(source, "num_hidden_layers",
+                    absl::StrCat("is ", m.layers, "; accepted 1 to ", kMaxLayers, " (real models have under 200)"));
+  }
+  const auto [e, h, q, kv, inter, vocab] = m.wide();
   // Biases as each architecture's modelling code has them: llama honours attention_bias (q, k, v, o)
   // and mlp_bias; qwen3 honours attention_bias (q, k, v, o); qwen2 always has q, k, v biases;
   // mistral and phi3 have none, whatever the config says.
   const bool attention_bias = (m.model_type == "llama" || m.model_type == "qwen3") && Flag(j, "attention_bias");
   const bool qkv_bias = attention_bias || m.model_type == "qwen2";
   const bool mlp_bias = m.model_type == "llama" && Flag(j, "mlp_bias");
-  auto add = [&](std::string name, std::uint64_t elements) { m.weights.push_back({std::move(name), elements * e}); };
-
-  add("model.embed_tokens.weight", vocab * h);
-  for (int l = 0; l < m.layers; ++l) {
+  struct Sized {
+    std::string name;
+    absl::uint128 bytes;
+  };
+  std::vector<Sized> layer;  // one layer's tensors, named for layer `l`
+  auto add = [&](std::vector<Sized>& to, std::string name, absl::uint128 elements) {
+    to.push_back({std::move(name), elements * e});
+  };
+  auto list_layer = [&](int l) {
+    layer.clear();
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    add(p + "input_layernorm.weight", h);
+    add(layer, p + "input_layernorm.weight", h);
     if (m.fused_qkv) {
-      add(p + "self_attn.qkv_proj.weight", (q + 2 * kv) * h);
+      add(layer, p + "self_attn.qkv_proj.weight", (q + 2 * kv) * h);
     } else {
-      add(p + "self_attn.q_proj.weight", q * h);
-      add(p + "self_attn.k_proj.weight", kv * h);
-      add(p + "self_attn.v_proj.weight", kv * h);
+      add(layer, p + "self_attn.q_proj.weight", q * h);
+      add(layer, p + "self_attn.k_proj.weight", kv * h);
+      add(layer, p + "self_attn.v_proj.weight", kv * h);
       if (qkv_bias) {
-        add(p + "self_attn.q_proj.bias", q);
-        add(p + "self_attn.k_proj.bias", kv);
-        add(p + "self_attn.v_proj.bias", kv);
+        add(layer, p + "self_attn.q_proj.bias", q);
+        add(layer, p + "self_attn.k_proj.bias", kv);
+        add(layer, p + "self_attn.v_proj.bias", kv);
       }
     }
     if (m.model_type == "qwen3") {
-      add(p + "self_attn.q_norm.weight", static_cast<std::uint64_t>(m.head_dim));
-      add(p + "self_attn.k_norm.weight", static_cast<std::uint64_t>(m.head_dim));
+      add(layer, p + "self_attn.q_norm.weight", static_cast<std::uint64_t>(m.head_dim));
+      add(layer, p + "self_attn.k_norm.weight", static_cast<std::uint64_t>(m.head_dim));
     }
-    add(p + "self_attn.o_proj.weight", h * q);
-    if (attention_bias) add(p + "self_attn.o_proj.bias", h);
-    add(p + "post_attention_layernorm.weight", h);
+    add(layer, p + "self_attn.o_proj.weight", h * q);
+    if (attention_bias) add(layer, p + "self_attn.o_proj.bias", h);
+    add(layer, p + "post_attention_layernorm.weight", h);
     if (m.fused_qkv) {
-      add(p + "mlp.gate_up_proj.weight", 2 * inter * h);
+      add(layer, p + "mlp.gate_up_proj.weight", 2 * inter * h);
     } else {
-      add(p + "mlp.gate_proj.weight", inter * h);
-      add(p + "mlp.up_proj.weight", inter * h);
+      add(layer, p + "mlp.gate_proj.weight", inter * h);
+      add(layer, p + "mlp.up_proj.weight", inter * h);
       if (mlp_bias) {
-        add(p + "mlp.gate_proj.bias", inter);
-        add(p + "mlp.up_proj.bias", inter);
+        add(layer, p + "mlp.gate_proj.bias", inter);
+        add(layer, p + "mlp.up_proj.bias", inter);
       }
     }
-    add(p + "mlp.down_proj.weight", h * inter);
-    if (mlp_bias) add(p + "mlp.down_proj.bias", h);
+    add(layer, p + "mlp.down_proj.weight", h * inter);
+    if (mlp_bias) add(layer, p + "mlp.down_proj.bias", h);
+  };
+  std::vector<Sized> first, last;
+  add(first, "model.embed_tokens.weight", vocab * h);
+  add(last, "model.norm.weight", h);
+  if (!Flag(j, "tie_word_embeddings")) add(last, "lm_head.weight", vocab * h);
+  list_layer(0);
+  absl::uint128 total = 0, per_layer = 0;
+  for (const Sized& w : layer) per_layer += w.bytes;
+  for (const std::vector<Sized>* part : {&first, &last}) {
+    for (const Sized& w : *part) total += w.bytes;
   }
-  add("model.norm.weight", h);
-  if (!Flag(j, "tie_word_embeddings")) add("lm_head.weight", vocab * h);
-  // Each dimension is at most 2^30, so one tensor cannot overflow; many layers of huge ones could.
-  constexpr std::uint64_t kMaxWeightBytes = std::uint64_t{1} << 50;
-  std::uint64_t total = 0;
-  for (const WeightTensor& w : m.weights) {
-    total += w.bytes;
-    if (w.bytes > kMaxWeightBytes || total > kMaxWeightBytes) {
-      return KeyError(source, "num_hidden_layers",
-                      "and the other dimensions give over 1 PiB of weights; accepted a real model");
-    }
+  total += per_layer * static_cast<std::uint64_t>(m.layers);
+  if (total > kMaxWeightBytes) {
+    return KeyError(source, "num_hidden_layers",
+                    "and the other dimensions give over 1 PiB of weights; accepted a real model");
   }
+  if (2 * static_cast<std::uint64_t>(m.layers) * kv * e > kMaxKvBytesPerToken) {
+    return KeyError(source, "num_key_value_heads",
+                    "and head_dim and num_hidden_layers give over 1 GiB of KV cache per token; accepted a real model");
+  }
+  auto keep = [&](const std::vector<Sized>& part) {
+    for (const Sized& w : part) m.weights.push_back({w.name, static_cast<std::uint64_t>(w.bytes)});
+  };
+  m.weights.reserve(first.size() + layer.size() * static_cast<std::size_t>(m.layers) + last.size());
+  keep(first);
+  for (int l = 0; l < m.layers; ++l) {
+    if (l > 0) list_layer(l);
+    keep(layer);
+  }
+  keep(last);
   return m;
 }
 

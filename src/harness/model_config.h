@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/numeric/int128.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -32,6 +33,12 @@ namespace bucketalloc::harness {
 struct WeightTensor {
   std::string name;
   std::uint64_t bytes = 0;
+};
+
+// A model's dimensions in 128 bits, so that products of up to three (each at most 2^30) never
+// wrap: element bytes, hidden size, q and kv widths (heads x head_dim), intermediate, vocabulary.
+struct WideDims {
+  absl::uint128 e, h, q, kv, inter, vocab;
 };
 
 struct ModelSpec {
@@ -55,6 +62,7 @@ struct ModelSpec {
   std::uint64_t kv_bytes_per_token() const;
   // One layer's K (or V) tensor, per token: kv_heads x head_dim x dtype_bytes.
   std::uint64_t kv_tensor_bytes_per_token() const;
+  WideDims wide() const;
 };
 
 // Parses a config.json; errors (InvalidArgument) name `source`, the key and what is accepted.

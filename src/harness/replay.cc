@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/units.h"
+#include "frontend/oom_diagnosis.h"
 #include "harness/policies.h"
 #include "internal/bits.h"
 #include "nlohmann/json.hpp"
@@ -89,7 +90,9 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
         } else if (absl::IsResourceExhausted(p.status())) {
           oom = true;
           ++counts.ooms;
-          ++(live_bytes + e.size > capacity ? counts.capacity_ooms : counts.fragmentation_ooms);
+          // The allocator's own definition (frontend/oom_diagnosis.h): requested bytes, not rounded.
+          ++(internal::WorkingSetExceedsCap(live_bytes, e.size, capacity) ? counts.capacity_ooms
+                                                                          : counts.fragmentation_ooms);
         } else {
           status = absl::Status(p.status().code(), absl::StrCat("line ", e.line, ": ", p.status().message()));
           break;
@@ -217,6 +220,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   if (options.record_timeline && options.timeline_points == 0) {
     return absl::InvalidArgumentError("timeline_points 0 is invalid; accepted: 1 or more");
   }
+  if (absl::Status s = CheckTrace(trace); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<ReplayAllocator>> made =
       MakeReplayAllocator(options.allocator, options.capacity, options.device);
   if (!made.ok()) return made.status();
@@ -316,6 +320,7 @@ std::string ReplayResult::ToJson() const {
 
 absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
                                               void (*progress)(const std::string& line)) {
+  if (absl::Status s = CheckTrace(trace); !s.ok()) return s;
   const std::size_t live = PeakLiveBytes(trace);
   auto probe = [&](std::size_t capacity) -> absl::StatusOr<ReplayResult> {
     ReplayOptions o;

@@ -8,11 +8,13 @@
 #include <fstream>
 #include <numeric>
 
+#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bucketalloc/allocator.h"
 #include "bucketalloc/options.h"
 #include "internal/bits.h"
 #include "nlohmann/json.hpp"
@@ -75,6 +77,40 @@ absl::Status Validate(const ServingOptions& o) {
   if (!(o.step_base_ms >= 0) || !(o.step_us_per_token >= 0) || !std::isfinite(o.step_base_ms) ||
       !std::isfinite(o.step_us_per_token)) {
     return bad("step time", absl::StrCat(o.step_base_ms, " ms + ", o.step_us_per_token, " us/token"), "numbers >= 0");
+  }
+  return absl::OkStatus();
+}
+
+// The largest tensor a step can allocate, computed in 128 bits before any is listed: the model
+// passed its own checks, but a step of --max-batched-tokens tokens, --max-num-seqs sampled rows or a
+// KV tensor of the longest admitted request could still exceed what any allocator accepts, and its
+// size must not wrap.
+absl::Status CheckTensorSizes(const ModelSpec& m, const ServingOptions& o, std::int64_t admit_len) {
+  const auto [e, h, q, kv, inter, vocab] = m.wide();
+  const absl::uint128 T = static_cast<std::uint64_t>(o.max_batched_tokens);
+  const absl::uint128 S = static_cast<std::uint64_t>(o.max_num_seqs);
+  // The longest KV tensor: the tier (or growth step) of the longest admitted request, or the pool.
+  absl::uint128 kv_tokens = static_cast<std::uint64_t>(admit_len);
+  if (o.kv_layout == KvLayout::kGrowth) kv_tokens += static_cast<std::uint64_t>(o.growth_tokens);
+  if (o.kv_layout == KvLayout::kTiered) kv_tokens = 2 * std::max<absl::uint128>(kv_tokens, o.tiers_tokens.back());
+  if (o.kv_layout == KvLayout::kPaged) {
+    kv_tokens = 2 *
+                absl::uint128(static_cast<std::uint64_t>(std::max<std::int64_t>(o.kv_pool_tokens, admit_len)) +
+                              static_cast<std::uint64_t>(o.block_tokens)) *
+                static_cast<std::uint64_t>(std::max(o.max_num_seqs, 1));
+  }
+  const struct {
+    const char* what;
+    absl::uint128 bytes;
+  } largest[] = {{"an activation of --max-batched-tokens tokens", T * std::max({h, q + 2 * kv, 2 * inter}) * e},
+                 {"the logits of --max-num-seqs sequences", S * vocab * 4},
+                 {"a KV tensor of the longest admitted request", kv_tokens * kv * e}};
+  for (const auto& t : largest) {
+    if (t.bytes > kMaxRequestBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model (", m.name, ") and the serving options give ", t.what, " of over ", kMaxRequestBytes,
+          " bytes (64 TiB, the largest request an allocator accepts); accepted: a smaller model or fewer tokens"));
+    }
   }
   return absl::OkStatus();
 }
@@ -335,6 +371,8 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
   const std::int64_t max_len = options.max_model_len > 0 ? options.max_model_len : model.max_position_embeddings;
   std::int64_t admit_len = max_len;
   if (options.max_kv_tokens > 0) admit_len = std::min(admit_len, options.max_kv_tokens);
+
+  if (absl::Status s = CheckTensorSizes(model, options, admit_len); !s.ok()) return s;
 
   std::vector<int> order(requests.size());
   std::iota(order.begin(), order.end(), 0);

@@ -8,10 +8,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bucketalloc/allocator.h"
 
 namespace bucketalloc::harness {
 namespace {
@@ -38,6 +40,25 @@ absl::Status LineError(absl::string_view source, int line, absl::string_view wha
 
 }  // namespace
 
+std::string Excerpt(absl::string_view text, std::size_t max_bytes) {
+  if (text.size() <= max_bytes) return absl::CHexEscape(text);
+  return absl::StrCat(absl::CHexEscape(text.substr(0, max_bytes)), "...");
+}
+
+absl::Status CheckEventSize(const TraceEvent& e, absl::string_view source) {
+  if (e.size <= kMaxRequestBytes) return absl::OkStatus();
+  return LineError(source, e.line,
+                   absl::StrCat("Size ", e.size, " is larger than any allocator accepts; accepted: 0 to ",
+                                kMaxRequestBytes, " (kMaxRequestBytes, 64 TiB)"));
+}
+
+absl::Status CheckTrace(const Trace& trace, absl::string_view source) {
+  for (const TraceEvent& e : trace.events) {
+    if (absl::Status s = CheckEventSize(e, source); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Trace> ParseTrace(absl::string_view text, absl::string_view source) {
   Trace trace;
   int line_number = 0;
@@ -48,9 +69,9 @@ absl::StatusOr<Trace> ParseTrace(absl::string_view text, absl::string_view sourc
     if (line.empty()) continue;
     if (!header_seen) {
       if (absl::StripAsciiWhitespace(line) != kHeader) {
-        return LineError(
-            source, line_number,
-            absl::StrCat("expected the header \"", kHeader, "\" (RMM's replay-log CSV), found \"", line, "\""));
+        return LineError(source, line_number,
+                         absl::StrCat("expected the header \"", kHeader, "\" (RMM's replay-log CSV), found \"",
+                                      Excerpt(line), "\""));
       }
       header_seen = true;
       continue;
@@ -62,7 +83,7 @@ absl::StatusOr<Trace> ParseTrace(absl::string_view text, absl::string_view sourc
     TraceEvent e;
     e.line = line_number;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(f[0]), &e.thread) && !ParseAddress(f[0], &e.thread)) {
-      return LineError(source, line_number, absl::StrCat("Thread \"", f[0], "\" is not an integer"));
+      return LineError(source, line_number, absl::StrCat("Thread \"", Excerpt(f[0]), "\" is not an integer"));
     }
     e.time = std::string(absl::StripAsciiWhitespace(f[1]));
     const absl::string_view action = absl::StripAsciiWhitespace(f[2]);
@@ -73,19 +94,23 @@ absl::StatusOr<Trace> ParseTrace(absl::string_view text, absl::string_view sourc
     } else if (action == "allocate failure") {
       e.action = TraceAction::kAllocateFailure;
     } else {
-      return LineError(source, line_number,
-                       absl::StrCat("Action \"", action, "\" is unknown; accepted: allocate, free, allocate failure"));
+      return LineError(
+          source, line_number,
+          absl::StrCat("Action \"", Excerpt(action), "\" is unknown; accepted: allocate, free, allocate failure"));
     }
     if (!ParseAddress(f[3], &e.pointer)) {
-      return LineError(source, line_number,
-                       absl::StrCat("Pointer \"", f[3], "\" is not an address; accepted: 0x-hex, decimal or (nil)"));
+      return LineError(
+          source, line_number,
+          absl::StrCat("Pointer \"", Excerpt(f[3]), "\" is not an address; accepted: 0x-hex, decimal or (nil)"));
     }
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(f[4]), &e.size)) {
-      return LineError(source, line_number, absl::StrCat("Size \"", f[4], "\" is not a non-negative integer"));
+      return LineError(source, line_number, absl::StrCat("Size \"", Excerpt(f[4]), "\" is not a non-negative integer"));
     }
+    if (absl::Status s = CheckEventSize(e, source); !s.ok()) return s;
     if (!ParseAddress(f[5], &e.stream)) {
-      return LineError(source, line_number,
-                       absl::StrCat("Stream \"", f[5], "\" is not a stream; accepted: 0x-hex, decimal or (nil)"));
+      return LineError(
+          source, line_number,
+          absl::StrCat("Stream \"", Excerpt(f[5]), "\" is not a stream; accepted: 0x-hex, decimal or (nil)"));
     }
     if (e.action != TraceAction::kAllocateFailure && e.pointer == 0) {
       return LineError(source, line_number, "Pointer is null; only an \"allocate failure\" has no pointer");

@@ -47,6 +47,17 @@ struct Trace {
 absl::StatusOr<Trace> ParseTrace(absl::string_view text, absl::string_view source = "trace");
 absl::StatusOr<Trace> ReadTraceFile(const std::string& path);
 
+// The largest Size a trace event may have: the largest request any replayed allocator accepts
+// (bucketalloc's kMaxRequestBytes). Larger sizes are a line error for every policy, at reading and
+// again before a replay of a generated trace; OK or InvalidArgument naming the line.
+absl::Status CheckEventSize(const TraceEvent& e, absl::string_view source);
+// CheckEventSize of every event (a generated or imported trace was never read from CSV).
+absl::Status CheckTrace(const Trace& trace, absl::string_view source = "trace");
+
+// `text` as it may appear in an error message: C-escaped (a binary line prints as \x.. escapes),
+// and cut to `max_bytes` of input with "..." when longer.
+std::string Excerpt(absl::string_view text, std::size_t max_bytes = 80);
+
 // Reads a whole file (gzip-decompressed when `path` ends in .gz); NotFound names `path` and `what`
 // it was meant to be.
 absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_view what);

@@ -38,7 +38,10 @@ class LiveMap {
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
 
+  // Returns the entry of `key`, or nullptr. Key 0 (a null pointer) is never present: it marks an
+  // empty slot, so it is answered before probing rather than matching the first empty slot.
   V* Find(std::uintptr_t key) {
+    if (key == 0) return nullptr;
     for (std::size_t i = Home(key);; i = (i + 1) & mask_) {
       if (slots_[i].key == key) return &slots_[i].value;
       if (slots_[i].key == 0) return nullptr;

@@ -2,6 +2,7 @@
 #include "bucketalloc/units.h"
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <utility>
 
@@ -57,6 +58,12 @@ std::string SizeText(std::size_t bytes) {
     if (bytes != 0 && bytes % unit == 0) return absl::StrCat(bytes / unit, name);
   }
   return absl::StrCat(bytes);
+}
+
+std::string NumberText(double value) {
+  char text[32];  // the longest shortest-round-trip double is 24 characters
+  const std::to_chars_result r = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, r.ptr);
 }
 
 }  // namespace bucketalloc

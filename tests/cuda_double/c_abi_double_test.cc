@@ -5,6 +5,8 @@
 // own process, so each configures the process allocator itself.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -129,6 +131,32 @@ TEST_P(CAbiDoubleTest, PerThreadDefaultStreamsOfTwoThreadsAreTwoStreams) {
     ASSERT_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
     bucketalloc_free(p, kSize, 0, cudaStreamPerThread);
   }).join();
+  ExpectAllReturned();
+}
+
+// fork(2) after the device was set up: CUDA's contexts are not copied into the child, so every
+// request there fails naming fork and what to do instead (the free too: it would queue CUDA
+// work); the parent goes on as before.
+TEST_P(CAbiDoubleTest, AForkChildGetsAClearErrorForEveryRequest) {
+  void* p = bucketalloc_malloc(3 * kMiB, 0, nullptr);
+  ASSERT_NE(p, nullptr) << bucketalloc_last_error();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    alarm(30);
+    int code = 0;
+    if (bucketalloc_malloc(kMiB, 0, nullptr) != nullptr) code |= 1;
+    if (std::string(bucketalloc_last_error()).find("child of fork") == std::string::npos) code |= 2;
+    if (std::string(bucketalloc_last_error()).find("spawn") == std::string::npos) code |= 4;
+    bucketalloc_free(p, 3 * kMiB, 0, nullptr);
+    if (std::string(bucketalloc_last_error()).find("child of fork") == std::string::npos) code |= 8;
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "wait status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: allocated, 2/4/8: the error did not name fork and spawn";
+  bucketalloc_free(p, 3 * kMiB, 0, nullptr);
+  EXPECT_STREQ(bucketalloc_last_error(), "");
   ExpectAllReturned();
 }
 

@@ -147,6 +147,11 @@ TEST_P(AllocatorTest, BadFreesAreRejectedAndLeaveTheStateUntouched) {
   expect_invalid(allocator_->Free(p, 0, 5 * kMiB + 1), "size mismatch");
   expect_invalid(allocator_->Free(small, 0, 999), "size mismatch");
   expect_invalid(allocator_->RecordStream(&local, 0, TestStream(3)), "no live allocation");
+  // A null pointer is no live block (the live map's empty key is 0: it once matched an empty slot).
+  expect_invalid(allocator_->RecordStream(nullptr, TestStream(3)), "not a live allocation");
+  expect_invalid(allocator_->RecordStream(nullptr, 0, TestStream(3)), "no live allocation");
+  expect_invalid(allocator_->BaseAllocation(nullptr).status(), "not a live allocation");
+  EXPECT_FALSE(allocator_->DeviceOf(nullptr).ok());
   expect_invalid(allocator_->Free(p, 7), "device 7 is invalid");
   expect_invalid(allocator_->Allocate(kMaxRequestBytes + 1).status(), "is invalid");
   expect_invalid(allocator_->Allocate(static_cast<std::size_t>(-1)).status(), "negative");
@@ -214,6 +219,25 @@ TEST(AllocatorDevicesTest, EachDeviceHasItsOwnState) {
   ASSERT_TRUE(allocator->EmptyCache().ok());
   EXPECT_EQ(allocator->GetStats(1)->reserved_bytes[kAllPools].current, 0);
   EXPECT_TRUE(absl::IsInvalidArgument(allocator->GetStats(2).status()));
+}
+
+// A cap under one granule would fail every allocation: device creation and set_memory_fraction
+// refuse it naming both settings, and a refused fraction leaves the cap as it was.
+TEST(AllocatorCreateTest, AFractionThatLeavesLessThanAGranuleIsRefused) {
+  std::unique_ptr<Allocator> a = ::bucketalloc::testing::MakeAllocator("memory_fraction:1e-300");
+  ASSERT_NE(a, nullptr);
+  absl::StatusOr<void*> p = a->Allocate(kMiB);
+  ASSERT_TRUE(absl::IsInvalidArgument(p.status())) << p.status();
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "memory_fraction:1e-300")) << p.status();
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "less than one 2.00 MiB granule")) << p.status();
+  std::unique_ptr<Allocator> b = ::bucketalloc::testing::MakeAllocator("capacity:64MiB");
+  ASSERT_NE(b, nullptr);
+  void* q = *b->Allocate(kMiB);
+  absl::Status s = b->SetMemoryFraction(1e-9, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "a cap of")) << s;
+  EXPECT_EQ(b->GetStats(0)->capacity_bytes, static_cast<std::int64_t>(64 * kMiB)) << "the cap stays";
+  ASSERT_TRUE(b->Free(q).ok());
 }
 
 TEST(AllocatorCreateTest, InvalidOptionsAreRefused) {

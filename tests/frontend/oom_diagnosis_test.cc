@@ -31,6 +31,7 @@ OomSituation Base() {
   s.capacity = 100 * M;
   s.reserved = 100 * M;
   s.allocated = 60 * M;
+  s.live_requested = 60 * M;
   s.active = 60 * M;
   s.pool_cached = 40 * M;
   s.device_free = 5 * M;
@@ -43,13 +44,28 @@ std::vector<Row> Table() {
   std::vector<Row> rows;
   {
     OomSituation s = Base();
-    s.allocated = s.active = 80 * M;  // 80 live + 30 asked > 100
+    s.allocated = s.active = s.live_requested = 80 * M;  // 80 live + 30 asked > 100
     s.pool_cached = 20 * M;
-    rows.push_back(
-        {"capacity: the working set does not fit",
-         s,
-         OomCause::kCapacity,
-         {"capacity: live allocations (80.00 MiB) plus this request (30.00 MiB) exceed the cap (100.00 MiB)"}});
+    rows.push_back({"capacity: the working set does not fit",
+                    s,
+                    OomCause::kCapacity,
+                    {"capacity: live allocations (80.00 MiB requested) plus this request (30.00 MiB) exceed the "
+                     "cap (100.00 MiB)"}});
+  }
+  {
+    // roundup_power2_divisions: 60 MiB asked is held as 75 MiB, and 30 MiB rounds to 32 MiB. What
+    // the callers asked for fits (90 <= 100): the rounding is the allocator's, so fragmentation,
+    // and the harness counts it the same way (WorkingSetExceedsCap).
+    OomSituation s = Base();
+    s.allocated = s.active = 75 * M;
+    s.rounded = s.segment = 32 * M;
+    s.pool_cached = 25 * M;
+    rows.push_back({"rounding past the cap is fragmentation, not capacity",
+                    s,
+                    OomCause::kFragmentation,
+                    {"fragmentation:",
+                     "rounding alone exceeds the cap: the live blocks (75.00 MiB for 60.00 MiB "
+                     "requested) and this request (32.00 MiB for 30.00 MiB) round up past 100.00 MiB"}});
   }
   {
     OomSituation s = Base();
@@ -90,7 +106,7 @@ std::vector<Row> Table() {
   {
     OomSituation s = Base();
     s.pool = kSmallPool;
-    s.rounded = 1 * M;
+    s.requested = s.rounded = 1 * M;
     s.segment = 2 * M;
     s.pool_cached = 1 * M;  // the rest of the cache is the large pool's
     s.fragmentation.pools[kSmallPool].largest_free = 512 * kKiB;
@@ -111,8 +127,8 @@ std::vector<Row> Table() {
   }
   {
     OomSituation s = Base();
-    s.allocated = s.active = 71 * M;  // 71 + 30 > 100: capacity wins over every later row
-    s.reserved = 80 * M;              // and the device also refused (headroom 20 < 30: no)
+    s.allocated = s.active = s.live_requested = 71 * M;  // 71 + 30 > 100: capacity wins over every later row
+    s.reserved = 80 * M;                                 // and the device also refused (headroom 20 < 30: no)
     rows.push_back({"capacity comes first", s, OomCause::kCapacity, {"capacity:"}});
   }
   return rows;

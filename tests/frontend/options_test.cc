@@ -148,8 +148,40 @@ TEST(OptionsTest, BadInputIsAClearError) {
   absl::StatusOr<Options> seg = ParseOptions("max_split_size_mb:32,large_segment_size_mb:63");
   EXPECT_TRUE(absl::StrContains(seg.status().message(), "must stay splittable")) << seg.status();
   ExpectError("sim_seed:-1", "sim_seed", "-1");
+  // Values that once truncated, wrapped or gave a cap of 0 (every allocation failing).
+  ExpectError("sim_devices:4294967297", "sim_devices", "4294967297");
+  ExpectError("sim_devices:99999999999999999999", "sim_devices", "99999999999999999999");
+  ExpectError("tiers_tokens:[2305843009213693953],bytes_per_token:64MiB", "tiers", "tiers_tokens x bytes_per_token");
+  ExpectError("tiers_tokens:[18446744073709551615],bytes_per_token:1", "tiers_tokens", "18446744073709551615");
+  ExpectError("capacity:1", "capacity", "1");
+  ExpectError("capacity:1MiB", "capacity", "1MiB");
+  EXPECT_TRUE(ParseOptions("capacity:0").ok());
+  EXPECT_TRUE(ParseOptions("capacity:2MiB").ok());
   EXPECT_FALSE(ParseOptions("capacity").ok());             // no value
   EXPECT_FALSE(ParseOptions("tiers:[64MiB,128MiB").ok());  // unbalanced
+}
+
+// What FormatOptions prints configures the same options again, digit for digit: numbers were
+// printed with 6 significant digits (0.9999999 came back as 1, which is refused; 0.12345678 as
+// 0.123457, a different fraction taken for "the same configuration").
+TEST(OptionsTest, ThePrintedConfigurationParsesToTheSameOptions) {
+  for (const char* conf :
+       {"garbage_collection_threshold:0.9999999", "memory_fraction:0.12345678", "memory_fraction:1e-300",
+        "tier_min_fill:0.30000000000000004", "memory_fraction:0.1,garbage_collection_threshold:0.6,tier_min_fill:0.7",
+        "tiers_tokens:[3,5,7],bytes_per_token:3MiB", "capacity:3GiB,sim_total_memory:1026MiB",
+        "roundup_power2_divisions:[1:2,64:4,>:8]", "sim_fail_fraction:0.123456789012"}) {
+    absl::StatusOr<Options> o = ParseOptions(conf);
+    ASSERT_TRUE(o.ok()) << conf << ": " << o.status();
+    const std::string printed = FormatOptions(*o);
+    absl::StatusOr<Options> again = ParseOptions(printed);
+    ASSERT_TRUE(again.ok()) << printed << ": " << again.status();
+    EXPECT_EQ(FormatOptions(*again), printed);
+    EXPECT_EQ(again->memory_fraction, o->memory_fraction) << printed;
+    EXPECT_EQ(again->garbage_collection_threshold, o->garbage_collection_threshold) << printed;
+    EXPECT_EQ(again->tier_min_fill, o->tier_min_fill) << printed;
+  }
+  EXPECT_TRUE(
+      absl::StrContains(FormatOptions(*ParseOptions("memory_fraction:0.12345678")), "memory_fraction:0.12345678,"));
 }
 
 // A value set by hand in the C++ struct is checked by its row as a parsed one is.

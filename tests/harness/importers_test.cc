@@ -76,6 +76,52 @@ TEST(ImportersTest, ErrorsNameTheProblem) {
   EXPECT_TRUE(absl::IsNotFound(ImportKinetoFile("/nonexistent.json").status()));
 }
 
+// Wrongly typed or out-of-range fields are errors naming the event and the field (a type error
+// once escaped as an uncaught nlohmann::type_error and aborted), and an event no replay can take
+// (bytes at address 0, a size no allocator accepts) is refused here rather than written.
+TEST(ImportersTest, JsonFieldsOfTheWrongTypeOrRangeAreClearErrors) {
+  const std::string mem = R"("name":"[memory]","ts":1,"args":{"Device Type":1,"Device Id":0,)";
+  const struct {
+    std::string event;
+    const char* says;
+  } cases[] = {
+      {R"({"name":5,"ts":1,"args":{"Addr":4096,"Bytes":1}})", "traceEvents[0]: \"name\" is 5; accepted: a string"},
+      {R"({"name":"[memory]","ts":"abc","args":{"Addr":4096,"Bytes":1}})", "\"ts\" is \"abc\""},
+      {R"({"name":"[memory]","ts":1e400,"args":{"Addr":4096,"Bytes":1}})", "not a Kineto trace"},
+      {"{" + mem + R"("Addr":"4096","Bytes":1}})", "\"Addr\" is \"4096\"; accepted: an integer"},
+      {"{" + mem + R"("Addr":4096,"Bytes":1.5}})", "\"Bytes\" is 1.5"},
+      {"{" + mem + R"("Addr":-4096,"Bytes":1}})", "\"Addr\" is -4096"},
+      {"{" + mem + R"("Addr":18446744073709551615,"Bytes":1}})", "\"Addr\" is 18446744073709551615"},
+      {"{" + mem + R"("Addr":4096,"Bytes":9223372036854775807}})", "\"Bytes\" is 9223372036854775807"},
+      {"{" + mem + R"("Addr":0,"Bytes":4096}})", "4096 bytes at address 0"},
+      {R"({"name":"[memory]","ts":1,"args":{"Device Type":"cuda","Addr":1,"Bytes":1}})", "\"Device Type\""},
+      {R"({"name":"[memory]","ts":1,"args":[1]})", "without an \"args\" object"},
+      {R"({"name":"[memory]","ts":1,"args":{"Bytes":1}})", "without \"Addr\""},
+  };
+  for (const auto& c : cases) {
+    const std::string json = R"({"traceEvents":[)" + c.event + "]}";
+    absl::StatusOr<Trace> t = ImportKinetoJson(json, -1, "t.json");
+    ASSERT_FALSE(t.ok()) << json;
+    EXPECT_TRUE(absl::IsInvalidArgument(t.status())) << t.status();
+    EXPECT_TRUE(absl::StrContains(t.status().message(), c.says)) << json << "\n" << t.status();
+  }
+  // A fractional timestamp (Chrome's trace format allows one) is taken.
+  absl::StatusOr<Trace> t = ImportKinetoJson(
+      R"({"traceEvents":[{"name":"[memory]","ts":1.5,"args":{"Device Type":1,"Addr":4096,"Bytes":8}}]})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->events.size(), 1u);
+  // The CSV form: address 0, a size no allocator accepts, a binary line escaped.
+  const std::string header = "ts_us,device_type,device_id,addr,bytes\n";
+  EXPECT_TRUE(absl::StrContains(ImportKinetoCsv(header + "1,1,0,0,5\n").status().message(),
+                                "kineto csv:2: a memory "
+                                "event of 5 bytes at "
+                                "address 0"));
+  EXPECT_TRUE(absl::StrContains(ImportKinetoCsv(header + "1,1,0,8,9223372036854775807\n").status().message(),
+                                "accepted: at most 70368744177664"));
+  const absl::Status binary = ImportKinetoCsv(std::string("\x01\xff\x7f,zz\n1,2\n", 11)).status();
+  EXPECT_TRUE(absl::StrContains(binary.message(), "\\x01\\xff\\x7f,zz")) << binary;
+}
+
 TEST(ReplayTest, APointerLoggedTwiceWithoutAFreeReplacesTheEarlierBlock) {
   Trace t;
   t.events.push_back({1, "", TraceAction::kAllocate, 0x1, 8u << 20, 0, 0});

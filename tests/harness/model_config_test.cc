@@ -101,5 +101,26 @@ TEST(ModelConfigTest, ErrorsNameTheKeyAndWhatIsAccepted) {
   EXPECT_FALSE(ReadModelConfig("/nonexistent/config.json").ok());
 }
 
+// Dimensions inside each key's range whose products are not a model: a billion layers (it once
+// listed 13 billion tensors, 3.4 GB, before the weight check) and every dimension 2^30 (the sizes
+// wrapped, and 16 GiB of weights was reported). Each is refused at once, naming the key.
+TEST(ModelConfigTest, HugeDimensionsAreRefusedBeforeAnythingIsBuilt) {
+  absl::StatusOr<ModelSpec> m = ParseModelConfig(
+      absl::StrReplaceAll(Config("llama"), {{"\"num_hidden_layers\":2", "\"num_hidden_layers\":1073741824"}}));
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(absl::StrContains(m.status().message(), "\"num_hidden_layers\" is 1073741824; accepted 1 to 4096"))
+      << m.status();
+  m = ParseModelConfig(R"({"model_type":"llama","hidden_size":1073741824,"num_hidden_layers":2,)"
+                       R"("num_attention_heads":1073741824,"head_dim":1073741824,"intermediate_size":8,)"
+                       R"("vocab_size":8})");
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(absl::StrContains(m.status().message(), "over 1 PiB of weights")) << m.status();
+  m = ParseModelConfig(R"({"model_type":"llama","hidden_size":64,"num_hidden_layers":4096,)"
+                       R"("num_attention_heads":1048576,"head_dim":1048576,"intermediate_size":8,"vocab_size":8,)"
+                       R"("num_key_value_heads":1048576})");
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(absl::StrContains(m.status().message(), "over 1 PiB of weights")) << m.status();
+}
+
 }  // namespace
 }  // namespace bucketalloc::harness

@@ -8,6 +8,9 @@
 #include <algorithm>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "bucketalloc/allocator.h"
+#include "bucketalloc/options.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc::harness {
@@ -260,6 +263,55 @@ TEST(ReplayTest, HistogramIndexCountsEveryRound) {
   EXPECT_EQ(r.peak_fragmentation->free_blocks.reserved, static_cast<std::int64_t>(r.peak_reserved_bytes));
   // Nothing reserved, nothing to show.
   EXPECT_FALSE(ReplayWithTimeline(Trace{}, "bucketalloc", 64 * kMiB).peak_fragmentation.has_value());
+}
+
+// roundup_power2_divisions:2 holds 40 MiB as 48 MiB and rounds 20 MiB to 24 MiB: 72 MiB rounded,
+// but the 60 MiB the callers asked for fits the 64 MiB cap. The allocator's report and the
+// harness's count agree: fragmentation (it was capacity for the allocator, fragmentation for the
+// harness).
+TEST(ReplayTest, RoundingPastTheCapIsFragmentationForTheAllocatorAndTheHarness) {
+  const std::string conf = "roundup_power2_divisions:2";
+  ReplayResult r =
+      ReplayAt(Make({{kAlloc, 0x1, 40 * kMiB}, {kAlloc, 0x2, 20 * kMiB}}), "bucketalloc:" + conf, 64 * kMiB);
+  EXPECT_EQ(r.ooms, 1u);
+  EXPECT_EQ(r.capacity_ooms, 0u);
+  EXPECT_EQ(r.fragmentation_ooms, 1u);
+  absl::StatusOr<Options> o = ParseOptions("backend:sim,capacity:64MiB,sim_memory:unbacked," + conf);
+  ASSERT_TRUE(o.ok()) << o.status();
+  absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::Create(*o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<void*> p = (*a)->Allocate(40 * kMiB);
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<void*> q = (*a)->Allocate(20 * kMiB);
+  ASSERT_TRUE(absl::IsResourceExhausted(q.status())) << q.status();
+  EXPECT_TRUE(absl::StrContains(q.status().message(), "fragmentation:")) << q.status();
+  EXPECT_TRUE(absl::StrContains(q.status().message(), "rounding alone exceeds the cap")) << q.status();
+  absl::StatusOr<std::optional<OomReport>> report = (*a)->LastOomReport(0);
+  ASSERT_TRUE(report.ok() && report->has_value());
+  EXPECT_EQ((*report)->cause, OomCause::kFragmentation);
+  ASSERT_TRUE((*a)->Free(*p).ok());
+}
+
+// A size no allocator accepts (bucketalloc refuses it; the models once wrapped it to a small block)
+// is a line error for every policy, and for the min-capacity search.
+TEST(ReplayTest, SizesAboveTheRequestLimitAreALineErrorForEveryPolicy) {
+  for (const std::uint64_t size : {std::uint64_t{kMaxRequestBytes} + 1, ~std::uint64_t{0}}) {
+    Trace t = Make({{kAlloc, 0x1, kMiB}, {kAlloc, 0x2, size}});
+    t.events[1].line = 3;
+    for (const char* allocator : {"bucketalloc", "pytorch-policy", "nocache"}) {
+      ReplayOptions o;
+      o.allocator = allocator;
+      o.capacity = 64 * kMiB;
+      absl::StatusOr<ReplayResult> r = Replay(t, o);
+      EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << allocator << ": " << r.status();
+      EXPECT_TRUE(absl::StrContains(r.status().message(), "trace:3: Size")) << r.status();
+      EXPECT_TRUE(absl::StrContains(r.status().message(), "larger than any allocator accepts")) << r.status();
+      EXPECT_TRUE(absl::IsInvalidArgument(MinCapacity(t, allocator, CostModel{}).status())) << allocator;
+    }
+    const std::string csv = absl::StrCat("Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,", size, ",0x0\n");
+    absl::Status s = ParseTrace(csv, "big.csv").status();
+    EXPECT_TRUE(absl::StrContains(s.message(), "big.csv:2: Size")) << s;
+  }
 }
 
 TEST(ReplayTest, BadAllocatorsAndCapacitiesAreRefused) {

@@ -197,6 +197,22 @@ TEST(ServingTest, TrueNeedCountsExactTokensNotTheLayoutsRounding) {
   EXPECT_LT(t->summary.true_peak_need_bytes + 3000u * 256u, t->summary.peak_live_bytes);
 }
 
+// A model within its limits, but a step whose logits would exceed what any allocator accepts:
+// refused before any event is written, naming the option (the size once wrapped).
+TEST(ServingTest, ATensorNoAllocatorAcceptsIsRefusedUpFront) {
+  absl::StatusOr<ModelSpec> m =
+      ParseModelConfig(R"({"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,)"
+                       R"("num_key_value_heads":2,"intermediate_size":128,"vocab_size":1073741824})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ServingOptions o;
+  o.max_num_seqs = 1 << 20;
+  o.max_batched_tokens = 1 << 20;
+  absl::StatusOr<ServingTrace> t = GenerateServingTrace(SomeRequests(), *m, o);
+  ASSERT_TRUE(absl::IsInvalidArgument(t.status())) << t.status();
+  EXPECT_TRUE(absl::StrContains(t.status().message(), "the logits of --max-num-seqs sequences")) << t.status();
+  EXPECT_TRUE(absl::StrContains(t.status().message(), "64 TiB")) << t.status();
+}
+
 TEST(ServingTest, SchedulerLimitsChunkingAndRejections) {
   const ModelSpec m = TinyModel();
   ServingOptions o;

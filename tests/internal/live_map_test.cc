@@ -22,6 +22,16 @@ TEST(LiveMapTest, InsertFindErase) {
   EXPECT_EQ(m.size(), 1u);
 }
 
+// Key 0 marks an empty slot; a null pointer must not match one (it once returned an empty slot's
+// value, so the allocator took nullptr for a live block of device 0).
+TEST(LiveMapTest, ZeroIsNeverFound) {
+  LiveMap<int> m;
+  EXPECT_EQ(m.Find(0), nullptr);
+  for (std::uintptr_t k = 1; k <= 20; ++k) m.Insert(k << 12, 1);
+  EXPECT_EQ(m.Find(0), nullptr);
+  EXPECT_FALSE(m.contains(0));
+}
+
 // A long random sequence of inserts and erases against std::unordered_map: backward-shift deletion
 // must keep every remaining key reachable, through growth and through colliding keys.
 TEST(LiveMapTest, MatchesAReferenceMapUnderChurn) {
