@@ -183,6 +183,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::vector<std::string>> split = bucketalloc::harness::SplitAllocatorList(allocator_list);
     if (!split.ok()) return Fail(split.status());
     const std::vector<std::string>& allocators = *split;
+    if (absl::Status s = bucketalloc::harness::CheckAllocators(allocators, *capacity, *device); !s.ok()) return Fail(s);
     int width = 14;  // the allocator column: as wide as the longest name
     for (const std::string& a : allocators) width = std::max(width, static_cast<int>(a.size()));
     std::printf("%s%-*s %10s %10s %8s %8s %6s %6s %6s %8s %8s %10s %12s %8s %8s\n", several ? "trace\n  " : "", width,

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   bucketalloc::workload::KvWorkloadConfig wl;
   app.add_option("--backend", backend, "sim or cuda")->check(CLI::IsMember({"sim", "cuda"}));
   app.add_option("--capacity", capacity, "cap on reserved memory, e.g. 20GiB");
-  app.add_option("--steps", wl.steps, "serving steps")->check(CLI::PositiveNumber);
+  app.add_option("--steps", wl.steps, "serving steps (1 to 1000000)")->check(CLI::Range(1, 1000000));
   app.add_option("--seed", wl.seed, "workload seed");
   app.add_option("--tiers-tokens", tiers, "tiers of the second run, in tokens, e.g. [512,1024,2048,4096]");
   app.add_option("--conf", extra, "extra options for both runs, in BUCKETALLOC_CONF syntax");

@@ -37,6 +37,18 @@ def load_snapshot(path: str) -> dict:
     return data
 
 
+# The largest request any replayed allocator accepts (bucketalloc's kMaxRequestBytes, 64 TiB).
+MAX_REQUEST_BYTES = 1 << 46
+
+
+def _integer(entry: dict, key: str, where: str, lo: int, hi: int) -> int:
+    """entry[key] (0 when absent) as an int in [lo, hi]; ValueError naming the entry otherwise."""
+    value = entry.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{where}: {key} is {value!r}; accepted: an integer from {lo} to {hi}")
+    return value
+
+
 def to_trace(snapshot: dict, device: int | None) -> tuple[int, list[str]]:
     traces = snapshot["device_traces"]
     if device is None:
@@ -47,13 +59,20 @@ def to_trace(snapshot: dict, device: int | None) -> tuple[int, list[str]]:
         raise ValueError(f"device {device} is out of range; the snapshot has {len(traces)} device(s)")
     lines = ["Thread,Time,Action,Pointer,Size,Stream"]
     live: dict[int, int] = {}
-    for entry in traces[device]:
+    for index, entry in enumerate(traces[device]):
+        where = f"device_traces[{device}][{index}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} is a {type(entry).__name__}; accepted: a dict of one trace entry")
         action = entry.get("action")
-        addr = int(entry.get("addr", 0))
-        size = int(entry.get("size", 0))
-        stream = int(entry.get("stream", 0))
-        time = str(entry.get("time_us", 0))
-        if action == "alloc":
+        addr = _integer(entry, "addr", where, 0, 2**64 - 1)
+        size = _integer(entry, "size", where, 0, MAX_REQUEST_BYTES)
+        stream = _integer(entry, "stream", where, 0, 2**64 - 1)
+        time = entry.get("time_us", 0)
+        if isinstance(time, bool) or not isinstance(time, (int, float)):
+            raise ValueError(f"{where}: time_us is {time!r}; accepted: a number of microseconds")
+        if action == "alloc" and size > 0 and addr == 0:
+            raise ValueError(f"{where}: an alloc of {size} bytes at address 0; accepted: an address")
+        if action == "alloc" and size > 0:
             live[addr] = size
             lines.append(f"1,{time},allocate,0x{addr:x},{size},0x{stream:x}")
         elif action == "free_completed" and addr in live:

@@ -113,7 +113,9 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
   absl::StatusOr<std::unique_ptr<DeviceAllocator>> created =
       DeviceAllocator::Create(options_, std::move(backend), device);
   if (!created.ok()) return created.status();
-  if (devices_->history) (*created)->SetHistory(true, devices_->history_entries);
+  if (devices_->history) {
+    if (absl::Status s = (*created)->SetHistory(true, devices_->history_entries); !s.ok()) return s;
+  }
   devices_->owned[device] = std::move(*created);
   d = devices_->owned[device].get();
   devices_->ptrs[device].store(d, std::memory_order_release);
@@ -237,13 +239,15 @@ absl::Status Allocator::RecordHistory(bool enabled, std::size_t max_entries) {
   if (enabled && (max_entries == 0 || max_entries > kMaxHistoryEntries)) {
     return absl::InvalidArgumentError(absl::StrCat("bucketalloc: record_history max_entries ", max_entries,
                                                    " is invalid; accepted: 1 to ", kMaxHistoryEntries,
-                                                   " entries per device (the ring buffer is allocated up front)"));
+                                                   " entries per device (the ring grows to it as events come)"));
   }
   std::lock_guard<std::mutex> lock(devices_->create_mu);
   devices_->history = enabled;
   devices_->history_entries = max_entries;
   for (int device = 0; device < device_count(); ++device) {
-    if (DeviceAllocator* d = Published(devices_->ptrs, device)) d->SetHistory(enabled, max_entries);
+    DeviceAllocator* d = Published(devices_->ptrs, device);
+    if (d == nullptr) continue;
+    if (absl::Status s = d->SetHistory(enabled, max_entries); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -642,9 +642,11 @@ std::size_t DeviceAllocator::SpareBytes() const {
   return spare;
 }
 
-void DeviceAllocator::SetHistory(bool enabled, std::size_t max_entries) {
+absl::Status DeviceAllocator::SetHistory(bool enabled, std::size_t max_entries) {
   MutexLock lock(mu_);
-  history_.Reset(enabled ? std::max<std::size_t>(max_entries, 1) : 0);
+  absl::Status s = history_.Reset(enabled ? std::max<std::size_t>(max_entries, 1) : 0);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(s.message(), " on device ", device_));
+  return s;
 }
 
 std::vector<TraceEntry> DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* segments) const {

@@ -90,7 +90,8 @@ class DeviceAllocator final {
   std::vector<TraceEntry> AppendSnapshot(std::vector<SegmentSnapshot>* segments) const;
   // Turns history recording on (allocating a ring of `max_entries`, clearing the old history) or
   // off (freeing it).
-  void SetHistory(bool enabled, std::size_t max_entries);
+  // ResourceExhausted (recording off) when the ring's first entries cannot be allocated.
+  absl::Status SetHistory(bool enabled, std::size_t max_entries);
   // fork(2): PrepareFork takes the device's and the backend's locks; ParentAfterFork releases
   // them; ChildAfterFork releases them in the child, where a backend that cannot serve a fork
   // child (CUDA) makes every later request on the device fail with its reason.

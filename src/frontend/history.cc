@@ -2,21 +2,46 @@
 #include "frontend/history.h"
 
 #include <algorithm>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace bucketalloc::internal {
 
-void HistoryRing::Reset(std::size_t capacity) {
-  std::vector<TraceEntry> ring(capacity);
-  ring_.swap(ring);
+absl::Status HistoryRing::Reset(std::size_t capacity) {
+  std::vector<TraceEntry>().swap(ring_);
+  max_ = 0;
   next_ = 0;
   count_ = 0;
+  if (capacity == 0) return absl::OkStatus();
+  try {
+    ring_.reserve(std::min(capacity, kFirstEntries));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: cannot allocate the history ring's first ",
+                                                     std::min(capacity, kFirstEntries), " entries"));
+  }
+  max_ = capacity;
+  return absl::OkStatus();
+}
+
+bool HistoryRing::Grow() {
+  if (ring_.size() == max_) return false;
+  if (ring_.size() == ring_.capacity()) {
+    try {
+      ring_.reserve(std::min(max_, 2 * ring_.capacity()));
+    } catch (const std::bad_alloc&) {
+      max_ = ring_.size();  // the ring stops growing here: this is its capacity from now on
+      return false;
+    }
+  }
+  ring_.emplace_back();
+  return true;
 }
 
 void HistoryRing::Append(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream,
                          std::size_t device_free) {
+  if (next_ == ring_.size() && !Grow()) next_ = 0;  // full (or it could not grow): the oldest goes
   TraceEntry& e = ring_[next_];
   e.action = action;
   e.addr = addr;
@@ -24,7 +49,7 @@ void HistoryRing::Append(TraceAction action, std::uintptr_t addr, std::size_t si
   e.stream = reinterpret_cast<std::uintptr_t>(stream);
   e.time_us = absl::GetCurrentTimeNanos() / 1000;
   e.device_free = device_free;
-  next_ = next_ + 1 == ring_.size() ? 0 : next_ + 1;
+  next_ = next_ + 1 == max_ ? 0 : next_ + 1;
   count_ = std::min(count_ + 1, ring_.size());
 }
 
@@ -37,9 +62,9 @@ std::vector<TraceEntry> HistoryRing::Entries() const {
 }
 
 absl::Status HistoryRing::CheckInvariants() const {
-  if (count_ > ring_.size() || (!ring_.empty() && next_ >= ring_.size())) {
-    return absl::InternalError(
-        absl::StrCat("the history ring holds ", count_, " entries at slot ", next_, " of ", ring_.size()));
+  if (count_ > ring_.size() || ring_.size() > max_ || next_ > ring_.size() || (max_ != 0 && next_ >= max_)) {
+    return absl::InternalError(absl::StrCat("the history ring holds ", count_, " entries at slot ", next_, " of ",
+                                            ring_.size(), " (capacity ", max_, ")"));
   }
   return absl::OkStatus();
 }

@@ -2,11 +2,13 @@
 //
 // Owns: `HistoryRing`, a ring of the last `capacity` TraceEntry events (alloc, free_requested,
 // free_completed, segment_alloc/free/map/unmap, oom) in the layout of PyTorch's memory snapshot
-// (bucketalloc/snapshot.h). The ring is allocated when recording is turned on, so recording costs
-// one predictable branch and one clock read per event and no heap allocation; while it is off,
-// Record is one branch.
-// Invariants (CheckInvariants): it holds at most its capacity of entries, and the next slot lies
-// inside the ring.
+// (bucketalloc/snapshot.h). The ring grows with the history, doubling from 1024 entries up to its
+// capacity, so a large capacity costs memory only once that many events happened (2^24 entries
+// are 768 MiB); recording costs one predictable branch and one clock read per event, and a heap
+// allocation only at a doubling (24 in all). If a doubling cannot be allocated, the ring keeps the
+// size it has as its capacity (it never throws). While recording is off, Record is one branch.
+// Invariants (CheckInvariants): entries held <= ring size <= capacity; the next slot lies inside
+// the ring, or just past it while it still grows.
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
@@ -28,15 +30,18 @@ namespace bucketalloc::internal {
 
 class HistoryRing {
  public:
-  // Turns recording on with a ring of `capacity` (>= 1) entries, forgetting the old history; or off
-  // (capacity 0), freeing the ring.
-  void Reset(std::size_t capacity);
-  bool enabled() const { return !ring_.empty(); }
+  // Turns recording on with a ring of at most `capacity` (>= 1) entries, forgetting the old
+  // history; or off (capacity 0), freeing the ring. ResourceExhausted, with recording off, when
+  // even the first 1024 entries cannot be allocated.
+  absl::Status Reset(std::size_t capacity);
+  bool enabled() const { return max_ != 0; }
   // Appends an event while recording.
   void Record(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream, std::size_t device_free = 0) {
-    if (!ring_.empty()) [[unlikely]]
+    if (max_ != 0) [[unlikely]]
       Append(action, addr, size, stream, device_free);
   }
+  // The entries the ring has memory for now (it grows to its capacity as events come).
+  std::size_t allocated_entries() const { return ring_.capacity(); }
   // The events held, oldest first.
   std::vector<TraceEntry> Entries() const;
   absl::Status CheckInvariants() const;
@@ -44,7 +49,13 @@ class HistoryRing {
  private:
   void Append(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream, std::size_t device_free);
 
-  std::vector<TraceEntry> ring_;  // empty while recording is off
+  static constexpr std::size_t kFirstEntries = 1024;
+  // Makes room for one more entry at the end: false when the doubling failed (the ring then stops
+  // growing) or the ring is at its capacity.
+  bool Grow();
+
+  std::vector<TraceEntry> ring_;  // grows by doubling up to max_ entries
+  std::size_t max_ = 0;           // the capacity; 0 while recording is off
   std::size_t next_ = 0;          // the slot written next
   std::size_t count_ = 0;         // entries held, <= ring_.size()
 };

@@ -34,10 +34,8 @@ StreamPools& PrivatePools::StreamPoolsFor(std::uint16_t tag, Stream stream) {
 }
 
 std::uint16_t PrivatePools::Find(GraphPoolId id) const {
-  for (std::size_t t = 1; t < pools_.size(); ++t) {
-    if (pools_[t] != nullptr && pools_[t]->id == id) return static_cast<std::uint16_t>(t);
-  }
-  return 0;
+  const auto it = by_id_.find(id);
+  return it == by_id_.end() ? 0 : it->second;
 }
 
 absl::Status PrivatePools::NotInUse(GraphPoolId id, absl::string_view what, int device) const {
@@ -60,18 +58,23 @@ absl::Status PrivatePools::Begin(GraphPoolId id, CaptureFilter filter, int devic
                                                       "it first (PyTorch refuses this too)"));
   }
   if (tag == 0) {
-    std::size_t slot = 1;
-    while (slot < pools_.size() && pools_[slot] != nullptr) ++slot;
-    if (slot == pools_.size()) {
-      if (slot > std::numeric_limits<std::uint16_t>::max()) {
-        return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: device ", device, " already has ", slot - 1,
-                                                         " private pools; release some (graph reset) first"));
-      }
-      pools_.emplace_back();
+    std::size_t slot = pools_.empty() ? 1 : pools_.size();  // slot 0 is "no pool"
+    if (!free_slots_.empty()) {
+      slot = free_slots_.back();
+    } else if (slot > std::numeric_limits<std::uint16_t>::max()) {
+      return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: device ", device, " already has ", slot - 1,
+                                                       " private pools; release some (graph reset) first"));
     }
-    pools_[slot] = std::make_unique<Pool>();
-    pools_[slot]->id = id;
-    pools_[slot]->pools = make_pools_();
+    auto pool = std::make_unique<Pool>();
+    pool->id = id;
+    pool->pools = make_pools_();
+    by_id_.emplace(id, static_cast<std::uint16_t>(slot));  // the last call that may throw
+    if (!free_slots_.empty()) {
+      free_slots_.pop_back();
+    } else {
+      pools_.resize(slot + 1);
+    }
+    pools_[slot] = std::move(pool);
     tag = static_cast<std::uint16_t>(slot);
   }
   ++pools_[tag]->use_count;  // a freeable pool begun into again is in use again
@@ -113,7 +116,9 @@ int PrivatePools::EndAbandoned(absl::FunctionRef<bool(Stream)> capturing) {
 
 bool PrivatePools::ForgetIfEmpty(std::uint16_t tag) {
   if (!contains(tag) || !pools_[tag]->freeable() || pools_[tag]->pools->HoldsMemory()) return false;
+  by_id_.erase(pools_[tag]->id);
   pools_[tag].reset();
+  free_slots_.push_back(tag);
   return true;
 }
 
@@ -126,18 +131,26 @@ absl::Status PrivatePools::CheckInvariants(const std::vector<std::int64_t>& bloc
     }
     if (pools_[r.tag]->freeable()) return absl::InternalError("private pools: a freeable pool is routed to");
   }
+  std::size_t stored = 0, erased = 0;
   for (std::size_t tag = 1; tag < pools_.size(); ++tag) {
     if (pools_[tag] == nullptr) {
+      ++erased;
       if (blocks_per_tag[tag] != 0) return absl::InternalError("private pools: a block belongs to an erased pool");
       continue;
     }
     const Pool& p = *pools_[tag];
+    ++stored;
+    if (Find(p.id) != tag) return absl::InternalError(absl::StrCat("private pool ", PoolName(p.id), " is not indexed"));
     const auto routed =
         std::count_if(routings_.begin(), routings_.end(), [&](const Routing& r) { return r.tag == tag; });
     if (p.use_count < routed) {
       return absl::InternalError(absl::StrCat("private pool ", PoolName(p.id), " counts ", p.use_count, " uses but ",
                                               routed, " routings run into it"));
     }
+  }
+  if (by_id_.size() != stored || free_slots_.size() != erased) {
+    return absl::InternalError(absl::StrCat("private pools: ", by_id_.size(), " indexed and ", free_slots_.size(),
+                                            " free slots for ", stored, " stored pools and ", erased, " erased"));
   }
   return absl::OkStatus();
 }

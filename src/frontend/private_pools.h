@@ -115,6 +115,12 @@ class PrivatePools {
   std::function<std::unique_ptr<Pools>()> make_pools_;
   std::vector<Routing> routings_;
   std::vector<std::unique_ptr<Pool>> pools_;  // by tag; slot 0 and erased slots are null
+  // The tag of every stored pool by its id, and the erased slots, so that Begin, End and Release
+  // take constant time however many pools are open (a linear search made 20,000 pools' capture
+  // ends quadratic: 2.7 s). Invariant: by_id_ maps exactly the stored pools' ids to their tags;
+  // free_slots_ holds exactly the null slots above 0.
+  absl::flat_hash_map<GraphPoolId, std::uint16_t> by_id_;
+  std::vector<std::uint16_t> free_slots_;
 };
 
 }  // namespace bucketalloc::internal

@@ -70,6 +70,11 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::strin
     return absl::InvalidArgumentError(
         absl::StrCat("capacity ", capacity, " bytes is too small; accepted: 2 MiB or more"));
   }
+  if (kind == ReplayDeviceKind::kSim && capacity > kMaxSimReplayCapacity) {
+    return absl::InvalidArgumentError(absl::StrCat("capacity ", SizeText(capacity),
+                                                   " is more than the simulated device can hold; accepted: 2MiB to ",
+                                                   SizeText(kMaxSimReplayCapacity)));
+  }
   capacity = ReplayCapacity(capacity);
   absl::string_view conf;
   const PolicyEntry* policy = FindPolicy(spec, &conf);
@@ -88,6 +93,10 @@ absl::StatusOr<std::vector<std::string>> SplitAllocatorList(absl::string_view li
   absl::StatusOr<std::vector<std::string>> pieces = SplitOptionList(list);
   if (!pieces.ok()) return pieces.status();
   std::vector<std::string> out;
+  if (pieces->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the allocator list is empty; accepted: a comma-separated list of ", PolicySpecsText()));
+  }
   for (std::string& p : *pieces) {
     absl::string_view conf;
     const PolicyEntry* named = FindPolicy(p, &conf);
@@ -100,6 +109,14 @@ absl::StatusOr<std::vector<std::string>> SplitAllocatorList(absl::string_view li
     }
   }
   return out;
+}
+
+absl::Status CheckAllocators(const std::vector<std::string>& specs, std::size_t capacity, ReplayDeviceKind kind) {
+  for (const std::string& spec : specs) {
+    absl::StatusOr<std::unique_ptr<ReplayAllocator>> made = MakeReplayAllocator(spec, capacity, kind);
+    if (!made.ok()) return made.status();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace bucketalloc::harness

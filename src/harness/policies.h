@@ -49,13 +49,20 @@ std::string PolicyHelpText();
 // accepted; on CUDA without a usable device, FailedPrecondition names the CUDA error.
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity,
                                                                      ReplayDeviceKind kind = ReplayDeviceKind::kSim);
+// The most a simulated replay device holds (the sim backend's sim_total_memory limit).
+inline constexpr std::size_t kMaxSimReplayCapacity = std::size_t{4} << 40;
+
+// Makes (and drops) each allocator of `specs`, so that a bad name, CONF or capacity is reported
+// before anything is replayed; the first error.
+absl::Status CheckAllocators(const std::vector<std::string>& specs, std::size_t capacity,
+                             ReplayDeviceKind kind = ReplayDeviceKind::kSim);
 
 // Splits compare's --allocators list. A BUCKETALLOC_CONF has commas of its own, so the list splits
 // as the option table splits a CONF (at commas outside brackets), and a piece that does not start
 // with a policy's name continues the previous one's CONF:
 //   "bucketalloc,bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048,nocache"
 //   -> {"bucketalloc", "bucketalloc:tiers_tokens:[1024,2048],bytes_per_token:2048", "nocache"}
-// InvalidArgument names unbalanced brackets.
+// InvalidArgument names unbalanced brackets, and an empty list.
 absl::StatusOr<std::vector<std::string>> SplitAllocatorList(absl::string_view list);
 
 }  // namespace bucketalloc::harness

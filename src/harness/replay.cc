@@ -190,6 +190,18 @@ absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, con
 
 }  // namespace
 
+absl::Status CheckCostModel(const CostModel& cost) {
+  for (const auto& [flag, us] : {std::pair{"--malloc-us", cost.malloc_us}, std::pair{"--free-us", cost.free_us},
+                                 std::pair{"--vmm-call-us", cost.vmm_call_us}}) {
+    if (!(us >= 0.0 && us <= kMaxCallMicroseconds)) {  // NaN fails too
+      return absl::InvalidArgumentError(absl::StrCat("cost ", flag, " ", us,
+                                                     ": accepted a number of microseconds from 0 to ",
+                                                     static_cast<std::int64_t>(kMaxCallMicroseconds), " (one second)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::size_t PeakLiveBytes(const Trace& trace, int rounds) {
   absl::flat_hash_map<std::uint64_t, std::uint64_t> live;
   std::size_t now = 0, peak = 0;
@@ -221,6 +233,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
     return absl::InvalidArgumentError("timeline_points 0 is invalid; accepted: 1 or more");
   }
   if (absl::Status s = CheckTrace(trace); !s.ok()) return s;
+  if (absl::Status s = CheckCostModel(options.cost); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<ReplayAllocator>> made =
       MakeReplayAllocator(options.allocator, options.capacity, options.device);
   if (!made.ok()) return made.status();
@@ -321,6 +334,7 @@ std::string ReplayResult::ToJson() const {
 absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
                                               void (*progress)(const std::string& line)) {
   if (absl::Status s = CheckTrace(trace); !s.ok()) return s;
+  if (absl::Status s = CheckCostModel(cost); !s.ok()) return s;
   const std::size_t live = PeakLiveBytes(trace);
   auto probe = [&](std::size_t capacity) -> absl::StatusOr<ReplayResult> {
     ReplayOptions o;

@@ -45,6 +45,12 @@ struct CostModel {
   double vmm_call_us = 10.0;
 };
 
+// The simulated cost of one backend call is at most a second; a cost that is not a number in
+// [0, kMaxCallMicroseconds] is InvalidArgument naming its flag (CheckCostModel; Replay and
+// MinCapacity check it).
+inline constexpr double kMaxCallMicroseconds = 1e6;
+absl::Status CheckCostModel(const CostModel& cost);
+
 struct ReplayOptions {
   std::string allocator = "bucketalloc";
   std::size_t capacity = 0;  // bytes, > 0

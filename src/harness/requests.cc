@@ -151,8 +151,9 @@ absl::StatusOr<RequestSet> ParseRequests(absl::string_view text, const RequestOp
   if (!(options.sample_fraction > 0.0 && options.sample_fraction <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("sample fraction ", options.sample_fraction, ": accepted (0, 1]"));
   }
-  if (!(options.time_scale > 0.0) || !std::isfinite(options.time_scale)) {
-    return absl::InvalidArgumentError(absl::StrCat("time scale ", options.time_scale, ": accepted a number > 0"));
+  if (!(options.time_scale > 0.0 && options.time_scale <= 1e6)) {  // NaN fails too
+    return absl::InvalidArgumentError(
+        absl::StrCat("time scale ", options.time_scale, ": accepted a number > 0 and at most 1e6"));
   }
   if (!(options.qps > 0.0) || !std::isfinite(options.qps)) {
     return absl::InvalidArgumentError(absl::StrCat("qps ", options.qps, ": accepted a number > 0"));

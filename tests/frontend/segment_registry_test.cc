@@ -20,7 +20,7 @@ class SegmentRegistryTest : public ::testing::Test {
     sim_ = std::move(*made);
     registry_ = std::make_unique<SegmentRegistry>(sim_.get(), &ledger_, &history_);
     registry_->set_cap(20 * kMiB);
-    history_.Reset(100);
+    EXPECT_TRUE(history_.Reset(100).ok());
   }
   DeviceStats Stats() const { return ledger_.Snapshot(); }
   StatLedger ledger_;

@@ -33,6 +33,34 @@ assert m['min_capacity_bytes'] == 30 << 20 and m['min_capacity_over_live'] == 1.
 printf 'Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0xa,16,0\n1,t,grab,0xa,16,0\n' >"$work/bad.csv"
 err=$("$bench" replay "$work/bad.csv" --capacity 64MiB 2>&1) && fail "a bad trace was accepted"
 grep -q "bad.csv:3: Action \"grab\" is unknown" <<<"$err" || fail "the bad line was not named: $err"
+# Input that was accepted or misreported (issue 16): each is an error naming the flag or line.
+expect_error() {  # expect_error NEEDLE ARGS...: the command fails and says NEEDLE, before any table
+  local needle=$1; shift
+  local err
+  err=$("$bench" "$@" 2>&1) && fail "accepted: $*"
+  grep -qF -- "$needle" <<<"$err" || fail "$*: expected \"$needle\", got: $err"
+  grep -q "^bucketalloc " <<<"$err" && fail "$*: a table row was printed before the error: $err"
+  return 0
+}
+expect_error "the allocator list is empty; accepted:" compare "$work/t.csv" --allocators '' --capacity 64MiB
+expect_error 'allocator "jemalloc" is unknown' compare "$work/t.csv" --allocators bucketalloc,jemalloc --capacity 64MiB
+expect_error "capacity 5120GiB is more than the simulated device can hold; accepted: 2MiB to 4096GiB" \
+  replay "$work/t.csv" --capacity 5TiB
+expect_error "cost --malloc-us nan: accepted a number of microseconds from 0 to 1000000" \
+  replay "$work/t.csv" --capacity 64MiB --malloc-us nan
+expect_error "cost --free-us inf" replay "$work/t.csv" --capacity 64MiB --free-us inf
+expect_error "cost --vmm-call-us -1" min-capacity "$work/t.csv" --vmm-call-us -1
+printf '\x01\x02\xff\xfe binary\n' >"$work/binary.csv"
+expect_error 'found "\x01\x02\xff\xfe binary"' replay "$work/binary.csv" --capacity 64MiB
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0xa,18446744073709551615,0\n' >"$work/huge.csv"
+for a in bucketalloc pytorch-policy nocache; do
+  expect_error "huge.csv:2: Size 18446744073709551615 is larger than any allocator accepts" \
+    replay "$work/huge.csv" --allocator "$a" --capacity 64MiB
+done
+echo '{"traceEvents":[{"name":5,"ts":1,"args":{"Addr":4096,"Bytes":1}}]}' >"$work/k1.json"
+expect_error '"name" is 5; accepted: a string' import-kineto "$work/k1.json" -o "$work/k.csv"
+echo '{"traceEvents":[{"name":"[memory]","ts":"abc","args":{"Addr":4096,"Bytes":1}}]}' >"$work/k2.json"
+expect_error '"ts" is "abc"' import-kineto "$work/k2.json" -o "$work/k.csv"
 out=$("$bench" compare "$work/t.csv" --allocators bucketalloc,pytorch-policy,nocache --capacity 64MiB \
       --json "$work/c.json") || fail "compare"
 echo "$out"

@@ -21,6 +21,10 @@ class Evil:
     def __reduce__(self):
         return (os.system, ("touch " + os.path.join(work, "pwned"),))
 pickle.dump({"device_traces": [Evil()]}, open(os.path.join(work, "evil.pickle"), "wb"))
+# Entries a replay would refuse: a negative size, a huge one, a string address, an alloc at 0.
+for name, entry in [("neg", e("alloc", 0x1000, -5, 1)), ("huge", e("alloc", 0x1000, 1 << 64, 1)),
+                    ("str", e("alloc", "0x1000", 5, 1)), ("zero", e("alloc", 0, 4096, 1))]:
+    pickle.dump({"device_traces": [[entry]]}, open(os.path.join(work, name + ".pickle"), "wb"))
 PY
 /usr/bin/python3 "$importer" "$work/snap.pickle" -o "$work/t.csv" || fail "import"
 cat "$work/t.csv"
@@ -30,4 +34,9 @@ grep -q "peak live *8.00 MiB" <<<"$out" || fail "peak live should be 8 MiB: $out
 err=$(/usr/bin/python3 "$importer" "$work/evil.pickle" -o "$work/e.csv" 2>&1) && fail "a hostile pickle was accepted"
 grep -q "refusing to load posix.system" <<<"$err" || fail "unexpected message: $err"
 [[ ! -e $work/pwned ]] || fail "the hostile pickle ran code"
+for bad in "neg:size is -5; accepted: an integer from 0 to 70368744177664" \
+           "huge:size is 18446744073709551616" "str:addr is '0x1000'" "zero:an alloc of 4096 bytes at address 0"; do
+  err=$(/usr/bin/python3 "$importer" "$work/${bad%%:*}.pickle" -o "$work/b.csv" 2>&1) && fail "${bad%%:*} was accepted"
+  grep -qF "device_traces[0][0]: ${bad#*:}" <<<"$err" || fail "${bad%%:*}: unexpected message: $err"
+done
 echo "check_snapshot_import: PASS"

@@ -107,16 +107,34 @@ def _device_index(device: Device) -> int:
         return _current_device()
     if index < 0:
         raise ValueError(f"device {device!r} is negative; {accepted}")
+    if index > _C_INT_MAX:  # ctypes would truncate it to another device (2**32 to device 0)
+        raise ValueError(f"device {device!r} is out of range; {accepted} (at most {_C_INT_MAX})")
     return index
 
 
-def _format_option(value: Any) -> str:
-    """Formats one option value in BUCKETALLOC_CONF syntax (bools True/False, lists [a,b])."""
+_C_INT_MAX = 2**31 - 1
+_HISTORY_MAX_ENTRIES = 2**24  # the library's kMaxHistoryEntries
+
+
+def _format_option(key: str, value: Any, in_list: bool = False) -> str:
+    """Formats one option value in BUCKETALLOC_CONF syntax (bools True/False, lists [a,b]).
+
+    A value is one value: text with a ',' outside one bracketed list would set other keys
+    (capacity="1GiB,sim_devices:2"), so it is refused; "[256:1,>:8]" is one list value.
+    """
     if isinstance(value, bool):
         return "True" if value else "False"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_format_option(v) for v in value) + "]"
-    return str(value)
+    if isinstance(value, (list, tuple)) and not in_list:
+        return "[" + ",".join(_format_option(key, v, True) for v in value) + "]"
+    if not isinstance(value, (str, int, float)):
+        raise TypeError(f"option {key}={value!r} has type {type(value).__name__}; accepted: a str, int, float, "
+                        "bool, or a list of str, int or float")
+    text = str(value)
+    whole_list = not in_list and text.startswith("[") and text.endswith("]") and not any(c in text[1:-1] for c in "[]")
+    if not whole_list and any(c in text for c in ",[]"):
+        raise ValueError(f"option {key}={value!r} is not one value; accepted: a value without ',', '[' or ']', "
+                         "or one bracketed list (each key is its own keyword)")
+    return text
 
 
 def _compose_conf(conf: Optional[str], options: Dict[str, Any]) -> Optional[str]:
@@ -127,7 +145,7 @@ def _compose_conf(conf: Optional[str], options: Dict[str, Any]) -> Optional[str]
         return None
     base = conf if conf is not None else os.environ.get(CONF_ENV, "")
     parts = [base] if base else []
-    parts.extend(f"{key}:{_format_option(value)}" for key, value in options.items())
+    parts.extend(f"{key}:{_format_option(key, value)}" for key, value in options.items())
     return ",".join(parts)
 
 
@@ -328,6 +346,13 @@ def record_memory_history(enabled: Union[None, bool, str] = "all", max_entries: 
         on = True
     else:
         raise ValueError(f"enabled={enabled!r}; accepted: 'all', 'state' or True (on), None or False (off)")
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int):
+        raise TypeError(f"max_entries={max_entries!r} has type {type(max_entries).__name__}; accepted: an int "
+                        f"from 1 to {_HISTORY_MAX_ENTRIES}")
+    if on and not 1 <= max_entries <= _HISTORY_MAX_ENTRIES:  # ctypes would wrap 2**64 to 0
+        raise ValueError(f"max_entries={max_entries}; accepted: an int from 1 to {_HISTORY_MAX_ENTRIES}")
+    if not on:
+        max_entries = max(0, min(max_entries, _HISTORY_MAX_ENTRIES))  # ignored when turning it off
     _lib.check(_lib.lib().bucketalloc_record_history(int(on), max_entries), "bucketalloc_record_history")
     if not on:
         _torch_ext.record_stacks(False)

@@ -63,6 +63,21 @@ def test_options_without_conf_extend_the_environment(monkeypatch):
     assert ba._compose_conf("", {}) == ""  # explicit defaults
 
 
+@pytest.mark.parametrize("value", ["1GiB,sim_devices:2", "[1GiB],x", "1GiB]"])
+def test_an_option_value_cannot_set_another_key(value):
+    with pytest.raises(ValueError, match=r"option capacity=.* is not one value; accepted"):
+        ba._compose_conf("backend:sim", {"capacity": value})
+
+
+def test_an_option_value_may_be_one_bracketed_list_or_a_python_list():
+    assert ba._compose_conf("", {"roundup_power2_divisions": "[256:1,>:8]"}) == "roundup_power2_divisions:[256:1,>:8]"
+    assert ba._compose_conf("", {"tiers": ["64MiB", "128MiB"]}) == "tiers:[64MiB,128MiB]"
+    with pytest.raises(ValueError, match="not one value"):
+        ba._compose_conf("", {"tiers": ["64MiB,sim_devices:2"]})
+    with pytest.raises(TypeError, match="has type dict"):
+        ba._compose_conf("", {"capacity": {"a": 1}})
+
+
 def test_conf_must_be_a_string():
     with pytest.raises(TypeError, match="conf must be a string"):
         ba._compose_conf({"backend": "sim"}, {})
@@ -80,7 +95,7 @@ def test_configure_before_first_use_applies():
 def test_configure_rejects_a_bad_key_or_value_and_applies_nothing():
     with pytest.raises(ba.BucketallocError, match=r"option 'no_such_key' \(value '1'\) is unknown; accepted keys: "):
         ba.configure("capacity:64MiB,no_such_key:1")
-    with pytest.raises(ba.BucketallocError, match=r"option 'capacity': bad value 'lots'; accepted: a size"):
+    with pytest.raises(ba.BucketallocError, match=r"option 'capacity': bad value 'lots'; accepted: 0 \(the device's memory\) or a size"):
         ba.configure("capacity:lots")
     assert "capacity:0" in ba.config().split(",")  # created from BUCKETALLOC_CONF, unchanged
 
@@ -119,7 +134,8 @@ def test_device_arguments(device, index):
     "device, error, message",
     [(-1, ValueError, "is negative"), ("cpu", ValueError, "not a CUDA device"), ("cuda:x", ValueError, "not a CUDA"),
      (FakeTorchDevice("cpu", None), ValueError, "not a CUDA device"), (True, TypeError, "is a bool"),
-     (1.0, TypeError, "has type float")],
+     (1.0, TypeError, "has type float"), (2**32, ValueError, "out of range"),
+     ("cuda:4294967296", ValueError, "out of range"), (FakeTorchDevice("cuda", 2**31), ValueError, "out of range")],
 )
 def test_bad_device_arguments(device, error, message):
     with pytest.raises(error, match=message) as info:
@@ -318,6 +334,28 @@ def test_history_gives_a_block_the_same_size_in_each_of_its_events():
     assert sizes == [("alloc", 4 * MiB), ("free_requested", 4 * MiB), ("free_completed", 4 * MiB)] * 2, sizes
 
 
+@pytest.mark.parametrize(
+    "max_entries, error, message",
+    [(2**64, ValueError, "max_entries=18446744073709551616; accepted: an int from 1 to 16777216"),
+     (2**24 + 1, ValueError, "accepted: an int from 1 to 16777216"), (0, ValueError, "accepted: an int from 1"),
+     ("10", TypeError, "max_entries='10' has type str"), (True, TypeError, "has type bool"),
+     (10.0, TypeError, "has type float")],
+)
+def test_history_max_entries_is_checked_before_ctypes(max_entries, error, message):
+    with pytest.raises(error, match=message):
+        ba.record_memory_history("all", max_entries)
+
+
+@fresh_process("backend:sim,sim_devices:2")
+def test_a_device_beyond_a_c_int_is_refused_not_truncated():
+    malloc(3 * MiB, device=0)
+    with pytest.raises(ValueError, match="out of range"):
+        ba.memory_allocated(2**32)
+    assert ba.memory_allocated(0) == 3 * MiB
+    with pytest.raises(ba.BucketallocError, match="device 5 is invalid; accepted: 0 to 1"):
+        ba.memory_allocated(5)
+
+
 @fresh_process(SIM)
 def test_history_is_a_ring_of_max_entries():
     ba.record_memory_history("all", max_entries=4)
@@ -345,7 +383,7 @@ def test_history_on_again_or_off_clears_it():
     assert ba.snapshot()["device_traces"][0] == []
     with pytest.raises(ValueError, match="enabled='yes'; accepted: 'all', 'state' or True"):
         ba.record_memory_history("yes")
-    with pytest.raises(ba.BucketallocError, match="max_entries 0 is invalid; accepted: 1 to"):
+    with pytest.raises(ValueError, match="max_entries=0; accepted: an int from 1 to"):
         ba.record_memory_history("all", max_entries=0)
 
 
