@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # scripts/setup.sh — installs what bucketalloc needs to build and test on Debian 12, when missing.
-# Debian packages: a C++20 compiler, CMake, Ninja, clang-format (the tree's format), Abseil, GoogleTest, Google Benchmark, mimalloc
+# Debian packages: a C++20 compiler, CMake, Ninja, clang (libFuzzer, for fuzz/), clang-format (the tree's format), Abseil, GoogleTest, Google Benchmark, mimalloc
 # (benchmark baseline), nlohmann-json, CLI11, zlib (gzip traces); Python 3 with venv, pip, setuptools and pytest (the
 # PyTorch plugin and its tests); Chromium (html_report renders bucketalloc-bench's HTML report headless).
 # The CUDA toolkit is expected at /usr/local/cuda (CUDA_HOME overrides); it is not a Debian package of the right version.
 set -euo pipefail
 
-packages=(build-essential cmake ninja-build pkg-config clang-format libabsl-dev libgtest-dev libgmock-dev
+packages=(build-essential cmake ninja-build pkg-config clang clang-format libabsl-dev libgtest-dev libgmock-dev
           libbenchmark-dev libmimalloc-dev nlohmann-json3-dev libcli11-dev zlib1g-dev xz-utils
           python3 python3-venv python3-pip python3-setuptools python3-pytest chromium)
 missing=()

@@ -3,14 +3,16 @@
 #   1. the whole suite (RelWithDebInfo);
 #   2. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, built without
 #      NDEBUG so that invariants are checked after every slow-path event;
-#   3. the concurrency stress test under ThreadSanitizer;
-#   4. the Python package as a GPU server installs it (scripts/test_python.sh): the self-contained
+#   3. the libFuzzer targets of fuzz/ (clang, ASan+UBSan), each for FUZZ_SECONDS (default 20) from its
+#      seed corpus (scripts/fuzz.sh);
+#   4. the concurrency stress test under ThreadSanitizer;
+#   5. the Python package as a GPU server installs it (scripts/test_python.sh): the self-contained
 #      wheel (scikit-build-core, auditwheel) in a fresh venv with the real torch, its pytest suite
 #      run from the installed copy with the system's Abseil hidden, bucketalloc-bench and the
 #      bucketalloc-preload launcher from the venv's bin/;
-#   5. the installed package: examples/consumer built with find_package(bucketalloc);
-#   6. the format: every C, C++ and CUDA file as .clang-format says (scripts/format.sh --check).
-# Ends with "N passed, N failed". Environment: JOBS (default 2).
+#   6. the installed package: examples/consumer built with find_package(bucketalloc);
+#   7. the format: every C, C++ and CUDA file as .clang-format says (scripts/format.sh --check).
+# Ends with "N passed, N failed". Environment: JOBS (default 2), FUZZ_SECONDS (default 20).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh || exit 1
@@ -59,6 +61,7 @@ step "tests (RelWithDebInfo)" test_release
 step "Python wheel in a clean venv (pytest with the real torch, bench, preload launcher)" scripts/test_python.sh
 step "build (ASan+UBSan, invariant checks on)" build_asan
 step "tests (ASan+UBSan)" test_asan
+step "fuzzers (libFuzzer, ${FUZZ_SECONDS:-20} s per target)" scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 step "build (TSan)" build_tsan
 step "concurrency stress (TSan)" test_tsan
 step "installed package (examples/consumer)" scripts/check_install.sh

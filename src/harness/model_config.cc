@@ -128,7 +128,8 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
     return KeyError(source, "num_hidden_layers",
                     absl::StrCat("is ", m.layers, "; accepted 1 to ", kMaxLayers, " (real models have under 200)"));
   }
-  const auto [e, h, q, kv, inter, vocab] = m.wide();
+  const WideDims d = m.wide();  // not a structured binding: clang 14 lambdas cannot capture one
+  const absl::uint128 e = d.e, h = d.h, q = d.q, kv = d.kv, inter = d.inter, vocab = d.vocab;
   // Biases as each architecture's modelling code has them: llama honours attention_bias (q, k, v, o)
   // and mlp_bias; qwen3 honours attention_bias (q, k, v, o); qwen2 always has q, k, v biases;
   // mistral and phi3 have none, whatever the config says.

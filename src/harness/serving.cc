@@ -86,7 +86,8 @@ absl::Status Validate(const ServingOptions& o) {
 // KV tensor of the longest admitted request could still exceed what any allocator accepts, and its
 // size must not wrap.
 absl::Status CheckTensorSizes(const ModelSpec& m, const ServingOptions& o, std::int64_t admit_len) {
-  const auto [e, h, q, kv, inter, vocab] = m.wide();
+  const WideDims d = m.wide();  // not a structured binding: clang 14 lambdas cannot capture one
+  const absl::uint128 e = d.e, h = d.h, q = d.q, kv = d.kv, inter = d.inter, vocab = d.vocab;
   const absl::uint128 T = static_cast<std::uint64_t>(o.max_batched_tokens);
   const absl::uint128 S = static_cast<std::uint64_t>(o.max_num_seqs);
   // The longest KV tensor: the tier (or growth step) of the longest admitted request, or the pool.

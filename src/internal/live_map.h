@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <type_traits>
 #include <utility>
 
@@ -62,7 +63,12 @@ class LiveMap {
       i = (i + 1) & mask_;
     }
     slots_[i].key = key;
-    V* value = std::construct_at(&slots_[i].value, std::forward<Args>(args)...);
+    V* value;
+    if constexpr (std::is_constructible_v<V, Args...>) {
+      value = std::construct_at(&slots_[i].value, std::forward<Args>(args)...);
+    } else {  // an aggregate: clang 14 has no parenthesized aggregate initialization (P0960)
+      value = ::new (static_cast<void*>(&slots_[i].value)) V{std::forward<Args>(args)...};
+    }
     ++size_;
     return value;
   }

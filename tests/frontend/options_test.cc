@@ -153,6 +153,8 @@ TEST(OptionsTest, BadInputIsAClearError) {
   ExpectError("sim_devices:99999999999999999999", "sim_devices", "99999999999999999999");
   ExpectError("tiers_tokens:[2305843009213693953],bytes_per_token:64MiB", "tiers", "tiers_tokens x bytes_per_token");
   ExpectError("tiers_tokens:[18446744073709551615],bytes_per_token:1", "tiers_tokens", "18446744073709551615");
+  ExpectError("tiers:[64MiB,128MiB],tiers_tokens:[1],bytes_per_token:1MiB", "tiers",
+              "either tiers or tiers_tokens, not both");
   ExpectError("capacity:1", "capacity", "1");
   ExpectError("capacity:1MiB", "capacity", "1MiB");
   EXPECT_TRUE(ParseOptions("capacity:0").ok());

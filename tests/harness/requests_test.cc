@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -118,6 +119,11 @@ TEST(RequestsTest, ErrorsNameTheLineAndWhatIsAccepted) {
   EXPECT_TRUE(absl::StrContains(s.status().message(), "unknown request format")) << s.status();
   EXPECT_FALSE(ParseRequests(kAzure, {.sample_fraction = 0.0}).ok());
   EXPECT_FALSE(ParseRequests(kAzure, {.time_scale = -1.0}).ok());
+  // A scale that sends arrival times to infinity, or is no number: refused, naming what is accepted.
+  for (double scale : {1e308, std::numeric_limits<double>::infinity(), std::nan("")}) {
+    absl::Status s = ParseRequests(kAzure, {.time_scale = scale}).status();
+    EXPECT_TRUE(absl::StrContains(s.message(), "accepted a number > 0 and at most 1e6")) << s;
+  }
   EXPECT_FALSE(ParseRequests("", {}).ok());
   EXPECT_FALSE(ReadRequestsFile("/nonexistent.csv", {}).ok());
 }

@@ -8,7 +8,8 @@
 #      documents, and BUCKETALLOC_STATS_ON_EXIT=<path>.json shows the probe's allocations.
 #   3. BUCKETALLOC_STATS_ON_EXIT=stderr prints the summary table; BUCKETALLOC_VERBOSE=1 reports the
 #      bad inputs on stderr.
-#   4. 8 threads making the first calls at once: no deadlock, every call served.
+#   4. 8 threads making the first calls at once: no deadlock, every call served; and fork while 4
+#      threads allocate: every child is served.
 #   5. A bad BUCKETALLOC_CONF is reported once and the calls go to the runtime unchanged.
 #   6. The per-thread-default-stream names (cudaMallocAsync_ptsz, cudaFreeAsync_ptsz) are served.
 #   7. A plugin that links libcudart, loaded with RTLD_LOCAL: its calls are served (backend:sim), and
@@ -69,6 +70,11 @@ import json, sys
 s = json.load(open('$work/threads.json'))['devices'][0]['stats']
 assert s['allocation.all.allocated'] == 8000 and s['allocation.all.current'] == 0, s['allocation.all.allocated']
 print('threads: 8000 allocations served, none left')" || fail "the threaded probe's stats are wrong"
+
+echo "== 4b. fork while 4 threads allocate: every child is served (pthread_atfork handlers)"
+out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:sim timeout 120 "$probe" --fork 2>&1); rc=$?
+echo "$out"
+((rc == 0)) || fail "a fork child of the busy probe failed or hung (exit $rc)"
 
 echo "== 5. a bad BUCKETALLOC_CONF"
 out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:sim,no_such_key:1 "$probe" 2>&1); rc=$?

@@ -8,12 +8,17 @@
  *   3  the first cudaMalloc failed (e.g. cudaErrorInsufficientDriver (35) without a driver);
  *   1  a later call did not behave as expected.
  * With --threads, 8 threads instead start at once (the first calls race the lazy initialization)
- * and each makes 1000 cudaMalloc/cudaFree pairs of varying sizes; exit 0 when all succeed. */
+ * and each makes 1000 cudaMalloc/cudaFree pairs of varying sizes; exit 0 when all succeed.
+ * With --fork, 4 threads make such pairs while the main thread forks 10 children, each of which
+ * makes 1000 pairs and exits; exit 0 when every child exited 0 (one that hangs on a lock a parent
+ * thread held at the fork is killed by alarm(2) and counts as failed). */
 #include <cuda_runtime_api.h>
 
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int failures = 0;
 
@@ -28,32 +33,77 @@ static cudaError_t report(const char* call, cudaError_t got, cudaError_t want) {
 
 enum { kThreads = 8, kPairs = 1000 };
 
+/* The i-th cudaMalloc/cudaFree pair of thread `salt`, of varying sizes: its failed calls (0 to 2). */
+static long pair(long i, long salt) {
+  long failed = 0;
+  void* p = NULL;
+  size_t size = (size_t)((i * 7919 + salt * 104729) % 4096 + 1) << ((i % 3) * 8);
+  if (cudaMalloc(&p, size) != cudaSuccess || p == NULL) ++failed;
+  if (cudaFree(p) != cudaSuccess) ++failed;
+  return failed;
+}
+
 static void* worker(void* arg) {
   long failed = 0;
-  for (int i = 0; i < kPairs; ++i) {
-    void* p = NULL;
-    size_t size = (size_t)((i * 7919 + (long)arg * 104729) % 4096 + 1) << ((i % 3) * 8);
-    if (cudaMalloc(&p, size) != cudaSuccess || p == NULL) ++failed;
-    if (cudaFree(p) != cudaSuccess) ++failed;
-  }
+  for (int i = 0; i < kPairs; ++i) failed += pair(i, (long)arg);
   return (void*)failed;
+}
+
+/* Joins `n` threads that return their failed calls; the sum. */
+static long join_all(pthread_t* t, int n) {
+  long failed = 0;
+  for (int i = 0; i < n; ++i) {
+    void* r = NULL;
+    pthread_join(t[i], &r);
+    failed += (long)r;
+  }
+  return failed;
 }
 
 static int threads(void) {
   pthread_t t[kThreads];
   for (long i = 0; i < kThreads; ++i) pthread_create(&t[i], NULL, worker, (void*)i);
-  long failed = 0;
-  for (int i = 0; i < kThreads; ++i) {
-    void* r = NULL;
-    pthread_join(t[i], &r);
-    failed += (long)r;
-  }
+  const long failed = join_all(t, kThreads);
   printf("preload_probe --threads: %d threads x %d pairs, %ld failed calls\n", kThreads, kPairs, failed);
   return failed == 0 ? 0 : 1;
 }
 
+static volatile int stop_forking_threads = 0;
+
+static void* busy(void* arg) {
+  long failed = 0;
+  for (long i = 0; !stop_forking_threads; ++i) failed += pair(i, (long)arg);
+  return (void*)failed;
+}
+
+static int forks(void) {
+  enum { kBusy = 4, kChildren = 10 };
+  pthread_t t[kBusy];
+  for (long i = 0; i < kBusy; ++i) pthread_create(&t[i], NULL, busy, (void*)i);
+  int good = 0;
+  for (int c = 0; c < kChildren; ++c) {
+    usleep(3000);
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(30);
+      _exit(worker((void*)(long)c) == NULL ? 0 : 1); /* 1000 pairs in the child */
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      ++good;
+    } else {
+      printf("child %d: wait status %d (signal 14 is SIGALRM: it hung)\n", c, status);
+    }
+  }
+  stop_forking_threads = 1;
+  const long failed = join_all(t, kBusy);
+  printf("preload_probe --fork: %d of %d children finished, %ld failed calls in the parent\n", good, kChildren, failed);
+  return good == kChildren && failed == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--threads") == 0) return threads();
+  if (argc > 1 && strcmp(argv[1], "--fork") == 0) return forks();
   void* p = NULL;
   cudaError_t first = cudaMalloc(&p, 1 << 20);
   printf("cudaMalloc(1 MiB): %s (%d)\n", cudaGetErrorName(first), (int)first);

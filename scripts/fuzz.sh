@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# scripts/fuzz.sh [SECONDS] — builds the libFuzzer targets of fuzz/ (clang, AddressSanitizer and
+# UndefinedBehaviorSanitizer, invariant checks on) in build/fuzz and runs each for SECONDS (default
+# 20) from its seed corpus (fuzz/corpus/<target>/, copied: the repository's seeds stay as they are);
+# ops_fuzz runs twice, on the default configuration and with stitching (expandable segments).
+# Prints each run's executions; a crash, a leak or a broken property fails (its input is kept
+# under build/fuzz/findings/<run>/). Environment: JOBS (default 2), FUZZ_JOBS (parallel fuzz
+# processes per target, default 1).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+seconds="${1:-20}"
+jobs="${JOBS:-2}"
+cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+  -DCMAKE_CXX_COMPILER=clang++ -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}" \
+  -DBUCKETALLOC_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+  -DBUCKETALLOC_BUILD_FUZZERS=ON -DBUCKETALLOC_BUILD_TESTS=OFF -DBUCKETALLOC_BUILD_BENCH=OFF \
+  -DBUCKETALLOC_BUILD_TOOLS=OFF >/dev/null || exit 1
+ninja -C build/fuzz -j"$jobs" conf_fuzz trace_fuzz kineto_fuzz workload_fuzz ops_fuzz || exit 1
+
+export ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+failed=0
+run() {  # run NAME TARGET [-FLAG...] [ENV=VALUE...]
+  local name=$1 target=$2; shift 2
+  local flags=()
+  while [[ $# -gt 0 && $1 == -* ]]; do flags+=("$1"); shift; done
+  local corpus=build/fuzz/corpus/$name findings=build/fuzz/findings/$name
+  rm -rf "$corpus" "$findings"; mkdir -p "$corpus" "$findings"
+  cp fuzz/corpus/"$target"/* "$corpus"/
+  local log=build/fuzz/$name.log
+  if env "$@" build/fuzz/fuzz/"$target" "$corpus" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=4096 \
+       -artifact_prefix="$findings/" -print_final_stats=1 "${flags[@]}" >"$log" 2>&1; then
+    echo "fuzz $name: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$') executions in ${seconds} s, no crash"
+  else
+    failed=$((failed + 1))
+    echo "fuzz $name: FAILED (input kept in $findings/):"
+    grep -m20 -E "ERROR|property broken|SUMMARY|Test unit written" "$log"
+  fi
+}
+run conf conf_fuzz
+run trace trace_fuzz
+run kineto kineto_fuzz
+run workload workload_fuzz
+run ops ops_fuzz -max_len=1024
+run ops_stitching ops_fuzz -max_len=1024 \
+  BUCKETALLOC_FUZZ_CONF="backend:sim,capacity:96MiB,sim_total_memory:256MiB,expandable_segments:true,tiers_tokens:[16,32,64,128],bytes_per_token:128KiB"
+[[ $failed -eq 0 ]]
