@@ -12,7 +12,7 @@ seconds="${1:-20}"
 jobs="${JOBS:-2}"
 cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}" \
-  -DBUCKETALLOC_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+  -DBUCKETALLOC_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
   -DBUCKETALLOC_BUILD_FUZZERS=ON -DBUCKETALLOC_BUILD_TESTS=OFF -DBUCKETALLOC_BUILD_BENCH=OFF \
   -DBUCKETALLOC_BUILD_TOOLS=OFF >/dev/null || exit 1
 ninja -C build/fuzz -j"$jobs" conf_fuzz trace_fuzz kineto_fuzz workload_fuzz ops_fuzz || exit 1

@@ -9,7 +9,11 @@
 // what a failure means (the C ABI reports it and tries again on the next call; the shim forwards
 // to the runtime for good), is the caller's.
 // Thread-safety: every method may be called from any thread, from static constructors too (the
-// object is constant-initialized).
+// object is constant-initialized). fork(2): a parent thread may hold the creation lock at the fork
+// (it is creating the allocator); the child has no such thread, so a pthread_atfork child handler
+// makes the child's copy of the lock free again, and the child creates its own allocator if the
+// parent's was not yet published. (Taking the lock before the fork instead would deadlock: the
+// creating thread registers the new allocator for fork, under the fork registry's lock.)
 //
 // Example:
 //   constinit ProcessAllocator g_process;
@@ -18,9 +22,12 @@
 #ifndef BUCKETALLOC_PLUGINS_COMMON_PROCESS_ALLOCATOR_H_
 #define BUCKETALLOC_PLUGINS_COMMON_PROCESS_ALLOCATOR_H_
 
+#include <pthread.h>
+
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <new>
 
 #include "bucketalloc/allocator.h"
 
@@ -42,6 +49,7 @@ class ProcessAllocator {
   template <typename Create>
   Allocator* CreateOnce(Create&& create) {
     if (creating_) return nullptr;
+    FreeTheLockInForkChildren();
     std::lock_guard<std::mutex> lock(mu_);
     if (Allocator* a = allocator_.load(std::memory_order_acquire)) return a;
     struct Creating {  // on this thread while `create` runs, even if it throws
@@ -62,11 +70,20 @@ class ProcessAllocator {
   // created meanwhile (bucketalloc_configure sets the options of the creation to come).
   template <typename F>
   auto Locked(F&& f) {
+    FreeTheLockInForkChildren();
     std::lock_guard<std::mutex> lock(mu_);
     return f(allocator_.load(std::memory_order_acquire));
   }
 
  private:
+  // Installs, once per process, the child handler that re-creates `mu_` unlocked (the process has
+  // one ProcessAllocator per library: the C ABI's or the shim's).
+  void FreeTheLockInForkChildren() {
+    static ProcessAllocator* const self = this;
+    static const int installed = pthread_atfork(nullptr, nullptr, [] { ::new (&self->mu_) std::mutex(); });
+    (void)installed;  // without the handler a fork child may block on a lock a parent thread held
+  }
+
   std::atomic<Allocator*> allocator_{nullptr};
   std::mutex mu_;
   static inline thread_local bool creating_ = false;

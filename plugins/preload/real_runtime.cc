@@ -10,10 +10,12 @@
 // libcudart later). Until then every function reports cudaErrorSharedObjectInitFailed.
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include "plugins/preload/real_runtime.h"
@@ -111,6 +113,10 @@ std::atomic<bool> g_resolved{false};
 const CudaRuntime& CudaRuntimeApi() {
   if (g_resolved.load(std::memory_order_acquire)) [[likely]]
     return g_runtime;
+  // A fork child has no copy of a parent thread that held g_mu at the fork: its g_mu is made free
+  // again (the child then resolves the runtime itself).
+  static const int fork_safe = pthread_atfork(nullptr, nullptr, [] { ::new (&g_mu) std::mutex(); });
+  (void)fork_safe;
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_resolved.load(std::memory_order_relaxed)) return g_runtime;
   bool found = Fill(RTLD_NEXT, &g_runtime);

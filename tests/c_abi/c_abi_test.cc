@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "nlohmann/json.hpp"
+#include "test_util.h"
 
 namespace {
 
@@ -278,6 +279,7 @@ TEST_F(CAbiTest, PyTorchGraphPoolHooksKeepTheGraphsBlocksInItsPool) {
 // invariants true (before the pthread_atfork handlers, 4 of 10 children deadlocked on a device
 // lock a parent thread held at the fork).
 TEST_F(CAbiTest, ForkWhileOtherThreadsAllocateGivesWorkingChildren) {
+  BUCKETALLOC_SKIP_BUSY_FORK_UNDER_ASAN();
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {

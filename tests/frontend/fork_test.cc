@@ -46,6 +46,7 @@ class ForkTest : public ::bucketalloc::testing::ConfiguredAllocatorTest {};
 // frees, checks the invariants and empties the cache. Before the fork handlers, children
 // deadlocked on a device lock a parent thread held at the fork (4 of 10).
 TEST_P(ForkTest, ChildrenOfABusyProcessAllocateAndStayConsistent) {
+  BUCKETALLOC_SKIP_BUSY_FORK_UNDER_ASAN();
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
