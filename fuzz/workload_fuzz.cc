@@ -35,7 +35,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     Broken("bad requests are InvalidArgument", r.status().ToString());
   if (r.ok()) {
     for (const auto& q : r->requests) {
-      if (!(q.arrival_s >= 0) || q.input_tokens < 0 || q.output_tokens < 0) Broken("requests are well formed");
+      if (!(q.arrival_s >= 0 && q.arrival_s <= 1e15) || q.input_tokens <= 0 || q.output_tokens <= 0) {
+        Broken("requests are well formed");
+      }
     }
   }
   return 0;

@@ -28,6 +28,8 @@ absl::Status LineError(absl::string_view source, int line, absl::string_view wha
 // std::uniform_real_distribution, so a seed gives the same requests everywhere.
 double Uniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
+constexpr double kMaxArrivalSeconds = 1e9;
+
 // One parsed row before sampling: its time since the epoch or the trace's start (kept as an
 // absl::Duration, so Azure's 100 ns digits survive until the origin is subtracted); nullopt for
 // lengths-only files.
@@ -79,7 +81,10 @@ absl::StatusOr<std::vector<Row>> ParseCsv(const std::vector<absl::string_view>& 
       bool parsed = false;
       for (const char* format :
            {"%Y-%m-%d %H:%M:%E*S", "%Y-%m-%d %H:%M:%E*S%Ez", "%Y-%m-%dT%H:%M:%E*S%Ez", "%Y-%m-%dT%H:%M:%E*S"}) {
-        if (absl::ParseTime(format, text, absl::UTCTimeZone(), &t, &error)) {
+        // absl::ParseTime also reads "infinite-past" and "infinite-future", whatever the format:
+        // not a time a request arrives at (the arrival times became NaN).
+        if (absl::ParseTime(format, text, absl::UTCTimeZone(), &t, &error) && t != absl::InfinitePast() &&
+            t != absl::InfiniteFuture()) {
           parsed = true;
           break;
         }
@@ -220,6 +225,11 @@ absl::StatusOr<RequestSet> ParseRequests(absl::string_view text, const RequestOp
     Request r;
     if (row->time) {
       r.arrival_s = absl::ToDoubleSeconds(*row->time - *origin) * options.time_scale;
+      if (!(r.arrival_s <= kMaxArrivalSeconds)) {  // years apart: the duration saturated, or near it
+        return LineError(source, row->line,
+                         absl::StrCat("arrives ", r.arrival_s, " s after the earliest request; accepted: within ",
+                                      kMaxArrivalSeconds, " s (about 30 years)"));
+      }
     } else {
       if (!set.requests.empty()) poisson_clock += -std::log1p(-Uniform(gap_rng)) / options.qps;
       r.arrival_s = poisson_clock * options.time_scale;

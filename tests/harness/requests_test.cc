@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace bucketalloc::harness {
 namespace {
@@ -119,6 +120,18 @@ TEST(RequestsTest, ErrorsNameTheLineAndWhatIsAccepted) {
   EXPECT_TRUE(absl::StrContains(s.status().message(), "unknown request format")) << s.status();
   EXPECT_FALSE(ParseRequests(kAzure, {.sample_fraction = 0.0}).ok());
   EXPECT_FALSE(ParseRequests(kAzure, {.time_scale = -1.0}).ok());
+  // absl::ParseTime reads "infinite-past" in any format; a request cannot arrive then (found by
+  // workload_fuzz: the arrival times became NaN).
+  for (const char* when : {"infinite-past", "infinite-future"}) {
+    const std::string csv = absl::StrCat("TIMESTAMP,ContextTokens,GeneratedTokens\n", when,
+                                         ",879,55\n2023-11-16 18:15:51.3910170,950,206\n");
+    absl::Status s = ParseRequests(csv, {}).status();
+    EXPECT_TRUE(absl::StrContains(s.message(), ":2: TIMESTAMP")) << s;
+  }
+  const std::string far =
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:51,9,5\n99999-01-01 00:00:00,9,5\n";
+  EXPECT_TRUE(absl::StrContains(ParseRequests(far, {}).status().message(), ":3: arrives"))
+      << ParseRequests(far, {}).status();
   // A scale that sends arrival times to infinity, or is no number: refused, naming what is accepted.
   for (double scale : {1e308, std::numeric_limits<double>::infinity(), std::nan("")}) {
     absl::Status s = ParseRequests(kAzure, {.time_scale = scale}).status();
