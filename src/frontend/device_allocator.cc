@@ -1,8 +1,6 @@
 // src/frontend/device_allocator.cc — the coordinator of one device (frontend/device_allocator.h).
 #include "frontend/device_allocator.h"
 
-#include "bucketalloc/units.h"
-
 #include <algorithm>
 #include <cstdio>
 #include <limits>
