@@ -181,13 +181,11 @@ class SimBackendImpl final : public SimBackend {
       return s;
     }
     if (options_.memory == SimMemoryMode::kBacked && memfd_ < 0) {
-      memfd_ = memfd_create("bucketalloc-sim-physical", MFD_CLOEXEC);
-      if (memfd_ < 0 || ftruncate(memfd_, static_cast<off_t>(options_.total_memory)) != 0) {
-        const std::string error = std::strerror(errno);
-        if (memfd_ >= 0) close(memfd_);
-        memfd_ = -1;
+      memfd_ = MakePhysicalMemfd();
+      if (memfd_ < 0) {
         ++counters_.failed_physical_creates;
-        return absl::ResourceExhaustedError(absl::StrCat("sim backend: cannot create the physical memory: ", error));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("sim backend: cannot create the physical memory: ", std::strerror(errno)));
       }
     }
     // Physical bytes never exceed the device's memory, so a first fit by offset always exists.
@@ -506,6 +504,18 @@ class SimBackendImpl final : public SimBackend {
     return prev->first + prev->second.bytes > va;
   }
 
+  // A memfd of the device's size (the VMM twin's physical memory), or -1 with errno set.
+  int MakePhysicalMemfd() const {
+    const int fd = memfd_create("bucketalloc-sim-physical", MFD_CLOEXEC);
+    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(options_.total_memory)) != 0) {
+      const int error = errno;
+      close(fd);
+      errno = error;
+      return -1;
+    }
+    return fd;
+  }
+
   // The fork child's half of ChildAfterFork (mu_ held): a new memfd with the live physical
   // ranges' bytes, mapped over every mapping of the old one, which is then closed.
   absl::Status PrivatizePhysicalMemory() {
@@ -514,12 +524,8 @@ class SimBackendImpl final : public SimBackend {
           absl::StrCat("sim backend: in the child of fork, cannot ", what,
                        " to copy the simulated physical memory: ", std::strerror(errno)));
     };
-    const int fd = memfd_create("bucketalloc-sim-physical", MFD_CLOEXEC);
+    const int fd = MakePhysicalMemfd();
     if (fd < 0) return failed("create a memfd");
-    if (ftruncate(fd, static_cast<off_t>(options_.total_memory)) != 0) {
-      close(fd);
-      return failed("size a memfd");
-    }
     std::vector<char> buffer(std::size_t{1} << 20);
     for (const auto& [handle, p] : physical_) {
       for (std::size_t done = 0; done < p.bytes;) {

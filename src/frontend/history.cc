@@ -26,7 +26,7 @@ absl::Status HistoryRing::Reset(std::size_t capacity) {
 }
 
 bool HistoryRing::Grow() {
-  if (ring_.size() == max_) return false;
+  // Called only while next_ == ring_.size(), which implies ring_.size() < max_ (next_ < max_).
   if (ring_.size() == ring_.capacity()) {
     try {
       ring_.reserve(std::min(max_, 2 * ring_.capacity()));
@@ -41,7 +41,7 @@ bool HistoryRing::Grow() {
 
 void HistoryRing::Append(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream,
                          std::size_t device_free) {
-  if (next_ == ring_.size() && !Grow()) next_ = 0;  // full (or it could not grow): the oldest goes
+  if (next_ == ring_.size() && !Grow()) next_ = 0;  // still growing, and it could not: the oldest goes
   TraceEntry& e = ring_[next_];
   e.action = action;
   e.addr = addr;

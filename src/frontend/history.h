@@ -50,8 +50,8 @@ class HistoryRing {
   void Append(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream, std::size_t device_free);
 
   static constexpr std::size_t kFirstEntries = 1024;
-  // Makes room for one more entry at the end: false when the doubling failed (the ring then stops
-  // growing) or the ring is at its capacity.
+  // Makes room for one more entry at the end of a ring below its capacity: false when the doubling
+  // failed (the ring then stops growing at the size it has).
   bool Grow();
 
   std::vector<TraceEntry> ring_;  // grows by doubling up to max_ entries

@@ -333,8 +333,7 @@ std::string ReplayResult::ToJson() const {
 
 absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
                                               void (*progress)(const std::string& line)) {
-  if (absl::Status s = CheckTrace(trace); !s.ok()) return s;
-  if (absl::Status s = CheckCostModel(cost); !s.ok()) return s;
+  // The trace and the cost model are checked by each probe's Replay (the first probe reports).
   const std::size_t live = PeakLiveBytes(trace);
   auto probe = [&](std::size_t capacity) -> absl::StatusOr<ReplayResult> {
     ReplayOptions o;

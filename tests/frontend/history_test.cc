@@ -52,7 +52,9 @@ TEST(HistoryRingTest, ALargeRingGrowsWithTheHistory) {
   ASSERT_TRUE(h.Reset(2500).ok());
   for (std::uintptr_t i = 1; i <= 6000; ++i) {
     h.Record(TraceAction::kAlloc, i, 1, nullptr);
-    if (i % 500 == 0) ASSERT_TRUE(h.CheckInvariants().ok()) << h.CheckInvariants();
+    if (i % 500 == 0) {
+      ASSERT_TRUE(h.CheckInvariants().ok()) << h.CheckInvariants();
+    }
   }
   EXPECT_EQ(h.allocated_entries(), 2500u);
   e = h.Entries();
