@@ -67,6 +67,7 @@ class VmmBackend final : public CudaBackend {
         error != CUDA_SUCCESS) {
       return CuError(call, error);
     }
+    Count(&BackendCounters::address_reserves);
     return static_cast<std::uintptr_t>(va);
   }
 
@@ -76,6 +77,7 @@ class VmmBackend final : public CudaBackend {
     if (CUresult error = driver_.MemAddressFree(va, bytes); error != CUDA_SUCCESS) {
       return CuError(absl::StrCat("cuMemAddressFree(", Hex(va), ", ", bytes, " bytes)"), error);
     }
+    Count(&BackendCounters::address_releases);
     return absl::OkStatus();
   }
 
@@ -110,44 +112,48 @@ class VmmBackend final : public CudaBackend {
     return absl::OkStatus();
   }
 
-  // cuMemMap of each granule, then one cuMemSetAccess over what was mapped (a new mapping is
-  // inaccessible until then: cuda.h, cuMemMap "does not make the address accessible").
-  absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t* mapped) override {
+  // cuMemMap of each handle (whole, `handle_bytes`), then one cuMemSetAccess over what was mapped
+  // (a new mapping is inaccessible until then: cuda.h, cuMemMap "does not make the address
+  // accessible").
+  absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t handle_bytes,
+                      std::size_t* mapped) override {
     *mapped = 0;
+    if (!IsGranuleMultiple(handle_bytes)) {
+      return Refuse(absl::StrCat("cuMemMap(", Hex(va), ", ", handle_bytes, " bytes)"),
+                    "handles of a positive multiple of the granularity");
+    }
     ScopedContext ctx(driver_, device());
     if (absl::Status status = ctx.Enter("cuMemMap"); !status.ok()) return status;
     RelaxedCaptureMode relaxed(driver_);  // growth during a capture, as PyTorch grows
     absl::Status map_error;
     std::size_t n = 0;
     for (; n < handles.size(); ++n) {
-      const std::uintptr_t at = va + n * granularity_;
-      if (CUresult error = driver_.MemMap(at, granularity_, /*offset=*/0, handles[n], /*flags=*/0);
+      const std::uintptr_t at = va + n * handle_bytes;
+      if (CUresult error = driver_.MemMap(at, handle_bytes, /*offset=*/0, handles[n], /*flags=*/0);
           error != CUDA_SUCCESS) {
         map_error = CuError(
-            absl::StrCat("cuMemMap(", Hex(at), ", ", granularity_, " bytes, handle ", Hex(handles[n]), ")"), error);
+            absl::StrCat("cuMemMap(", Hex(at), ", ", handle_bytes, " bytes, handle ", Hex(handles[n]), ")"), error);
         break;
       }
     }
     if (n == 0) return map_error;
-    const std::size_t bytes = n * granularity_;
+    const std::size_t bytes = n * handle_bytes;
     if (CUresult error = driver_.MemSetAccess(va, bytes, access_.data(), access_.size()); error != CUDA_SUCCESS) {
-      for (std::size_t i = 0; i < n; ++i) driver_.MemUnmap(va + i * granularity_, granularity_);
+      for (std::size_t i = 0; i < n; ++i) driver_.MemUnmap(va + i * handle_bytes, handle_bytes);
       return CuError(absl::StrCat("cuMemSetAccess(", Hex(va), ", ", bytes, " bytes, read-write for ", access_.size(),
                                   " device(s)) after cuMemMap (unmapped again)"),
                      error);
     }
     *mapped = n;
     Count(&BackendCounters::maps, static_cast<std::int64_t>(n));
+    Count(&BackendCounters::access_grants);
     return map_error;
   }
 
   absl::Status Map(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle) override {
-    if (bytes != granularity_) {
-      return Refuse(absl::StrCat("cuMemMap(", Hex(va), ", ", bytes, " bytes)"), "one granule per handle");
-    }
     const PhysicalHandle one[] = {handle};
     std::size_t mapped = 0;
-    return MapRun(va, one, &mapped);
+    return MapRun(va, one, bytes, &mapped);
   }
 
   absl::Status Unmap(std::uintptr_t va, std::size_t bytes) override {

@@ -12,7 +12,8 @@
 #     K/V tensors (the BUCKETALLOC_CONF the generator prints and records in the meta file:
 #     tiers_tokens over bytes_per_token = kv_heads x head_dim x 2 B = 2048), bucketalloc with
 #     virtual-memory stitching (backend:vmm, docs/vmm.md), pytorch-policy (PyTorch's caching
-#     policy) and nocache (cudaMalloc per request); it prints the table and writes
+#     policy), pytorch-expandable (the same with expandable_segments:True, what PyTorch's OOM
+#     message recommends) and nocache (cudaMalloc per request); it prints the table and writes
 #     demo_out/report.html (charts of live vs reserved bytes and the free-block histograms; it opens
 #     offline).
 # Replays run on the simulated device (unbacked: no GPU needed); `--device cuda` in
@@ -39,5 +40,5 @@ tiers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["bucket
 echo
 echo "== compare on a ${DEMO_CAPACITY:-80GiB} card (each allocator's own smallest card is searched too)"
 "$bench" compare "$out/serving_tiered.csv" --capacity "${DEMO_CAPACITY:-80GiB}" \
-  --allocators "bucketalloc,bucketalloc:$tiers,bucketalloc:backend:vmm,pytorch-policy,nocache" \
+  --allocators "bucketalloc,bucketalloc:$tiers,bucketalloc:backend:vmm,pytorch-policy,pytorch-expandable,nocache" \
   --json "$out/compare.json" --html "$out/report.html"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/harness_figures.sh — the benchmark figures of issue 5: serving traces from two request
 # files x two models x the three KV layouts, and the real GPU trace, each replayed by bucketalloc and
-# pytorch-policy (and any extra allocators), with min-capacity, fragmentation OOMs and backend calls.
+# pytorch-policy, PyTorch's expandable segments with 20 MiB and 2 MiB large pages (and any extra
+# allocators), with min-capacity, fragmentation OOMs and backend calls.
 #
 # For each trace: `min-capacity` of pytorch-policy gives capacity C; `compare` at C then gives every
 # allocator's replay at the same capacity (OOMs, backend calls) and its own min-capacity. A markdown
@@ -18,7 +19,7 @@ BENCH=${BENCH:-build/release/tools/bucketalloc-bench}
 DATA=${DATA:-../shared/data}
 WORK=${WORK:-/tmp/harness_figures}
 mkdir -p "$WORK"
-ALLOCATORS="bucketalloc,pytorch-policy"
+ALLOCATORS="bucketalloc,pytorch-policy,pytorch-expandable,pytorch-expandable:large_page_mb=2"
 for extra in "$@"; do ALLOCATORS+=",$extra"; done
 
 declare -A REQUESTS=(
@@ -41,7 +42,7 @@ for r in azure_conv mooncake_conv; do
     done
   done
 done
-"$BENCH" import-kineto "$DATA/hta_kineto_trace_v100_rank1_profile_memory.json.gz" -o "$WORK/gpu_kineto_v100.csv" >&2
+"$BENCH" import-kineto data/traces/hta_kineto_trace_v100_rank1_profile_memory.json.gz -o "$WORK/gpu_kineto_v100.csv" >&2
 TRACES+=("$WORK/gpu_kineto_v100.csv")
 
 for trace in "${TRACES[@]}"; do

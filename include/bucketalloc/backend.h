@@ -96,8 +96,13 @@ struct BackendCounters {
   std::int64_t physical_creates = 0;  // successful CreatePhysical calls
   std::int64_t physical_releases = 0;
   std::int64_t failed_physical_creates = 0;
-  std::int64_t maps = 0;    // successful Map calls
+  std::int64_t maps = 0;    // handles mapped (one cuMemMap each)
   std::int64_t unmaps = 0;  // successful Unmap calls
+  // Access grants (one cuMemSetAccess each: a Map, or a MapRun's whole run), and address ranges
+  // reserved and released (cuMemAddressReserve, cuMemAddressFree).
+  std::int64_t access_grants = 0;
+  std::int64_t address_reserves = 0;
+  std::int64_t address_releases = 0;
 };
 
 // The memory source of one device. Implementations: sim (CPU, with a VMM twin), cuda (cudaMalloc),
@@ -155,11 +160,13 @@ class Backend {
   virtual absl::Status ReleasePhysical(PhysicalHandle handle);
   // Maps `handle` at `va` (inside a reserved range) and makes it accessible to the device.
   virtual absl::Status Map(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle);
-  // Maps `handles` (one granule each) one after another from `va` and makes them accessible,
-  // stopping at the first failure: `*mapped` is then the number of granules that stay mapped and
-  // accessible (a prefix), and the error is returned. The default maps granule by granule with Map;
-  // the vmm backend sets access once for the run.
-  virtual absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t* mapped);
+  // Maps `handles` (each of `handle_bytes`, a multiple of the granularity, mapped whole) one after
+  // another from `va` and makes them accessible, stopping at the first failure: `*mapped` is then
+  // the number of handles that stay mapped and accessible (a prefix), and the error is returned.
+  // The default maps handle by handle with Map; the sim and vmm backends grant access once for the
+  // run (one cuMemMap per handle, then one cuMemSetAccess, as PyTorch's expandable segments do).
+  virtual absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t handle_bytes,
+                              std::size_t* mapped);
   // Unmaps `[va, va + bytes)`.
   virtual absl::Status Unmap(std::uintptr_t va, std::size_t bytes);
 

@@ -155,6 +155,7 @@ class SimBackendImpl final : public SimBackend {
       munmap(reinterpret_cast<void*>(va + bytes), tail);
     }
     va_ranges_.emplace(va, bytes);
+    ++counters_.address_reserves;
     return va;
   }
 
@@ -171,6 +172,7 @@ class SimBackendImpl final : public SimBackend {
     }
     munmap(reinterpret_cast<void*>(va), bytes);
     va_ranges_.erase(it);
+    ++counters_.address_releases;
     return absl::OkStatus();
   }
 
@@ -188,7 +190,17 @@ class SimBackendImpl final : public SimBackend {
             absl::StrCat("sim backend: cannot create the physical memory: ", std::strerror(errno)));
       }
     }
-    // Physical bytes never exceed the device's memory, so a first fit by offset always exists.
+    // Unbacked, there is no memfd and an offset means nothing: like a GPU's, the device's memory
+    // serves any physical allocation that fits in what is free, whatever the sizes before it.
+    if (options_.memory == SimMemoryMode::kUnbacked) {
+      const PhysicalHandle handle = next_handle_++;
+      physical_.emplace(handle, Physical{0, bytes, 0});
+      used_ += bytes;
+      ++counters_.physical_creates;
+      return handle;
+    }
+    // Backed, physical memory is a range of the memfd (of the device's size), first fit by offset;
+    // with handles of one size a fit always exists.
     for (auto it = physical_free_.begin(); it != physical_free_.end(); ++it) {
       if (it->second < bytes) continue;
       const std::size_t offset = it->first, len = it->second;
@@ -220,14 +232,35 @@ class SimBackendImpl final : public SimBackend {
       fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(p.offset),
                 static_cast<off_t>(p.bytes));
     }
-    InsertRange(physical_free_, p.offset, p.bytes);
+    if (options_.memory == SimMemoryMode::kBacked) InsertRange(physical_free_, p.offset, p.bytes);
     used_ -= p.bytes;
     ++counters_.physical_releases;
     return absl::OkStatus();
   }
 
+  // A Map is a cuMemMap and a cuMemSetAccess; a MapRun is one cuMemMap per handle and one
+  // cuMemSetAccess for the run (as the vmm backend calls them).
   absl::Status Map(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle) override {
     std::lock_guard<std::mutex> lock(mu_);
+    absl::Status s = MapLocked(va, bytes, handle);
+    if (s.ok()) ++counters_.access_grants;
+    return s;
+  }
+
+  absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t handle_bytes,
+                      std::size_t* mapped) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::Status s;
+    for (*mapped = 0; *mapped < handles.size(); ++*mapped) {
+      s = MapLocked(va + *mapped * handle_bytes, handle_bytes, handles[*mapped]);
+      if (!s.ok()) break;
+    }
+    if (*mapped > 0) ++counters_.access_grants;
+    return s;
+  }
+
+  // Map with mu_ held.
+  absl::Status MapLocked(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle) {
     // Allowed during a capture: the vmm backend maps in relaxed capture mode, as CUDA allows.
     auto p = physical_.find(handle);
     if (p == physical_.end() || p->second.bytes != bytes) {

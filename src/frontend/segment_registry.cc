@@ -95,7 +95,7 @@ bool SegmentRegistry::ReleaseGranule(PhysicalHandle handle) {
 
 absl::Status SegmentRegistry::MapGranules(std::uintptr_t va, absl::Span<const PhysicalHandle> handles,
                                           std::size_t* mapped) {
-  absl::Status s = backend_->MapRun(va, handles, mapped);
+  absl::Status s = backend_->MapRun(va, handles, granularity_, mapped);
   if (*mapped > 0) {
     // Inside a registered range (the backend checked).
     std::prev(ranges_.upper_bound(va))->second.mapped += *mapped * granularity_;

@@ -192,7 +192,8 @@ absl::StatusOr<Trace> ImportKinetoJson(absl::string_view text, int device, absl:
     for (absl::Status s :
          {integer(*args, "Ev Idx", false, std::numeric_limits<std::int64_t>::min(), kMax, &ev.order),
           integer(*args, "Device Type", false, 0, kIntMax, &ev.type),
-          integer(*args, "Device Id", false, 0, kIntMax, &ev.id), integer(*args, "Addr", true, 0, kMax, &addr),
+          // Kineto writes Device Id -1 for the CPU's memory events (Device Type 0), which are skipped.
+          integer(*args, "Device Id", false, -1, kIntMax, &ev.id), integer(*args, "Addr", true, 0, kMax, &addr),
           integer(*args, "Bytes", true, -kMaxBytes, kMaxBytes, &ev.bytes)}) {
       if (!s.ok()) return s;
     }

@@ -16,6 +16,9 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::str
                                                                        ReplayDeviceKind kind);
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(absl::string_view conf, std::size_t capacity,
                                                                    ReplayDeviceKind kind);
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchExpandablePolicy(absl::string_view conf,
+                                                                             std::size_t capacity,
+                                                                             ReplayDeviceKind kind);
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeNoCachePolicy(absl::string_view conf, std::size_t capacity,
                                                                    ReplayDeviceKind kind);
 
@@ -27,6 +30,10 @@ constexpr PolicyEntry kPolicies[] = {
      "backend:vmm (stitching)",
      MakeBucketallocPolicy},
     {"pytorch-policy", false, "a model of PyTorch's native CUDA caching allocator", MakePyTorchPolicy},
+    {"pytorch-expandable", true,
+     "a model of PyTorch's caching allocator with expandable_segments:True (pages of 2 MiB in the small pool, 20 MiB "
+     "in the large); a CONF of large_page_mb=N sets the large pool's page (an even number of MiB)",
+     MakePyTorchExpandablePolicy},
     {"nocache", false, "one backend call per request (cudaMalloc/cudaFree), memory rounded to 2 MiB",
      MakeNoCachePolicy},
 };

@@ -6,6 +6,8 @@
 //   bucketalloc            bucketalloc with its defaults            (harness/policy_bucketalloc.cc)
 //   bucketalloc:CONF       bucketalloc with a BUCKETALLOC_CONF string, e.g. bucketalloc:max_split_size_mb:256
 //   pytorch-policy         a model of PyTorch's native caching allocator (harness/policy_pytorch.cc)
+//   pytorch-expandable[:large_page_mb=N]
+//                          the same with expandable_segments:True (harness/policy_pytorch_expandable.cc)
 //   nocache                one backend call per request (cudaMalloc/cudaFree) (harness/policy_nocache.cc)
 // Each runs on a device of exactly the capacity (harness/replay_allocator.h), so a request that the
 // policy cannot place fails as it would on a card of that size.
@@ -39,7 +41,8 @@ struct PolicyEntry {
                                                            ReplayDeviceKind kind);
 };
 
-// "bucketalloc, bucketalloc:CONF, pytorch-policy, nocache": what a spec may be.
+// "bucketalloc, bucketalloc:CONF, pytorch-policy, pytorch-expandable, pytorch-expandable:CONF,
+// nocache": what a spec may be.
 std::string PolicySpecsText();
 // One line per policy, "\n  name[:CONF]: its help", for a command line's help.
 std::string PolicyHelpText();

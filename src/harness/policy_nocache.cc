@@ -1,6 +1,5 @@
 // src/harness/policy_nocache.cc — the "nocache" replay policy: one backend call per request, what
 // cudaMalloc/cudaFree without a cache does (harness/policies.h).
-#include <algorithm>
 #include <memory>
 
 #include "harness/replay_allocator.h"
@@ -9,28 +8,24 @@
 namespace bucketalloc::harness {
 namespace {
 
-class NoCacheReplay final : public ReplayAllocator {
+class NoCacheReplay final : public DeviceReplayAllocator {
  public:
-  explicit NoCacheReplay(std::unique_ptr<ReplayDevice> b) : b_(std::move(b)) {}
+  using DeviceReplayAllocator::DeviceReplayAllocator;
   absl::StatusOr<void*> Allocate(std::size_t size, Stream) override {
     if (size == 0) return nullptr;
-    absl::StatusOr<void*> p = b_->Allocate(internal::RoundUp(size, b_->Granularity()));
+    absl::StatusOr<void*> p = device().Allocate(internal::RoundUp(size, device().Granularity()));
     if (p.ok()) {
-      peak_ = std::max(peak_, b_->used_bytes());
+      NotePeak();
       requested_ += size;
     }
     return p;
   }
   absl::Status Free(void* ptr, std::size_t size) override {
     if (ptr == nullptr) return absl::OkStatus();
-    absl::Status s = b_->Free(ptr, internal::RoundUp(size, b_->Granularity()));
+    absl::Status s = device().Free(ptr, internal::RoundUp(size, device().Granularity()));
     if (s.ok()) requested_ -= size;
     return s;
   }
-  std::size_t reserved_bytes() const override { return b_->used_bytes(); }
-  std::size_t peak_reserved_bytes() const override { return peak_; }
-  void ResetPeak() override { peak_ = b_->used_bytes(); }
-  BackendCounters backend_counters() const override { return b_->counters(); }
   // Nothing is cached: every reserved byte belongs to a live block, and the rounding to 2 MiB is
   // internal fragmentation (allocated - requested), not free blocks.
   PoolFragmentation Fragmentation() const override {
@@ -40,8 +35,6 @@ class NoCacheReplay final : public ReplayAllocator {
   }
 
  private:
-  std::unique_ptr<ReplayDevice> b_;
-  std::size_t peak_ = 0;
   std::size_t requested_ = 0;  // bytes asked for by live blocks
 };
 

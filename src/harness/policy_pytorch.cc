@@ -20,24 +20,24 @@
 #include <tuple>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/stat_types.h"
+#include "harness/pytorch_model.h"
 #include "harness/replay_allocator.h"
 #include "internal/bits.h"
 
 namespace bucketalloc::harness {
 namespace {
 
-constexpr std::size_t kMinBlockSize = 512;
-constexpr std::size_t kSmallSize = std::size_t{1} << 20;
+using pytorch_model::kMinBlockSize;
+using pytorch_model::kSmallSize;
+using pytorch_model::RoundUp;
+
 constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;
 constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;
 constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;
 constexpr std::size_t kRoundLarge = std::size_t{2} << 20;
-
-std::size_t RoundUp(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
 
 // A piece of a segment; segments are doubly linked lists of blocks in address order.
 struct Block {
@@ -60,27 +60,27 @@ struct BySize {
 };
 using BlockPool = std::set<Block*, BySize>;
 
-class PyTorchPolicy final : public ReplayAllocator {
+class PyTorchPolicy final : public DeviceReplayAllocator {
  public:
-  explicit PyTorchPolicy(std::unique_ptr<ReplayDevice> device) : device_(std::move(device)) {}
+  using DeviceReplayAllocator::DeviceReplayAllocator;
   ~PyTorchPolicy() override {
     // Every block is either live or in a free pool. Segments go back to the device (on a GPU the
     // next replay needs the memory); a segment starts at a block without a predecessor.
     std::vector<Block*> blocks;
-    for (auto& [ptr, b] : live_) blocks.push_back(b);
+    live_.ForEach([&](Block* b) { blocks.push_back(b); });
     for (BlockPool* pool : {&small_, &large_}) blocks.insert(blocks.end(), pool->begin(), pool->end());
     for (Block* b : blocks) {
       if (b->prev != nullptr) continue;
       std::size_t segment = 0;
       for (Block* x = b; x != nullptr; x = x->next) segment += x->size;
-      device_->Free(reinterpret_cast<void*>(b->ptr), segment).IgnoreError();
+      device().Free(reinterpret_cast<void*>(b->ptr), segment).IgnoreError();
     }
     for (Block* b : blocks) delete b;
   }
 
   absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) override {
     if (size == 0) return nullptr;
-    const std::size_t rounded = size < kMinBlockSize ? kMinBlockSize : RoundUp(size, kMinBlockSize);
+    const std::size_t rounded = pytorch_model::RoundSize(size);
     const bool small = rounded <= kSmallSize;
     BlockPool& pool = small ? small_ : large_;
     Block* block = FindFree(pool, stream, rounded);
@@ -88,15 +88,15 @@ class PyTorchPolicy final : public ReplayAllocator {
       const std::size_t segment = small                      ? kSmallBuffer
                                   : rounded < kMinLargeAlloc ? kLargeBuffer
                                                              : RoundUp(rounded, kRoundLarge);
-      absl::StatusOr<void*> p = device_->Allocate(segment);
+      absl::StatusOr<void*> p = device().Allocate(segment);
       if (!p.ok()) {
         ReleaseCachedBlocks();
-        p = device_->Allocate(segment);
+        p = device().Allocate(segment);
       }
       if (!p.ok())
         return absl::ResourceExhaustedError(absl::StrCat("pytorch-policy: out of memory (", p.status().message(), ")"));
       block = new Block{reinterpret_cast<std::uintptr_t>(*p), segment, stream, small};
-      peak_ = std::max(peak_, device_->used_bytes());
+      NotePeak();
     } else {
       pool.erase(block);
     }
@@ -108,23 +108,15 @@ class PyTorchPolicy final : public ReplayAllocator {
       block->size = rounded;
       pool.insert(rest);
     }
-    block->allocated = true;
-    block->requested = size;
-    allocated_ += block->size;
-    requested_ += size;
-    live_[block->ptr] = block;
+    live_.Add(block, size);
     return reinterpret_cast<void*>(block->ptr);
   }
 
   absl::Status Free(void* ptr, std::size_t) override {
     if (ptr == nullptr) return absl::OkStatus();
-    auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-    if (it == live_.end()) return absl::InvalidArgumentError("pytorch-policy: free of an unknown pointer");
-    Block* block = it->second;
-    live_.erase(it);
-    block->allocated = false;
-    allocated_ -= block->size;
-    requested_ -= block->requested;
+    absl::StatusOr<Block*> taken = live_.Take(ptr, "pytorch-policy");
+    if (!taken.ok()) return taken.status();
+    Block* block = *taken;
     BlockPool& pool = block->small ? small_ : large_;
     for (Block* neighbour : {block->prev, block->next}) {
       if (neighbour == nullptr || neighbour->allocated) continue;
@@ -144,20 +136,14 @@ class PyTorchPolicy final : public ReplayAllocator {
     return absl::OkStatus();
   }
 
-  std::size_t reserved_bytes() const override { return device_->used_bytes(); }
-  std::size_t peak_reserved_bytes() const override { return peak_; }
-  void ResetPeak() override { peak_ = device_->used_bytes(); }
-  BackendCounters backend_counters() const override { return device_->counters(); }
-
   // The cached free blocks of both pools (whole segments and the free pieces of split ones).
   PoolFragmentation Fragmentation() const override {
     PoolFragmentation f;
     for (const BlockPool* pool : {&small_, &large_}) {
       for (const Block* b : *pool) f.AddFree(b->size);
     }
-    f.requested = static_cast<std::int64_t>(requested_);
-    f.allocated = static_cast<std::int64_t>(allocated_);
-    f.reserved = static_cast<std::int64_t>(device_->used_bytes());
+    live_.Report(f);
+    f.reserved = static_cast<std::int64_t>(device().used_bytes());
     return f;
   }
 
@@ -175,7 +161,7 @@ class PyTorchPolicy final : public ReplayAllocator {
     for (BlockPool* pool : {&small_, &large_}) {
       for (auto it = pool->begin(); it != pool->end();) {
         Block* b = *it;
-        if (b->prev == nullptr && b->next == nullptr && device_->Free(reinterpret_cast<void*>(b->ptr), b->size).ok()) {
+        if (b->prev == nullptr && b->next == nullptr && device().Free(reinterpret_cast<void*>(b->ptr), b->size).ok()) {
           it = pool->erase(it);
           delete b;
         } else {
@@ -185,12 +171,8 @@ class PyTorchPolicy final : public ReplayAllocator {
     }
   }
 
-  std::unique_ptr<ReplayDevice> device_;
   BlockPool small_, large_;
-  absl::flat_hash_map<std::uintptr_t, Block*> live_;
-  std::size_t peak_ = 0;
-  std::size_t allocated_ = 0;  // block sizes of live allocations
-  std::size_t requested_ = 0;  // their callers' sizes
+  pytorch_model::LiveBlocks<Block> live_;
 };
 
 }  // namespace

@@ -281,8 +281,8 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   r.p50_ns = Percentile(counts.latencies, 0.50);
   r.p99_ns = Percentile(counts.latencies, 0.99);
   const BackendCounters c = a.backend_counters();
-  const std::int64_t vmm_calls =
-      c.physical_creates + c.failed_physical_creates + c.physical_releases + c.maps + c.unmaps;
+  const std::int64_t vmm_calls = c.physical_creates + c.failed_physical_creates + c.physical_releases + c.maps +
+                                 c.unmaps + c.access_grants + c.address_reserves + c.address_releases;
   r.backend_calls = static_cast<std::uint64_t>(c.allocs + c.failed_allocs + c.frees + vmm_calls);
   r.simulated_backend_ms = (static_cast<double>(c.allocs + c.failed_allocs) * options.cost.malloc_us +
                             static_cast<double>(c.frees) * options.cost.free_us +

@@ -2,9 +2,9 @@
 // device (or a GPU) and measures what it costs in bytes, failures, nanoseconds and backend calls,
 // and finds the smallest card that serves it (layer L5).
 //
-// The policies (bucketalloc[:CONF], pytorch-policy, nocache) are named by harness/policies.h; each
-// runs on a device of exactly `capacity` bytes (simulated: unbacked, addresses and no memory), so a
-// request that the policy cannot place fails as it would on a card of that size.
+// The policies (bucketalloc[:CONF], pytorch-policy, pytorch-expandable[:CONF], nocache) are named by
+// harness/policies.h; each runs on a device of exactly `capacity` bytes (simulated: unbacked, addresses and no memory),
+// so a request that the policy cannot place fails as it would on a card of that size.
 //
 // The replay is sequential in file order (RMM's logs are in timestamp order even for several
 // threads). A free of a pointer whose allocation failed in the replay is skipped; "allocate
@@ -113,7 +113,9 @@ struct ReplayResult {
   std::uint64_t fragmentation_ooms = 0;  // all other OOMs
   double p50_ns = 0.0;                   // per operation (allocate or free)
   double p99_ns = 0.0;
-  std::uint64_t backend_calls = 0;      // backend allocations + frees (+ vmm creates, releases, maps, unmaps)
+  // Backend allocations + frees, and the virtual-memory driver calls: creates (failed ones too),
+  // releases, maps (one per handle), access grants, unmaps, address reserves and releases.
+  std::uint64_t backend_calls = 0;
   std::uint64_t granules_stitched = 0;  // granules of free blocks moved into stitched ranges (vmm)
   double simulated_backend_ms = 0.0;    // backend calls priced by the cost model
   std::vector<std::size_t> per_round_peak_reserved_bytes;

@@ -23,9 +23,14 @@ absl::StatusOr<ReplayDeviceKind> ParseReplayDeviceKind(absl::string_view name) {
 
 absl::string_view ReplayDeviceName(ReplayDeviceKind kind) { return kind == ReplayDeviceKind::kCuda ? "cuda" : "sim"; }
 
+bool ReplayDevice::Refuse(std::size_t bytes, std::int64_t* refusals) {
+  if (!enforce_capacity_ || used_ + bytes <= capacity_) return false;
+  ++*refusals;
+  return true;
+}
+
 absl::StatusOr<void*> ReplayDevice::Allocate(std::size_t bytes) {
-  if (enforce_capacity_ && used_ + bytes > capacity_) {
-    ++refused_;
+  if (Refuse(bytes, &refused_allocs_)) {
     return absl::ResourceExhaustedError(absl::StrCat("the replay's capacity of ", capacity_, " bytes is reached (",
                                                      used_, " used, ", bytes, " asked)"));
   }
@@ -40,9 +45,26 @@ absl::Status ReplayDevice::Free(void* ptr, std::size_t bytes) {
   return s;
 }
 
+absl::StatusOr<PhysicalHandle> ReplayDevice::CreatePhysical(std::size_t bytes) {
+  if (Refuse(bytes, &refused_creates_)) {
+    return absl::ResourceExhaustedError(absl::StrCat("the replay's capacity of ", capacity_, " bytes is reached (",
+                                                     used_, " used, ", bytes, " asked)"));
+  }
+  absl::StatusOr<PhysicalHandle> h = backend_->CreatePhysical(bytes);
+  if (h.ok()) used_ += bytes;
+  return h;
+}
+
+absl::Status ReplayDevice::ReleasePhysical(PhysicalHandle handle, std::size_t bytes) {
+  absl::Status s = backend_->ReleasePhysical(handle);
+  if (s.ok()) used_ -= bytes;
+  return s;
+}
+
 BackendCounters ReplayDevice::counters() const {
   BackendCounters c = backend_->counters();
-  c.failed_allocs += refused_;
+  c.failed_allocs += refused_allocs_;
+  c.failed_physical_creates += refused_creates_;
   return c;
 }
 
@@ -51,8 +73,10 @@ BackendSettings ReplayDeviceSettings(std::size_t capacity, ReplayDeviceKind kind
   return {{"sim_memory", "unbacked"}, {"sim_total_memory", SizeText(capacity)}};
 }
 
-absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity, ReplayDeviceKind kind) {
-  const internal::BackendEntry* entry = internal::FindBackend(ReplayDeviceName(kind));
+absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity, ReplayDeviceKind kind,
+                                                               bool virtual_memory) {
+  const internal::BackendEntry* entry =
+      internal::FindBackend(kind == ReplayDeviceKind::kCuda && virtual_memory ? "vmm" : ReplayDeviceName(kind));
   if (entry == nullptr) return absl::InternalError("the replay device's backend is not registered");
   absl::StatusOr<std::unique_ptr<Backend>> backend = entry->make(ReplayDeviceSettings(capacity, kind), /*device=*/0);
   if (!backend.ok()) return backend.status();

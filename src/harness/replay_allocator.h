@@ -3,7 +3,7 @@
 //
 // Owns: `ReplayAllocator`, the interface every policy implements (harness/policies.h names them);
 // `ReplayDeviceKind`, where a replay runs; and `ReplayDevice`, the memory of exactly `capacity`
-// bytes under the policies that do their own caching (pytorch-policy, nocache).
+// bytes under the policies that do their own caching (pytorch-policy, pytorch-expandable, nocache).
 // Thread-safety: none; one replay at a time per allocator.
 //
 // Example:
@@ -12,12 +12,14 @@
 #ifndef BUCKETALLOC_HARNESS_REPLAY_ALLOCATOR_H_
 #define BUCKETALLOC_HARNESS_REPLAY_ALLOCATOR_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/stat_types.h"
 
@@ -55,26 +57,66 @@ enum class ReplayDeviceKind : std::uint8_t { kSim, kCuda };
 absl::StatusOr<ReplayDeviceKind> ParseReplayDeviceKind(absl::string_view name);  // sim, cuda
 absl::string_view ReplayDeviceName(ReplayDeviceKind kind);                       // "sim", "cuda"
 
-// The memory under nocache and pytorch-policy: a backend of exactly `capacity` bytes. Allocate
-// returns ResourceExhausted past the capacity (the simulated device enforces it itself; on CUDA
-// this wrapper does, and counts the refusal as a failed backend allocation, as the simulated device
-// counts its own).
+// The memory under the policies that do their own caching: a backend of exactly `capacity` bytes.
+// Allocate and CreatePhysical return ResourceExhausted past the capacity (the simulated device
+// enforces it itself; on CUDA this wrapper does, and counts the refusal as a failed backend call,
+// as the simulated device counts its own). The virtual-memory calls are the backend's (a device
+// made with virtual memory: MakeReplayDevice).
 class ReplayDevice {
  public:
   ReplayDevice(std::unique_ptr<Backend> backend, std::size_t capacity, bool enforce_capacity)
       : backend_(std::move(backend)), capacity_(capacity), enforce_capacity_(enforce_capacity) {}
   absl::StatusOr<void*> Allocate(std::size_t bytes);  // bytes: a multiple of Granularity()
   absl::Status Free(void* ptr, std::size_t bytes);
+  absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t bytes) {
+    return backend_->ReserveAddressRange(bytes, 0);
+  }
+  absl::Status ReleaseAddressRange(std::uintptr_t va, std::size_t bytes) {
+    return backend_->ReleaseAddressRange(va, bytes);
+  }
+  absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes);
+  absl::Status ReleasePhysical(PhysicalHandle handle, std::size_t bytes);
+  absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t handle_bytes,
+                      std::size_t* mapped) {
+    return backend_->MapRun(va, handles, handle_bytes, mapped);
+  }
+  absl::Status Unmap(std::uintptr_t va, std::size_t bytes) { return backend_->Unmap(va, bytes); }
+  // Bytes allocated and physical bytes created, not yet freed or released.
   std::size_t used_bytes() const { return used_; }
+  std::size_t capacity() const { return capacity_; }
   std::size_t Granularity() const { return backend_->Granularity(); }
   BackendCounters counters() const;
 
  private:
+  // True (and the refusal counted) when `bytes` more would pass the capacity this wrapper enforces.
+  bool Refuse(std::size_t bytes, std::int64_t* refusals);
+
   std::unique_ptr<Backend> backend_;
   std::size_t capacity_;
   bool enforce_capacity_;
   std::size_t used_ = 0;
-  std::int64_t refused_ = 0;
+  std::int64_t refused_allocs_ = 0;
+  std::int64_t refused_creates_ = 0;
+};
+
+// A policy that does its own caching over a ReplayDevice (pytorch-policy, pytorch-expandable,
+// nocache): reserved bytes are the device's, and the peak is what the policy noted after growing.
+class DeviceReplayAllocator : public ReplayAllocator {
+ public:
+  explicit DeviceReplayAllocator(std::unique_ptr<ReplayDevice> device) : device_(std::move(device)) {}
+  std::size_t reserved_bytes() const override { return device_->used_bytes(); }
+  std::size_t peak_reserved_bytes() const override { return peak_; }
+  void ResetPeak() override { peak_ = device_->used_bytes(); }
+  BackendCounters backend_counters() const override { return device_->counters(); }
+
+ protected:
+  // Called after the device grew.
+  void NotePeak() { peak_ = std::max(peak_, device_->used_bytes()); }
+  ReplayDevice& device() const { return *device_; }
+
+ private:
+  std::unique_ptr<ReplayDevice> device_;
+  std::size_t peak_ = 0;
 };
 
 // The backend settings of the replay device of `capacity` bytes of `kind`: on the simulated device
@@ -82,9 +124,12 @@ class ReplayDevice {
 // enforced above the backend).
 BackendSettings ReplayDeviceSettings(std::size_t capacity, ReplayDeviceKind kind);
 
-// The device of `capacity` bytes of `kind`, made through the backend registry (sim: unbacked).
+// The device of `capacity` bytes of `kind`, made through the backend registry (sim: unbacked, with
+// its virtual memory). On CUDA `virtual_memory` chooses the vmm backend (the driver's VMM API)
+// over the cuda backend (cudaMalloc).
 absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity,
-                                                               ReplayDeviceKind kind = ReplayDeviceKind::kSim);
+                                                               ReplayDeviceKind kind = ReplayDeviceKind::kSim,
+                                                               bool virtual_memory = false);
 
 }  // namespace bucketalloc::harness
 

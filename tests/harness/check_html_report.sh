@@ -29,7 +29,7 @@ chromium_bin=${CHROMIUM:-$(command -v chromium || command -v chromium-browser ||
     for i in $(seq 2 2 12); do echo "1,00:00:00.000003,free,0x$((round * 100 + i)),$((i * 700000 + 4096)),0x0"; done
   done
 } >"$work/t.csv"
-out=$("$bench" compare "$work/t.csv" --allocators bucketalloc,pytorch-policy,nocache --capacity 64MiB \
+out=$("$bench" compare "$work/t.csv" --allocators bucketalloc,pytorch-policy,pytorch-expandable,nocache --capacity 64MiB \
       --html "$work/report.html" --json "$work/c.json") || fail "compare --html: $out"
 echo "$out"
 [[ -s "$work/report.html" ]] || fail "no report written"
@@ -45,15 +45,16 @@ grep -q "Content-Security-Policy" "$work/report.html" || fail "the report lacks 
 /usr/bin/python3 -c "
 import json
 c = json.load(open('$work/c.json'))
-assert [x['at_capacity']['allocator'] for x in c] == ['bucketalloc', 'pytorch-policy', 'nocache'], c
+assert [x['at_capacity']['allocator'] for x in c] == ['bucketalloc', 'pytorch-policy', 'pytorch-expandable', 'nocache'], c
 for x in c:
     t = x['timeline']
     assert t['events'] == 72 and len(t['event']) == 72, t['events']
     if x['at_capacity']['ooms'] == 0:  # every block was served: the replay held what the trace held
         assert max(t['live_bytes']) == x['at_capacity']['peak_live_bytes'], x['at_capacity']['allocator']
     assert 'peak_fragmentation' in x and x['peak_fragmentation']['reserved_bytes'] > 0
-assert c[2]['at_capacity']['ooms'] > 0, 'nocache should run out at 64 MiB'
-assert any(b['count'] > 0 for b in c[1]['peak_fragmentation']['bins']), 'pytorch-policy holds free blocks at its peak'
+assert c[3]['at_capacity']['ooms'] > 0, 'nocache should run out at 64 MiB'
+for i in (1, 2):  # pytorch-policy and pytorch-expandable
+    assert any(b['count'] > 0 for b in c[i]['peak_fragmentation']['bins']), c[i]['at_capacity']['allocator'] + ' holds free blocks at its peak'
 " || fail "compare JSON (timeline, peak_fragmentation)"
 
 # Render it. --dump-dom prints the DOM after the load event, when the inline scripts have run.
@@ -67,12 +68,12 @@ body=$(grep -o '<body[^>]*>' "$work/dom.html" | head -1)
 echo "rendered: $body"
 [[ -n "$body" ]] || fail "chromium dumped no <body>"
 grep -q 'data-errors=' <<<"$body" && fail "script errors: $body"
-grep -q 'data-charts-expected="6"' <<<"$body" || fail "the report should expect 6 charts: $body"
-grep -q 'data-charts-rendered="6"' <<<"$body" || fail "not every chart rendered: $body"
-(($(grep -o '<svg class="chart"[^>]*data-rendered="true"' "$work/dom.html" | wc -l) == 6)) ||
-  fail "6 rendered <svg> charts expected"
+grep -q 'data-charts-expected="8"' <<<"$body" || fail "the report should expect 8 charts: $body"
+grep -q 'data-charts-rendered="8"' <<<"$body" || fail "not every chart rendered: $body"
+(($(grep -o '<svg class="chart"[^>]*data-rendered="true"' "$work/dom.html" | wc -l) == 8)) ||
+  fail "8 rendered <svg> charts expected"
 # The timelines hold their three series; the caching allocators' histograms have bars.
-(($(grep -o '<path class="reserved" d="M[0-9]' "$work/dom.html" | wc -l) == 3)) || fail "a timeline lacks its reserved series"
+(($(grep -o '<path class="reserved" d="M[0-9]' "$work/dom.html" | wc -l) == 4)) || fail "a timeline lacks its reserved series"
 (($(grep -o '<rect class="bar"' "$work/dom.html" | wc -l) > 0)) || fail "no histogram bars"
 if grep -E 'CONSOLE' "$work/chromium.log"; then fail "the page wrote to the console (above)"; fi
 echo "check_html_report: PASS"

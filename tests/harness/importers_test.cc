@@ -45,12 +45,26 @@ TEST(ImportersTest, KinetoJsonIsSortedByTimeAndMatchesTheCsv) {
     {"ph": "X", "name": "aten::mm", "ts": 50, "args": {}},
     {"ph": "i", "name": "[memory]", "ts": 105, "args": {"Ev Idx": 6, "Device Type": 1, "Device Id": 0, "Addr": 8192, "Bytes": -1048576}},
     {"ph": "i", "name": "[memory]", "ts": 101, "args": {"Ev Idx": 2, "Device Type": 1, "Device Id": 0, "Addr": 8192, "Bytes": 1048576}},
-    {"ph": "i", "name": "[memory]", "ts": 104, "args": {"Ev Idx": 5, "Device Type": 1, "Device Id": 0, "Addr": 16384, "Bytes": 2097152}}
+    {"ph": "i", "name": "[memory]", "ts": 104, "args": {"Ev Idx": 5, "Device Type": 1, "Device Id": 0, "Addr": 16384, "Bytes": 2097152}},
+    {"ph": "i", "name": "[memory]", "ts": 103, "args": {"Ev Idx": 4, "Device Type": 0, "Device Id": -1, "Addr": 77, "Bytes": 64}}
   ]})";
   absl::StatusOr<Trace> t = ImportKinetoJson(json);
   ASSERT_TRUE(t.ok()) << t.status();
   absl::StatusOr<Trace> csv = ImportKinetoCsv(kCsv);
   EXPECT_EQ(FormatTrace(*t), FormatTrace(*csv));
+}
+
+// The real trace of data/traces (SOURCES.md): a V100 training job's Kineto trace, with CPU memory
+// events (Device Id -1) among the GPU's. Its GPU events are 13,385 allocations and as many frees.
+TEST(ImportersTest, TheVendoredRealKinetoTraceImports) {
+  absl::StatusOr<Trace> t =
+      ImportKinetoFile(BUCKETALLOC_SOURCE_DIR "/data/traces/hta_kineto_trace_v100_rank1_profile_memory.json.gz");
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::size_t allocations = 0, frees = 0;
+  for (const TraceEvent& e : t->events) ++(e.action == TraceAction::kAllocate ? allocations : frees);
+  EXPECT_EQ(allocations, 13385u);
+  EXPECT_EQ(frees, 13385u);
+  EXPECT_GT(PeakLiveBytes(*t), std::size_t{2} << 30);
 }
 
 TEST(ImportersTest, GzipFilesAreRead) {
@@ -95,6 +109,8 @@ TEST(ImportersTest, JsonFieldsOfTheWrongTypeOrRangeAreClearErrors) {
       {"{" + mem + R"("Addr":4096,"Bytes":9223372036854775807}})", "\"Bytes\" is 9223372036854775807"},
       {"{" + mem + R"("Addr":0,"Bytes":4096}})", "4096 bytes at address 0"},
       {R"({"name":"[memory]","ts":1,"args":{"Device Type":"cuda","Addr":1,"Bytes":1}})", "\"Device Type\""},
+      {R"({"name":"[memory]","ts":1,"args":{"Device Type":1,"Device Id":-2,"Addr":1,"Bytes":1}})",
+       "\"Device Id\" is -2; accepted: an integer from -1 to"},
       {R"({"name":"[memory]","ts":1,"args":[1]})", "without an \"args\" object"},
       {R"({"name":"[memory]","ts":1,"args":{"Bytes":1}})", "without \"Addr\""},
   };
