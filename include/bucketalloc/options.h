@@ -43,6 +43,9 @@ struct Options {
 
   // Pools.
   std::size_t small_pool_limit = kMiB;
+  // Small requests up to this go to slabs, the others are packed in split 2 MiB segments (PyTorch's
+  // small pool); 0: no slabs. Above small_pool_limit it changes nothing.
+  std::size_t slab_limit = 0;
   std::size_t max_split_size = kUnlimited;
   std::size_t max_non_split_rounding = 20 * kMiB;
   std::size_t large_segment_size = 20 * kMiB;

@@ -60,12 +60,12 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
       backend_(std::move(backend)),
       registry_(backend_.get(), &stats_, &history_),
       large_config_(MakeLargeConfig(options, backend_->Granularity())),
-      pools_(PoolContext{&stats_, &registry_, &clock_}, options.small_pool_limit, large_config_),
+      pools_(PoolContext{&stats_, &registry_, &clock_}, options.slab_limit, options.small_pool_limit, large_config_),
       pending_(backend_.get()),
       // A private pool's small and large pool: configured as the device's own.
       private_([this] {
-        return std::make_unique<Pools>(PoolContext{&stats_, &registry_, &clock_}, options_.small_pool_limit,
-                                       large_config_);
+        return std::make_unique<Pools>(PoolContext{&stats_, &registry_, &clock_}, options_.slab_limit,
+                                       options_.small_pool_limit, large_config_);
       }) {
   registry_.set_collector([this](std::size_t incoming) ABSL_NO_THREAD_SAFETY_ANALYSIS { CollectGarbage(incoming); });
 }

@@ -49,7 +49,7 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   std::int64_t oversize = 0;
   std::vector<std::int64_t> tags(private_.num_tags());
   // Active blocks per private pool tag and pool index (tag 0: the device's own pools).
-  std::vector<std::array<std::int64_t, kNumPoolIndices>> active_by_tag(private_.num_tags());
+  std::vector<std::array<std::int64_t, Pools::kNumPools>> active_by_tag(private_.num_tags());
   std::vector<std::pair<std::uintptr_t, std::size_t>> blocks;
   blocks.reserve(live_.size() + pending_.size());
   absl::Status entries;
@@ -80,7 +80,7 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
       }
       s.active_bytes += static_cast<std::int64_t>(size);
       s.active += 1;
-      active_by_tag[tag][P::kIndex] += 1;
+      active_by_tag[tag][Pools::SlotOf<P>()] += 1;
       blocks.emplace_back(ptr, size);
     });
   };
@@ -113,7 +113,7 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
           const InactiveSplit is = pool.inactive_split();
           split[P::kIndex].bytes += is.bytes;
           split[P::kIndex].count += is.count;
-          if (pools.ok()) pools = pool.CheckInvariants(active_by_tag[tag][P::kIndex]);
+          if (pools.ok()) pools = pool.CheckInvariants(active_by_tag[tag][Pools::SlotOf<P>()]);
           for (const auto& [stream, sp] : streams) {
             if (pools.ok()) pools = pool.CheckStreamState(sp->template of<P>());
           }

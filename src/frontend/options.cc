@@ -298,6 +298,14 @@ std::vector<OptionRow> MakeTable() {
                       [](std::size_t s) { return s >= 512 && s <= kMiB; },
                       "small blocks are packed in 2 MiB slabs, two or more per slab")));
   t.push_back(
+      Row("slab_limit", "0 or a size from 512 to 1MiB",
+          "small requests up to this size go to slabs of one size class each; those above it (up to "
+          "small_pool_limit) are packed as PyTorch packs its small pool: 2 MiB segments, best fit, split "
+          "down to 512 B (0: no slabs)",
+          false, SizeField<&Options::slab_limit>, FormatSizeField<&Options::slab_limit>,
+          Require<std::size_t, &Options::slab_limit>([](std::size_t s) { return s == 0 || (s >= 512 && s <= kMiB); },
+                                                     "slabs serve sizes from 512 B to 1 MiB")));
+  t.push_back(
       Row("max_split_size_mb", "a whole number of MiB >= 20, or unlimited",
           "free blocks larger than this are never split and serve only requests within "
           "max_non_split_rounding_mb of their size (PyTorch's key)",

@@ -1,8 +1,8 @@
 // src/frontend/pools.h — the device's pools as one list, and what the front end records of a block
 // a pool handed out (layer L4).
 //
-// Owns: `Pools`, the pools of one device (small, large) with the routing rule (a request goes to
-// the first pool whose limit it is within) and the means to run one piece of code over every pool
+// Owns: `Pools`, the pools of one device (small: slabs and packed; large) with the routing rule (a
+// request goes to the first pool whose limit it is within) and the means to run one piece of code over every pool
 // (ForEach) or over the pool of a handle (Visit); `StreamPools`, every pool's free lists of one
 // stream; `PoolHandle`, a block of any pool (typed: the pool it came from is its type);
 // `LiveEntry`, one live or pending allocation.
@@ -16,6 +16,7 @@
 #ifndef BUCKETALLOC_FRONTEND_POOLS_H_
 #define BUCKETALLOC_FRONTEND_POOLS_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -25,6 +26,7 @@
 #include <variant>
 
 #include "pool/large_pool.h"
+#include "pool/packed_pool.h"
 #include "pool/pool.h"
 #include "pool/small_pool.h"
 
@@ -35,7 +37,7 @@ template <typename Ref>
 using PoolType = std::remove_cvref_t<Ref>;
 
 // A block of one of the pools.
-using PoolHandle = std::variant<SmallPool::Handle, LargePool::Handle>;
+using PoolHandle = std::variant<SmallPool::Handle, PackedPool::Handle, LargePool::Handle>;
 
 // One live or pending allocation.
 struct LiveEntry {
@@ -47,7 +49,8 @@ struct LiveEntry {
 // Every pool's free lists of one stream.
 class StreamPools {
  public:
-  StreamPools(const SmallPool& small, const LargePool& large) : states_(small, large) {}
+  StreamPools(const SmallPool& small, const PackedPool& packed, const LargePool& large)
+      : states_(small, packed, large) {}
   template <typename P>
   typename P::StreamState& of() {
     return std::get<typename P::StreamState>(states_);
@@ -58,13 +61,27 @@ class StreamPools {
   }
 
  private:
-  std::tuple<SmallPool::StreamState, LargePool::StreamState> states_;
+  std::tuple<SmallPool::StreamState, PackedPool::StreamState, LargePool::StreamState> states_;
 };
 
 class Pools {
  public:
-  Pools(const PoolContext& ctx, std::size_t small_limit, LargePoolConfig large)
-      : small_limit_(small_limit), small_(ctx), large_(ctx, std::move(large)) {}
+  // Requests up to `slab_limit` go to the slabs, up to `small_limit` to the packed pool, and
+  // above it to the large pool.
+  Pools(const PoolContext& ctx, std::size_t slab_limit, std::size_t small_limit, LargePoolConfig large)
+      : slab_limit_(std::min(slab_limit, small_limit)),
+        small_limit_(small_limit),
+        small_(ctx),
+        packed_(ctx, large.roundup_power2_divisions),
+        large_(ctx, std::move(large)) {}
+  // The number of pools, and the place of pool type P among them (ForEach's order).
+  static constexpr int kNumPools = 3;
+  template <typename P>
+  static constexpr int SlotOf() {
+    if constexpr (std::is_same_v<P, SmallPool>) return 0;
+    if constexpr (std::is_same_v<P, PackedPool>) return 1;
+    return 2;
+  }
   Pools(const Pools&) = delete;
   Pools& operator=(const Pools&) = delete;
 
@@ -73,22 +90,25 @@ class Pools {
   LargePool& large() { return large_; }
   const LargePool& large() const { return large_; }
 
-  // Runs f(pool) with the pool a request of `size` bytes goes to: the small pool up to
-  // small_pool_limit, the large pool above.
+  // Runs f(pool) with the pool a request of `size` bytes goes to: the slabs up to slab_limit, the
+  // packed pool up to small_pool_limit, the large pool above.
   template <typename F>
   decltype(auto) Route(std::size_t size, F&& f) {
-    if (size <= small_limit_) return f(small());
+    if (size <= slab_limit_) return f(small());
+    if (size <= small_limit_) return f(packed_);
     return f(large());
   }
   // Runs f(pool) for every pool, in PoolIndex order.
   template <typename F>
   void ForEach(F&& f) {
     f(small_);
+    f(packed_);
     f(large_);
   }
   template <typename F>
   void ForEach(F&& f) const {
     f(small_);
+    f(packed_);
     f(large_);
   }
   // Runs f(pool, handle) with the pool `handle` came from.
@@ -109,13 +129,17 @@ class Pools {
     });
     return holds;
   }
-  std::unique_ptr<StreamPools> NewStreamPools() const { return std::make_unique<StreamPools>(small(), large()); }
+  std::unique_ptr<StreamPools> NewStreamPools() const {
+    return std::make_unique<StreamPools>(small(), packed_, large());
+  }
 
  private:
   template <typename H>
   auto& PoolOf() {
     if constexpr (std::is_same_v<H, SmallPool::Handle>) {
       return small();
+    } else if constexpr (std::is_same_v<H, PackedPool::Handle>) {
+      return (packed_);
     } else {
       return large();
     }
@@ -124,13 +148,17 @@ class Pools {
   const auto& PoolOf() const {
     if constexpr (std::is_same_v<H, SmallPool::Handle>) {
       return small();
+    } else if constexpr (std::is_same_v<H, PackedPool::Handle>) {
+      return (packed_);
     } else {
       return large();
     }
   }
 
+  const std::size_t slab_limit_;
   const std::size_t small_limit_;
   SmallPool small_;
+  PackedPool packed_;
   LargePool large_;
 };
 

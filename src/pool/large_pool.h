@@ -5,8 +5,8 @@
 //     free list (a tier block is a whole segment, never split or merged), so a freed block is
 //     reused in O(1) by the next request of its tier;
 //   - other sizes: PyTorch's rounding, then PyTorch's best fit (the smallest admissible block, the
-//     lowest address among equals) found in free lists binned 4 per power of two (the fast path
-//     scans at most 32 entries of a bin; the slow path looks again at whole bins); a block of at
+//     lowest address among equals) found in free lists binned 4 per power of two (the first bin
+//     that has a fit is read whole); a block of at
 //     most max_split_size is split when the remainder exceeds keep_remainder; larger blocks serve
 //     only requests within max_non_split_rounding of their size; free neighbours coalesce;
 //   - the release order of wholly free segments (oldest first) for GC and release-and-retry.
@@ -54,6 +54,9 @@ class SegmentBacking;
 class Stitcher;
 
 struct LargePoolConfig {
+  // The pool its stats and segments count in: the large pool, or the small pool for the packed part
+  // of the small pool (pool/packed_pool.h), which is a LargePool configured as PyTorch's small pool.
+  PoolIndex index = kLargePool;
   std::size_t max_split_size = kUnlimited;
   std::size_t max_non_split_rounding = 20 * kMiB;
   std::size_t large_segment_size = 20 * kMiB;
@@ -123,12 +126,11 @@ class LargePool {
     const int tier = TierOf(size);
     return {tier >= 0 ? tier_bytes(tier) : RoundSize(size), tier};
   }
-  // Fast path: a cached block for the request (a tier request: a block of that tier), or nullopt.
-  // Each bin from the request's own is scanned for the best fit up to kMaxBinScan entries; the
-  // first bin with a fit answers. So the fast path is PyTorch's best fit unless a bin holds more
-  // than kMaxBinScan blocks. The block returned is kAllocated and counted active.
+  // Fast path: a cached block for the request (a tier request: a block of that tier), or nullopt:
+  // PyTorch's best fit, found in the first bin that has one (read whole). The block returned is
+  // kAllocated and counted active.
   std::optional<Handle> TryAllocate(StreamState& ss, const Request& r) {
-    Block* b = FindAndTake(ss, r, /*full_scan=*/false);
+    Block* b = FindAndTake(ss, r);
     if (b == nullptr) return std::nullopt;
     return Handle{b};
   }
@@ -222,8 +224,8 @@ class LargePool {
   bool ShouldSplit(const Block* block, std::size_t rounded) const {
     return block->size <= config_.max_split_size && block->size - rounded > config_.keep_remainder;
   }
-  Block* FindAndTake(StreamState& ss, const Request& r, bool full_scan);
-  Block* FindFree(StreamState& ss, std::size_t rounded, bool full_scan);
+  Block* FindAndTake(StreamState& ss, const Request& r);
+  Block* FindFree(StreamState& ss, std::size_t rounded);
   ABSL_ATTRIBUTE_ALWAYS_INLINE void InsertFree(Block* block);
   ABSL_ATTRIBUTE_ALWAYS_INLINE void RemoveFree(Block* block);
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Activate(Block* block);

@@ -14,7 +14,7 @@ namespace bucketalloc::internal {
 
 absl::StatusOr<Segment*> PlainBacking::Grow(LargePool& pool, LargePool::StreamState& ss, Stream stream,
                                             std::size_t bytes, int tier) {
-  absl::StatusOr<std::uintptr_t> base = source_->AllocateSegment(bytes, kLargePool);
+  absl::StatusOr<std::uintptr_t> base = source_->AllocateSegment(bytes, pool.config().index);
   if (!base.ok()) return base.status();
   return pool.AddSegment(ss, stream, *base, bytes, tier);
 }
@@ -22,7 +22,7 @@ absl::StatusOr<Segment*> PlainBacking::Grow(LargePool& pool, LargePool::StreamSt
 bool PlainBacking::Release(LargePool& pool, Segment* seg) {
   const Block* block = seg->first;
   BA_CHECK(block->next == nullptr && block->state == BlockState::kFree, "releasing a split segment");
-  if (!source_->ReleaseSegment(seg->base, seg->size, kLargePool)) return false;  // stays cached
+  if (!source_->ReleaseSegment(seg->base, seg->size, pool.config().index)) return false;  // stays cached
   pool.DropFreeSegment(seg);
   return true;
 }
