@@ -56,10 +56,10 @@ inline std::vector<Config> AllConfigs() {
   return {
       {"default_tiers", "tiers_tokens:[16,32,64,128],bytes_per_token:128KiB"},
       {"no_tiers", ""},
-      // Tiny requests in slabs, the other small ones packed (the default packs them all).
-      {"slabs", "slab_limit:4KiB"},
       {"tiny_capacity", "capacity:64MiB,sim_total_memory:128MiB"},
-      {"small_max_split", "max_split_size_mb:24,max_non_split_rounding_mb:4,roundup_power2_divisions:4"},
+      // With tiny requests in slabs and the other small ones packed (the default packs them all).
+      {"small_max_split",
+       "max_split_size_mb:24,max_non_split_rounding_mb:4,roundup_power2_divisions:4,slab_limit:4KiB"},
       // Stitching on the simulated device's virtual memory, at a small cap so that it stitches.
       {"vmm_stitching",
        "expandable_segments:true,capacity:64MiB,sim_total_memory:128MiB,"

@@ -291,12 +291,14 @@ std::vector<OptionRow> MakeTable() {
                   FormatDoubleField<&Options::garbage_collection_threshold>,
                   Require<double, &Options::garbage_collection_threshold>(
                       [](double g) { return g == 0.0 || (g > 0.0 && g < 1.0); })));
-  t.push_back(Row("small_pool_limit", "a size from 512 to 1MiB",
-                  "requests up to this size go to the small pool (size classes packed in 2 MiB slabs)", false,
-                  SizeField<&Options::small_pool_limit>, FormatSizeField<&Options::small_pool_limit>,
-                  Require<std::size_t, &Options::small_pool_limit>(
-                      [](std::size_t s) { return s >= 512 && s <= kMiB; },
-                      "small blocks are packed in 2 MiB slabs, two or more per slab")));
+  t.push_back(
+      Row("small_pool_limit", "a size from 512 to 1MiB",
+          "requests up to this size go to the small pool (2 MiB slabs up to slab_limit, the rest packed in 2 MiB "
+          "segments)",
+          false, SizeField<&Options::small_pool_limit>, FormatSizeField<&Options::small_pool_limit>,
+          Require<std::size_t, &Options::small_pool_limit>(
+              [](std::size_t s) { return s >= 512 && s <= kMiB; },
+              "small blocks are packed in 2 MiB slabs, two or more per slab")));
   t.push_back(
       Row("slab_limit", "0 or a size from 512 to 1MiB",
           "small requests up to this size go to slabs of one size class each; those above it (up to "
