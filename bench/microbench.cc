@@ -24,6 +24,9 @@
 //   BM_BucketAlloc_SlowPath/path:N     The slow path of one 12 MiB request after fragmentation: a
 //                                      plain backend allocation (0), a stitching range grown from
 //                                      new granules (1), or stitched from free ones at the cap (2).
+//   BM_BucketAlloc_ScatteredFree/free:N/slabs:S
+//                                      One 512 B alloc + free pair with N free 512 B blocks scattered
+//                                      between live ones: packed (S=0, the default) or in slabs (1).
 // AllocFree and MixedSizes run on two allocators, backend:0 (plain) and backend:1 (stitching on).
 //
 // What is NOT measured:
@@ -338,6 +341,44 @@ void BM_Mimalloc_MixedSizes(benchmark::State& state) {
 
 BENCHMARK(BM_BucketAlloc_MixedSizes)->Arg(0)->Arg(1)->ArgName("backend")->Setup(SetupMixed);
 BENCHMARK(BM_Mimalloc_MixedSizes);
+
+// ---------------------------------------------------------------------------------------------
+// Scattered free blocks of one size: `free` free 512-byte blocks, each between two live ones, in
+// the small pool, then one 512 B alloc + free pair per iteration (the lowest-addressed free block
+// is the best fit, and the pair puts it back). With slabs (slab_limit:1MiB, conf 1) a hit pops a
+// slot; packed (the default, conf 0) it reads every free block of that size class's bin for the
+// lowest address, so the time grows with `free`.
+
+void BM_BucketAlloc_ScatteredFree(benchmark::State& state) {
+  const auto free_blocks = static_cast<std::size_t>(state.range(0));
+  static Allocator* const packed = MakeOrDie("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB");
+  static Allocator* const slabs = MakeOrDie("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB,slab_limit:1MiB");
+  Allocator& allocator = state.range(1) == 0 ? *packed : *slabs;
+  std::vector<void*> held;
+  std::vector<void*> freed;
+  for (std::size_t i = 0; i < 2 * free_blocks + 1; ++i) {
+    absl::StatusOr<void*> p = allocator.Allocate(512, kDevice, nullptr);
+    if (!p.ok()) {
+      SkipWithStatus(state, "Allocate", p.status());
+      return;
+    }
+    (i % 2 == 1 ? freed : held).push_back(*p);
+  }
+  for (void* p : freed) allocator.Free(p, kDevice).IgnoreError();
+  for (auto _ : state) {
+    absl::StatusOr<void*> p = allocator.Allocate(512, kDevice, nullptr);
+    if (!p.ok()) {
+      SkipWithStatus(state, "Allocate", p.status());
+      break;
+    }
+    Keep(*p);
+    allocator.Free(*p, kDevice).IgnoreError();
+  }
+  state.SetItemsProcessed(state.iterations());
+  for (void* p : held) allocator.Free(p, kDevice).IgnoreError();
+  allocator.EmptyCache().IgnoreError();
+}
+BENCHMARK(BM_BucketAlloc_ScatteredFree)->ArgsProduct({{16, 1024, 65536}, {0, 1}})->ArgNames({"free", "slabs"});
 
 // ---------------------------------------------------------------------------------------------
 // The slow path that serves a 12 MiB request after a fragmenting pattern (ten 4 MiB blocks in two

@@ -6,7 +6,9 @@
 // Backed mode makes the carved pages readable and writable (real host memory, touched lazily);
 // unbacked mode leaves them PROT_NONE, so a 141 GB card can be simulated on a 24 GB machine.
 // Virtual memory (the twin of CUDA's VMM API, see backend.h): reserved ranges are PROT_NONE
-// mappings of their own; physical allocations are ranges of one memfd, first-fit by offset; Map is
+// mappings of their own; physical allocations are ranges of one memfd, first-fit by offset (backed
+// mode; with handles of mixed sizes the offsets can fragment, which a GPU's memory does not;
+// unbacked, physical memory is a byte count only and never fragments); Map is
 // mmap(MAP_SHARED | MAP_FIXED) of the memfd range over the reservation (backed mode), Unmap maps
 // PROT_NONE anonymous memory back over it, and ReleasePhysical punches the pages out of the memfd.
 // Thread-safety: every method takes the backend's own mutex.

@@ -26,7 +26,10 @@
 //     cuMemRelease of each; the pieces of pages it shares with live blocks stay), a segment left all
 //     unmapped is released (cuMemAddressFree), and the allocation is tried once more; then OOM.
 // The device's memory is the replay's capacity (totalGlobalMem), and its physical pages are what
-// the capacity counts: reserved bytes are the pages mapped.
+// the capacity counts: reserved bytes are the pages mapped. Segments are ordered by address as
+// PyTorch orders them; the simulated device reserves ranges top-down (mmap), so when a stream has
+// more than one segment (rare: the first one's range of 1 1/8 x the card must be used up) a GPU
+// whose driver reserves bottom-up could prefer the other one.
 // Not modelled (as pytorch-policy): record_stream events, garbage collection, memory fractions,
 // roundup_power2_divisions, max_split_size, private pools (off by default or absent from traces).
 
@@ -210,7 +213,8 @@ class PyTorchExpandablePolicy final : public DeviceReplayAllocator {
   static bool Allocatable(const Block* b) { return b != nullptr && !b->allocated; }
 
   // find_expandable_block: the lowest-addressed run of free and unmapped blocks, starting at an
-  // unmapped block or the free block before it, that holds `size`; else a new segment's block.
+  // unmapped block or the free block before it, that holds `size`; else a new segment's block;
+  // nullptr when no segment could hold `size`.
   absl::StatusOr<Block*> FindExpandable(Pool& pool, Stream stream, std::size_t size) {
     Block key{0, 0, stream};
     for (auto it = pool.unmapped.lower_bound(&key); it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
@@ -222,6 +226,10 @@ class PyTorchExpandablePolicy final : public DeviceReplayAllocator {
     }
     const std::size_t capacity = device().capacity();
     const std::size_t pages = (capacity + capacity / 8 + pool.page - 1) / pool.page;
+    // A request larger than a segment's range needs more pages than the card has: PyTorch reserves a
+    // segment for it and fails to map it (an OOM). The OOM is the same without the reservation,
+    // which a replay that goes on after OOMs would otherwise pile up.
+    if (size > pages * pool.page) return nullptr;
     absl::StatusOr<std::uintptr_t> va = device().ReserveAddressRange(pages * pool.page);
     if (!va.ok()) return va.status();
     auto segment = std::make_unique<Segment>(Segment{&pool, *va, pool.page, pages, {}});
@@ -287,6 +295,7 @@ class PyTorchExpandablePolicy final : public DeviceReplayAllocator {
     absl::StatusOr<Block*> found = FindExpandable(pool, stream, size);
     if (!found.ok()) return found.status();
     Block* candidate = *found;
+    if (candidate == nullptr) return nullptr;
     if (!candidate->mapped) {
       absl::StatusOr<bool> ok = MapBlock(candidate, std::min(candidate->size, size));
       if (!ok.ok()) return ok.status();
@@ -329,7 +338,9 @@ class PyTorchExpandablePolicy final : public DeviceReplayAllocator {
   }
 
   // unmap_block: the whole pages inside free `block` go back to the device; the pieces before and
-  // after them stay free blocks, and the unmapped block merges with unmapped neighbours.
+  // after them stay free blocks, and the unmapped block merges with unmapped neighbours. A failed
+  // driver call ends the replay (PyTorch raises); the pages given back by then are forgotten, so
+  // that the destructor does not unmap them again.
   absl::Status UnmapBlock(Block* block) {
     Pool& pool = PoolOf(block);
     Segment& s = *block->segment;

@@ -41,7 +41,8 @@ namespace bucketalloc::harness {
 struct CostModel {
   double malloc_us = 50.0;
   double free_us = 10.0;
-  // One virtual-memory call (create, release, map with its access grant, or unmap of a granule).
+  // One virtual-memory driver call (cuMemCreate, cuMemRelease, cuMemMap of a handle, cuMemSetAccess
+  // of a run, cuMemUnmap, cuMemAddressReserve or cuMemAddressFree).
   double vmm_call_us = 10.0;
 };
 

@@ -9,7 +9,8 @@
 //   - the blocks of a segment, in `prev`/`next` order, tile [base, base + size) exactly:
 //       first->ptr == base, b->next->ptr == b->ptr + b->size, last->ptr + last->size == base + size;
 //   - two neighbours are never both kFree (free neighbours are always coalesced);
-//   - a kFree block is in exactly one free list (a size bin, or its tier's list), others in none;
+//   - a kFree block is in exactly one free list (its stream's size tree, or its tier's list),
+//     others in none;
 //   - active_blocks == number of blocks whose state is not kFree; free_blocks and free_bytes
 //     count and sum the kFree ones;
 //   - a segment is in the release order iff active_blocks == 0;
@@ -41,6 +42,15 @@ enum class BlockState : std::uint8_t {
 };
 
 struct Segment;
+struct Block;
+
+// A block's links in a BlockTree (memory/block_tree.h): its children and its heap priority.
+struct TreeNode {
+  Block* left = nullptr;
+  Block* right = nullptr;
+  std::uint64_t priority = 0;
+  bool linked = false;
+};
 
 struct Block {
   std::uintptr_t ptr = 0;
@@ -49,7 +59,8 @@ struct Block {
   Segment* segment = nullptr;
   Block* prev = nullptr;  // address-order neighbours inside the segment
   Block* next = nullptr;
-  ListNode free_node;            // in a bin or tier free list while kFree
+  ListNode free_node;            // in a tier free list while kFree (a tier segment's block)
+  TreeNode tree_node;            // in its stream's size tree while kFree (other blocks)
   std::uint64_t free_since = 0;  // the pool clock when it was last returned (while kFree)
   BlockState state = BlockState::kFree;
 };

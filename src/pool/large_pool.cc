@@ -20,23 +20,6 @@ namespace {
 
 LargePool::StreamState& StateOf(const Segment* seg) { return *static_cast<LargePool::StreamState*>(seg->owner); }
 
-int NextNonEmpty(const LargePool::StreamState& ss, int from) {
-  if (from >= kNumBins) return -1;
-  for (int w = from >> 6; w < LargePool::kBitmapWords; ++w) {
-    std::uint64_t bits = ss.nonempty[w];
-    if (w == (from >> 6)) bits &= ~std::uint64_t{0} << (from & 63);
-    if (bits != 0) return (w << 6) + std::countr_zero(bits);
-  }
-  return -1;
-}
-
-// The smallest size that falls in bin `bin`.
-std::size_t BinLowerBound(int bin) {
-  const int p = (bin >> kSubBinsLog2) + 9;
-  const std::size_t sub = static_cast<std::size_t>(bin & ((1 << kSubBinsLog2) - 1));
-  return (std::size_t{1} << p) + sub * (std::size_t{1} << (p - kSubBinsLog2));
-}
-
 }  // namespace
 
 LargePool::LargePool(const PoolContext& ctx, LargePoolConfig config)
@@ -88,48 +71,29 @@ inline void LargePool::InsertFree(Block* block) {
     ss.tier_free[seg->tier].PushFront(block);
     return;
   }
-  const int bin = BinOf(block->size);
-  ss.bins[bin].PushFront(block);
-  ss.nonempty[bin >> 6] |= std::uint64_t{1} << (bin & 63);
+  ss.tree.Insert(block);
 }
 
 inline void LargePool::RemoveFree(Block* block) {
   Segment* seg = block->segment;
-  FreeList::Unlink(block);
+  if (seg->tier >= 0) {
+    FreeList::Unlink(block);
+  } else {
+    StateOf(seg).tree.Erase(block);
+  }
   seg->free_blocks -= 1;
   seg->free_bytes -= block->size;
   if (config_.stitching) free_granules_ -= WholeGranules(block);
-  if (seg->tier >= 0) return;
-  StreamState& ss = StateOf(seg);
-  const int bin = BinOf(block->size);
-  if (ss.bins[bin].empty()) ss.nonempty[bin >> 6] &= ~(std::uint64_t{1} << (bin & 63));
 }
 
 Block* LargePool::FindFree(StreamState& ss, std::size_t rounded) {
   // PyTorch's rule: the smallest admissible block, the lowest address among equals (blocks packed
-  // toward the start of their segments coalesce into whole free segments more often). Bins hold 4
-  // sizes per power of two, so the best fit is in the first bin that has an admissible block, and
-  // that bin is read whole: a scan cut short (it once stopped at 32 entries) hands out a block
-  // that is not the best fit, and the layouts drift apart from PyTorch's (on a growth trace,
-  // 0.15% more memory than PyTorch's policy needs).
-  auto better = [](const Block* a, const Block* b) {
-    return b == nullptr || a->size < b->size || (a->size == b->size && a->ptr < b->ptr);
-  };
-  const int first = BinOf(rounded);
-  for (int bin = (ss.bins[first].empty() ? NextNonEmpty(ss, first + 1) : first); bin >= 0;
-       bin = NextNonEmpty(ss, bin + 1)) {
-    const std::size_t lower = BinLowerBound(bin);
-    if (bin > first && lower > config_.max_split_size && lower - rounded > config_.max_non_split_rounding) {
-      return nullptr;  // every block from here on is oversize and too large for this request
-    }
-    Block* best = nullptr;
-    for (Block* b = ss.bins[bin].front(); b != nullptr; b = ss.bins[bin].next(b)) {
-      if (b->size < rounded || !Admissible(b->size, rounded)) continue;
-      if (better(b, best)) best = b;
-    }
-    if (best != nullptr) return best;
-  }
-  return nullptr;
+  // toward the start of their segments coalesce into whole free segments more often), which is the
+  // stream's size tree's lower bound. A larger block than that one is admissible only if it is,
+  // so a miss there is a miss. (Binned lists scanned at most 32 entries deep once handed out blocks
+  // that were not the best fit; read whole, a bin of thousands of equal blocks cost microseconds.)
+  Block* best = ss.tree.LowerBound(rounded);
+  return best != nullptr && Admissible(best->size, rounded) ? best : nullptr;
 }
 
 Block* LargePool::FindAndTake(StreamState& ss, const Request& r) {
@@ -335,7 +299,9 @@ std::size_t LargePool::largest_free_block() const {
 void LargePool::AddFragmentation(FragmentationReport* report) const {
   PoolFragmentation& out = report->pools[config_.index];
   std::vector<TierUsage>& tiers = report->tiers;
-  if (num_tiers() > 0) {  // the tiers are the large pool's; a pool without them leaves the report's alone
+  // The device's large pool and every private pool's share the tiers: the first sizes the list,
+  // each adds its counts (a pool without tiers, the packed small pool, leaves it alone).
+  if (num_tiers() > 0 && tiers.size() != config_.tiers.size()) {
     tiers.assign(config_.tiers.size(), TierUsage{});
     for (std::size_t t = 0; t < config_.tiers.size(); ++t)
       tiers[t].tier_bytes = static_cast<std::int64_t>(config_.tiers[t]);
@@ -405,19 +371,20 @@ absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
       if (b->next != nullptr && b->next->prev != b) return fail(seg, "broken neighbour links");
       expect += b->size;
       if (b->state == BlockState::kUnmapped) {
-        if (b->free_node.linked()) return fail(seg, "a hole is in a free list");
+        if (b->free_node.linked() || b->tree_node.linked) return fail(seg, "a hole is in a free list");
         if (b->next != nullptr && b->next->state == BlockState::kUnmapped) return fail(seg, "two neighbouring holes");
       } else if (b->state == BlockState::kFree) {
         ++seg_free;
         seg_free_bytes += b->size;
         if (config_.stitching) whole += WholeGranules(b);
-        if (!b->free_node.linked()) return fail(seg, "a free block is in no free list");
+        if (b->free_node.linked() == b->tree_node.linked)
+          return fail(seg, "a free block is not in exactly one free list");
         if (b->next != nullptr && b->next->state == BlockState::kFree) {
           return fail(seg, "two neighbouring free blocks were not coalesced");
         }
       } else {
         ++seg_active;
-        if (b->free_node.linked()) return fail(seg, "an active block is in a free list");
+        if (b->free_node.linked() || b->tree_node.linked) return fail(seg, "an active block is in a free list");
       }
     }
     if (expect != seg->base + seg->size) return fail(seg, "its blocks do not reach its end");
@@ -458,18 +425,16 @@ absl::Status LargePool::CheckHandle(Handle h, bool live) const {
 }
 
 absl::Status LargePool::CheckStreamState(const StreamState& ss) const {
-  for (int bin = 0; bin < kNumBins; ++bin) {
-    const bool bit = (ss.nonempty[bin >> 6] >> (bin & 63)) & 1;
-    if (bit == ss.bins[bin].empty()) {
-      return absl::InternalError(absl::StrCat("large pool: bitmap bit of bin ", bin, " is wrong"));
+  if (const char* error = ss.tree.Check(); error != nullptr)
+    return absl::InternalError(absl::StrCat("large pool: ", error));
+  absl::Status status;
+  ss.tree.ForEach([&](const Block* b) {
+    if (status.ok() && (b->state != BlockState::kFree || b->segment->tier >= 0 || b->segment->owner != &ss)) {
+      status = absl::InternalError(
+          absl::StrCat("large pool: the size tree holds a block of size ", b->size, " that does not belong there"));
     }
-    for (const Block* b = ss.bins[bin].front(); b != nullptr; b = ss.bins[bin].next(b)) {
-      if (b->state != BlockState::kFree || BinOf(b->size) != bin || b->segment->tier >= 0 || b->segment->owner != &ss) {
-        return absl::InternalError(
-            absl::StrCat("large pool: bin ", bin, " holds a block of size ", b->size, " that does not belong there"));
-      }
-    }
-  }
+  });
+  if (!status.ok()) return status;
   for (std::size_t t = 0; t < num_tiers(); ++t) {
     for (const Block* b = ss.tier_free[t].front(); b != nullptr; b = ss.tier_free[t].next(b)) {
       if (b->state != BlockState::kFree || b->segment->tier != static_cast<int>(t)) {

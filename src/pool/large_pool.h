@@ -5,8 +5,8 @@
 //     free list (a tier block is a whole segment, never split or merged), so a freed block is
 //     reused in O(1) by the next request of its tier;
 //   - other sizes: PyTorch's rounding, then PyTorch's best fit (the smallest admissible block, the
-//     lowest address among equals) found in free lists binned 4 per power of two (the first bin
-//     that has a fit is read whole); a block of at
+//     lowest address among equals) found in O(log n) in the stream's size tree
+//     (memory/block_tree.h); a block of at
 //     most max_split_size is split when the remainder exceeds keep_remainder; larger blocks serve
 //     only requests within max_non_split_rounding of their size; free neighbours coalesce;
 //   - the release order of wholly free segments (oldest first) for GC and release-and-retry.
@@ -43,6 +43,7 @@
 #include "internal/bits.h"
 #include "internal/intrusive_list.h"
 #include "internal/object_pool.h"
+#include "memory/block_tree.h"
 #include "memory/segment.h"
 #include "memory/size_classes.h"
 #include "pool/memory_source.h"
@@ -78,7 +79,6 @@ class LargePool {
  public:
   static constexpr PoolIndex kIndex = kLargePool;
   using FreeList = IntrusiveList<Block, &Block::free_node>;
-  static constexpr int kBitmapWords = (kNumBins + 63) / 64;
 
   struct Request {
     std::size_t rounded = 0;  // the block size to hand out
@@ -90,8 +90,7 @@ class LargePool {
   // The free lists of one stream.
   struct StreamState {
     explicit StreamState(const LargePool& pool) : tier_free(new FreeList[pool.num_tiers()]) {}
-    std::array<FreeList, kNumBins> bins;
-    std::array<std::uint64_t, kBitmapWords> nonempty{};  // bit b set iff bins[b] is non-empty
+    BlockTree tree;  // the free blocks of non-tier segments, by (size, address)
     std::unique_ptr<FreeList[]> tier_free;
   };
 
@@ -127,14 +126,14 @@ class LargePool {
     return {tier >= 0 ? tier_bytes(tier) : RoundSize(size), tier};
   }
   // Fast path: a cached block for the request (a tier request: a block of that tier), or nullopt:
-  // PyTorch's best fit, found in the first bin that has one (read whole). The block returned is
-  // kAllocated and counted active.
+  // PyTorch's best fit, the stream's size tree's lower bound. The block returned is kAllocated and
+  // counted active.
   std::optional<Handle> TryAllocate(StreamState& ss, const Request& r) {
     Block* b = FindAndTake(ss, r);
     if (b == nullptr) return std::nullopt;
     return Handle{b};
   }
-  // Slow path: a cached block after a scan of whole bins; else a new segment (the preferred size,
+  // Slow path: a cached block (looked up again); else a new segment (the preferred size,
   // then just the request rounded to the granularity), which serves the request it was made for;
   // else, with stitching, a stitch (pool/stitcher.h). ResourceExhausted names every failure.
   absl::StatusOr<Handle> Serve(StreamState& ss, Stream stream, const Request& r, Served* served);
@@ -171,8 +170,8 @@ class LargePool {
   void Describe(std::vector<SpanView>* spans) const;
   InactiveSplit inactive_split() const;
   absl::Status CheckInvariants(std::int64_t active_blocks) const;
-  // Checks that every list of `ss` holds only free blocks of its bin or tier and that the bitmap
-  // matches the bins.
+  // Checks that the size tree of `ss` is ordered and a heap and holds only free blocks of its
+  // stream's non-tier segments, and that each tier list holds only free blocks of its tier.
   absl::Status CheckStreamState(const StreamState& ss) const;
 
   // Allocates a segment of `bytes` (>= rounded; a tier segment when tier >= 0) from the backing

@@ -165,6 +165,24 @@ TEST(TierTest, TierRequestsFallBackToTheirExactSizeBeforeOom) {
   ASSERT_TRUE(a->Free(q).ok());
 }
 
+// A private pool's tier blocks count with the device's: the report once kept only the last pool's.
+TEST(TierTest, TierUsageAddsUpThePrivatePoolsAndTheDevicesOwn) {
+  auto a = MakeAllocator("tiers:[64MiB]");
+  void* own = *a->Allocate(40 * kMiB);
+  const Stream s = TestStream(1);
+  SimBackend* sim = AsSim(*a->backend(0));
+  ASSERT_TRUE(a->BeginCapture(0, GraphPoolId{0, 7}, [s](Stream x) { return x == s; }).ok());
+  sim->SetCapturing(s, true);
+  void* captured = *a->Allocate(50 * kMiB, 0, s);
+  sim->SetCapturing(s, false);
+  ASSERT_TRUE(a->EndCapture(0, GraphPoolId{0, 7}).ok());
+  FragmentationReport f = *a->GetFragmentation(0);
+  ASSERT_EQ(f.tiers.size(), 1u);
+  EXPECT_EQ(f.tiers[0].in_use, 2) << "the device's tier block and the private pool's";
+  for (void* p : {own, captured}) ASSERT_TRUE(a->Free(p).ok());
+  ASSERT_TRUE(a->ReleasePool(0, GraphPoolId{0, 7}).ok());
+}
+
 TEST(CapTest, MemoryFractionLowersTheCap) {
   auto a = MakeAllocator("sim_total_memory:128MiB");
   ASSERT_TRUE(a->SetMemoryFraction(0.25, 0).ok());

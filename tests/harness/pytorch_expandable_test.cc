@@ -193,6 +193,15 @@ TEST(PyTorchExpandableTest, TheLargePageIsAnEvenNumberOfMiB) {
   }
 }
 
+// A request larger than a segment's range (1 1/8 x the card) is an OOM without a reservation, so a
+// replay that goes on after such OOMs does not pile up address ranges.
+TEST(PyTorchExpandableTest, ARequestLargerThanASegmentsRangeIsAnOomWithoutAReservation) {
+  auto a = Make("pytorch-expandable", 64 * kMiB);  // ranges of 4 pages of 20 MiB
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(absl::IsResourceExhausted(a->Allocate(81 * kMiB, S(0)).status()));
+  EXPECT_EQ(a->backend_counters().address_reserves, 0);
+  EXPECT_TRUE(a->Allocate(60 * kMiB, S(0)).ok()) << "what fits is still served";
+}
+
 TEST(PyTorchExpandableTest, FreeOfAnUnknownPointerIsRefused) {
   auto a = Make("pytorch-expandable", 64 * kMiB);
   void* x = *a->Allocate(kMiB, S(0));
