@@ -2,8 +2,8 @@
 // a pool handed out (layer L4).
 //
 // Owns: `Pools`, the pools of one device (small: slabs and packed; large) with the routing rule (a
-// request goes to the first pool whose limit it is within) and the means to run one piece of code over every pool
-// (ForEach) or over the pool of a handle (Visit); `StreamPools`, every pool's free lists of one
+// request goes to the first pool whose limit it is within) and the means to run one piece of code
+// over every pool (ForEach) or over the pool of a handle (Visit); `StreamPools`, every pool's free lists of one
 // stream; `PoolHandle`, a block of any pool (typed: the pool it came from is its type);
 // `LiveEntry`, one live or pending allocation.
 // Adding a pool: its files (pool/); here its member, its routing rule, its place in ForEach and
@@ -139,7 +139,7 @@ class Pools {
     if constexpr (std::is_same_v<H, SmallPool::Handle>) {
       return small();
     } else if constexpr (std::is_same_v<H, PackedPool::Handle>) {
-      return (packed_);
+      return packed_;
     } else {
       return large();
     }
@@ -149,7 +149,7 @@ class Pools {
     if constexpr (std::is_same_v<H, SmallPool::Handle>) {
       return small();
     } else if constexpr (std::is_same_v<H, PackedPool::Handle>) {
-      return (packed_);
+      return packed_;
     } else {
       return large();
     }

@@ -28,7 +28,6 @@ namespace bucketalloc::internal {
 
 class BlockTree {
  public:
-  bool empty() const { return root_ == nullptr; }
   std::size_t size() const { return size_; }
 
   void Insert(Block* block) {

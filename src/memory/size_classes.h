@@ -1,10 +1,8 @@
-// src/memory/size_classes.h — size classes of the small pool, size bins of the large pool, and
-// PyTorch-compatible rounding (layer L2).
+// src/memory/size_classes.h — size classes of the small pool's slabs and PyTorch-compatible
+// rounding (layer L2).
 //
 // Owns: the mapping from a request size to
 //   - a small-pool class (38 classes from 512 B to 1 MiB, each packed into 2 MiB slabs);
-//   - a large-pool bin (4 bins per power of two; free blocks are binned by size so a fit is found
-//     without a sorted tree);
 //   - the rounded size of a large request (PyTorch's round_size, with roundup_power2_divisions).
 // Worst-case waste of the small classes (rounding plus the slab tail) is computed by
 // SmallSizeClasses::WorstCaseWaste() and checked by its test; see docs/architecture.md.
@@ -54,19 +52,6 @@ class SmallSizeClasses {
   static const std::array<std::size_t, kNumClasses> kClassSize;
   static const std::array<std::uint8_t, kMaxSmallSize / kMinBlockSize + 1> kClassOfUnit;
 };
-
-// Free-block bins of the large pool: 4 per power of two from 512 B; bin b holds blocks whose size
-// s has BinOf(s) == b, and every block in a bin above BinOf(r) is larger than r.
-inline constexpr int kSubBinsLog2 = 2;
-inline constexpr int kNumBins = (47 - 9 + 1) << kSubBinsLog2;
-
-inline int BinOf(std::size_t size) {
-  const int p = Log2Floor(size);
-  if (p < 9) return 0;
-  const int sub = static_cast<int>((size >> (p - kSubBinsLog2)) & ((1 << kSubBinsLog2) - 1));
-  const int bin = ((p - 9) << kSubBinsLog2) + sub;
-  return bin < kNumBins ? bin : kNumBins - 1;
-}
 
 // PyTorch's round_size for the large pool: 512-byte multiples, or the next 1/div step of the
 // power-of-two interval when roundup_power2_divisions gives div > 1 for that interval.

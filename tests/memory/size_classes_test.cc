@@ -46,19 +46,6 @@ TEST(SmallSizeClassesTest, WorstCaseWasteIsBounded) {
   EXPECT_LT(worst_above, 0.34);  // the 699 KiB -> 1 MiB step dominates: 2 blocks per slab either way
 }
 
-TEST(BinsTest, BinsAreMonotoneAndHigherBinsFit) {
-  int prev = 0;
-  for (std::size_t s = 512; s < (std::size_t{1} << 40); s = s * 9 / 8 + 1) {
-    const int b = BinOf(s);
-    EXPECT_GE(b, prev);
-    EXPECT_LT(b, kNumBins);
-    prev = b;
-  }
-  // Every size in a higher bin is larger than every size of a lower bin.
-  EXPECT_LT(BinOf(3 * kMiB), BinOf(3 * kMiB + kMiB));
-  EXPECT_EQ(BinOf(2 * kMiB), BinOf(2 * kMiB + 1));
-}
-
 TEST(RoundLargeSizeTest, MatchesPyTorch) {
   const std::vector<std::uint32_t> none(16, 0);
   EXPECT_EQ(RoundLargeSize(1, none), 512u);
