@@ -112,48 +112,68 @@ class VmmBackend final : public CudaBackend {
     return absl::OkStatus();
   }
 
-  // cuMemMap of each handle (whole, `handle_bytes`), then one cuMemSetAccess over what was mapped
-  // (a new mapping is inaccessible until then: cuda.h, cuMemMap "does not make the address
-  // accessible").
-  absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t handle_bytes,
-                      std::size_t* mapped) override {
+  // cuMemMap of each piece (its handle whole, from offset 0: cuda.h cuMemMap "offset ... Note:
+  // currently must be zero"), then one cuMemSetAccess over what was mapped (a new mapping is
+  // inaccessible until then: cuda.h, cuMemMap "does not make the address accessible").
+  absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) override {
     *mapped = 0;
-    if (!IsGranuleMultiple(handle_bytes)) {
-      return Refuse(absl::StrCat("cuMemMap(", Hex(va), ", ", handle_bytes, " bytes)"),
-                    "handles of a positive multiple of the granularity");
+    for (const PhysicalPiece& p : pieces) {
+      if (!IsGranuleMultiple(p.bytes)) {
+        return Refuse(absl::StrCat("cuMemMap(", Hex(va), ", ", p.bytes, " bytes)"),
+                      "handles of a positive multiple of the granularity");
+      }
     }
     ScopedContext ctx(driver_, device());
     if (absl::Status status = ctx.Enter("cuMemMap"); !status.ok()) return status;
     RelaxedCaptureMode relaxed(driver_);  // growth during a capture, as PyTorch grows
     absl::Status map_error;
-    std::size_t n = 0;
-    for (; n < handles.size(); ++n) {
-      const std::uintptr_t at = va + n * handle_bytes;
-      if (CUresult error = driver_.MemMap(at, handle_bytes, /*offset=*/0, handles[n], /*flags=*/0);
+    std::size_t n = 0, bytes = 0;
+    for (; n < pieces.size(); ++n) {
+      const std::uintptr_t at = va + bytes;
+      if (CUresult error = driver_.MemMap(at, pieces[n].bytes, /*offset=*/0, pieces[n].handle, /*flags=*/0);
           error != CUDA_SUCCESS) {
         map_error = CuError(
-            absl::StrCat("cuMemMap(", Hex(at), ", ", handle_bytes, " bytes, handle ", Hex(handles[n]), ")"), error);
+            absl::StrCat("cuMemMap(", Hex(at), ", ", pieces[n].bytes, " bytes, handle ", Hex(pieces[n].handle), ")"),
+            error);
         break;
       }
+      bytes += pieces[n].bytes;
     }
     if (n == 0) return map_error;
-    const std::size_t bytes = n * handle_bytes;
+    Count(&BackendCounters::maps, static_cast<std::int64_t>(n));
     if (CUresult error = driver_.MemSetAccess(va, bytes, access_.data(), access_.size()); error != CUDA_SUCCESS) {
-      for (std::size_t i = 0; i < n; ++i) driver_.MemUnmap(va + i * handle_bytes, handle_bytes);
-      return CuError(absl::StrCat("cuMemSetAccess(", Hex(va), ", ", bytes, " bytes, read-write for ", access_.size(),
-                                  " device(s)) after cuMemMap (unmapped again)"),
-                     error);
+      const absl::Status access_error =
+          CuError(absl::StrCat("cuMemSetAccess(", Hex(va), ", ", bytes, " bytes, read-write for ", access_.size(),
+                               " device(s)) after cuMemMap"),
+                  error);
+      // Unmapped again: one call for the run (cuMemUnmap takes whole mappings side by side), else
+      // piece by piece. A piece that stays mapped leaves its range unusable: DataLoss tells the
+      // caller not to map there again.
+      if (driver_.MemUnmap(va, bytes) == CUDA_SUCCESS) {
+        Count(&BackendCounters::unmaps);
+        return access_error;
+      }
+      std::size_t stuck = 0;
+      for (std::size_t i = 0, at = va; i < n; at += pieces[i].bytes, ++i) {
+        if (driver_.MemUnmap(at, pieces[i].bytes) == CUDA_SUCCESS) {
+          Count(&BackendCounters::unmaps);
+        } else {
+          ++stuck;
+        }
+      }
+      if (stuck == 0) return access_error;
+      return absl::DataLossError(absl::StrCat(access_error.message(), "; ", stuck, " of ", n,
+                                              " pieces could not be unmapped again: the range stays mapped"));
     }
     *mapped = n;
-    Count(&BackendCounters::maps, static_cast<std::int64_t>(n));
     Count(&BackendCounters::access_grants);
     return map_error;
   }
 
   absl::Status Map(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle) override {
-    const PhysicalHandle one[] = {handle};
+    const PhysicalPiece one[] = {{handle, bytes}};
     std::size_t mapped = 0;
-    return MapRun(va, one, bytes, &mapped);
+    return MapRun(va, one, &mapped);
   }
 
   absl::Status Unmap(std::uintptr_t va, std::size_t bytes) override {

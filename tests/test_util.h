@@ -133,31 +133,60 @@ class FakeSource : public internal::MemorySource {
     EXPECT_TRUE(m == mapped_.end() || m->first >= va + bytes) << "a released range is still mapped";
     ranges_.erase(va);
   }
-  absl::StatusOr<PhysicalHandle> CreateGranule() override {
-    if (used_ + kGranule > limit_) return absl::ResourceExhaustedError("fake source: limit");
-    used_ += kGranule;
-    stats_->Increase(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(kGranule));
-    handles_.insert(next_handle_);
+  void AbandonRange(std::uintptr_t va, std::size_t) override {
+    ranges_.erase(va);
+    ++abandoned_ranges;
+  }
+  absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes) override {
+    EXPECT_TRUE(bytes > 0 && bytes % kGranule == 0) << "a physical allocation of " << bytes << " bytes";
+    if (used_ + bytes > limit_) return absl::ResourceExhaustedError("fake source: limit");
+    used_ += bytes;
+    stats_->Increase(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(bytes));
+    handles_.emplace(next_handle_, bytes);
+    ++creates;
     return next_handle_++;
   }
-  bool ReleaseGranule(PhysicalHandle handle) override {
+  bool ReleasePhysical(const PhysicalPiece& piece) override {
     if (fail_release_in > 0 && --fail_release_in == 0) return false;
-    EXPECT_EQ(handles_.erase(handle), 1u);
-    used_ -= kGranule;
-    stats_->Decrease(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(kGranule));
+    auto it = handles_.find(piece.handle);
+    EXPECT_TRUE(it != handles_.end() && it->second == piece.bytes) << "releasing an unknown handle or a wrong size";
+    if (it != handles_.end()) handles_.erase(it);
+    used_ -= piece.bytes;
+    stats_->Decrease(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(piece.bytes));
     return true;
   }
-  absl::Status MapGranules(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t* mapped) override {
-    for (*mapped = 0; *mapped < handles.size(); ++*mapped) {
-      if (fail_map_in > 0 && --fail_map_in == 0) return absl::InternalError("fake source: injected map failure");
-      EXPECT_TRUE(handles_.contains(handles[*mapped]));
-      EXPECT_TRUE(mapped_.emplace(va + *mapped * kGranule, handles[*mapped]).second) << "a granule mapped twice";
+  absl::Status MapPieces(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) override {
+    for (*mapped = 0; *mapped < pieces.size(); ++*mapped) {
+      if (fail_map_in > 0 && --fail_map_in == 0) {
+        // The mapped prefix, as a backend that could not make it accessible and could not unmap it
+        // either: it stays mapped, and nothing counts as mapped.
+        if (map_failure_is_data_loss) {
+          abandoned_mappings += *mapped;
+          *mapped = 0;
+          return absl::DataLossError("fake source: injected map failure that could not be undone");
+        }
+        return absl::InternalError("fake source: injected map failure");
+      }
+      auto h = handles_.find(pieces[*mapped].handle);
+      EXPECT_TRUE(h != handles_.end() && h->second == pieces[*mapped].bytes) << "mapping a handle not whole";
+      EXPECT_TRUE(mapped_.emplace(va, pieces[*mapped]).second) << "a piece mapped twice";
+      va += pieces[*mapped].bytes;
+      ++maps;
     }
     return absl::OkStatus();
   }
-  absl::Status UnmapGranule(std::uintptr_t va) override {
+  // One call for whole pieces side by side, as cuMemUnmap takes them.
+  absl::Status Unmap(std::uintptr_t va, std::size_t bytes) override {
     if (fail_unmap_in > 0 && --fail_unmap_in == 0) return absl::InternalError("fake source: injected unmap failure");
-    EXPECT_EQ(mapped_.erase(va), 1u);
+    for (std::uintptr_t at = va; at < va + bytes;) {
+      auto it = mapped_.find(at);
+      EXPECT_TRUE(it != mapped_.end()) << "unmapping at " << at << ", where no piece starts";
+      if (it == mapped_.end()) break;
+      at += it->second.bytes;
+      EXPECT_LE(at, va + bytes) << "an unmap cuts a piece";
+      mapped_.erase(it);
+    }
+    ++unmaps;
     return absl::OkStatus();
   }
   absl::Status SynchronizeStream(Stream stream) override {
@@ -167,19 +196,26 @@ class FakeSource : public internal::MemorySource {
   std::size_t Headroom() const override { return limit_ > used_ ? limit_ - used_ : 0; }
 
   std::size_t used() const { return used_; }
-  std::size_t granules() const { return handles_.size(); }
+  // Physical allocations that exist, and pieces mapped.
+  std::size_t handles() const { return handles_.size(); }
   std::size_t mapped() const { return mapped_.size(); }
-  // The handle mapped at `va`, or 0.
+  // The handle of the piece mapped at `va`, or 0.
   PhysicalHandle HandleAt(std::uintptr_t va) const {
     auto it = mapped_.find(va);
-    return it == mapped_.end() ? 0 : it->second;
+    return it == mapped_.end() ? 0 : it->second.handle;
   }
   static constexpr std::size_t kGranule = std::size_t{2} << 20;
   int allocs = 0;
   int frees = 0;
-  int fail_map_in = 0;              // > 0: the Nth map from now fails
+  int creates = 0;  // physical allocations created, pieces mapped, unmap calls
+  int maps = 0;
+  int unmaps = 0;
+  int fail_map_in = 0;                    // > 0: the Nth map from now fails
+  bool map_failure_is_data_loss = false;  // ... with DataLoss: what it mapped stays mapped
+  int abandoned_ranges = 0;
+  std::size_t abandoned_mappings = 0;
   int fail_unmap_in = 0;            // > 0: the Nth unmap from now fails
-  int fail_release_in = 0;          // > 0: the Nth granule release from now is refused
+  int fail_release_in = 0;          // > 0: the Nth physical release from now is refused
   int fail_segment_release_in = 0;  // > 0: the Nth segment release from now is refused
   std::vector<Stream> synced;
 
@@ -190,8 +226,8 @@ class FakeSource : public internal::MemorySource {
   std::uintptr_t next_ = std::uintptr_t{1} << 40;
   std::map<std::uintptr_t, std::size_t> live_;
   std::map<std::uintptr_t, std::size_t> ranges_;
-  std::map<std::uintptr_t, PhysicalHandle> mapped_;
-  std::set<PhysicalHandle> handles_;
+  std::map<std::uintptr_t, PhysicalPiece> mapped_;
+  std::map<PhysicalHandle, std::size_t> handles_;  // -> bytes
   PhysicalHandle next_handle_ = 1;
 };
 

@@ -62,9 +62,14 @@ inline bool IsPseudoStream(Stream s) {
 
 // A backend event recorded on a stream; opaque, owned by the backend that made it.
 using Event = void*;
-// A physical memory granule (virtual-memory backends only); opaque, never 0 (the allocator uses 0
-// for "no granule").
+// A physical memory allocation (virtual-memory backends only: cuMemCreate), of any multiple of the
+// granularity; opaque, never 0 (the allocator uses 0 for "none").
 using PhysicalHandle = std::uint64_t;
+// A physical allocation and its size: mapped whole, it is one piece of an address range.
+struct PhysicalPiece {
+  PhysicalHandle handle = 0;
+  std::size_t bytes = 0;
+};
 
 // The BUCKETALLOC_CONF keys a backend owns (e.g. the simulated device's sim_total_memory), as
 // text: key -> value. The option table validates them against the backend's own option rows; a
@@ -154,20 +159,21 @@ class Backend {
   virtual absl::StatusOr<std::uintptr_t> ReserveAddressRange(std::size_t bytes, std::size_t alignment);
   // Releases a range from ReserveAddressRange (nothing may be mapped in it).
   virtual absl::Status ReleaseAddressRange(std::uintptr_t va, std::size_t bytes);
-  // Creates a physical granule of `bytes` (a multiple of Granularity()).
+  // Creates a physical allocation of `bytes` (a positive multiple of Granularity()).
   virtual absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes);
-  // Releases a physical granule (it must no longer be mapped).
+  // Releases a physical allocation (it must no longer be mapped).
   virtual absl::Status ReleasePhysical(PhysicalHandle handle);
-  // Maps `handle` at `va` (inside a reserved range) and makes it accessible to the device.
+  // Maps `handle` (whole, `bytes`) at `va` (inside a reserved range) and makes it accessible.
   virtual absl::Status Map(std::uintptr_t va, std::size_t bytes, PhysicalHandle handle);
-  // Maps `handles` (each of `handle_bytes`, a multiple of the granularity, mapped whole) one after
-  // another from `va` and makes them accessible, stopping at the first failure: `*mapped` is then
-  // the number of handles that stay mapped and accessible (a prefix), and the error is returned.
-  // The default maps handle by handle with Map; the sim and vmm backends grant access once for the
-  // run (one cuMemMap per handle, then one cuMemSetAccess, as PyTorch's expandable segments do).
-  virtual absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t handle_bytes,
-                              std::size_t* mapped);
-  // Unmaps `[va, va + bytes)`.
+  // Maps `pieces` (each handle whole, from offset 0: cuda.h's cuMemMap takes no other offset) one
+  // after another from `va` and makes them accessible, stopping at the first failure: `*mapped` is
+  // then the number of pieces that stay mapped and accessible (a prefix), and the error is returned;
+  // DataLoss when pieces that could not be made accessible could not be unmapped either (the range
+  // must not be mapped again).
+  // The default maps piece by piece with Map; the sim and vmm backends grant access once for the
+  // run (one cuMemMap per piece, then one cuMemSetAccess, as PyTorch's expandable segments do).
+  virtual absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped);
+  // Unmaps `[va, va + bytes)`: one or more whole mappings side by side (one cuMemUnmap).
   virtual absl::Status Unmap(std::uintptr_t va, std::size_t bytes);
 
   // Returns the counters (a copy).

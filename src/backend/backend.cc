@@ -24,10 +24,10 @@ absl::Status Backend::ReleasePhysical(PhysicalHandle) { return NoVirtualMemory(*
 absl::Status Backend::Map(std::uintptr_t, std::size_t, PhysicalHandle) { return NoVirtualMemory(*this, "Map"); }
 absl::Status Backend::Unmap(std::uintptr_t, std::size_t) { return NoVirtualMemory(*this, "Unmap"); }
 
-absl::Status Backend::MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t handle_bytes,
-                             std::size_t* mapped) {
-  for (*mapped = 0; *mapped < handles.size(); ++*mapped) {
-    if (absl::Status s = Map(va + *mapped * handle_bytes, handle_bytes, handles[*mapped]); !s.ok()) return s;
+absl::Status Backend::MapRun(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) {
+  for (*mapped = 0; *mapped < pieces.size(); ++*mapped) {
+    if (absl::Status s = Map(va, pieces[*mapped].bytes, pieces[*mapped].handle); !s.ok()) return s;
+    va += pieces[*mapped].bytes;
   }
   return absl::OkStatus();
 }

@@ -6,11 +6,11 @@
 // Backed mode makes the carved pages readable and writable (real host memory, touched lazily);
 // unbacked mode leaves them PROT_NONE, so a 141 GB card can be simulated on a 24 GB machine.
 // Virtual memory (the twin of CUDA's VMM API, see backend.h): reserved ranges are PROT_NONE
-// mappings of their own; physical allocations are ranges of one memfd, first-fit by offset (backed
-// mode; with handles of mixed sizes the offsets can fragment, which a GPU's memory does not;
-// unbacked, physical memory is a byte count only and never fragments); Map is
-// mmap(MAP_SHARED | MAP_FIXED) of the memfd range over the reservation (backed mode), Unmap maps
-// PROT_NONE anonymous memory back over it, and ReleasePhysical punches the pages out of the memfd.
+// mappings of their own; a physical allocation is a list of ranges of one memfd, taken first-fit by
+// offset (backed mode: like a GPU's memory, physical memory never fragments, whatever the sizes of
+// the handles; unbacked, it is a byte count only); Map is mmap(MAP_SHARED | MAP_FIXED) of each of
+// its memfd ranges over the reservation, side by side (backed mode), Unmap maps PROT_NONE anonymous
+// memory back over it, and ReleasePhysical punches the pages out of the memfd.
 // Thread-safety: every method takes the backend's own mutex.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -28,6 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backend/registry.h"
@@ -196,26 +197,36 @@ class SimBackendImpl final : public SimBackend {
     // serves any physical allocation that fits in what is free, whatever the sizes before it.
     if (options_.memory == SimMemoryMode::kUnbacked) {
       const PhysicalHandle handle = next_handle_++;
-      physical_.emplace(handle, Physical{0, bytes, 0});
+      physical_.emplace(handle, Physical{{}, bytes, 0});
       used_ += bytes;
       ++counters_.physical_creates;
       return handle;
     }
-    // Backed, physical memory is a range of the memfd (of the device's size), first fit by offset;
-    // with handles of one size a fit always exists.
-    for (auto it = physical_free_.begin(); it != physical_free_.end(); ++it) {
-      if (it->second < bytes) continue;
-      const std::size_t offset = it->first, len = it->second;
+    // Backed, physical memory is ranges of the memfd (of the device's size), the lowest offsets
+    // first: CheckGrowth kept `bytes` within the free bytes, which the free ranges hold in all.
+    Physical p{{}, bytes, 0};
+    for (std::size_t need = bytes; need > 0;) {
+      if (physical_free_.empty()) {  // unreachable: the free ranges hold every byte not created
+        for (const Extent& e : p.extents) InsertRange(physical_free_, e.offset, e.bytes);
+        ++counters_.failed_physical_creates;
+        return absl::InternalError("sim backend: the physical memory's free ranges are short of its free bytes");
+      }
+      auto it = physical_free_.begin();
+      const std::size_t offset = it->first, take = std::min(it->second, need);
+      if (take < it->second) physical_free_.emplace(offset + take, it->second - take);
       physical_free_.erase(it);
-      if (len > bytes) physical_free_.emplace(offset + bytes, len - bytes);
-      const PhysicalHandle handle = next_handle_++;
-      physical_.emplace(handle, Physical{offset, bytes, 0});
-      used_ += bytes;
-      ++counters_.physical_creates;
-      return handle;
+      if (!p.extents.empty() && p.extents.back().offset + p.extents.back().bytes == offset) {
+        p.extents.back().bytes += take;
+      } else {
+        p.extents.push_back({offset, take});
+      }
+      need -= take;
     }
-    ++counters_.failed_physical_creates;
-    return absl::ResourceExhaustedError("sim backend: physical memory fragmented beyond the device's size");
+    const PhysicalHandle handle = next_handle_++;
+    physical_.emplace(handle, std::move(p));
+    used_ += bytes;
+    ++counters_.physical_creates;
+    return handle;
   }
 
   absl::Status ReleasePhysical(PhysicalHandle handle) override {
@@ -228,13 +239,15 @@ class SimBackendImpl final : public SimBackend {
       return absl::FailedPreconditionError(
           absl::StrCat("sim backend: ReleasePhysical(", handle, "): still mapped ", it->second.mappings, " time(s)"));
     }
-    const Physical p = it->second;
+    const Physical p = std::move(it->second);
     physical_.erase(it);
-    if (memfd_ >= 0) {  // the pages go back to the host; a later CreatePhysical reads zeros
-      fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(p.offset),
-                static_cast<off_t>(p.bytes));
+    for (const Extent& e : p.extents) {
+      if (memfd_ >= 0) {  // the pages go back to the host; a later CreatePhysical reads zeros
+        fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(e.offset),
+                  static_cast<off_t>(e.bytes));
+      }
+      InsertRange(physical_free_, e.offset, e.bytes);
     }
-    if (options_.memory == SimMemoryMode::kBacked) InsertRange(physical_free_, p.offset, p.bytes);
     used_ -= p.bytes;
     ++counters_.physical_releases;
     return absl::OkStatus();
@@ -249,13 +262,13 @@ class SimBackendImpl final : public SimBackend {
     return s;
   }
 
-  absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t handle_bytes,
-                      std::size_t* mapped) override {
+  absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) override {
     std::lock_guard<std::mutex> lock(mu_);
     absl::Status s;
-    for (*mapped = 0; *mapped < handles.size(); ++*mapped) {
-      s = MapLocked(va + *mapped * handle_bytes, handle_bytes, handles[*mapped]);
+    for (*mapped = 0; *mapped < pieces.size(); ++*mapped) {
+      s = MapLocked(va, pieces[*mapped].bytes, pieces[*mapped].handle);
       if (!s.ok()) break;
+      va += pieces[*mapped].bytes;
     }
     if (*mapped > 0) ++counters_.access_grants;
     return s;
@@ -282,10 +295,11 @@ class SimBackendImpl final : public SimBackend {
     if (fail_nth_map_ != 0 && map_calls_ == fail_nth_map_) {
       return absl::ResourceExhaustedError(absl::StrCat("sim backend: injected Map failure (call ", map_calls_, ")"));
     }
-    if (options_.memory == SimMemoryMode::kBacked &&
-        mmap(reinterpret_cast<void*>(va), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd_,
-             static_cast<off_t>(p->second.offset)) == MAP_FAILED) {
-      return absl::ResourceExhaustedError(absl::StrCat("sim backend: mmap failed: ", std::strerror(errno)));
+    if (options_.memory == SimMemoryMode::kBacked && !MapExtents(va, p->second, memfd_)) {
+      const int error = errno;
+      mmap(reinterpret_cast<void*>(va), bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+           0);
+      return absl::ResourceExhaustedError(absl::StrCat("sim backend: mmap failed: ", std::strerror(error)));
     }
     mappings_.emplace(va, Mapping{bytes, handle});
     ++p->second.mappings;
@@ -563,20 +577,21 @@ class SimBackendImpl final : public SimBackend {
     if (fd < 0) return failed("create a memfd");
     std::vector<char> buffer(std::size_t{1} << 20);
     for (const auto& [handle, p] : physical_) {
-      for (std::size_t done = 0; done < p.bytes;) {
-        const std::size_t n = std::min(buffer.size(), p.bytes - done);
-        const auto at = static_cast<off_t>(p.offset + done);
-        if (pread(memfd_, buffer.data(), n, at) != static_cast<ssize_t>(n) ||
-            pwrite(fd, buffer.data(), n, at) != static_cast<ssize_t>(n)) {
-          close(fd);
-          return failed("read and write the memfd");
+      for (const Extent& e : p.extents) {
+        for (std::size_t done = 0; done < e.bytes;) {
+          const std::size_t n = std::min(buffer.size(), e.bytes - done);
+          const auto at = static_cast<off_t>(e.offset + done);
+          if (pread(memfd_, buffer.data(), n, at) != static_cast<ssize_t>(n) ||
+              pwrite(fd, buffer.data(), n, at) != static_cast<ssize_t>(n)) {
+            close(fd);
+            return failed("read and write the memfd");
+          }
+          done += n;
         }
-        done += n;
       }
     }
     for (const auto& [va, m] : mappings_) {
-      if (mmap(reinterpret_cast<void*>(va), m.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
-               static_cast<off_t>(physical_.at(m.handle).offset)) == MAP_FAILED) {
+      if (!MapExtents(va, physical_.at(m.handle), fd)) {
         close(fd);
         return failed("map the copy");
       }
@@ -586,11 +601,29 @@ class SimBackendImpl final : public SimBackend {
     return absl::OkStatus();
   }
 
+  // A physical allocation: its memfd ranges in order (backed mode), its size, its mappings.
+  struct Extent {
+    std::size_t offset = 0;
+    std::size_t bytes = 0;
+  };
   struct Physical {
-    std::size_t offset = 0;  // in memfd_
+    absl::InlinedVector<Extent, 1> extents;
     std::size_t bytes = 0;
     int mappings = 0;
   };
+
+  // Maps `p`'s memfd ranges of `fd` side by side from `va`, read-write; false (errno set) when an
+  // mmap fails.
+  static bool MapExtents(std::uintptr_t va, const Physical& p, int fd) {
+    for (const Extent& e : p.extents) {
+      if (mmap(reinterpret_cast<void*>(va), e.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+               static_cast<off_t>(e.offset)) == MAP_FAILED) {
+        return false;
+      }
+      va += e.bytes;
+    }
+    return true;
+  }
   struct Mapping {
     std::size_t bytes = 0;
     PhysicalHandle handle = 0;

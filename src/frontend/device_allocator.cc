@@ -104,6 +104,7 @@ DeviceAllocator::~DeviceAllocator() {
   // Give back everything that is cached; live allocations still held by callers are reported.
   SyncAndReleaseAll();
   ReleasePrivatePools(/*all=*/true);
+  registry_.TrimAddressSpace();  // the reservations the private pools used
   pending_.DestroyEvents();
   if (!live_.empty() || !pending_.empty()) {
     std::fprintf(stderr, "bucketalloc: device %d destroyed with %zu live allocations (%s) still held\n", device_,
@@ -300,7 +301,7 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   if (absl::StatusOr<DeviceMemInfo> info = backend_->GetMemInfo(); info.ok()) s.device_free = info->free_bytes;
   s.failure = std::string(cause.message());
   s.stitching = options_.Stitching() && pool == kLargePool;
-  s.movable = pools_.large().free_granules() * backend_->Granularity();
+  s.movable = pools_.large().movable_bytes();
   s.fragmentation = FragmentationLocked();
   OomReport r = DiagnoseOom(s);
   history_.Record(TraceAction::kOom, 0, size, registry_.slow_path_stream(), r.device_free);
@@ -424,6 +425,7 @@ void DeviceAllocator::SyncAndReleaseAll() {
   }
   pools_.ForEach([](auto& pool) { pool.ReleaseAll(); });
   ReleasePrivatePools(/*all=*/false);
+  registry_.TrimAddressSpace();
 }
 
 void DeviceAllocator::ReleasePrivatePools(bool all) {

@@ -18,7 +18,7 @@
 // pending blocks never overlap and each lies in one registered segment or slab; every pool unit is
 // registered with its size and mapped bytes, and nothing else is; every stat equals the sum of what
 // the components hold (requested/allocated/allocation over live entries, active over live and
-// pending ones, reserved/segment over the registry and the spare granules, cached = reserved -
+// pending ones, reserved/segment over the registry and the spare pieces, cached = reserved -
 // active, inactive_split over the pools' partly used memory, oversize over both); each pool holds
 // as many active blocks as the entries name (the device's own pools and each private pool); every
 // entry's private pool exists.

@@ -102,7 +102,7 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   // the registered ranges.
   absl::Status pools;
   std::size_t units = 0;
-  std::int64_t spare[kNumPoolIndices] = {};  // reserved bytes in no unit (spare granules)
+  std::int64_t spare[kNumPoolIndices] = {};  // reserved bytes in no unit (spare pieces)
   InactiveSplit split[kNumPoolIndices];
   auto check_pools =
       [&](std::uint16_t tag, const Pools& instance,

@@ -62,8 +62,8 @@ OomReport DiagnoseOom(const OomSituation& s) {
     if (s.stitching) {
       absl::StrAppend(
           &r.diagnosis,
-          absl::StrFormat("; stitching could move %s of whole free granules, and %s of the free "
-                          "large-pool memory lies in granules shared with live blocks",
+          absl::StrFormat("; stitching could move %s of whole free pieces, and %s of the free "
+                          "large-pool memory lies in pieces shared with live blocks",
                           FormatBytes(s.movable), FormatBytes(s.pool_cached - std::min(s.pool_cached, s.movable))));
     }
   }

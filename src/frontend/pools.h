@@ -120,7 +120,7 @@ class Pools {
   decltype(auto) Visit(const PoolHandle& handle, F&& f) const {
     return std::visit([&](auto h) -> decltype(auto) { return f(PoolOf<decltype(h)>(), h); }, handle);
   }
-  // True while a pool holds a unit (segment, slab) or spare granules.
+  // True while a pool holds a unit (segment, slab) or spare pieces.
   bool HoldsMemory() const {
     bool holds = false;
     ForEach([&](const auto& pool) {

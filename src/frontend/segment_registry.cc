@@ -54,7 +54,8 @@ bool SegmentRegistry::ReleaseSegment(std::uintptr_t base, std::size_t bytes, Poo
 
 absl::StatusOr<std::uintptr_t> SegmentRegistry::ReserveRange(std::size_t bytes, std::size_t to_map) {
   if (to_map > 0 && collect_ && !capturing_) collect_(to_map);
-  absl::StatusOr<std::uintptr_t> va = backend_->ReserveAddressRange(bytes, granularity_);
+  // Reservations of the cap's size: most grows and stitches make no address call.
+  absl::StatusOr<std::uintptr_t> va = arena_.Carve(bytes, cap_);
   if (!va.ok()) return va.status();
   ranges_.emplace(*va, Range{*va, bytes, kLargePool, /*virtual_memory=*/true, /*mapped=*/0, owner_});
   stats_->Increase(&DeviceStats::segment, kLargePool, 1);
@@ -66,50 +67,65 @@ void SegmentRegistry::ReleaseRange(std::uintptr_t va, std::size_t bytes) {
   auto it = ranges_.find(va);
   BA_CHECK(it != ranges_.end() && it->second.virtual_memory && it->second.mapped == 0,
            "releasing a range still mapped");
-  if (!backend_->ReleaseAddressRange(va, bytes).ok()) {
-    stats_->Count(&DeviceStats::num_device_free_failures);  // only address space
-  }
+  arena_.Return(va, bytes);
   ranges_.erase(it);
   stats_->Decrease(&DeviceStats::segment, kLargePool, 1);
   history_->Record(TraceAction::kSegmentFree, va, bytes, nullptr);
 }
 
-absl::StatusOr<PhysicalHandle> SegmentRegistry::CreateGranule() {
-  if (absl::Status s = CheckHeadroom(granularity_); !s.ok()) return s;
-  absl::StatusOr<PhysicalHandle> h = backend_->CreatePhysical(granularity_);
+void SegmentRegistry::AbandonRange(std::uintptr_t va, std::size_t bytes) {
+  auto it = ranges_.find(va);
+  BA_CHECK(it != ranges_.end() && it->second.virtual_memory, "abandoning a range that is not registered");
+  ranges_.erase(it);  // it stays carved from its reservation, which is then never freed
+  stats_->Decrease(&DeviceStats::segment, kLargePool, 1);
+  stats_->Count(&DeviceStats::num_device_free_failures);
+  history_->Record(TraceAction::kSegmentFree, va, bytes, nullptr);
+}
+
+void SegmentRegistry::TrimAddressSpace() {
+  if (!arena_.Trim()) stats_->Count(&DeviceStats::num_device_free_failures);  // only address space
+}
+
+absl::StatusOr<PhysicalHandle> SegmentRegistry::CreatePhysical(std::size_t bytes) {
+  if (absl::Status s = CheckHeadroom(bytes); !s.ok()) return s;
+  absl::StatusOr<PhysicalHandle> h = backend_->CreatePhysical(bytes);
   if (!h.ok()) return h.status();
-  stats_->Increase(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(granularity_));
-  CountOwned(owner_, kLargePool, static_cast<std::int64_t>(granularity_));
+  ++physical_handles_;
+  physical_bytes_ += bytes;
+  stats_->Increase(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(bytes));
+  CountOwned(owner_, kLargePool, static_cast<std::int64_t>(bytes));
   return *h;
 }
 
-bool SegmentRegistry::ReleaseGranule(PhysicalHandle handle) {
-  if (!backend_->ReleasePhysical(handle).ok()) {
+bool SegmentRegistry::ReleasePhysical(const PhysicalPiece& piece) {
+  if (!backend_->ReleasePhysical(piece.handle).ok()) {
     stats_->Count(&DeviceStats::num_device_free_failures);
     return false;
   }
-  stats_->Decrease(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(granularity_));
-  CountOwned(owner_, kLargePool, -static_cast<std::int64_t>(granularity_));
+  --physical_handles_;
+  physical_bytes_ -= piece.bytes;
+  stats_->Decrease(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(piece.bytes));
+  CountOwned(owner_, kLargePool, -static_cast<std::int64_t>(piece.bytes));
   return true;
 }
 
-absl::Status SegmentRegistry::MapGranules(std::uintptr_t va, absl::Span<const PhysicalHandle> handles,
-                                          std::size_t* mapped) {
-  absl::Status s = backend_->MapRun(va, handles, granularity_, mapped);
-  if (*mapped > 0) {
-    // Inside a registered range (the backend checked).
-    std::prev(ranges_.upper_bound(va))->second.mapped += *mapped * granularity_;
-  }
+absl::Status SegmentRegistry::MapPieces(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces,
+                                        std::size_t* mapped) {
+  absl::Status s = backend_->MapRun(va, pieces, mapped);
+  std::size_t bytes = 0;
   for (std::size_t i = 0; i < *mapped; ++i) {
-    history_->Record(TraceAction::kSegmentMap, va + i * granularity_, granularity_, slow_path_stream_);
+    history_->Record(TraceAction::kSegmentMap, va + bytes, pieces[i].bytes, slow_path_stream_);
+    bytes += pieces[i].bytes;
   }
+  // Inside a registered range (the backend checked).
+  if (bytes > 0) std::prev(ranges_.upper_bound(va))->second.mapped += bytes;
   return s;
 }
 
-absl::Status SegmentRegistry::UnmapGranule(std::uintptr_t va) {
-  if (absl::Status s = backend_->Unmap(va, granularity_); !s.ok()) return s;
-  std::prev(ranges_.upper_bound(va))->second.mapped -= granularity_;
-  history_->Record(TraceAction::kSegmentUnmap, va, granularity_, slow_path_stream_);
+absl::Status SegmentRegistry::Unmap(std::uintptr_t va, std::size_t bytes) {
+  if (absl::Status s = backend_->Unmap(va, bytes); !s.ok()) return s;
+  std::prev(ranges_.upper_bound(va))->second.mapped -= bytes;
+  history_->Record(TraceAction::kSegmentUnmap, va, bytes, slow_path_stream_);
   return absl::OkStatus();
 }
 
@@ -181,7 +197,7 @@ absl::Status SegmentRegistry::CheckInvariants(std::size_t spare_bytes) const {
   auto fail = [](absl::string_view what) { return absl::InternalError(absl::StrCat("segment registry: ", what)); };
   std::uintptr_t end = 0;
   std::int64_t allocations = 0, allocation_bytes = 0;
-  std::size_t granule_bytes = spare_bytes;
+  std::size_t physical_bytes = spare_bytes;  // mapped or spare
   for (const auto& [base, r] : ranges_) {
     if (base < end) return fail("registered segments overlap");
     if (r.base != base || (!r.virtual_memory && r.mapped != 0) || r.mapped > r.bytes) {
@@ -190,7 +206,7 @@ absl::Status SegmentRegistry::CheckInvariants(std::size_t spare_bytes) const {
     end = base + r.bytes;
     allocations += !r.virtual_memory;
     allocation_bytes += r.virtual_memory ? 0 : static_cast<std::int64_t>(r.bytes);
-    granule_bytes += r.mapped;
+    physical_bytes += r.mapped;
   }
   const BackendCounters c = backend_->counters();
   // Bytes are held against the backend's own count when it keeps one (BackendCounters: optional).
@@ -199,10 +215,12 @@ absl::Status SegmentRegistry::CheckInvariants(std::size_t spare_bytes) const {
     return fail(absl::StrCat("the backend holds ", c.allocs - c.frees, " allocations of ", c.alloc_bytes - c.free_bytes,
                              " bytes but ", allocations, " segments of ", allocation_bytes, " bytes are registered"));
   }
-  if (c.physical_creates - c.physical_releases != static_cast<std::int64_t>(granule_bytes / granularity_)) {
-    return fail(absl::StrCat("the backend holds ", c.physical_creates - c.physical_releases, " physical granules but ",
-                             granule_bytes / granularity_, " are mapped or spare"));
+  if (c.physical_creates - c.physical_releases != physical_handles_ || physical_bytes_ != physical_bytes) {
+    return fail(absl::StrCat("the backend holds ", c.physical_creates - c.physical_releases, " physical allocations, ",
+                             physical_handles_, " of ", physical_bytes_, " bytes are counted, and ", physical_bytes,
+                             " bytes are mapped or spare"));
   }
+  if (absl::Status s = arena_.CheckInvariants(); !s.ok()) return s;
   return absl::OkStatus();
 }
 

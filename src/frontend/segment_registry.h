@@ -2,13 +2,16 @@
 // what the backend gave (layer L4).
 //
 // Owns: the pools' MemorySource: every backend allocation (segments and slabs) and, with
-// stitching, every address range with its mapped bytes, registered by address; the cap, checked
+// stitching, every address range with its mapped bytes, registered by address (the ranges carved
+// from the device's address arena, frontend/address_arena.h), and the physical memory that
+// exists (its handles and bytes); the cap, checked
 // before any growth; the reserved and segment stats; the history's segment events; a collection
 // hook run before growth (garbage collection, which the device runs over its pools); and, for the
 // slow path of a CUDA graph capture, growth without collection.
 // Invariants (CheckInvariants): registered ranges do not overlap; the backend holds exactly the
-// registered allocations (their count; and their bytes, when it counts bytes) and exactly the mapped
-// plus spare granules.
+// registered allocations (their count; and their bytes, when it counts bytes) and exactly the
+// physical allocations created and not released, whose bytes are the mapped plus spare bytes; the
+// address arena's own.
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
@@ -30,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/stat_types.h"
+#include "frontend/address_arena.h"
 #include "frontend/history.h"
 #include "internal/stat_ledger.h"
 #include "pool/memory_source.h"
@@ -55,7 +59,11 @@ class SegmentRegistry final : public MemorySource {
   };
 
   SegmentRegistry(Backend* backend, StatLedger* stats, HistoryRing* history)
-      : backend_(backend), stats_(stats), history_(history), granularity_(backend->Granularity()) {}
+      : backend_(backend),
+        stats_(stats),
+        history_(history),
+        granularity_(backend->Granularity()),
+        arena_(backend, granularity_) {}
 
   std::size_t cap() const { return cap_; }
   void set_cap(std::size_t cap) { cap_ = cap; }
@@ -81,10 +89,13 @@ class SegmentRegistry final : public MemorySource {
   bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override;
   absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t to_map) override;
   void ReleaseRange(std::uintptr_t va, std::size_t bytes) override;
-  absl::StatusOr<PhysicalHandle> CreateGranule() override;
-  bool ReleaseGranule(PhysicalHandle handle) override;
-  absl::Status MapGranules(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t* mapped) override;
-  absl::Status UnmapGranule(std::uintptr_t va) override;
+  void AbandonRange(std::uintptr_t va, std::size_t bytes) override;
+  absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes) override;
+  bool ReleasePhysical(const PhysicalPiece& piece) override;
+  absl::Status MapPieces(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) override;
+  absl::Status Unmap(std::uintptr_t va, std::size_t bytes) override;
+  // Gives back the address reservations no range uses (empty_cache, the allocator's end).
+  void TrimAddressSpace();
   // Waits for `stream`'s work: an event on it; the device for a pseudo key; nothing for a stream
   // retired (RetireStream) and not used since, whose handle may be dead.
   absl::Status SynchronizeStream(Stream stream) override;
@@ -105,7 +116,7 @@ class SegmentRegistry final : public MemorySource {
   Totals totals() const;
   // The number of large-pool ranges larger than `bytes` (oversize segments).
   std::int64_t LargeRangesOver(std::size_t bytes) const;
-  // `spare_bytes`: granules the pools hold unmapped (they exist, and are reserved).
+  // `spare_bytes`: physical memory the pools hold unmapped (it exists, and is reserved).
   absl::Status CheckInvariants(std::size_t spare_bytes) const;
 
  private:
@@ -125,6 +136,9 @@ class SegmentRegistry final : public MemorySource {
   std::uint16_t owner_ = 0;
   absl::flat_hash_map<std::uint16_t, StatArray> owned_;  // reserved bytes per private pool tag
   absl::btree_map<std::uintptr_t, Range> ranges_;
+  AddressArena arena_;
+  std::int64_t physical_handles_ = 0;  // physical allocations created and not released, and their bytes
+  std::size_t physical_bytes_ = 0;
   absl::flat_hash_set<Stream> retired_;  // streams waited for by RetireStream, unused since
 };
 

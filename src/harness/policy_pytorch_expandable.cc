@@ -247,24 +247,24 @@ class PyTorchExpandablePolicy final : public DeviceReplayAllocator {
     Segment& s = *to_map->segment;
     const std::size_t begin = (to_map->ptr - s.va) / s.page;
     const std::size_t end = (to_map->ptr + bytes - s.va + s.page - 1) / s.page;
-    std::vector<PhysicalHandle> handles;
+    std::vector<PhysicalPiece> pages;
     for (std::size_t i = begin; i < end; ++i) {
       absl::StatusOr<PhysicalHandle> h = device().CreatePhysical(s.page);
       if (!h.ok()) {
-        for (PhysicalHandle created : handles) device().ReleasePhysical(created, s.page).IgnoreError();
+        for (const PhysicalPiece& created : pages) device().ReleasePhysical(created.handle, s.page).IgnoreError();
         if (absl::IsResourceExhausted(h.status())) return false;
         return h.status();
       }
-      handles.push_back(*h);
+      pages.push_back({*h, s.page});
     }
     std::size_t mapped = 0;
-    if (absl::Status st = device().MapRun(s.va + begin * s.page, handles, s.page, &mapped); !st.ok()) {
+    if (absl::Status st = device().MapRun(s.va + begin * s.page, pages, &mapped); !st.ok()) {
       for (std::size_t i = 0; i < mapped; ++i) device().Unmap(s.va + (begin + i) * s.page, s.page).IgnoreError();
-      for (PhysicalHandle created : handles) device().ReleasePhysical(created, s.page).IgnoreError();
+      for (const PhysicalPiece& created : pages) device().ReleasePhysical(created.handle, s.page).IgnoreError();
       return st;
     }
     if (s.handles.size() < end) s.handles.resize(end);
-    for (std::size_t i = begin; i < end; ++i) s.handles[i] = handles[i - begin];
+    for (std::size_t i = begin; i < end; ++i) s.handles[i] = pages[i - begin].handle;
     const std::size_t mapped_bytes = (end - begin) * s.page;
     pool.unmapped.erase(to_map);
     to_map->mapped = true;

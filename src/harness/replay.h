@@ -117,6 +117,8 @@ struct ReplayResult {
   // Backend allocations + frees, and the virtual-memory driver calls: creates (failed ones too),
   // releases, maps (one per handle), access grants, unmaps, address reserves and releases.
   std::uint64_t backend_calls = 0;
+  // The same calls by kind (the JSON's "backend_call_counts"): which calls a policy pays for.
+  BackendCounters backend_counters;
   std::uint64_t granules_stitched = 0;  // granules of free blocks moved into stitched ranges (vmm)
   double simulated_backend_ms = 0.0;    // backend calls priced by the cost model
   std::vector<std::size_t> per_round_peak_reserved_bytes;

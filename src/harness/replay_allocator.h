@@ -76,9 +76,8 @@ class ReplayDevice {
   }
   absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes);
   absl::Status ReleasePhysical(PhysicalHandle handle, std::size_t bytes);
-  absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalHandle> handles, std::size_t handle_bytes,
-                      std::size_t* mapped) {
-    return backend_->MapRun(va, handles, handle_bytes, mapped);
+  absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) {
+    return backend_->MapRun(va, pieces, mapped);
   }
   absl::Status Unmap(std::uintptr_t va, std::size_t bytes) { return backend_->Unmap(va, bytes); }
   // Bytes allocated and physical bytes created, not yet freed or released.

@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "bucketalloc/backend.h"
 #include "internal/intrusive_list.h"
@@ -43,6 +44,14 @@ enum class BlockState : std::uint8_t {
 
 struct Segment;
 struct Block;
+
+// A mapped piece of a virtual-memory segment: granules [g0, g0 + n) of it, backed by one physical
+// allocation mapped whole (pool/segment_backing.h).
+struct Piece {
+  std::size_t g0 = 0;
+  std::size_t n = 0;
+  PhysicalHandle handle = 0;
+};
 
 // A block's links in a BlockTree (memory/block_tree.h): its children and its heap priority.
 struct TreeNode {
@@ -77,6 +86,9 @@ struct Segment {
   std::size_t free_bytes = 0;
   ListNode release_node;         // in the pool's release order while wholly free
   std::uint64_t free_since = 0;  // the pool clock when it became wholly free
+  // Virtual-memory segments: their pieces by address (holes are the gaps), owned by the pool's
+  // VirtualBacking; nullptr otherwise.
+  std::vector<Piece>* pieces = nullptr;
 };
 
 using BlockPool = ObjectPool<Block>;

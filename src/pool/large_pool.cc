@@ -163,37 +163,30 @@ absl::StatusOr<LargePool::Handle> LargePool::Serve(StreamState& ss, Stream strea
 }
 
 Segment* LargePool::AddSegment(StreamState& ss, Stream stream, std::uintptr_t base, std::size_t bytes, int tier,
-                               const std::vector<PhysicalHandle>* granules) {
+                               std::size_t mapped) {
+  mapped = std::min(mapped, bytes);
+  BA_DCHECK(mapped > 0, "a segment with nothing mapped");
   Segment* seg = segment_meta_.New();
   seg->base = base;
   seg->size = bytes;
   seg->stream = stream;
   seg->owner = &ss;
   seg->tier = tier;
-  const std::size_t g = granules == nullptr ? bytes : config_.granularity;
-  const std::size_t n = granules == nullptr ? 1 : granules->size();
-  BA_DCHECK(granules == nullptr || n * g == bytes, "a segment's granules do not cover it");
-  std::size_t mapped = 0;
-  Block* prev = nullptr;
-  for (std::size_t i = 0; i < n;) {
-    const bool hole = granules != nullptr && (*granules)[i] == 0;
-    std::size_t j = i + 1;
-    while (j < n && ((*granules)[j] == 0) == hole) ++j;
-    Block* block = blocks_.New();
-    block->ptr = base + i * g;
-    block->size = (j - i) * g;
-    block->segment = seg;
-    block->prev = prev;
-    block->free_since = *ctx_.clock;
-    (prev == nullptr ? seg->first : prev->next) = block;
-    if (hole) {
-      block->state = BlockState::kUnmapped;
-    } else {
-      InsertFree(block);
-      mapped += block->size;
-    }
-    prev = block;
-    i = j;
+  Block* block = blocks_.New();
+  block->ptr = base;
+  block->size = mapped;
+  block->segment = seg;
+  block->free_since = *ctx_.clock;
+  seg->first = block;
+  InsertFree(block);
+  if (mapped < bytes) {
+    Block* hole = blocks_.New();
+    hole->ptr = base + mapped;
+    hole->size = bytes - mapped;
+    hole->segment = seg;
+    hole->prev = block;
+    hole->state = BlockState::kUnmapped;
+    block->next = hole;
   }
   segments_.insert(seg);
   release_order_.Push(seg, *ctx_.clock);
@@ -279,6 +272,10 @@ void LargePool::ReleaseAll() {
 }
 
 std::size_t LargePool::spare_bytes() const { return backing_->spare_bytes(); }
+
+std::size_t LargePool::movable_bytes() const {
+  return config_.stitching ? static_cast<const VirtualBacking&>(*backing_).MovableBytes(*this) : 0;
+}
 
 std::size_t LargePool::MappedBytes(const Segment& seg) const {
   std::size_t holes = 0;

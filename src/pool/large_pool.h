@@ -158,7 +158,7 @@ class LargePool {
   // Release order of wholly free segments.
   std::uint64_t OldestFree() const { return release_order_.OldestAge(); }
   std::size_t ReleaseOldest();
-  // Releases every wholly free segment, oldest first; with stitching also the spare granules and
+  // Releases every wholly free segment, oldest first; with stitching also the spare pieces and
   // the whole granules of the free blocks of partly used segments.
   void ReleaseAll();
 
@@ -181,7 +181,7 @@ class LargePool {
 
   // The largest free block (slow: a walk).
   std::size_t largest_free_block() const;
-  // Bytes of reserved memory in no segment (with stitching: the spare granules).
+  // Bytes of reserved memory in no segment (with stitching: the spare pieces).
   std::size_t spare_bytes() const;
   // Bytes of `seg` backed by memory: its size, less its holes.
   std::size_t MappedBytes(const Segment& seg) const;
@@ -194,17 +194,22 @@ class LargePool {
 
   // The stitcher (nullptr without stitching); the slow path reaches it through Serve.
   Stitcher* stitcher() { return stitcher_.get(); }
-  // Whole granules inside free blocks: what a stitch may take (0 without stitching).
+  // Whole granules inside free blocks (0 without stitching): a bound on what a stitch may take,
+  // kept on every free-list change (pieces hold whole granules, but one shared with a live block
+  // cannot move).
   std::size_t free_granules() const { return free_granules_; }
+  // Bytes of the pieces wholly inside free blocks: what a stitch may take (a walk; 0 without
+  // stitching).
+  std::size_t movable_bytes() const;
   // The whole granules inside `block`, as [*g0, *g1) of its segment (stitching only).
   std::size_t WholeGranules(const Block* block, std::size_t* g0 = nullptr, std::size_t* g1 = nullptr) const;
   // Every segment (a stitch walks their free blocks).
   const absl::flat_hash_set<Segment*>& segments() const { return segments_; }
-  // A new segment over [base, base + bytes): one free block; or, given `granules` (one handle per
-  // granule, 0 for none), one free block per run of mapped granules and a hole per run of zeros.
-  // Counts the mapped bytes cached and puts the segment in the release order.
+  // A new segment over [base, base + bytes): one free block of its first `mapped` bytes (all of it
+  // by default), and a hole after them (virtual memory: a map that failed part-way). Counts the
+  // mapped bytes cached and puts the segment in the release order.
   Segment* AddSegment(StreamState& ss, Stream stream, std::uintptr_t base, std::size_t bytes, int tier,
-                      const std::vector<PhysicalHandle>* granules = nullptr);
+                      std::size_t mapped = kUnlimited);
   // Forgets a segment that holds no free or active block (all hole), after its backing forgot it.
   void DropSegment(Segment* seg);
   // Forgets a wholly free segment of one free block whose memory the backing gave back.

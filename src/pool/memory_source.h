@@ -33,9 +33,9 @@ class MemorySource {
   virtual bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) = 0;
 
   // Virtual memory: the large pool's segments when stitching is on. A segment is an address range
-  // with one physical granule (Granularity() bytes) mapped per granule of it, or none (a hole).
-  // reserved_bytes counts the granules that exist (mapped or spare), so moving a granule from one
-  // range to another changes no stat.
+  // mapped by pieces, each one physical allocation of whole granules (Granularity() bytes) mapped
+  // whole, or by none (a hole). reserved_bytes counts the physical memory that exists (mapped or
+  // spare), so moving a piece from one range to another changes no stat.
   //
   // Runs garbage collection for `to_map` bytes about to be mapped (none when 0: a stitch reserves
   // its range with its free blocks already chosen, which a collection must not release), then
@@ -43,15 +43,19 @@ class MemorySource {
   virtual absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t to_map) = 0;
   // Releases a registered range that has nothing mapped.
   virtual void ReleaseRange(std::uintptr_t va, std::size_t bytes) = 0;
-  // Creates one granule within the cap (ResourceExhausted past it or when the device refuses).
-  virtual absl::StatusOr<PhysicalHandle> CreateGranule() = 0;
-  // Releases an unmapped granule; false (it still exists) when the backend refused.
-  virtual bool ReleaseGranule(PhysicalHandle handle) = 0;
-  // Maps `handles` one after another from `va`, inside a registered range (Backend::MapRun: on a
-  // failure `*mapped` granules, a prefix, stay mapped), or unmaps the granule at `va`.
-  virtual absl::Status MapGranules(std::uintptr_t va, absl::Span<const PhysicalHandle> handles,
-                                   std::size_t* mapped) = 0;
-  virtual absl::Status UnmapGranule(std::uintptr_t va) = 0;
+  // Forgets a registered range whose mappings could not be undone (a DataLoss from MapPieces): its
+  // addresses are never handed out again.
+  virtual void AbandonRange(std::uintptr_t va, std::size_t bytes) = 0;
+  // Creates a physical allocation of `bytes` (whole granules) within the cap (ResourceExhausted
+  // past it or when the device refuses).
+  virtual absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes) = 0;
+  // Releases an unmapped physical allocation; false (it still exists) when the backend refused.
+  virtual bool ReleasePhysical(const PhysicalPiece& piece) = 0;
+  // Maps `pieces` one after another from `va`, inside a registered range (Backend::MapRun: on a
+  // failure `*mapped` pieces, a prefix, stay mapped; DataLoss: the rest of the range is unusable).
+  virtual absl::Status MapPieces(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) = 0;
+  // Unmaps [va, va + bytes), whole pieces side by side, with one call; on failure nothing is unmapped.
+  virtual absl::Status Unmap(std::uintptr_t va, std::size_t bytes) = 0;
   // Waits until the work queued on `stream` so far has completed (before an unmap).
   virtual absl::Status SynchronizeStream(Stream stream) = 0;
   // Bytes that may still be created or allocated under the cap.

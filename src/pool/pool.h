@@ -136,7 +136,7 @@ concept Pool = requires(P& pool, const P& cpool, typename P::StreamState& ss, co
   {cpool.AddFragmentation(report)};
   {cpool.Describe(spans)};
   { cpool.inactive_split() } -> std::same_as<InactiveSplit>;
-  // Reserved bytes the pool holds in no unit (a virtual-memory pool's spare granules).
+  // Reserved bytes the pool holds in no unit (a virtual-memory pool's spare pieces).
   { cpool.spare_bytes() } -> std::same_as<std::size_t>;
   {cpool.ForEachUnit(units)};
   { cpool.CheckInvariants(n) } -> std::same_as<absl::Status>;

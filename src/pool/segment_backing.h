@@ -2,16 +2,24 @@
 //
 // Owns: `SegmentBacking`, how a segment's memory is made, given back and forgotten, in two kinds:
 //   - `PlainBacking`: one backend allocation per segment (cudaMalloc);
-//   - `VirtualBacking` (stitching, the vmm backends): an address range with one physical granule
-//     mapped per granule of it. It keeps each segment's granule table (0 for a hole) and the spare
-//     granules (unmapped, not released: a release the backend refused; still reserved, used first),
-//     and the granule operations a stitch is made of (take granules, map a new segment, unmap a run
-//     into a hole, release granules).
+//   - `VirtualBacking` (stitching, the vmm backends): an address range mapped by pieces, each piece
+//     one physical allocation (cuMemCreate) of whole granules mapped whole (cuda.h's cuMemMap maps
+//     a handle from offset 0 only, and cuMemUnmap takes whole mappings, so a piece is what moves).
+//     It keeps each segment's piece table (holes are gaps in it) and the spare pieces (unmapped,
+//     not released: a release the backend refused; still reserved, used first), and the operations
+//     a stitch is made of (take memory, map a new segment, unmap pieces into a hole with one call,
+//     release pieces).
+// How big a piece is, is the trade between driver calls and what a stitch can move (docs/vmm.md,
+// "What a piece is"): a plain segment, which the pool splits, is granule pieces, so that the free
+// granules beside a live block can move; a tier segment, one block never split, is one piece
+// (three calls: create, map, access).
 // The large pool owns one backing and calls it on its slow paths only; the backing changes the
 // pool's blocks only through the pool's block-level calls (AddSegment, MakeHole, Drop*).
-// Invariants (VirtualBacking::CheckInvariants): every segment has a granule table covering it; a
-// granule has a handle iff its block is not a hole; holes are granule-aligned; no table belongs to
-// a segment the pool no longer has; spares have handles.
+// Invariants (VirtualBacking::CheckInvariants): every segment has a piece table; its pieces are
+// ordered, do not overlap, lie inside the segment and have handles; a granule lies in a piece iff
+// its block is not a hole; holes are granule-aligned; no table belongs to a segment the pool no
+// longer has; spares have handles and sizes of whole granules. A plain segment holds granule pieces
+// but for the prefix a failed map left of a tier segment's (rare: it is plain memory from then on).
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
@@ -22,11 +30,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "bucketalloc/backend.h"
 #include "memory/segment.h"
 #include "pool/large_pool.h"
@@ -45,8 +55,8 @@ class SegmentBacking {
   // refused: it stays cached (a virtual segment may have lost some granules, which holes mark).
   virtual bool Release(LargePool& pool, Segment* seg) = 0;
   // Forgets `seg` as the pool drops it (a virtual range goes back to the device).
-  virtual void Forget(const Segment* seg) {}
-  // Reserved bytes in no segment (virtual: the spare granules).
+  virtual void Forget(Segment* seg) {}
+  // Reserved bytes in no segment (virtual: the spare pieces).
   virtual std::size_t spare_bytes() const { return 0; }
   virtual absl::Status CheckInvariants(const LargePool& pool) const = 0;
 };
@@ -69,42 +79,57 @@ class VirtualBacking final : public SegmentBacking {
   absl::StatusOr<Segment*> Grow(LargePool& pool, LargePool::StreamState& ss, Stream stream, std::size_t bytes,
                                 int tier) override;
   // Its stream must have passed the last use of its blocks before they are unmapped; its free
-  // blocks lie between holes or the segment's ends, so they are whole granules.
+  // blocks lie between holes or the segment's ends, so they are whole pieces.
   bool Release(LargePool& pool, Segment* seg) override;
-  void Forget(const Segment* seg) override;
-  std::size_t spare_bytes() const override { return spare_.size() * granule_; }
+  void Forget(Segment* seg) override;
+  std::size_t spare_bytes() const override { return spare_bytes_; }
   absl::Status CheckInvariants(const LargePool& pool) const override;
 
-  // ---- The granule operations of a stitch (pool/stitcher.h) ----
+  // ---- The operations of a stitch (pool/stitcher.h) ----
   std::size_t granule() const { return granule_; }
-  std::size_t spares() const { return spare_.size(); }
-  // Fills `out` up to `n` granules: spares first, then new ones within the cap. On failure `out`
-  // keeps what it got.
-  absl::Status TakeGranules(std::size_t n, std::vector<PhysicalHandle>* out);
-  // Maps `granules` into the fresh range [base, base + bytes) and adds it to `pool` as a segment.
-  // On a failed map the mapped prefix stays as a free segment (a hole after it) or, when nothing
-  // mapped, the range is released; the unmapped granules are released. The segment, or the error.
+  // The pieces of `seg`, by address (holes are the gaps).
+  absl::Span<const Piece> pieces(const Segment* seg) const;
+  // The pieces wholly inside free `block`: [*first, *last) of pieces(block->segment), side by side.
+  // Returns their bytes (0: none).
+  std::size_t WholePieces(const LargePool& pool, const Block* block, std::size_t* first, std::size_t* last) const;
+  // Bytes of the pieces wholly inside free blocks: what a stitch or a release can move (a walk).
+  std::size_t MovableBytes(const LargePool& pool) const;
+  // The bytes of the spares TakeSpares(bytes, max_piece, ...) would take.
+  std::size_t SpareBytesWithin(std::size_t bytes, std::size_t max_piece) const;
+  // Appends the spares of at most `max_piece` bytes to `out` while they fit in `*bytes` (which
+  // shrinks by theirs), the newest first.
+  void TakeSpares(std::size_t* bytes, std::size_t max_piece, std::vector<PhysicalPiece>* out);
+  // Creates the physical memory of `bytes` (within the cap) in pieces of `piece` bytes (the last
+  // may be smaller) and appends them to `out`; on failure `out` keeps what was created.
+  absl::Status Create(std::size_t bytes, std::size_t piece, std::vector<PhysicalPiece>* out);
+  // Maps `pieces` (their bytes add up to `bytes`) into the fresh range [base, base + bytes) and
+  // adds it to `pool` as a segment. On a failed map the mapped prefix stays as a free segment (a
+  // hole after it) or, when nothing mapped, the range is released; the unmapped pieces are
+  // released. The segment, or the error.
   absl::StatusOr<Segment*> MapNewSegment(LargePool& pool, LargePool::StreamState& ss, Stream stream,
                                          std::uintptr_t base, std::size_t bytes, int tier,
-                                         std::vector<PhysicalHandle> granules);
-  // Unmaps granules [g0, g1) of the segment of free `block` (whole granules inside it), one at a
-  // time, appending their handles to `out`; stops at the first failure. The unmapped run becomes a
-  // hole (LargePool::MakeHole); the caller drops the segment if it is all hole now.
-  absl::Status UnmapRun(LargePool& pool, Block* block, std::size_t g0, std::size_t g1,
-                        std::vector<PhysicalHandle>* out);
-  // Releases `handles` to the device (one the backend refuses stays a spare).
-  void ReleaseGranules(std::vector<PhysicalHandle>* handles);
+                                         std::vector<PhysicalPiece> pieces);
+  // Unmaps pieces [first, last) of the segment of free `block` (wholly inside it, side by side)
+  // with one call and appends them to `out`; they become a hole (LargePool::MakeHole). On failure
+  // nothing changes. The caller drops the segment if it is all hole now.
+  absl::Status UnmapPieces(LargePool& pool, Block* block, std::size_t first, std::size_t last,
+                           std::vector<PhysicalPiece>* out);
+  // Releases `pieces` to the device (one the backend refuses stays a spare), and clears it.
+  void ReleasePieces(std::vector<PhysicalPiece>* pieces);
   // Takes every spare (they leave the cached bytes), for a release.
-  std::vector<PhysicalHandle> TakeSpares();
+  std::vector<PhysicalPiece> TakeAllSpares();
 
  private:
-  void AddSpare(PhysicalHandle handle);
+  void AttachPieces(Segment* seg, std::vector<Piece> table);
+  void AddSpare(const PhysicalPiece& piece);
 
   PoolContext ctx_;
   const std::size_t granule_;
-  // Each segment's granules (0 = a hole), and the spare granules.
-  absl::flat_hash_map<const Segment*, std::vector<PhysicalHandle>> granules_;
-  std::vector<PhysicalHandle> spare_;
+  const int shift_;
+  // Each segment's pieces, by address, and the spare pieces.
+  absl::flat_hash_map<const Segment*, std::unique_ptr<std::vector<Piece>>> pieces_;
+  std::vector<PhysicalPiece> spare_;
+  std::size_t spare_bytes_ = 0;
 };
 
 }  // namespace bucketalloc::internal

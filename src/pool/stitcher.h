@@ -1,13 +1,16 @@
 // src/pool/stitcher.h — stitching: serving a large request at the cap from the whole physical
-// granules of free blocks, wherever they lie (layer L3; docs/vmm.md).
+// pieces of free blocks, wherever they lie (layer L3; docs/vmm.md).
 //
-// Owns: the choice of runs (the whole granules inside free blocks, oldest first; plain blocks
-// before tier blocks that would give more than needed, a tier block moving whole), the stream
-// waits before an unmap (each stream synchronized once; a stream that cannot be synchronized
-// keeps its blocks' granules and the choice is made again), the stitch itself (a fresh range, the
-// chosen runs unmapped into holes, granules created within the headroom, all mapped there), and
-// giving back the free granules of partly used segments (empty_cache, release-and-retry).
-// It works on the large pool's blocks through the pool's block-level calls and on granules through
+// Owns: the choice of pieces (the whole pieces inside free blocks, oldest first, each taken while
+// it fits in what is still needed; a tier block's pieces as one unit, since it moves whole; then
+// the smallest unit that covers the rest, whose surplus goes back to the device; a piece larger
+// than a granule is not mapped into a plain segment but given back and created anew in granules),
+// the stream waits before an unmap (each stream synchronized once; a stream that cannot be
+// synchronized keeps its blocks' pieces and the choice is made again), the stitch itself (a fresh
+// range, the chosen pieces unmapped into holes, one call per run side by side, what is missing
+// created within the headroom, all mapped there), and giving back the free pieces of partly used
+// segments (empty_cache, release-and-retry).
+// It works on the large pool's blocks through the pool's block-level calls and on pieces through
 // the pool's VirtualBacking. Live blocks are never touched.
 // Thread-safety: none; the device lock guards it.
 //
@@ -38,7 +41,7 @@ class Stitcher {
   // (the granules unmapped by then go back to the device, a refused release keeps one as a spare).
   absl::StatusOr<Block*> Stitch(LargePool& pool, LargePool::StreamState& ss, Stream stream, std::size_t rounded,
                                 int tier);
-  // Unmaps and releases the spare granules and the whole granules of the free blocks of the
+  // Unmaps and releases the spare pieces and the whole pieces of the free blocks of the
   // segments left (partly used ones, and wholly free ones whose release failed), once each
   // segment's stream has passed their last use.
   void ReleaseFreeGranules(LargePool& pool);

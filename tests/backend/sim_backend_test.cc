@@ -210,40 +210,54 @@ TEST(SimBackendTest, VirtualMemoryStitchesRealPages) {
   EXPECT_EQ(n.address_releases, 2);
 }
 
-// MapRun maps each handle (of any granule multiple) and grants access once for the run, as the vmm
-// backend calls the driver; unbacked, handles of mixed sizes never fragment the device's memory.
+// MapRun maps each piece (handles of any granule multiple, mixed) and grants access once for the
+// run, as the vmm backend calls the driver; one Unmap takes several whole mappings side by side;
+// physical memory never fragments, backed or not: handles of mixed sizes freed in any order leave
+// every byte usable, with their bytes intact.
 TEST(SimBackendTest, MapRunGrantsAccessOncePerRun) {
   for (SimMemoryMode mode : {SimMemoryMode::kBacked, SimMemoryMode::kUnbacked}) {
     auto b = Make({.total_memory = 64 * kMiB, .memory = mode});
     absl::StatusOr<std::uintptr_t> va = b->ReserveAddressRange(64 * kMiB, 0);
     ASSERT_TRUE(va.ok());
-    std::vector<PhysicalHandle> handles;
-    for (int i = 0; i < 3; ++i) handles.push_back(*b->CreatePhysical(20 * kMiB));
+    std::vector<PhysicalPiece> pieces;
+    for (std::size_t bytes : {20 * kMiB, 2 * kMiB, 20 * kMiB}) pieces.push_back({*b->CreatePhysical(bytes), bytes});
     std::size_t mapped = 0;
-    ASSERT_TRUE(b->MapRun(*va, handles, 20 * kMiB, &mapped).ok());
+    ASSERT_TRUE(b->MapRun(*va, pieces, &mapped).ok());
     EXPECT_EQ(mapped, 3u);
     EXPECT_EQ(b->counters().maps, 3);
     EXPECT_EQ(b->counters().access_grants, 1);
     if (mode == SimMemoryMode::kBacked) {
-      Fill(*va, 60 * kMiB, 3);
-      EXPECT_TRUE(Holds(*va, 60 * kMiB, 3));
+      Fill(*va, 42 * kMiB, 3);
+      EXPECT_TRUE(Holds(*va, 42 * kMiB, 3));
     }
-    // A run stops at the first handle it cannot map: here one of another size than the run's.
-    const PhysicalHandle again[] = {*b->CreatePhysical(2 * kMiB), handles[0]};
-    EXPECT_FALSE(b->MapRun(*va + 60 * kMiB, again, 2 * kMiB, &mapped).ok());
+    // A run stops at the first piece it cannot map: here one whose size is not its handle's.
+    const PhysicalPiece again[] = {{*b->CreatePhysical(2 * kMiB), 2 * kMiB}, {*b->CreatePhysical(4 * kMiB), 2 * kMiB}};
+    EXPECT_FALSE(b->MapRun(*va + 42 * kMiB, again, &mapped).ok());
     EXPECT_EQ(mapped, 1u);
     EXPECT_EQ(b->counters().access_grants, 2) << "the mapped prefix is made accessible";
-    for (std::size_t i = 0; i < 3; ++i) ASSERT_TRUE(b->Unmap(*va + i * 20 * kMiB, 20 * kMiB).ok());
-    ASSERT_TRUE(b->Unmap(*va + 60 * kMiB, 2 * kMiB).ok());
-    for (PhysicalHandle h : handles) ASSERT_TRUE(b->ReleasePhysical(h).ok());
-    ASSERT_TRUE(b->ReleasePhysical(again[0]).ok());
-    if (mode == SimMemoryMode::kUnbacked) {
-      // Unbacked: 2 MiB and 20 MiB handles freed in any order leave every byte usable.
-      std::vector<PhysicalHandle> small;
-      for (int i = 0; i < 32; ++i) small.push_back(*b->CreatePhysical(2 * kMiB));
-      for (int i = 0; i < 32; i += 2) ASSERT_TRUE(b->ReleasePhysical(small[i]).ok());
-      EXPECT_TRUE(b->CreatePhysical(20 * kMiB).ok()) << "32 MiB free in 2 MiB pieces";
+    // One unmap for the two 20 MiB mappings would cut the 2 MiB one between them: refused. The
+    // three side by side go in one call.
+    EXPECT_FALSE(b->Unmap(*va, 21 * kMiB).ok());
+    ASSERT_TRUE(b->Unmap(*va, 44 * kMiB).ok());
+    EXPECT_EQ(b->counters().unmaps, 1);
+    for (const PhysicalPiece& p : pieces) ASSERT_TRUE(b->ReleasePhysical(p.handle).ok());
+    ASSERT_TRUE(b->ReleasePhysical(again[0].handle).ok());
+    ASSERT_TRUE(b->ReleasePhysical(again[1].handle).ok());
+    // 2 MiB and 20 MiB handles freed in any order leave every byte usable: 32 MiB free in 2 MiB
+    // pieces make a 30 MiB handle, which holds what is written to it.
+    std::vector<PhysicalHandle> small;
+    for (int i = 0; i < 32; ++i) small.push_back(*b->CreatePhysical(2 * kMiB));
+    for (int i = 0; i < 32; i += 2) ASSERT_TRUE(b->ReleasePhysical(small[i]).ok());
+    absl::StatusOr<PhysicalHandle> big = b->CreatePhysical(30 * kMiB);
+    ASSERT_TRUE(big.ok()) << big.status();
+    ASSERT_TRUE(b->Map(*va, 30 * kMiB, *big).ok());
+    if (mode == SimMemoryMode::kBacked) {
+      Fill(*va, 30 * kMiB, 7);
+      EXPECT_TRUE(Holds(*va, 30 * kMiB, 7));
     }
+    ASSERT_TRUE(b->Unmap(*va, 30 * kMiB).ok());
+    ASSERT_TRUE(b->ReleasePhysical(*big).ok());
+    for (int i = 1; i < 32; i += 2) ASSERT_TRUE(b->ReleasePhysical(small[i]).ok());
     ASSERT_TRUE(b->ReleaseAddressRange(*va, 64 * kMiB).ok());
   }
 }

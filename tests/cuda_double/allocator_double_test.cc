@@ -441,6 +441,30 @@ TEST_F(DoubleTest, OneSetAccessPerMappedRun) {
   ExpectAllReturned(*a, 0);
 }
 
+// A tier segment is one physical allocation of its whole size, mapped with one cuMemMap (offset 0);
+// a plain segment's granules, freed, go back with one cuMemUnmap for the run; the ranges of both
+// come from one address reservation. The double checks every call against CUDA's rules.
+TEST_F(DoubleTest, PiecesOfMixedSizesAndOneUnmapPerRun) {
+  std::unique_ptr<Allocator> a = Make("backend:vmm,tiers_tokens:[16],bytes_per_token:1MiB");
+  ASSERT_NE(a, nullptr);
+  const std::uint64_t creates = cudadouble_calls("cuMemCreate"), maps = cudadouble_calls("cuMemMap"),
+                      reserves = cudadouble_calls("cuMemAddressReserve");
+  absl::StatusOr<void*> tier = a->Allocate(16 * kMiB, 0, nullptr);  // the 16 MiB tier
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  EXPECT_EQ(cudadouble_calls("cuMemCreate") - creates, 1u);
+  EXPECT_EQ(cudadouble_calls("cuMemMap") - maps, 1u);
+  absl::StatusOr<void*> plain = a->Allocate(40 * kMiB, 0, nullptr);  // 20 granules
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(cudadouble_calls("cuMemCreate") - creates, 21u);
+  EXPECT_EQ(cudadouble_calls("cuMemAddressReserve") - reserves, 1u) << "both ranges from one reservation";
+  ASSERT_TRUE(a->Free(*plain, 0, 40 * kMiB).ok());
+  ASSERT_TRUE(a->Free(*tier, 0, 16 * kMiB).ok());
+  const std::uint64_t unmaps = cudadouble_calls("cuMemUnmap");
+  ASSERT_TRUE(a->EmptyCache().ok());
+  EXPECT_EQ(cudadouble_calls("cuMemUnmap") - unmaps, 2u) << "one call per segment";
+  ExpectAllReturned(*a, 0);
+}
+
 // A driver older than CUDA 12.0 (DISABLED_: only its own ctest entry runs it, at
 // CUDA_DOUBLE_DRIVER_VERSION=11080):
 // the backends refuse it with an error that says what is needed.

@@ -55,6 +55,7 @@ enum Rule {
   kVmmFreeMapped,
   kVmmCreateGranularity,
   kVmmMapGranularity,
+  kVmmMapOffset,
   kVmmMapReserved,
   kVmmMapUnmapped,
   kVmmLiveHandle,
@@ -112,6 +113,10 @@ constexpr RuleText kRules[kRuleCount] = {
     {"vmm-map-granularity",
      "cuda.h:12870 cuMemMap \"Both ptr, size, and offset must be a multiple of the value given via "
      "cuMemGetAllocationGranularity with the CU_MEM_ALLOC_GRANULARITY_MINIMUM flag\""},
+    {"vmm-map-offset",
+     "cuda.h:12899-12901 cuMemMap \"offset - Offset into the memory represented by handle from which to start "
+     "mapping - Note: currently must be zero\": a handle maps from its start only (so a part of it cannot be "
+     "mapped on its own, nor moved)"},
     {"vmm-map-reserved",
      "cuda.h:12867 cuMemMap \"This range must be an address reservation previously reserved with "
      "cuMemAddressReserve, and offset + size must be less than the size of the memory allocation\""},
@@ -120,7 +125,7 @@ constexpr RuleText kRules[kRuleCount] = {
     {"vmm-live-handle", "cuda.h:12845 cuMemRelease: a released handle (all references gone) is invalid"},
     {"vmm-access-mapped", "cuda.h:13089 cuMemSetAccess \"The range must be a fully mapped address range\""},
     {"vmm-unmap-whole",
-     "cuda.h:13060 cuMemUnmap \"The range must be the entire contiguous address range that was mapped to\""},
+     "cuda.h:13058 cuMemUnmap \"The range must be the entire contiguous address range that was mapped to\""},
     {"kernel-access",
      "cuda.h:12885 \"calling cuMemMap does not make the address accessible, the caller needs to update "
      "accessibility of a contiguous mapped VA range by calling cuMemSetAccess\"; cuda.h:13086 cuMemSetAccess "
@@ -1176,6 +1181,7 @@ CUresult DMemGetAllocationGranularity(std::size_t* g, const CUmemAllocationProp*
 CUresult DMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::size_t alignment, CUdeviceptr addr,
                             unsigned long long flags) {
   Locked l;
+  ++l.s.calls["cuMemAddressReserve"];
   DRIVER_READY(l.s, "cuMemAddressReserve");
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   if (ptr == nullptr || flags != 0 || size == 0 || size % page != 0 || addr % page != 0 ||
@@ -1198,6 +1204,7 @@ CUresult DMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::size_t alig
 
 CUresult DMemAddressFree(CUdeviceptr ptr, std::size_t size) {
   Locked l;
+  ++l.s.calls["cuMemAddressFree"];
   DRIVER_READY(l.s, "cuMemAddressFree");
   auto it = l.s.reservations.find(static_cast<std::uintptr_t>(ptr));
   if (it == l.s.reservations.end() || it->second.bytes != size) {
@@ -1217,6 +1224,7 @@ CUresult DMemAddressFree(CUdeviceptr ptr, std::size_t size) {
 CUresult DMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size, const CUmemAllocationProp* prop,
                     unsigned long long flags) {
   Locked l;
+  ++l.s.calls["cuMemCreate"];
   DRIVER_READY(l.s, "cuMemCreate");
   if (handle == nullptr || prop == nullptr || flags != 0 || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !ValidDevice(l.s, prop->location.id)) {
@@ -1244,6 +1252,7 @@ void MaybeFreePhysical(State& s, unsigned long long h) {
 
 CUresult DMemRelease(CUmemGenericAllocationHandle h) {
   Locked l;
+  ++l.s.calls["cuMemRelease"];
   DRIVER_READY(l.s, "cuMemRelease");
   auto it = l.s.physical.find(h);
   if (it == l.s.physical.end() || it->second.released) {
@@ -1275,6 +1284,10 @@ CUresult DMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGen
             "ptr/size/offset not multiples of the granularity (size " + std::to_string(size) + ")");
     return CUDA_ERROR_INVALID_VALUE;
   }
+  if (offset != 0) {
+    Violate(l.s, kVmmMapOffset, "cuMemMap", "offset " + std::to_string(offset) + " into the handle");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   auto ph = l.s.physical.find(h);
   if (ph == l.s.physical.end() || ph->second.released) {
     Violate(l.s, kVmmLiveHandle, "cuMemMap", "not a live handle");
@@ -1304,6 +1317,7 @@ CUresult DMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGen
 
 CUresult DMemUnmap(CUdeviceptr ptr, std::size_t size) {
   Locked l;
+  ++l.s.calls["cuMemUnmap"];
   DRIVER_READY(l.s, "cuMemUnmap");
   const auto va = static_cast<std::uintptr_t>(ptr);
   Reservation* r = ReservationOf(l.s, va, size);

@@ -42,7 +42,8 @@ void cudadouble_set_label(const char* label);
 int cudadouble_contexts_created(int device);
 // Physical bytes in use on `device` (cuMemAlloc'd plus cuMemCreate'd, rounded to the granularity).
 size_t cudadouble_used_bytes(int device);
-// How many times the driver function `name` was called (counted: "cuMemMap", "cuMemSetAccess").
+// How many times the driver function `name` was called (counted: "cuMemMap", "cuMemSetAccess",
+// "cuMemCreate", "cuMemRelease", "cuMemUnmap", "cuMemAddressReserve", "cuMemAddressFree").
 uint64_t cudadouble_calls(const char* name);
 // Work items queued on any stream that have not run yet.
 int cudadouble_pending_work(void);

@@ -286,6 +286,9 @@ TEST_F(CudaDoubleTest, VirtualMemoryRules) {
   ExpectViolation("vmm-map-granularity");
   EXPECT_EQ(cuMemMap(va + 3 * g, 2 * g, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
   ExpectViolation("vmm-map-reserved");
+  // The second granule of the handle on its own: cuMemMap takes no offset but zero.
+  EXPECT_EQ(cuMemMap(va + 2 * g, g, g, h, 0), CUDA_ERROR_INVALID_VALUE);
+  ExpectViolation("vmm-map-offset");
   ASSERT_EQ(cuMemMap(va, 2 * g, 0, h, 0), CUDA_SUCCESS);
   EXPECT_EQ(cuMemMap(va + g, g, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
   ExpectViolation("vmm-map-unmapped");

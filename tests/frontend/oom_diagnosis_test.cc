@@ -119,11 +119,11 @@ std::vector<Row> Table() {
     OomSituation s = Base();
     s.stitching = true;
     s.movable = 8 * M;
-    rows.push_back({"with stitching: what could move and what lies in shared granules",
+    rows.push_back({"with stitching: what could move and what lies in shared pieces",
                     s,
                     OomCause::kFragmentation,
-                    {"stitching could move 8.00 MiB of whole free granules, and 32.00 MiB of the free large-pool "
-                     "memory lies in granules shared with live blocks"}});
+                    {"stitching could move 8.00 MiB of whole free pieces, and 32.00 MiB of the free large-pool "
+                     "memory lies in pieces shared with live blocks"}});
   }
   {
     OomSituation s = Base();

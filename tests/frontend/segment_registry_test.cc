@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "bucketalloc/testing/sim_backend.h"
 #include "bucketalloc/units.h"
@@ -74,24 +76,65 @@ TEST_F(SegmentRegistryTest, DuringACaptureItGrowsWithoutCollectingAndTheCollecto
   registry_->ReleaseRange(*va, 2 * kMiB);
 }
 
-TEST_F(SegmentRegistryTest, RangesCountTheirMappedGranules) {
-  absl::StatusOr<std::uintptr_t> va = registry_->ReserveRange(4 * kMiB, 4 * kMiB);
+TEST_F(SegmentRegistryTest, RangesCountTheirMappedPieces) {
+  absl::StatusOr<std::uintptr_t> va = registry_->ReserveRange(8 * kMiB, 8 * kMiB);
   ASSERT_TRUE(va.ok()) << va.status();
-  absl::StatusOr<PhysicalHandle> g = registry_->CreateGranule();
-  ASSERT_TRUE(g.ok());
-  EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(2 * kMiB));
+  absl::StatusOr<PhysicalHandle> g = registry_->CreatePhysical(2 * kMiB);
+  absl::StatusOr<PhysicalHandle> h = registry_->CreatePhysical(4 * kMiB);
+  ASSERT_TRUE(g.ok() && h.ok());
+  EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(6 * kMiB));
+  EXPECT_TRUE(absl::IsResourceExhausted(registry_->CreatePhysical(16 * kMiB).status())) << "past the cap";
   std::size_t mapped = 0;
-  ASSERT_TRUE(registry_->MapGranules(*va, {*g}, &mapped).ok());
-  EXPECT_EQ(mapped, 1u);
-  EXPECT_EQ(registry_->At(*va)->mapped, 2 * kMiB);
+  const PhysicalPiece pieces[] = {{*g, 2 * kMiB}, {*h, 4 * kMiB}};
+  ASSERT_TRUE(registry_->MapPieces(*va, pieces, &mapped).ok());
+  EXPECT_EQ(mapped, 2u);
+  EXPECT_EQ(registry_->At(*va)->mapped, 6 * kMiB);
   EXPECT_EQ(registry_->totals().ranges, 1u);
+  EXPECT_EQ(sim_->counters().access_grants, 1) << "one access grant for the run";
   EXPECT_TRUE(registry_->CheckInvariants(0).ok());
-  ASSERT_TRUE(registry_->UnmapGranule(*va).ok());
-  EXPECT_FALSE(registry_->CheckInvariants(0).ok()) << "an unmapped granule that is not counted as a spare";
-  EXPECT_TRUE(registry_->CheckInvariants(2 * kMiB).ok());
-  EXPECT_TRUE(registry_->ReleaseGranule(*g));
-  registry_->ReleaseRange(*va, 4 * kMiB);
+  ASSERT_TRUE(registry_->Unmap(*va, 6 * kMiB).ok());
+  EXPECT_EQ(sim_->counters().unmaps, 1) << "one unmap for both pieces";
+  EXPECT_FALSE(registry_->CheckInvariants(0).ok()) << "unmapped pieces that are not counted as spares";
+  EXPECT_TRUE(registry_->CheckInvariants(6 * kMiB).ok());
+  EXPECT_TRUE(registry_->ReleasePhysical(pieces[0]));
+  EXPECT_TRUE(registry_->CheckInvariants(4 * kMiB).ok());
+  EXPECT_TRUE(registry_->ReleasePhysical(pieces[1]));
+  registry_->ReleaseRange(*va, 8 * kMiB);
   EXPECT_EQ(Stats().segment[kLargePool].current, 0);
+  EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, 0);
+  EXPECT_TRUE(registry_->CheckInvariants(0).ok());
+}
+
+// Ranges are carved from reservations of the cap's size (top down), not reserved one by one; a
+// range larger than that gets a reservation of its own; empty_cache's trim gives back the unused.
+TEST_F(SegmentRegistryTest, RangesAreCarvedFromFewReservations) {
+  std::vector<std::uintptr_t> ranges;
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<std::uintptr_t> va = registry_->ReserveRange(4 * kMiB, 0);
+    ASSERT_TRUE(va.ok()) << va.status();
+    if (!ranges.empty()) EXPECT_EQ(*va + 4 * kMiB, ranges.back()) << "each below the one before";
+    ranges.push_back(*va);
+  }
+  EXPECT_EQ(sim_->counters().address_reserves, 1) << "five 4 MiB ranges from one 20 MiB reservation";
+  absl::StatusOr<std::uintptr_t> big = registry_->ReserveRange(24 * kMiB, 0);
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(sim_->counters().address_reserves, 2);
+  EXPECT_EQ(Stats().segment[kLargePool].current, 6);
+  EXPECT_TRUE(registry_->CheckInvariants(0).ok());
+  // A range given back is carved again; a wholly free reservation goes back at a trim only.
+  registry_->ReleaseRange(ranges[2], 4 * kMiB);
+  absl::StatusOr<std::uintptr_t> again = registry_->ReserveRange(4 * kMiB, 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, ranges[2]);
+  EXPECT_EQ(sim_->counters().address_reserves, 2);
+  registry_->ReleaseRange(*big, 24 * kMiB);
+  EXPECT_EQ(sim_->counters().address_releases, 0);
+  registry_->TrimAddressSpace();
+  EXPECT_EQ(sim_->counters().address_releases, 1) << "the big one's reservation; the other is in use";
+  ranges[2] = *again;
+  for (std::uintptr_t va : ranges) registry_->ReleaseRange(va, 4 * kMiB);
+  registry_->TrimAddressSpace();
+  EXPECT_EQ(sim_->counters().address_releases, 2);
   EXPECT_TRUE(registry_->CheckInvariants(0).ok());
 }
 

@@ -119,8 +119,9 @@ TEST_P(SnapshotTest, HistoryRecordsEachEventInOrder) {
   ASSERT_TRUE(allocator_->EmptyCache().ok());
   const MemorySnapshot snap = Snap();
   ASSERT_EQ(snap.device_traces.size(), 1u);
-  // With stitching, the range's granules are mapped after segment_alloc and unmapped before
-  // segment_free, one entry each (PyTorch's segment_map and segment_unmap).
+  // With stitching, the range's pieces are mapped after segment_alloc (one entry each) and
+  // unmapped before segment_free (one entry per unmap call), PyTorch's segment_map and
+  // segment_unmap.
   std::vector<TraceEntry> t;
   int maps = 0, unmaps = 0;
   for (const TraceEntry& e : snap.device_traces[0]) {
@@ -134,7 +135,7 @@ TEST_P(SnapshotTest, HistoryRecordsEachEventInOrder) {
     }
   }
   const bool stitching = absl::StrContains(GetParam().conf, "expandable_segments:true");
-  EXPECT_EQ(maps, stitching ? 2 : 0) << "3 MiB rounds to a 4 MiB range of two 2 MiB granules";
+  EXPECT_EQ(maps, stitching ? 1 : 0) << "3 MiB rounds to its 4 MiB tier, whose segment is one piece";
   EXPECT_EQ(unmaps, maps);
   std::vector<std::string> actions;
   for (const TraceEntry& e : t) actions.emplace_back(TraceActionName(e.action));

@@ -1,5 +1,6 @@
 // Stitching (src/pool/stitcher.cc, src/pool/segment_backing.cc): a large pool over fake 2 MiB
-// granules; the choice of runs, oldest first, partial granules, tier blocks, unmap and map faults,
+// granules; pieces (granule pieces for plain segments, one piece for a tier segment), the choice of
+// pieces, oldest first, partial granules, tier blocks, one unmap per run, unmap and map faults,
 // split remainders, spares.
 #include "pool/stitcher.h"
 
@@ -14,21 +15,41 @@
 namespace bucketalloc::internal {
 namespace {
 
-TEST_F(StitchingPoolTest, GrowMapsOneGranulePerGranuleOfTheSegment) {
+TEST_F(StitchingPoolTest, GrowMapsOneGranulePerGranuleOfThePlainSegment) {
   InitStitching(64 * kMiB);
   Block* a = Allocate(3 * kMiB);
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->segment->size, 20 * kMiB);
-  EXPECT_EQ(source_->granules(), 10u);
+  EXPECT_EQ(source_->handles(), 10u);
   EXPECT_EQ(source_->mapped(), 10u);
   EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(20 * kMiB));
   Check(1);
   Return(a);
   EXPECT_EQ(ReleaseAll(), 20 * kMiB);
-  EXPECT_EQ(source_->granules(), 0u);
+  EXPECT_EQ(source_->handles(), 0u);
   EXPECT_EQ(source_->mapped(), 0u);
   EXPECT_EQ(Stats().num_granules_released, 10);
+  EXPECT_EQ(source_->unmaps, 1) << "one unmap for the ten mappings side by side";
   EXPECT_EQ(Stats().cached_bytes[kLargePool].current, 0);
+  Check(0);
+}
+
+TEST_F(StitchingPoolTest, ATierSegmentIsOnePiece) {
+  LargePoolConfig config;
+  config.tiers = {8 * kMiB};
+  InitStitching(64 * kMiB, config);
+  Block* t = Allocate(8 * kMiB);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(source_->creates, 1);
+  EXPECT_EQ(source_->maps, 1);
+  ASSERT_NE(t->segment->pieces, nullptr);
+  ASSERT_EQ(t->segment->pieces->size(), 1u);
+  EXPECT_EQ((*t->segment->pieces)[0].n, 4u);
+  Check(1);
+  Return(t);
+  EXPECT_EQ(ReleaseAll(), 8 * kMiB);
+  EXPECT_EQ(source_->unmaps, 1);
+  EXPECT_EQ(source_->handles(), 0u);
   Check(0);
 }
 
@@ -50,7 +71,7 @@ TEST_F(StitchingPoolTest, StitchMovesTheGranulesOfFreeBlocksIntoOneRange) {
   EXPECT_EQ(big->size, 12 * kMiB);
   EXPECT_EQ(Stats().num_stitches, 1);
   EXPECT_EQ(Stats().num_granules_stitched, 6);
-  EXPECT_EQ(source_->granules(), 20u) << "no granule was created or released";
+  EXPECT_EQ(source_->handles(), 20u) << "no granule was created or released";
   EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(40 * kMiB));
   for (std::size_t g = 0; g < 6; ++g) {
     const PhysicalHandle h = source_->HandleAt(big->ptr + g * kG);
@@ -59,13 +80,14 @@ TEST_F(StitchingPoolTest, StitchMovesTheGranulesOfFreeBlocksIntoOneRange) {
   }
   for (Block* b : live) EXPECT_EQ(b->state, BlockState::kAllocated);
   EXPECT_EQ(source_->synced.size(), 1u) << "the free blocks' stream is synchronized once before the unmaps";
+  EXPECT_EQ(source_->unmaps, 3) << "one unmap per free block: its two granules side by side";
   Check(6);
   // Everything frees and releases; the holes leave nothing behind.
   Return(big);
   for (Block* b : live) Return(b);
   Check(0);
   ReleaseAll();
-  EXPECT_EQ(source_->granules(), 0u);
+  EXPECT_EQ(source_->handles(), 0u);
   EXPECT_EQ(source_->mapped(), 0u);
   EXPECT_EQ(Stats().cached_bytes[kLargePool].current, 0);
   Check(0);
@@ -110,21 +132,73 @@ TEST_F(StitchingPoolTest, PartialGranulesStayAndWholeOnesMove) {
 TEST_F(StitchingPoolTest, ATierBlockMovesWholeAndItsSegmentGoes) {
   Block* t2 = TwoTierBlocksTheFirstFreed();
   ASSERT_NE(t2, nullptr);
-  // A 6 MiB non-tier request at the cap takes the whole tier block (tier segments are never split),
-  // uses three granules and gives the fourth back to the device.
+  // A 6 MiB non-tier request at the cap takes the whole tier block (tier segments are never split).
+  // It is one 8 MiB piece, more than needed: it goes back to the device, and the 6 MiB are created
+  // anew in granules, so that no free granule shares a piece with the live block.
   absl::StatusOr<Block*> s = Stitch(6 * kMiB, -1);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(Stats().num_granules_stitched, 3);
-  EXPECT_EQ(Stats().num_granules_released, 1);
-  EXPECT_EQ(source_->granules(), 7u);
+  EXPECT_EQ(Stats().num_granules_stitched, 0);
+  EXPECT_EQ(Stats().num_granules_released, 4);
+  EXPECT_EQ(source_->handles(), 4u) << "the other tier block's piece and three granules";
+  EXPECT_EQ(source_->used(), 14 * kMiB);
   int segments = 0;
   pool_->ForEachSegment([&](const Segment&) { ++segments; });
   EXPECT_EQ(segments, 2) << "the all-hole tier segment was released";
   Check(2);
 }
 
+// A plain segment is granule pieces whatever it is stitched from: a tier block's 8 MiB piece goes
+// back to the device and the 8 MiB are created anew in granules, so that a block later carved from
+// the stitched segment leaves its free granules movable.
+TEST_F(StitchingPoolTest, APlainStitchNeverMapsATierBlocksPieceWhole) {
+  Block* t2 = TwoTierBlocksTheFirstFreed();
+  ASSERT_NE(t2, nullptr);
+  const int creates = source_->creates;
+  absl::StatusOr<Block*> s = Stitch(8 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_NE((*s)->segment->pieces, nullptr);
+  EXPECT_EQ((*s)->segment->pieces->size(), 4u);
+  for (const Piece& p : *(*s)->segment->pieces) EXPECT_EQ(p.n, 1u);
+  EXPECT_EQ(source_->creates - creates, 4);
+  EXPECT_EQ(Stats().num_granules_released, 4);
+  Check(2);
+  // Freed, and a 3 MiB block carved from it: the two granules above it can move.
+  Return(*s);
+  Block* a = Allocate(3 * kMiB);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(pool_->movable_bytes(), 4 * kMiB);
+  EXPECT_TRUE(Stitch(4 * kMiB, -1).ok());
+  Check(3);
+}
+
+// A spare larger than a granule is not mapped into a plain segment, so it is not counted as the
+// stitch's own memory: the stitch moves free granules instead of creating past the cap.
+TEST_F(StitchingPoolTest, ASpareTooLargeForAPlainSegmentIsNotCountedAsOwn) {
+  LargePoolConfig config;
+  config.tiers = {8 * kMiB};
+  InitStitching(28 * kMiB, config);
+  Block* t1 = Allocate(8 * kMiB);
+  Block* t2 = Allocate(8 * kMiB);
+  ASSERT_TRUE(t1 != nullptr && t2 != nullptr);
+  Return(t1);
+  source_->fail_release_in = 1;
+  ReleaseOldestUntil(*pool_, 1);
+  ASSERT_EQ(pool_->spare_bytes(), 8 * kMiB);
+  Block* p = Allocate(12 * kMiB);  // a plain segment of six granules: the spare is not taken
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(pool_->spare_bytes(), 8 * kMiB);
+  Return(p);
+  ASSERT_EQ(source_->used(), 28 * kMiB);
+  const int creates = source_->creates;
+  absl::StatusOr<Block*> s = Stitch(4 * kMiB, -1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(source_->creates, creates) << "two free granules moved";
+  EXPECT_EQ(Stats().num_granules_stitched, 2);
+  Check(2);
+}
+
 TEST_F(StitchingPoolTest, AFailedUnmapOrMapLeavesLiveBlocksAndTheStatsTrue) {
-  for (int fail : {1, 3, 6}) {  // the first, a middle and the last unmap of six
+  for (int fail : {1, 2, 3}) {  // the first, the middle and the last unmap of three (a free block each)
     SCOPED_TRACE(fail);
     InitStitching(40 * kMiB);
     std::vector<Block*> live = FragmentTwoSegments();
@@ -134,7 +208,7 @@ TEST_F(StitchingPoolTest, AFailedUnmapOrMapLeavesLiveBlocksAndTheStatsTrue) {
     for (Block* b : live) EXPECT_EQ(b->state, BlockState::kAllocated);
     Check(5);
     EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(source_->used()));
-    EXPECT_EQ(Stats().num_granules_released, fail - 1) << "the granules unmapped before the failure went back";
+    EXPECT_EQ(Stats().num_granules_released, 2 * (fail - 1)) << "the pieces unmapped before the failure went back";
     // A map failure: the unmapped granules go back to the device, the fresh range is released.
     source_->fail_map_in = 2;
     s = Stitch(12 * kMiB, -1);
@@ -159,19 +233,20 @@ TEST_F(StitchingPoolTest, WithKeepRemainderZeroEveryRemainderIsSplitOff) {
   Check(1);
 }
 
-TEST_F(StitchingPoolTest, AFailedUnmapOfATierBlockLeavesPlainFreeMemory) {
+TEST_F(StitchingPoolTest, AFailedUnmapOfATierBlockChangesNothing) {
   Block* t2 = TwoTierBlocksTheFirstFreed();
   ASSERT_NE(t2, nullptr);
-  source_->fail_unmap_in = 2;  // in the stitch: one granule goes, then the unmap fails
+  source_->fail_unmap_in = 1;  // the one unmap of the tier block's piece
   EXPECT_FALSE(Stitch(6 * kMiB, -1).ok());
   Check(1);
-  EXPECT_TRUE(ss_->tier_free[0].empty()) << "a tier list would hand the 6 MiB rest out as 8 MiB";
+  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, static_cast<std::int64_t>(8 * kMiB));
   Block* again = TryAllocate(8 * kMiB, 0);
-  EXPECT_TRUE(again == nullptr || again->size >= 8 * kMiB);
-  if (again != nullptr) Return(again);
+  ASSERT_NE(again, nullptr) << "still a whole tier block in its list";
+  EXPECT_EQ(again->size, 8 * kMiB);
+  Return(again);
   Return(t2);
-  // A release that fails part-way does the same.
-  source_->fail_unmap_in = 3;
+  // A release that fails leaves it cached and whole too.
+  source_->fail_unmap_in = 1;
   ReleaseOldestUntil(*pool_, 8 * kMiB);
   Check(0);
   for (std::size_t t = 0; t < pool_->num_tiers(); ++t) {
@@ -214,11 +289,11 @@ TEST_F(StitchingPoolTest, ARefusedReleaseKeepsASpareThatTheNextGrowUses) {
   Block* b = Allocate(12 * kMiB);
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(pool_->spare_bytes(), 0u) << "the grow used the spare";
-  EXPECT_EQ(source_->granules(), 6u);
+  EXPECT_EQ(source_->handles(), 6u);
   Check(1);
   Return(b);
   ReleaseAll();
-  EXPECT_EQ(source_->granules(), 0u);
+  EXPECT_EQ(source_->handles(), 0u);
   EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, 0);
   Check(0);
 }
