@@ -2,13 +2,14 @@
 # scripts/setup.sh — installs what bucketalloc needs to build and test on Debian 12, when missing.
 # Debian packages: a C++20 compiler, CMake, Ninja, clang (libFuzzer, for fuzz/), clang-format (the tree's format), Abseil, GoogleTest, Google Benchmark, mimalloc
 # (benchmark baseline), nlohmann-json, CLI11, zlib (gzip traces); Python 3 with venv, pip, setuptools and pytest (the
-# PyTorch plugin and its tests); Chromium (html_report renders bucketalloc-bench's HTML report headless).
+# PyTorch plugin and its tests); Chromium (html_report renders bucketalloc-bench's HTML report headless); Prometheus
+# and curl (the metrics test scrapes a process with a real Prometheus and checks its output with promtool).
 # The CUDA toolkit is expected at /usr/local/cuda (CUDA_HOME overrides); it is not a Debian package of the right version.
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config clang clang-format libabsl-dev libgtest-dev libgmock-dev
           libbenchmark-dev libmimalloc-dev nlohmann-json3-dev libcli11-dev zlib1g-dev xz-utils
-          python3 python3-venv python3-pip python3-setuptools python3-pytest chromium)
+          python3 python3-venv python3-pip python3-setuptools python3-pytest chromium prometheus curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

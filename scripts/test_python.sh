@@ -3,7 +3,8 @@
 #   1. builds the self-contained wheel (scripts/build_wheel.sh: scikit-build-core, auditwheel);
 #   2. installs it into a fresh venv outside the source tree (no system site packages), with the
 #      real torch (the PyPI CUDA wheel, which imports and drives its own allocator objects without a
-#      driver), accelerate and pytest, from wheels cached under the project's cache directory;
+#      driver), accelerate, prometheus_client and pytest, from wheels cached under the project's
+#      cache directory;
 #   3. runs the package's pytest suite (python/torch_plugin/tests, copied beside the venv) against
 #      the installed copy, BUCKETALLOC_LIBRARY unset, in a mount namespace (unshare) where every
 #      file of the system's Abseil is hidden under a bind mount of /dev/null: tests/test_installed.py
@@ -39,7 +40,7 @@ trap cleanup EXIT
 echo "== a fresh venv in $work/venv (no system site packages)"
 /usr/bin/python3 -m venv "$work/venv"
 py="$work/venv/bin/python"
-cached_install "$py" "torch==$torch_version" accelerate pytest  # about 3 GB the first time
+cached_install "$py" "torch==$torch_version" accelerate pytest prometheus_client  # about 3 GB the first time
 "$py" -m pip install --quiet --no-index --no-deps "$wheel"
 cp -r python/torch_plugin/tests "$work/tests"
 find "$work/tests" -name __pycache__ -prune -exec rm -rf {} +

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/capture.h"
+#include "bucketalloc/metrics.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
@@ -115,6 +116,9 @@ class Allocator {
   absl::StatusOr<DeviceStats> GetStats(int device) const;
   absl::Status ResetPeakStats(int device);
   absl::StatusOr<FragmentationReport> GetFragmentation(int device) const;
+  // The metrics of every device created so far (none is created by asking), each taken under its
+  // device's lock: what MetricsToPrometheus (bucketalloc/metrics.h) renders.
+  std::vector<DeviceMetrics> Metrics() const;
   // The readable summary table (stats, then the fragmentation table).
   absl::StatusOr<std::string> Summary(int device) const;
   // CUDA graph capture and private pools (PyTorch's beginAllocateToPool / endAllocateToPool /

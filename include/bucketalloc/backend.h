@@ -18,6 +18,7 @@
 #ifndef BUCKETALLOC_BACKEND_H_
 #define BUCKETALLOC_BACKEND_H_
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -109,6 +110,27 @@ struct BackendCounters {
   std::int64_t address_reserves = 0;
   std::int64_t address_releases = 0;
 };
+
+// The memory calls of `BackendCounters` one by one, for the reports that list them: the key of the
+// harness's JSON ("allocs"), the driver call it counts ("cuMemAlloc"), the count (failed
+// allocations and creates included), and whether it is a virtual-memory call.
+struct BackendCall {
+  const char* key;
+  const char* call;
+  std::int64_t count;
+  bool virtual_memory;
+};
+inline std::array<BackendCall, 9> BackendCalls(const BackendCounters& c) {
+  return {{{"allocs", "cuMemAlloc", c.allocs + c.failed_allocs, false},
+           {"frees", "cuMemFree", c.frees, false},
+           {"creates", "cuMemCreate", c.physical_creates + c.failed_physical_creates, true},
+           {"releases", "cuMemRelease", c.physical_releases, true},
+           {"maps", "cuMemMap", c.maps, true},
+           {"access_grants", "cuMemSetAccess", c.access_grants, true},
+           {"unmaps", "cuMemUnmap", c.unmaps, true},
+           {"address_reserves", "cuMemAddressReserve", c.address_reserves, true},
+           {"address_releases", "cuMemAddressFree", c.address_releases, true}}};
+}
 
 // The memory source of one device. Implementations: sim (CPU, with a VMM twin), cuda (cudaMalloc),
 // and vmm (cudaMalloc for Allocate, the driver's virtual memory management for the VMM family).

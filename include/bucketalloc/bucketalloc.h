@@ -147,6 +147,13 @@ BUCKETALLOC_API ssize_t bucketalloc_stats_json(int device, char* buf, size_t len
 /* The fragmentation report as JSON: per pool the free-block histogram (count and bytes per size
  * bin), largest and total free, external and internal fragmentation; the per-tier table. */
 BUCKETALLOC_API ssize_t bucketalloc_fragmentation_json(int device, char* buf, size_t len);
+/* Every device's metrics in Prometheus's text exposition format (version 0.0.4): gauges per device
+ * and pool (reserved, allocated, active, cached, requested bytes, largest free block, external and
+ * internal fragmentation, tier use), counters (allocations, frees, cache hits, backend calls, OOMs
+ * by cause, retries, stitches, tier fallbacks) and the free-block size histogram;
+ * docs/operations.md lists them. Empty before the allocator exists (this call never creates it).
+ * BUCKETALLOC_METRICS_ADDR=HOST:PORT serves the same text at http://HOST:PORT/metrics. */
+BUCKETALLOC_API ssize_t bucketalloc_metrics_text(char* buf, size_t len);
 /* The readable memory-summary table (stats, then the fragmentation table). */
 BUCKETALLOC_API ssize_t bucketalloc_summary(int device, char* buf, size_t len);
 /* The layout of torch.cuda.memory._snapshot() as JSON: "segments" (each with its "blocks" and

@@ -75,26 +75,30 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
   X(inactive_split, "number of free blocks inside partly used segments and slabs")
 
 // Event counters: X(name, meaning). PyTorch's names where they exist.
-#define BUCKETALLOC_COUNTERS(X)                                                                                     \
-  X(num_alloc_retries, "allocations that released the cache and retried")                                           \
-  X(num_ooms, "allocations that failed with out-of-memory")                                                         \
-  X(num_oom_rejections, "device allocations refused without asking the device: they would exceed the cap")          \
-  X(num_device_alloc, "backend allocations (cudaMalloc calls that succeeded)")                                      \
-  X(num_device_free, "backend frees (cudaFree calls)")                                                              \
-  X(num_device_free_failures, "backend frees that failed (the memory stayed cached)")                               \
-  X(num_sync_all_streams, "times pending stream events were synchronized to release memory")                        \
-  X(num_splits, "free blocks split to serve a smaller request")                                                     \
-  X(num_merges, "adjacent free blocks coalesced")                                                                   \
-  X(num_cache_hits, "allocations served from cached memory without a backend call")                                 \
-  X(num_cache_misses, "allocations that needed a new segment or slab")                                              \
-  X(num_tier_fallbacks, "tier requests served at their exact rounded size instead")                                 \
-  X(num_gc_releases, "segments and slabs released by garbage_collection_threshold")                                 \
-  X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")                              \
-  X(num_capture_refusals, "allocations refused during CUDA graph capture (the backend cannot allocate then)")       \
-  X(num_abandoned_captures, "captures ended by bucketalloc: their streams stopped capturing without an end call")   \
-  X(num_deferred_frees, "cross-stream frees whose events were recorded later (a capture ran, or recording failed)") \
-  X(num_stitches, "large allocations served by stitching granules of free blocks into a new range (vmm)")           \
-  X(num_granules_stitched, "physical granules unmapped from free blocks and mapped into a stitched range (vmm)")    \
+#define BUCKETALLOC_COUNTERS(X)                                                                                        \
+  X(num_alloc_retries, "allocations that released the cache and retried")                                              \
+  X(num_ooms, "allocations that failed with out-of-memory")                                                            \
+  X(num_ooms_capacity, "out-of-memory failures whose cause was capacity: live memory plus the request exceed the cap") \
+  X(num_ooms_fragmentation, "out-of-memory failures whose cause was fragmentation: enough free, no piece fits")        \
+  X(num_ooms_cache_held, "out-of-memory failures whose cause was memory held for unsynchronized stream events")        \
+  X(num_ooms_device_exhausted, "out-of-memory failures the device refused under the cap (memory used outside)")        \
+  X(num_oom_rejections, "device allocations refused without asking the device: they would exceed the cap")             \
+  X(num_device_alloc, "backend allocations (cudaMalloc calls that succeeded)")                                         \
+  X(num_device_free, "backend frees (cudaFree calls)")                                                                 \
+  X(num_device_free_failures, "backend frees that failed (the memory stayed cached)")                                  \
+  X(num_sync_all_streams, "times pending stream events were synchronized to release memory")                           \
+  X(num_splits, "free blocks split to serve a smaller request")                                                        \
+  X(num_merges, "adjacent free blocks coalesced")                                                                      \
+  X(num_cache_hits, "allocations served from cached memory without a backend call")                                    \
+  X(num_cache_misses, "allocations that needed a new segment or slab")                                                 \
+  X(num_tier_fallbacks, "tier requests served at their exact rounded size instead")                                    \
+  X(num_gc_releases, "segments and slabs released by garbage_collection_threshold")                                    \
+  X(num_invalid_frees, "frees rejected (unknown pointer, double free, size mismatch)")                                 \
+  X(num_capture_refusals, "allocations refused during CUDA graph capture (the backend cannot allocate then)")          \
+  X(num_abandoned_captures, "captures ended by bucketalloc: their streams stopped capturing without an end call")      \
+  X(num_deferred_frees, "cross-stream frees whose events were recorded later (a capture ran, or recording failed)")    \
+  X(num_stitches, "large allocations served by stitching granules of free blocks into a new range (vmm)")              \
+  X(num_granules_stitched, "physical granules unmapped from free blocks and mapped into a stitched range (vmm)")       \
   X(num_granules_released, "physical granules of free blocks unmapped and given back to the device (vmm)")
 
 // Device-wide gauges (no per-pool split, as in PyTorch): X(name, meaning).

@@ -21,10 +21,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/allocator.h"
+#include "bucketalloc/metrics.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
 #include "bucketalloc/testing/sim_backend.h"
+#include "plugins/common/metrics_server.h"
 #include "plugins/common/process_allocator.h"
 
 namespace bucketalloc {
@@ -89,6 +91,7 @@ Allocator* CreateAllocator() {
                             absl::StrCat("bucketalloc: cannot create the allocator: ", created.status().message())));
       return nullptr;
     }
+    plugins::StartMetricsServerFromEnv(created->get(), "bucketalloc");
     return std::move(*created);
   });
 }
@@ -362,6 +365,15 @@ ssize_t bucketalloc_fragmentation_json(int device, char* buf, size_t len) {
     absl::StatusOr<bucketalloc::FragmentationReport> report = a.GetFragmentation(device);
     if (!report.ok()) return report.status();
     return bucketalloc::FragmentationToJson(*report);
+  });
+}
+
+ssize_t bucketalloc_metrics_text(char* buf, size_t len) {
+  return Guarded<ssize_t>(-1, [&]() -> ssize_t {
+    // Never creates the allocator: before it exists there is nothing to report.
+    const Allocator* a = bucketalloc::g_process.get();
+    return bucketalloc::WriteText(a == nullptr ? std::string() : bucketalloc::MetricsToPrometheus(a->Metrics()), buf,
+                                  len);
   });
 }
 

@@ -64,6 +64,7 @@
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/stats.h"
+#include "plugins/common/metrics_server.h"
 #include "plugins/common/process_allocator.h"
 #include "plugins/preload/real_runtime.h"
 
@@ -134,6 +135,7 @@ Allocator* CreateAllocator() {
       return nullptr;
     }
     if (std::getenv("BUCKETALLOC_STATS_ON_EXIT") != nullptr) std::atexit(&PrintStatsAtExit);
+    plugins::StartMetricsServerFromEnv(created->get(), "bucketalloc preload");
     return std::move(*created);
   });
 }

@@ -315,6 +315,14 @@ absl::StatusOr<FragmentationReport> Allocator::GetFragmentation(int device) cons
   return (*d)->GetFragmentation();
 }
 
+std::vector<DeviceMetrics> Allocator::Metrics() const {
+  std::vector<DeviceMetrics> metrics;
+  for (int i = 0; i < device_count(); ++i) {
+    if (DeviceAllocator* d = Published(devices_->ptrs, i)) metrics.push_back(d->GetMetrics());
+  }
+  return metrics;
+}
+
 absl::StatusOr<std::string> Allocator::Summary(int device) const {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();

@@ -304,6 +304,20 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   s.movable = pools_.large().movable_bytes();
   s.fragmentation = FragmentationLocked();
   OomReport r = DiagnoseOom(s);
+  switch (r.cause) {
+    case OomCause::kCapacity:
+      stats_.Count(&DeviceStats::num_ooms_capacity);
+      break;
+    case OomCause::kFragmentation:
+      stats_.Count(&DeviceStats::num_ooms_fragmentation);
+      break;
+    case OomCause::kCacheHeld:
+      stats_.Count(&DeviceStats::num_ooms_cache_held);
+      break;
+    case OomCause::kDeviceExhausted:
+      stats_.Count(&DeviceStats::num_ooms_device_exhausted);
+      break;
+  }
   history_.Record(TraceAction::kOom, 0, size, registry_.slow_path_stream(), r.device_free);
   std::string message = r.ToString();
   last_oom_ = std::move(r);
@@ -596,6 +610,10 @@ absl::Status DeviceAllocator::SetMemoryFraction(double fraction) {
 
 DeviceStats DeviceAllocator::GetStats() const {
   MutexLock lock(mu_);
+  return StatsLocked();
+}
+
+DeviceStats DeviceAllocator::StatsLocked() const {
   DeviceStats s = stats_.Snapshot();
   private_.ForEach([&](std::uint16_t tag, const PrivatePools::Pool& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (const StatArray* reserved = registry_.OwnedReserved(tag)) {
@@ -603,6 +621,16 @@ DeviceStats DeviceAllocator::GetStats() const {
     }
   });
   return s;
+}
+
+DeviceMetrics DeviceAllocator::GetMetrics() const {
+  DeviceMetrics m;
+  m.device = device_;
+  MutexLock lock(mu_);
+  m.stats = StatsLocked();
+  m.fragmentation = FragmentationLocked();
+  m.backend_calls = backend_->counters();
+  return m;
 }
 
 void DeviceAllocator::ResetPeakStats() {

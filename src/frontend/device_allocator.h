@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/capture.h"
+#include "bucketalloc/metrics.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
@@ -79,6 +80,8 @@ class DeviceAllocator final {
   absl::Status SetMemoryFraction(double fraction);
 
   DeviceStats GetStats() const;
+  // The stats, fragmentation report and backend call counts, taken together under the lock.
+  DeviceMetrics GetMetrics() const;
   void ResetPeakStats();
   FragmentationReport GetFragmentation() const;
   std::optional<OomReport> LastOom() const;
@@ -192,6 +195,7 @@ class DeviceAllocator final {
   // when the backend cannot allocate during a capture.
   absl::Status CaptureMiss(std::size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   FragmentationReport FragmentationLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  DeviceStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls f(pools) for the device's own pools and every private pool's.
   template <typename F>
   void ForEachPools(F&& f) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

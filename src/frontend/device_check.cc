@@ -186,6 +186,10 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
       now.oversize_allocations.current != oversize) {
     return fail("oversize_segments or oversize_allocations does not match the blocks");
   }
+  if (now.num_ooms !=
+      now.num_ooms_capacity + now.num_ooms_fragmentation + now.num_ooms_cache_held + now.num_ooms_device_exhausted) {
+    return fail(absl::StrCat("num_ooms is ", now.num_ooms, " but its causes add up to another count"));
+  }
   return absl::OkStatus();
 }
 

@@ -281,9 +281,12 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   r.p50_ns = Percentile(counts.latencies, 0.50);
   r.p99_ns = Percentile(counts.latencies, 0.99);
   const BackendCounters c = a.backend_counters();
-  const std::int64_t vmm_calls = c.physical_creates + c.failed_physical_creates + c.physical_releases + c.maps +
-                                 c.unmaps + c.access_grants + c.address_reserves + c.address_releases;
-  r.backend_calls = static_cast<std::uint64_t>(c.allocs + c.failed_allocs + c.frees + vmm_calls);
+  std::int64_t all_calls = 0, vmm_calls = 0;
+  for (const BackendCall& call : BackendCalls(c)) {
+    all_calls += call.count;
+    if (call.virtual_memory) vmm_calls += call.count;
+  }
+  r.backend_calls = static_cast<std::uint64_t>(all_calls);
   r.backend_counters = c;
   r.simulated_backend_ms = (static_cast<double>(c.allocs + c.failed_allocs) * options.cost.malloc_us +
                             static_cast<double>(c.frees) * options.cost.free_us +
@@ -312,34 +315,25 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
 }
 
 std::string ReplayResult::ToJson() const {
-  nlohmann::ordered_json j = {
-      {"allocator", allocator},
-      {"device", device},
-      {"capacity_bytes", capacity},
-      {"allocations", allocations},
-      {"peak_live_bytes", peak_live_bytes},
-      {"peak_reserved_bytes", peak_reserved_bytes},
-      {"reserved_over_live", reserved_over_live},
-      {"ooms", ooms},
-      {"capacity_ooms", capacity_ooms},
-      {"fragmentation_ooms", fragmentation_ooms},
-      {"p50_ns", p50_ns},
-      {"p99_ns", p99_ns},
-      {"backend_calls", backend_calls},
-      {"backend_call_counts",
-       {{"allocs", backend_counters.allocs + backend_counters.failed_allocs},
-        {"frees", backend_counters.frees},
-        {"creates", backend_counters.physical_creates + backend_counters.failed_physical_creates},
-        {"releases", backend_counters.physical_releases},
-        {"maps", backend_counters.maps},
-        {"access_grants", backend_counters.access_grants},
-        {"unmaps", backend_counters.unmaps},
-        {"address_reserves", backend_counters.address_reserves},
-        {"address_releases", backend_counters.address_releases}}},
-      {"granules_stitched", granules_stitched},
-      {"simulated_backend_ms", simulated_backend_ms},
-      {"per_round_peak_reserved_bytes", per_round_peak_reserved_bytes},
-      {"verdict", verdict}};
+  nlohmann::ordered_json j = {{"allocator", allocator},
+                              {"device", device},
+                              {"capacity_bytes", capacity},
+                              {"allocations", allocations},
+                              {"peak_live_bytes", peak_live_bytes},
+                              {"peak_reserved_bytes", peak_reserved_bytes},
+                              {"reserved_over_live", reserved_over_live},
+                              {"ooms", ooms},
+                              {"capacity_ooms", capacity_ooms},
+                              {"fragmentation_ooms", fragmentation_ooms},
+                              {"p50_ns", p50_ns},
+                              {"p99_ns", p99_ns},
+                              {"backend_calls", backend_calls},
+                              {"backend_call_counts", nlohmann::ordered_json::object()},
+                              {"granules_stitched", granules_stitched},
+                              {"simulated_backend_ms", simulated_backend_ms},
+                              {"per_round_peak_reserved_bytes", per_round_peak_reserved_bytes},
+                              {"verdict", verdict}};
+  for (const BackendCall& call : BackendCalls(backend_counters)) j["backend_call_counts"][call.key] = call.count;
   return j.dump(2);
 }
 

@@ -46,7 +46,7 @@ absl::Status PlainBacking::CheckInvariants(const LargePool& pool) const {
 
 namespace {
 
-std::size_t BytesOf(absl::Span<const PhysicalPiece> pieces) {
+[[maybe_unused]] std::size_t BytesOf(absl::Span<const PhysicalPiece> pieces) {
   std::size_t bytes = 0;
   for (const PhysicalPiece& p : pieces) bytes += p.bytes;
   return bytes;

@@ -176,6 +176,28 @@ TEST_F(CAbiTest, TextFunctionsReportTheLengthTheyNeed) {
   EXPECT_TRUE(absl::StrContains(conf.data(), "backend:sim")) << conf.data();
 }
 
+// The metrics text: empty before the allocator exists (asking does not create it), then every
+// created device's series, OOMs counted by cause.
+TEST_F(CAbiTest, MetricsTextNeverCreatesTheAllocatorAndCountsOomsByCause) {
+  EXPECT_EQ(bucketalloc_metrics_text(nullptr, 0), 0);
+  EXPECT_EQ(bucketalloc_is_initialized(), 0);
+  void* p = bucketalloc_malloc(3 << 20, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(bucketalloc_malloc(ssize_t{1} << 30, 0, nullptr), nullptr);  // over the 256 MiB cap
+  const ssize_t n = bucketalloc_metrics_text(nullptr, 0);
+  ASSERT_GT(n, 0) << bucketalloc_last_error();
+  std::vector<char> buf(static_cast<std::size_t>(n) + 1);
+  ASSERT_EQ(bucketalloc_metrics_text(buf.data(), buf.size()), n);
+  const std::string text(buf.data());
+  EXPECT_TRUE(absl::StrContains(text, "bucketalloc_allocated_bytes{device=\"0\",pool=\"all\"} 3145728\n")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "bucketalloc_ooms_total{device=\"0\",cause=\"capacity\"} 1\n"));
+  EXPECT_TRUE(absl::StrContains(text, "bucketalloc_ooms_total{device=\"0\",cause=\"fragmentation\"} 0\n"));
+  EXPECT_EQ(Stats()["num_ooms_capacity"], 1);
+  EXPECT_EQ(bucketalloc_metrics_text(nullptr, 5), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "buffer is NULL")) << bucketalloc_last_error();
+  bucketalloc_free(p, 3 << 20, 0, nullptr);
+}
+
 TEST_F(CAbiTest, SnapshotAndHistoryThroughTheAbi) {
   ASSERT_EQ(bucketalloc_record_history(1, 3), 0);
   void* p = bucketalloc_malloc(3 << 20, 0, StreamOf(1));

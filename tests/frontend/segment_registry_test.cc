@@ -112,7 +112,9 @@ TEST_F(SegmentRegistryTest, RangesAreCarvedFromFewReservations) {
   for (int i = 0; i < 5; ++i) {
     absl::StatusOr<std::uintptr_t> va = registry_->ReserveRange(4 * kMiB, 0);
     ASSERT_TRUE(va.ok()) << va.status();
-    if (!ranges.empty()) EXPECT_EQ(*va + 4 * kMiB, ranges.back()) << "each below the one before";
+    if (!ranges.empty()) {
+      EXPECT_EQ(*va + 4 * kMiB, ranges.back()) << "each below the one before";
+    }
     ranges.push_back(*va);
   }
   EXPECT_EQ(sim_->counters().address_reserves, 1) << "five 4 MiB ranges from one 20 MiB reservation";

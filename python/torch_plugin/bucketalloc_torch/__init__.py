@@ -33,8 +33,9 @@ import threading
 import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
-from . import _lib, _torch_ext
+from . import _lib, _metrics, _torch_ext
 from ._lib import BucketallocError
+from ._metrics import metrics_text, register_metrics
 
 from ._version import project_version as _project_version
 
@@ -58,7 +59,9 @@ __all__ = [
     "memory_reserved",
     "memory_stats",
     "memory_summary",
+    "metrics_text",
     "record_memory_history",
+    "register_metrics",
     "reset_peak_memory_stats",
     "snapshot",
     "unpatch_torch",
@@ -484,6 +487,9 @@ def enable(conf: Optional[str] = None, *, patch_torch: bool = False, raise_on_oo
             and PyTorch does not check that pointer: keep the default.
         **options: more options, appended to `conf` (e.g. ``capacity="40GiB"``).
 
+    When prometheus_client is installed, bucketalloc's metrics are registered in its default
+    registry (register_metrics()), so a server that exposes /metrics with it shows them.
+
     Returns:
         The torch.cuda.memory.CUDAPluggableAllocator (e.g. for torch.cuda.MemPool).
 
@@ -506,6 +512,7 @@ def enable(conf: Optional[str] = None, *, patch_torch: bool = False, raise_on_oo
         if _enabled is None:
             _check_device()
             _enabled = _Enabled(raise_on_oom, _install(raise_on_oom))
+            _metrics.register_if_available()
         if patch_torch:
             _patch_torch()
         return _enabled.allocator

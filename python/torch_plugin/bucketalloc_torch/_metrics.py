@@ -1,0 +1,85 @@
+"""bucketalloc's metrics in prometheus_client: a collector of the library's Prometheus text.
+
+The library renders every metric once (``bucketalloc_metrics_text``, docs/operations.md); this
+collector hands that text to prometheus_client's own parser and yields the families, so a server
+that already exposes ``/metrics`` with prometheus_client (vLLM, TGI, any FastAPI app with
+``make_asgi_app``) shows bucketalloc's series next to its own. ``enable()`` registers it in
+prometheus_client's default registry when prometheus_client is installed; ``register_metrics()``
+does it explicitly, for any registry.
+
+prometheus_client is optional: nothing here imports it until a collector is registered.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator, List, Optional
+
+from . import _lib
+from ._lib import BucketallocError
+
+
+def metrics_text() -> str:
+    """Returns every device's metrics in Prometheus's text format (empty before the allocator exists;
+    asking does not create it)."""
+    return _lib.read_text(_lib.lib().bucketalloc_metrics_text)
+
+
+class Collector:
+    """A prometheus_client collector of bucketalloc's metrics (a custom collector: ``collect()``
+    yields metric families, read from the library at each scrape)."""
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = metrics_text()
+        if text:
+            yield from text_string_to_metric_families(text)
+
+    def describe(self) -> List[Any]:
+        # Nothing up front: the families exist once the allocator has served (and a registry with
+        # auto_describe would otherwise scrape at registration).
+        return []
+
+
+_lock = threading.Lock()
+_registered: List[Any] = []  # the registries holding a collector (one each)
+
+
+def register_metrics(registry: Optional[Any] = None) -> Collector:
+    """Registers bucketalloc's collector in `registry` (default: prometheus_client's REGISTRY, which
+    ``prometheus_client.start_http_server`` and ``make_asgi_app`` serve); once per registry.
+
+    Returns:
+        The collector (the one registered before, for a registry that has it).
+
+    Raises:
+        BucketallocError: prometheus_client is not installed (``pip install prometheus_client``).
+    """
+    try:
+        import prometheus_client
+    except ImportError as e:
+        raise BucketallocError(
+            "bucketalloc: register_metrics needs prometheus_client (pip install prometheus_client); "
+            "without it, metrics_text() returns the same metrics as text"
+        ) from e
+    target = prometheus_client.REGISTRY if registry is None else registry
+    with _lock:
+        for held, collector in _registered:
+            if held is target:
+                return collector
+        collector = Collector()
+        target.register(collector)
+        _registered.append((target, collector))
+        return collector
+
+
+def register_if_available() -> bool:
+    """Registers the collector in prometheus_client's default registry when prometheus_client can be
+    imported (enable() calls it); False when it cannot."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    register_metrics()
+    return True

@@ -1,0 +1,128 @@
+"""bucketalloc's metrics for prometheus_client (the real one, from PyPI): the collector in any
+registry and in the default one, a prometheus_client HTTP server showing bucketalloc's series with
+no code of ours, enable() registering them, and prometheus_client missing."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+
+from helpers import MiB, fresh_process, run_python
+
+SIM = "backend:sim,capacity:256MiB,sim_total_memory:512MiB"
+
+prometheus_client = pytest.importorskip(
+    "prometheus_client",
+    reason="LOUD SKIP: prometheus_client is not installed; scripts/test_python.sh installs it into the test venv",
+)
+
+
+def _malloc(size: int) -> int:
+    from bucketalloc_torch import _lib
+
+    return _lib.check_pointer(_lib.lib().bucketalloc_malloc(size, 0, 0), "bucketalloc_malloc")
+
+
+@fresh_process(SIM)
+def test_metrics_text_is_empty_before_the_allocator_and_never_creates_it():
+    import bucketalloc_torch as ba
+    from bucketalloc_torch import _lib
+
+    assert ba.metrics_text() == ""
+    assert _lib.lib().bucketalloc_is_initialized() == 0
+    _malloc(3 * MiB)
+    text = ba.metrics_text()
+    assert 'bucketalloc_allocated_bytes{device="0",pool="all"} 3145728\n' in text, text
+
+
+@fresh_process(SIM)
+def test_the_collector_reports_the_stats_in_any_registry():
+    import prometheus_client
+    from prometheus_client.parser import text_string_to_metric_families
+
+    import bucketalloc_torch as ba
+    from bucketalloc_torch import _lib
+
+    registry = prometheus_client.CollectorRegistry()
+    collector = ba.register_metrics(registry)
+    assert ba.register_metrics(registry) is collector, "registered once per registry"
+    assert registry.get_sample_value("bucketalloc_allocated_bytes", {"device": "0", "pool": "all"}) is None
+    p = _malloc(3 * MiB)
+    assert _lib.lib().bucketalloc_malloc(1 << 30, 0, 0) is None  # a capacity OOM
+    stats = ba.memory_stats()
+    sample = registry.get_sample_value
+    assert sample("bucketalloc_allocated_bytes", {"device": "0", "pool": "all"}) == stats["allocated_bytes.all.current"]
+    assert sample("bucketalloc_reserved_bytes", {"device": "0", "pool": "large_pool"}) == stats[
+        "reserved_bytes.large_pool.current"]
+    assert sample("bucketalloc_ooms_total", {"device": "0", "cause": "capacity"}) == 1
+    assert sample("bucketalloc_allocations_total", {"device": "0"}) == 1
+    assert sample("bucketalloc_free_block_size_bytes_count", {"device": "0", "pool": "all"}) >= 1
+    # The registry's own text parses back, with every family of the library's text.
+    exposed = prometheus_client.generate_latest(registry).decode()
+    names = {f.name for f in text_string_to_metric_families(exposed)}
+    assert {f.name for f in text_string_to_metric_families(ba.metrics_text())} <= names
+    _lib.lib().bucketalloc_free(p, 3 * MiB, 0, 0)
+
+
+@fresh_process(SIM)
+def test_a_prometheus_client_server_shows_the_series_with_no_code():
+    import prometheus_client
+
+    import bucketalloc_torch as ba
+
+    ba.register_metrics()  # the default registry, as enable() does
+    server, thread = prometheus_client.start_http_server(0, addr="127.0.0.1")
+    port = server.server_address[1]
+    _malloc(5 * MiB)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert "# TYPE bucketalloc_reserved_bytes gauge" in body, body[:2000]
+    assert 'bucketalloc_allocated_bytes{device="0",pool="all"} 5.24288e+06' in body, body[:2000]
+    assert "python_gc_objects_collected_total" in body, "the registry's own series are still there"
+    server.shutdown()
+
+
+def test_enable_registers_the_metrics_in_the_default_registry():
+    pytest.importorskip("torch", reason="LOUD SKIP: the real torch is installed by scripts/test_python.sh")
+    from test_torch_allocator import PROBE  # torch's own allocator object, driven from C++
+
+    run_python(
+        PROBE
+        + """
+import prometheus_client
+import bucketalloc_torch as ba
+ba.enable()
+ba.enable()
+p = probe.malloc(1 << 20, 0, 0x1000)
+value = prometheus_client.REGISTRY.get_sample_value("bucketalloc_allocated_bytes", {"device": "0", "pool": "all"})
+assert value == ba.memory_allocated() == 1 << 20, (value, ba.memory_allocated())
+text = prometheus_client.generate_latest().decode()
+assert text.count("# TYPE bucketalloc_allocated_bytes gauge") == 1, "registered once"
+probe.free(p)
+""",
+        conf=SIM,
+    )
+
+
+def test_without_prometheus_client_register_says_what_to_install():
+    run_python(
+        """
+import sys
+class Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name == "prometheus_client" or name.startswith("prometheus_client."):
+            raise ImportError("hidden")
+sys.meta_path.insert(0, Hide())
+import bucketalloc_torch as ba
+from bucketalloc_torch import _metrics
+assert _metrics.register_if_available() is False
+try:
+    ba.register_metrics()
+except ba.BucketallocError as e:
+    assert "pip install prometheus_client" in str(e), e
+else:
+    raise AssertionError("registered without prometheus_client")
+assert ba.metrics_text() == ""
+""",
+        conf=SIM,
+    )
