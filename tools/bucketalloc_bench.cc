@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "bench_generate.h"
 #include "bucketalloc/options.h"
+#include "bucketalloc/timeline.h"
 #include "harness/importers.h"
 #include "harness/policies.h"
 #include "harness/replay.h"
@@ -110,6 +111,10 @@ int main(int argc, char** argv) {
   replay->add_option("--repeat", repeat, "rounds of the trace on one allocator (a rising peak is a leak)")
       ->check(CLI::Range(1, 1000));
   replay->add_option("--json", json_path, "also write the result as JSON");
+  std::string timeline_spec;
+  replay->add_option("--timeline", timeline_spec,
+                     "also write the memory timeline, PATH[,interval_ms] (default 1000 ms of the trace's time): the "
+                     "JSON lines a process writes with BUCKETALLOC_TIMELINE (docs/operations.md)");
 
   CLI::App* min_capacity = app.add_subcommand("min-capacity", "the smallest card that serves the trace");
   min_capacity->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
@@ -242,9 +247,25 @@ int main(int argc, char** argv) {
     if (!capacity.ok()) return Fail(capacity.status());
     bucketalloc::harness::ReplayOptions o = Options(allocator, *capacity, cost, *device);
     o.repeat = repeat;
+    std::string timeline_path;
+    if (!timeline_spec.empty()) {
+      int interval_ms = 0;
+      if (absl::Status s = bucketalloc::ParseTimelineSpec(timeline_spec, &timeline_path, &interval_ms); !s.ok()) {
+        return Fail(s);
+      }
+      o.sample_interval_s = interval_ms / 1000.0;
+    }
     absl::StatusOr<ReplayResult> r = bucketalloc::harness::Replay(*trace, o);
     if (!r.ok()) return Fail(r.status());
     PrintResult(*r);
+    if (!timeline_path.empty()) {
+      std::string lines;
+      for (const bucketalloc::TimelineSample& s : r->samples) {
+        absl::StrAppend(&lines, bucketalloc::TimelineToJsonLine(s), "\n");
+      }
+      if (!WriteText(timeline_path, lines)) return 1;
+      std::printf("%-28s %zu samples in %s\n", "timeline", r->samples.size(), timeline_path.c_str());
+    }
     return WriteText(json_path, r->ToJson()) ? 0 : 1;
   }
   absl::StatusOr<std::optional<std::uint64_t>> need =

@@ -154,6 +154,14 @@ BUCKETALLOC_API ssize_t bucketalloc_fragmentation_json(int device, char* buf, si
  * docs/operations.md lists them. Empty before the allocator exists (this call never creates it).
  * BUCKETALLOC_METRICS_ADDR=HOST:PORT serves the same text at http://HOST:PORT/metrics. */
 BUCKETALLOC_API ssize_t bucketalloc_metrics_text(char* buf, size_t len);
+/* The memory timeline: appends to `path` (created if missing) one JSON line per device every
+ * `interval_ms` (1 to 3600000) with the figures above and the OOMs since the device's previous
+ * line (docs/operations.md), and a last line at stop or exit; replaces a timeline running.
+ * BUCKETALLOC_TIMELINE=PATH[,interval_ms] starts one with the allocator. 0, or -1 with the last
+ * error set (creates the allocator when it does not exist yet). */
+BUCKETALLOC_API int bucketalloc_timeline_start(const char* path, int interval_ms);
+/* Stops the timeline after its last line (nothing when none runs); 0. */
+BUCKETALLOC_API int bucketalloc_timeline_stop(void);
 /* The readable memory-summary table (stats, then the fragmentation table). */
 BUCKETALLOC_API ssize_t bucketalloc_summary(int device, char* buf, size_t len);
 /* The layout of torch.cuda.memory._snapshot() as JSON: "segments" (each with its "blocks" and

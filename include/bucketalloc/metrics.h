@@ -17,10 +17,12 @@
 #define BUCKETALLOC_METRICS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/types/span.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/stat_types.h"
+#include "bucketalloc/stats.h"
 
 namespace bucketalloc {
 
@@ -29,6 +31,9 @@ struct DeviceMetrics {
   DeviceStats stats;
   FragmentationReport fragmentation;
   BackendCounters backend_calls;
+  // The device's last out-of-memory failures (at most kRecentOoms, oldest first), for the timeline.
+  std::vector<OomEvent> recent_ooms;
+  static constexpr std::size_t kRecentOoms = 64;
 };
 
 // The metrics of `devices` (in the order given) in Prometheus's text exposition format: every

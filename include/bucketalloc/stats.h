@@ -14,6 +14,7 @@
 #define BUCKETALLOC_STATS_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "bucketalloc/stat_types.h"
@@ -46,7 +47,21 @@ enum class OomCause {
   kDeviceExhausted,
 };
 
+inline constexpr int kNumOomCauses = 4;
+
 const char* OomCauseName(OomCause cause);
+// The cause as a key or label value: "capacity", "fragmentation", "cache_held", "device_exhausted".
+const char* OomCauseKey(OomCause cause);
+
+// One out-of-memory failure, as the timeline lists them: its number on the device (1, 2, ...),
+// when (seconds since the Unix epoch; in a replay, since the trace's first event), the bytes asked
+// and the cause.
+struct OomEvent {
+  std::uint64_t seq = 0;
+  double time_s = 0.0;
+  std::size_t size = 0;
+  OomCause cause = OomCause::kCapacity;
+};
 
 struct OomReport {
   int device = 0;

@@ -28,6 +28,7 @@
 #include "bucketalloc/testing/sim_backend.h"
 #include "plugins/common/metrics_server.h"
 #include "plugins/common/process_allocator.h"
+#include "plugins/common/timeline_writer.h"
 
 namespace bucketalloc {
 namespace {
@@ -92,6 +93,7 @@ Allocator* CreateAllocator() {
       return nullptr;
     }
     plugins::StartMetricsServerFromEnv(created->get(), "bucketalloc");
+    plugins::StartTimelineFromEnv(created->get(), "bucketalloc");
     return std::move(*created);
   });
 }
@@ -374,6 +376,31 @@ ssize_t bucketalloc_metrics_text(char* buf, size_t len) {
     const Allocator* a = bucketalloc::g_process.get();
     return bucketalloc::WriteText(a == nullptr ? std::string() : bucketalloc::MetricsToPrometheus(a->Metrics()), buf,
                                   len);
+  });
+}
+
+int bucketalloc_timeline_start(const char* path, int interval_ms) {
+  return Guarded<int>(-1, [&]() -> int {
+    if (path == nullptr || *path == '\0') {
+      SetError(
+          absl::InvalidArgumentError("bucketalloc: bucketalloc_timeline_start needs a file path; accepted: a "
+                                     "non-empty path and an interval from 1 to 3600000 ms"));
+      return -1;
+    }
+    Allocator* a = Get();
+    if (a == nullptr) return -1;
+    if (absl::Status s = bucketalloc::plugins::StartTimeline(path, interval_ms, a); !s.ok()) {
+      SetError(s);
+      return -1;
+    }
+    return 0;
+  });
+}
+
+int bucketalloc_timeline_stop(void) {
+  return Guarded<int>(-1, [&]() -> int {
+    bucketalloc::plugins::StopTimeline();
+    return 0;
   });
 }
 

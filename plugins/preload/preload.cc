@@ -66,6 +66,7 @@
 #include "bucketalloc/stats.h"
 #include "plugins/common/metrics_server.h"
 #include "plugins/common/process_allocator.h"
+#include "plugins/common/timeline_writer.h"
 #include "plugins/preload/real_runtime.h"
 
 namespace bucketalloc {
@@ -136,6 +137,7 @@ Allocator* CreateAllocator() {
     }
     if (std::getenv("BUCKETALLOC_STATS_ON_EXIT") != nullptr) std::atexit(&PrintStatsAtExit);
     plugins::StartMetricsServerFromEnv(created->get(), "bucketalloc preload");
+    plugins::StartTimelineFromEnv(created->get(), "bucketalloc preload");
     return std::move(*created);
   });
 }

@@ -9,6 +9,8 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/units.h"
 #include "frontend/oom_diagnosis.h"
@@ -320,6 +322,9 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   }
   history_.Record(TraceAction::kOom, 0, size, registry_.slow_path_stream(), r.device_free);
   std::string message = r.ToString();
+  if (recent_ooms_.size() == DeviceMetrics::kRecentOoms) recent_ooms_.pop_front();
+  recent_ooms_.push_back(OomEvent{static_cast<std::uint64_t>(stats_.Snapshot().num_ooms),
+                                  absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), size, r.cause});
   last_oom_ = std::move(r);
   MaybeCheckInvariants();
   return absl::ResourceExhaustedError(message);
@@ -630,6 +635,7 @@ DeviceMetrics DeviceAllocator::GetMetrics() const {
   m.stats = StatsLocked();
   m.fragmentation = FragmentationLocked();
   m.backend_calls = backend_->counters();
+  m.recent_ooms.assign(recent_ooms_.begin(), recent_ooms_.end());
   return m;
 }
 

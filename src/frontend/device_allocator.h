@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -226,6 +227,7 @@ class DeviceAllocator final {
   PendingFrees pending_ ABSL_GUARDED_BY(mu_);
   PrivatePools private_ ABSL_GUARDED_BY(mu_);
   std::optional<OomReport> last_oom_ ABSL_GUARDED_BY(mu_);
+  std::deque<OomEvent> recent_ooms_ ABSL_GUARDED_BY(mu_);  // the last DeviceMetrics::kRecentOoms
   // In a child of fork whose backend cannot serve it: the reason, given for every request.
   absl::Status fork_child_error_ ABSL_GUARDED_BY(mu_);
 };

@@ -159,10 +159,11 @@ void AddDevice(const DeviceMetrics& m, Families* out) {
   out->Add("bucketalloc_allocations_total", "counter", "allocations served", dev,
            Int(s.allocation[kAllPools].allocated));
   out->Add("bucketalloc_frees_total", "counter", "allocations freed", dev, Int(s.allocation[kAllPools].freed));
-  const std::pair<const char*, std::int64_t> causes[] = {{"capacity", s.num_ooms_capacity},
-                                                         {"fragmentation", s.num_ooms_fragmentation},
-                                                         {"cache_held", s.num_ooms_cache_held},
-                                                         {"device_exhausted", s.num_ooms_device_exhausted}};
+  const std::pair<const char*, std::int64_t> causes[] = {
+      {OomCauseKey(OomCause::kCapacity), s.num_ooms_capacity},
+      {OomCauseKey(OomCause::kFragmentation), s.num_ooms_fragmentation},
+      {OomCauseKey(OomCause::kCacheHeld), s.num_ooms_cache_held},
+      {OomCauseKey(OomCause::kDeviceExhausted), s.num_ooms_device_exhausted}};
   for (const auto& [cause, n] : causes) {
     out->Add("bucketalloc_ooms_total", "counter",
              "out-of-memory failures by cause: capacity (live memory plus the request exceed the cap), fragmentation "

@@ -120,19 +120,23 @@ std::string FragmentationToTable(const FragmentationReport& report) {
   return out;
 }
 
-const char* OomCauseName(OomCause cause) {
-  switch (cause) {
-    case OomCause::kCapacity:
-      return "capacity";
-    case OomCause::kFragmentation:
-      return "fragmentation";
-    case OomCause::kCacheHeld:
-      return "cache held";
-    case OomCause::kDeviceExhausted:
-      return "device exhausted";
-  }
-  return "unknown";
-}
+namespace {
+
+// Each cause's key (labels, timelines) and name (reports), by OomCause.
+struct CauseNames {
+  const char* key;
+  const char* name;
+};
+constexpr CauseNames kCauseNames[kNumOomCauses] = {{"capacity", "capacity"},
+                                                   {"fragmentation", "fragmentation"},
+                                                   {"cache_held", "cache held"},
+                                                   {"device_exhausted", "device exhausted"}};
+static_assert(static_cast<int>(OomCause::kDeviceExhausted) == kNumOomCauses - 1);
+
+}  // namespace
+
+const char* OomCauseKey(OomCause cause) { return kCauseNames[static_cast<int>(cause)].key; }
+const char* OomCauseName(OomCause cause) { return kCauseNames[static_cast<int>(cause)].name; }
 
 std::string OomReport::ToString() const {
   std::string out = absl::StrCat("bucketalloc: out of memory on device ", device, ": ", diagnosis, "\n");

@@ -31,6 +31,11 @@ class BucketallocReplay final : public ReplayAllocator {
     absl::StatusOr<DeviceStats> stats = a_->GetStats(0);
     return stats.ok() ? static_cast<std::uint64_t>(stats->num_granules_stitched) : 0;
   }
+  std::optional<DeviceMetrics> Metrics() const override {
+    std::vector<DeviceMetrics> m = a_->Metrics();
+    if (m.empty()) return std::nullopt;
+    return std::move(m.front());
+  }
   PoolFragmentation Fragmentation() const override {
     absl::StatusOr<FragmentationReport> f = a_->GetFragmentation(0);  // device 0 exists, as in Reserved()
     return f.ok() ? f->all() : PoolFragmentation{};

@@ -2,13 +2,17 @@
 #include "harness/replay.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/units.h"
 #include "frontend/oom_diagnosis.h"
@@ -156,6 +160,127 @@ class TimelineBuilder {
   Timeline timeline_;
 };
 
+// The trace's event times in seconds from its first event (its Time column: HH:MM:SS.ffffff, or
+// whole microseconds as import-kineto writes them), never decreasing; InvalidArgument naming the line
+// of a time that is neither.
+absl::StatusOr<std::vector<double>> EventTimes(const Trace& trace) {
+  std::vector<double> times;
+  times.reserve(trace.events.size());
+  for (const TraceEvent& e : trace.events) {
+    double t = 0.0;
+    std::vector<absl::string_view> hms = absl::StrSplit(e.time, ':');
+    std::int64_t micros = 0;
+    double h = 0, m = 0, sec = 0;
+    if (hms.size() == 3 && absl::SimpleAtod(hms[0], &h) && absl::SimpleAtod(hms[1], &m) &&
+        absl::SimpleAtod(hms[2], &sec) && h >= 0 && m >= 0 && sec >= 0) {
+      t = h * 3600.0 + m * 60.0 + sec;
+    } else if (hms.size() == 1 && absl::SimpleAtoi(e.time, &micros) && micros >= 0) {
+      t = static_cast<double>(micros) * 1e-6;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("line ", e.line, ": time \"", e.time,
+                                                     "\" cannot place the event on a timeline; accepted: "
+                                                     "HH:MM:SS.ffffff or whole microseconds"));
+    }
+    times.push_back(times.empty() ? t : std::max(t, times.back()));
+  }
+  const double first = times.empty() ? 0.0 : times.front();
+  for (double& t : times) t -= first;
+  return times;
+}
+
+// The memory timeline of a replay (ReplayOptions::sample_interval_s): a sample whenever the trace's
+// time passes a multiple of the interval, and one after the last event. bucketalloc's samples are
+// its own metrics (as a process's writer takes them); the models' are built from their free blocks
+// and the replay's counts. OOMs are the replay's, with the allocator's definition of a capacity
+// OOM (frontend/oom_diagnosis.h); the others are fragmentation.
+class Sampler {
+ public:
+  Sampler(const Trace& trace, std::vector<double> times, double interval, std::size_t capacity,
+          const ReplayAllocator& a)
+      : trace_(trace), times_(std::move(times)), interval_(interval), capacity_(capacity), a_(a) {
+    round_length_ = (times_.empty() ? 0.0 : times_.back()) + interval_;
+  }
+  // After event `index` (over all rounds), with `live` bytes held; `oom` when it failed.
+  absl::Status After(std::uint64_t index, std::size_t live, bool oom) {
+    const std::size_t n = trace_.events.size();
+    const TraceEvent& e = trace_.events[index % n];
+    const double t = static_cast<double>(index / n) * round_length_ + times_[index % n];
+    if (!started_) {
+      started_ = true;
+      next_ = t;
+    }
+    if (e.action == TraceAction::kAllocate) {
+      if (oom) {
+        const OomCause cause =
+            internal::WorkingSetExceedsCap(live, e.size, capacity_) ? OomCause::kCapacity : OomCause::kFragmentation;
+        ++ooms_total_[static_cast<int>(cause)];
+        pending_.push_back(OomEvent{++oom_seq_, t, static_cast<std::size_t>(e.size), cause});
+      } else {
+        ++allocations_;
+        held_[index / n].insert(e.pointer);
+      }
+    } else if (e.action == TraceAction::kFree && held_[index / n].erase(e.pointer) > 0) {
+      ++frees_;
+    }
+    last_ = t;
+    while (t >= next_) {  // the trace's time reached one or more sample points: the state now
+      if (absl::Status s = Sample(next_); !s.ok()) return s;
+      next_ += interval_;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Finish() { return started_ ? Sample(last_) : absl::OkStatus(); }
+  std::vector<TimelineSample> Take() { return std::move(samples_); }
+
+ private:
+  absl::Status Sample(double t) {
+    if (samples_.size() >= kMaxSamples) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the timeline would have more than ", kMaxSamples, " samples; accepted: a longer interval"));
+    }
+    TimelineSample s;
+    if (std::optional<DeviceMetrics> m = a_.Metrics(); m.has_value()) {
+      s = TimelineSampleOf(*m, t, std::numeric_limits<std::uint64_t>::max());  // OOMs: the replay's, below
+    } else {
+      const PoolFragmentation f = a_.Fragmentation();
+      s.time_s = t;
+      s.capacity_bytes = static_cast<std::int64_t>(capacity_);
+      s.reserved_bytes = static_cast<std::int64_t>(a_.reserved_bytes());
+      s.allocated_bytes = s.active_bytes = f.allocated;
+      s.requested_bytes = f.requested;
+      s.cached_bytes = std::max<std::int64_t>(0, s.reserved_bytes - f.allocated);
+      s.largest_free_block_bytes = f.largest_free;
+      s.external_fragmentation = f.external_fragmentation();
+      s.internal_fragmentation = f.internal_fragmentation();
+      s.allocations_total = allocations_;
+      s.frees_total = frees_;
+      s.live_allocations = allocations_ - frees_;
+    }
+    s.time_s = t;
+    s.ooms_total = ooms_total_;
+    s.ooms = std::move(pending_);
+    pending_.clear();
+    samples_.push_back(std::move(s));
+    return absl::OkStatus();
+  }
+
+  static constexpr std::size_t kMaxSamples = 1000000;
+  const Trace& trace_;
+  const std::vector<double> times_;
+  const double interval_;
+  const std::size_t capacity_;
+  const ReplayAllocator& a_;
+  double round_length_ = 0.0;
+  bool started_ = false;
+  double next_ = 0.0, last_ = 0.0;
+  std::int64_t allocations_ = 0, frees_ = 0;
+  std::array<std::int64_t, kNumOomCauses> ooms_total_{};
+  std::uint64_t oom_seq_ = 0;
+  std::vector<OomEvent> pending_;
+  absl::flat_hash_map<std::uint64_t, absl::flat_hash_set<std::uint64_t>> held_;  // by round: pointers held
+  std::vector<TimelineSample> samples_;
+};
+
 // Replays again on a fresh allocator up to event `event` and snapshots its free blocks there
 // (PeakFragmentation's comment says why a second replay).
 absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, const ReplayOptions& options,
@@ -249,8 +374,22 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   counts.latencies.reserve(static_cast<std::size_t>(events));
   std::size_t peak_reserved = 0;  // as read after each event, with the first event that reached it
   std::uint64_t peak_event = 0;
+  std::optional<Sampler> sampler;
+  absl::Status sampled;
+  if (options.sample_interval_s > 0.0) {
+    absl::StatusOr<std::vector<double>> times = EventTimes(trace);
+    if (!times.ok()) return times.status();
+    sampler.emplace(trace, std::move(*times), options.sample_interval_s, r.capacity, a);
+  }
+  // Samples after each event when asked; false stops the replay (too many samples).
+  auto sample = [&](std::uint64_t index, std::size_t live, bool oom) {
+    if (sampler.has_value() && sampled.ok()) sampled = sampler->After(index, live, oom);
+    return sampled.ok();
+  };
   if (!options.record_timeline) {
-    auto until_oom = [&](std::uint64_t, std::size_t, bool oom) { return !(oom && options.stop_at_first_oom); };
+    auto until_oom = [&](std::uint64_t index, std::size_t live, bool oom) {
+      return sample(index, live, oom) && !(oom && options.stop_at_first_oom);
+    };
     absl::Status s = RunPass(trace, options, r.capacity, a, counts, until_oom);
     if (!s.ok()) return s;
   } else {
@@ -262,11 +401,16 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
         peak_reserved = reserved;
         peak_event = index;
       }
-      return true;
+      return sample(index, live, oom);
     };
     absl::Status s = RunPass(trace, options, r.capacity, a, counts, record);
     if (!s.ok()) return s;
     r.timeline = timeline.Take();
+  }
+  if (!sampled.ok()) return sampled;
+  if (sampler.has_value()) {
+    if (absl::Status s = sampler->Finish(); !s.ok()) return s;
+    r.samples = sampler->Take();
   }
   r.allocations = counts.allocations;
   r.ooms = counts.ooms;

@@ -31,6 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/stat_types.h"
+#include "bucketalloc/timeline.h"
 #include "harness/replay_allocator.h"
 #include "harness/trace.h"
 
@@ -66,6 +67,11 @@ struct ReplayOptions {
   // Stops the replay at the first OOM (min-capacity's probes: whether a capacity serves the trace
   // is all they ask). Not with record_timeline.
   bool stop_at_first_oom = false;
+  // > 0: ReplayResult::samples, the memory timeline (bucketalloc/timeline.h) at the trace's time
+  // (its Time column: HH:MM:SS.ffffff or microseconds, from its first event), one sample per
+  // interval and one after the last event; round k of a repeat starts one interval after round
+  // k - 1 ends. At most 1e6 samples.
+  double sample_interval_s = 0.0;
 };
 
 // One point of a timeline: the events [event, event + Timeline::bucket_events) summarized by their
@@ -130,6 +136,9 @@ struct ReplayResult {
   // "timeline" and "peak_fragmentation"). No peak_fragmentation when nothing was ever reserved.
   Timeline timeline;
   std::optional<PeakFragmentation> peak_fragmentation;
+  // With ReplayOptions::sample_interval_s only; not part of ToJson() (bucketalloc-bench replay
+  // --timeline writes them as JSON lines).
+  std::vector<TimelineSample> samples;
   std::string ToJson() const;
 };
 

@@ -16,11 +16,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "bucketalloc/backend.h"
+#include "bucketalloc/metrics.h"
 #include "bucketalloc/stat_types.h"
 
 namespace bucketalloc::harness {
@@ -38,6 +40,9 @@ class ReplayAllocator {
   virtual BackendCounters backend_counters() const = 0;
   // Physical granules moved from free blocks into stitched ranges (bucketalloc with stitching).
   virtual std::uint64_t granules_stitched() const { return 0; }
+  // bucketalloc's own metrics of the replay device (the timeline samples them as a process's
+  // writer does); nullopt for the models, whose samples the replay builds from Fragmentation().
+  virtual std::optional<DeviceMetrics> Metrics() const { return std::nullopt; }
   // Returns the allocator's cached free blocks in power-of-two bins, with its reserved, allocated
   // (block sizes of live allocations) and requested bytes. The default, for an allocator that
   // caches nothing, has empty bins and reports reserved bytes as allocated. Not timed: it may walk

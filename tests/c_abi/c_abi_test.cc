@@ -10,12 +10,14 @@
 #include <chrono>
 #include <thread>
 
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "test_util.h"
 
@@ -195,6 +197,45 @@ TEST_F(CAbiTest, MetricsTextNeverCreatesTheAllocatorAndCountsOomsByCause) {
   EXPECT_EQ(Stats()["num_ooms_capacity"], 1);
   EXPECT_EQ(bucketalloc_metrics_text(nullptr, 5), -1);
   EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "buffer is NULL")) << bucketalloc_last_error();
+  bucketalloc_free(p, 3 << 20, 0, nullptr);
+}
+
+// The timeline: lines every interval (the allocator created by the start), each OOM listed once,
+// a last line at stop; a bad interval or path is refused and changes nothing.
+TEST_F(CAbiTest, TimelineLinesListEachOomOnceAndStopWritesTheLast) {
+  const std::string path = ::testing::TempDir() + "/c_abi_timeline.jsonl";
+  std::remove(path.c_str());
+  EXPECT_EQ(bucketalloc_timeline_start(path.c_str(), 0), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "accepted: 1 to 3600000 ms")) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_timeline_start("/nonexistent-dir/t.jsonl", 100), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "cannot open the timeline")) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_timeline_start(nullptr, 100), -1);
+  ASSERT_EQ(bucketalloc_timeline_start(path.c_str(), 20), 0) << bucketalloc_last_error();
+  void* p = bucketalloc_malloc(3 << 20, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  EXPECT_EQ(bucketalloc_malloc(ssize_t{1} << 30, 0, nullptr), nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  ASSERT_EQ(bucketalloc_timeline_stop(), 0);
+  EXPECT_EQ(bucketalloc_timeline_stop(), 0) << "nothing to stop: no error";
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string text;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  std::fclose(f);
+  int lines = 0, listed = 0;
+  nlohmann::json last;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    last = nlohmann::json::parse(line.begin(), line.end());
+    ++lines;
+    listed += static_cast<int>(last["ooms"].size());
+    EXPECT_EQ(last["device"], 0);
+  }
+  EXPECT_GE(lines, 3) << text;
+  EXPECT_EQ(listed, 1) << text;
+  EXPECT_EQ(last["ooms_total"]["capacity"], 1);
+  EXPECT_EQ(last["allocated_bytes"], 3 << 20);
   bucketalloc_free(p, 3 << 20, 0, nullptr);
 }
 

@@ -446,3 +446,84 @@ TEST(ReplayTest, PeakLiveCountsWhatEarlierRoundsNeverFreed) {
 
 }  // namespace
 }  // namespace bucketalloc::harness
+
+namespace bucketalloc::harness {
+namespace {
+
+// Abc() at one event per second of trace time (HH:MM:SS.ffffff), then a 1 GiB request at 6 s.
+Trace TimedAbc() {
+  Trace t = Abc();
+  t.events.push_back({1, "", kAlloc, 0xd, 1024 * kMiB, 0, 0});
+  for (std::size_t i = 0; i < t.events.size(); ++i) t.events[i].time = absl::StrCat("00:00:0", i, ".000000");
+  return t;
+}
+
+TEST(ReplayTest, TheTimelineSamplesAtTheTracesTimeForEveryPolicy) {
+  for (const char* allocator : {"bucketalloc", "pytorch-policy"}) {
+    SCOPED_TRACE(allocator);
+    ReplayOptions o;
+    o.allocator = allocator;
+    o.capacity = 64 * kMiB;
+    o.sample_interval_s = 2.0;
+    absl::StatusOr<ReplayResult> r = Replay(TimedAbc(), o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    // Samples at 0, 2, 4 and 6 s, and one after the last event (at 6 s).
+    std::vector<double> times;
+    for (const TimelineSample& s : r->samples) times.push_back(s.time_s);
+    EXPECT_EQ(times, (std::vector<double>{0, 2, 4, 6, 6}));
+    const TimelineSample& at2 = r->samples[1];  // after the events of 0, 1 and 2 s: 20 MiB live
+    EXPECT_EQ(at2.allocated_bytes, static_cast<std::int64_t>(20 * kMiB));
+    EXPECT_EQ(at2.capacity_bytes, static_cast<std::int64_t>(64 * kMiB));
+    EXPECT_GE(at2.reserved_bytes, at2.allocated_bytes);
+    EXPECT_EQ(at2.live_allocations, 1);
+    // The 1 GiB request at 6 s: a capacity OOM, listed once.
+    std::size_t listed = 0;
+    for (const TimelineSample& s : r->samples) {
+      for (const OomEvent& e : s.ooms) {
+        ++listed;
+        EXPECT_EQ(e.time_s, 6.0);
+        EXPECT_EQ(e.size, 1024 * kMiB);
+        EXPECT_EQ(e.cause, OomCause::kCapacity);
+      }
+    }
+    EXPECT_EQ(listed, 1u);
+    EXPECT_EQ(r->samples.back().ooms_total[static_cast<int>(OomCause::kCapacity)], 1);
+    EXPECT_EQ(r->samples.back().allocated_bytes, 0);
+    // The lines read back.
+    std::string text;
+    for (const TimelineSample& s : r->samples) absl::StrAppend(&text, TimelineToJsonLine(s), "\n");
+    absl::StatusOr<std::vector<TimelineSample>> read = ReadTimeline(text, "replay");
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->size(), r->samples.size());
+  }
+}
+
+TEST(ReplayTest, RoundsOfARepeatFollowOneAnotherOnTheTimeline) {
+  ReplayOptions o;
+  o.capacity = 2048 * kMiB;
+  o.repeat = 2;
+  o.sample_interval_s = 1.0;
+  absl::StatusOr<ReplayResult> r = Replay(TimedAbc(), o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Round 1 starts one interval after round 0's last event (6 s): at 7 s; it ends at 13 s.
+  EXPECT_EQ(r->samples.back().time_s, 13.0);
+  EXPECT_EQ(r->samples.size(), 15u);  // 0..13 s, and the last event's
+}
+
+TEST(ReplayTest, ATimelineNeedsTimesItCanRead) {
+  ReplayOptions o;
+  o.capacity = 64 * kMiB;
+  o.sample_interval_s = 1.0;
+  absl::StatusOr<ReplayResult> r = Replay(Abc(), o);  // no times
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status()));
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "accepted: HH:MM:SS.ffffff or whole microseconds")) << r.status();
+  Trace micros = Abc();
+  for (std::size_t i = 0; i < micros.events.size(); ++i) micros.events[i].time = absl::StrCat(1669783687404093 + i);
+  o.sample_interval_s = 1e-6;
+  r = Replay(micros, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->samples.size(), micros.events.size() + 1);
+}
+
+}  // namespace
+}  // namespace bucketalloc::harness

@@ -7,7 +7,8 @@
 #   2. Prometheus (Debian's package, started here on 127.0.0.1 with a 1 s scrape of HOST) scrapes
 #      it, and PromQL queries through its HTTP API return bucketalloc's series with the values the
 #      host reported (allocated bytes, allocations, frees, OOMs by cause);
-#   3. a bad address and a port already taken are reported once on stderr and change nothing else.
+#   3. a bad address and a port already taken are reported once on stderr and change nothing else;
+#   4. the timeline the host wrote meanwhile (BUCKETALLOC_TIMELINE) has its lines and its OOM.
 # Everything started here is stopped on exit. prometheus, promtool and curl come from
 # scripts/setup.sh; without them this test fails, it does not skip.
 set -uo pipefail
@@ -28,7 +29,8 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 # The host, serving its metrics; it waits on a FIFO that this script holds open.
 port=$(free_port)
 mkfifo "$work/stdin"
-BUCKETALLOC_METRICS_ADDR=127.0.0.1:$port "$host" <"$work/stdin" >"$work/host.out" 2>"$work/host.err" &
+BUCKETALLOC_METRICS_ADDR=127.0.0.1:$port BUCKETALLOC_TIMELINE="$work/timeline.jsonl,100" \
+  "$host" <"$work/stdin" >"$work/host.out" 2>"$work/host.err" &
 pids+=($!)
 exec 3>"$work/stdin"
 for _ in $(seq 100); do grep -q '^ready$' "$work/host.out" 2>/dev/null && break; sleep 0.1; done
@@ -55,7 +57,7 @@ scrape_configs:
 YAML
 promtool check config "$work/prometheus.yml" >/dev/null || fail "promtool check config"
 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/data" \
-  --web.listen-address="127.0.0.1:$prom_port" >"$work/prometheus.log" 2>&1 &
+  --web.listen-address="127.0.0.1:$prom_port" >"$work/prometheus.log" 2>&1 3>&- &  # not holding the FIFO
 pids+=($!)
 query() {  # query PROMQL -> the value of its one sample, or nothing
   curl -sS --get "http://127.0.0.1:$prom_port/api/v1/query" --data-urlencode "query=$1" 2>/dev/null |
@@ -86,12 +88,25 @@ check 'up{job="bucketalloc"}' 1
 
 # 3. A bad address, and the same port again (taken): one line each, and the host still serves.
 for addr in "not-an-address" "127.0.0.1:$port"; do
-  BUCKETALLOC_METRICS_ADDR=$addr "$host" </dev/null >"$work/other.out" 2>"$work/other.err" ||
+  BUCKETALLOC_METRICS_ADDR=$addr "$host" </dev/null >"$work/other.out" 2>"$work/other.err" 3>&- ||
     fail "the host failed with BUCKETALLOC_METRICS_ADDR=$addr: $(cat "$work/other.err")"
   grep -q '^ready$' "$work/other.out" || fail "the host did not run with BUCKETALLOC_METRICS_ADDR=$addr"
   n=$(grep -c 'BUCKETALLOC_METRICS_ADDR' "$work/other.err")
   [[ $n == 1 ]] || fail "BUCKETALLOC_METRICS_ADDR=$addr: $n lines on stderr, not one: $(cat "$work/other.err")"
   echo "BUCKETALLOC_METRICS_ADDR=$addr: $(grep BUCKETALLOC_METRICS_ADDR "$work/other.err")"
 done
+# 4. The host's timeline (BUCKETALLOC_TIMELINE): lines every 100 ms while it ran, the OOM listed
+#    once, and a last line at exit with what the metrics showed.
 exec 3>&-
+wait "${pids[0]}" || fail "the host exited with an error: $(cat "$work/host.err")"
+python3 - "$work/timeline.jsonl" "$(value allocated_bytes)" "$(value ooms_capacity)" <<'PY' || fail "the timeline"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert len(lines) >= 5, f"{len(lines)} lines"
+assert sum(len(l["ooms"]) for l in lines) == int(sys.argv[3]), [l["ooms"] for l in lines]
+assert lines[-1]["allocated_bytes"] == int(sys.argv[2]), lines[-1]
+assert lines[-1]["ooms_total"]["capacity"] == int(sys.argv[3]), lines[-1]
+assert all(a["time_s"] <= b["time_s"] for a, b in zip(lines, lines[1:]))
+print(f"timeline: {len(lines)} lines, the OOM listed once, the last at exit")
+PY
 echo "check_prometheus: PASS"

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from . import _lib, _metrics, _torch_ext
 from ._lib import BucketallocError
-from ._metrics import metrics_text, register_metrics
+from ._metrics import metrics_text, register_metrics, start_timeline, stop_timeline
 
 from ._version import project_version as _project_version
 
@@ -64,6 +64,8 @@ __all__ = [
     "register_metrics",
     "reset_peak_memory_stats",
     "snapshot",
+    "start_timeline",
+    "stop_timeline",
     "unpatch_torch",
 ]
 

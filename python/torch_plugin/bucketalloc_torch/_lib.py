@@ -86,6 +86,8 @@ _SIGNATURES = {
     "bucketalloc_snapshot_json": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),
     "bucketalloc_last_oom_report": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),
     "bucketalloc_metrics_text": (ctypes.c_ssize_t, [_c_char_buffer, ctypes.c_size_t]),
+    "bucketalloc_timeline_start": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+    "bucketalloc_timeline_stop": (ctypes.c_int, []),
     "bucketalloc_config_string": (ctypes.c_ssize_t, [_c_char_buffer, ctypes.c_size_t]),
     # Control: 0 on success, -1 on error.
     "bucketalloc_reset_peak_stats": (ctypes.c_int, [ctypes.c_int]),

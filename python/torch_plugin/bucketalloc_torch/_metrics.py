@@ -12,6 +12,7 @@ prometheus_client is optional: nothing here imports it until a collector is regi
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Iterator, List, Optional
 
@@ -23,6 +24,26 @@ def metrics_text() -> str:
     """Returns every device's metrics in Prometheus's text format (empty before the allocator exists;
     asking does not create it)."""
     return _lib.read_text(_lib.lib().bucketalloc_metrics_text)
+
+
+def start_timeline(path: "str | os.PathLike[str]", interval_ms: int = 1000) -> None:
+    """Appends the memory timeline to `path`: one JSON line per device every `interval_ms` (1 to
+    3,600,000) with the memory figures and the OOMs since the device's previous line, and a last
+    line at stop_timeline() or exit (docs/operations.md; BUCKETALLOC_TIMELINE does the same from
+    the environment). Replaces a timeline already running.
+
+    Raises:
+        BucketallocError: a bad interval (checked before ctypes), a file that cannot be opened.
+    """
+    if isinstance(interval_ms, bool) or not isinstance(interval_ms, int) or not 1 <= interval_ms <= 3_600_000:
+        raise BucketallocError(
+            f"start_timeline(interval_ms={interval_ms!r}): accepted an int from 1 to 3600000 (milliseconds)")
+    _lib.check(_lib.lib().bucketalloc_timeline_start(os.fsencode(path), interval_ms), "bucketalloc_timeline_start")
+
+
+def stop_timeline() -> None:
+    """Stops the timeline after its last line (nothing when none runs)."""
+    _lib.check(_lib.lib().bucketalloc_timeline_stop(), "bucketalloc_timeline_stop")
 
 
 class Collector:

@@ -126,3 +126,36 @@ assert ba.metrics_text() == ""
 """,
         conf=SIM,
     )
+
+
+@fresh_process(SIM)
+def test_start_timeline_appends_lines_with_each_oom_once():
+    import json
+    import os
+    import tempfile
+    import time
+
+    import bucketalloc_torch as ba
+    from bucketalloc_torch import _lib
+
+    for bad in (0, -1, 3_600_001, 1.5, True, "100"):
+        try:
+            ba.start_timeline("t.jsonl", bad)
+        except ba.BucketallocError as e:
+            assert "accepted an int from 1 to 3600000" in str(e), e
+        else:
+            raise AssertionError(f"interval {bad!r} accepted")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "timeline.jsonl")
+        ba.start_timeline(path, 20)
+        p = _malloc(3 * MiB)
+        time.sleep(0.06)
+        assert _lib.lib().bucketalloc_malloc(1 << 30, 0, 0) is None
+        time.sleep(0.06)
+        ba.stop_timeline()
+        lines = [json.loads(line) for line in open(path) if line.strip()]
+    assert len(lines) >= 3, lines
+    assert sum(len(line["ooms"]) for line in lines) == 1
+    assert lines[-1]["ooms_total"]["capacity"] == 1
+    assert lines[-1]["allocated_bytes"] == ba.memory_allocated() == 3 * MiB
+    _lib.lib().bucketalloc_free(p, 3 * MiB, 0, 0)

@@ -1,0 +1,80 @@
+// bucketalloc/timeline.h — the memory timeline: one JSON line per device and interval, written by
+// a process (BUCKETALLOC_TIMELINE, bucketalloc_timeline_start, bucketalloc_torch.start_timeline)
+// and by the harness's replay of a trace (at the trace's time), and read by one reader
+// (ReadTimeline), which `bucketalloc-bench doctor` uses.
+//
+// Owns: `TimelineSample` (what a line holds: the device's memory figures then, its counters, and
+// the OOMs since its previous line), its JSON line and the reader. docs/operations.md has the
+// format; the keys are the metrics' names without their prefix.
+// Layer: L4 (front end). Thread-safety: pure functions of their arguments.
+//
+// Example:
+//   TimelineSample s = TimelineSampleOf(metrics, /*time_s=*/absl::ToUnixMicros(absl::Now()) / 1e6, last_seq);
+//   out << TimelineToJsonLine(s) << "\n";
+//   absl::StatusOr<std::vector<TimelineSample>> all = ReadTimeline(text, "run.jsonl");
+#ifndef BUCKETALLOC_TIMELINE_H_
+#define BUCKETALLOC_TIMELINE_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "bucketalloc/metrics.h"
+#include "bucketalloc/stats.h"
+
+namespace bucketalloc {
+
+struct TimelineSample {
+  // Seconds since the Unix epoch (a process), or since the trace's first event (a replay).
+  double time_s = 0.0;
+  int device = 0;
+  // The memory now (all pools).
+  std::int64_t capacity_bytes = 0;
+  std::int64_t reserved_bytes = 0;
+  std::int64_t allocated_bytes = 0;
+  std::int64_t active_bytes = 0;
+  std::int64_t cached_bytes = 0;
+  std::int64_t requested_bytes = 0;
+  std::int64_t largest_free_block_bytes = 0;
+  double external_fragmentation = 0.0;
+  double internal_fragmentation = 0.0;
+  std::int64_t live_allocations = 0;
+  // Counters since the start.
+  std::int64_t allocations_total = 0;
+  std::int64_t frees_total = 0;
+  std::int64_t cache_hits_total = 0;
+  std::int64_t alloc_retries_total = 0;
+  std::array<std::int64_t, kNumOomCauses> ooms_total{};  // by OomCause
+  // The OOMs since the device's previous line.
+  std::vector<OomEvent> ooms;
+};
+
+// The sample of one device's metrics at `time_s`; `ooms` holds its recent OOMs numbered after
+// `after_seq` (the last one a previous sample listed; 0 for all).
+TimelineSample TimelineSampleOf(const DeviceMetrics& m, double time_s, std::uint64_t after_seq);
+
+// One line of JSON (no newline): {"time_s", "device", "capacity_bytes", ..., "ooms_total":
+// {"capacity", "fragmentation", "cache_held", "device_exhausted"}, "ooms": [{"seq", "time_s",
+// "size", "cause"}]}.
+std::string TimelineToJsonLine(const TimelineSample& s);
+
+inline constexpr int kDefaultTimelineIntervalMs = 1000;
+inline constexpr int kMaxTimelineIntervalMs = 3600 * 1000;
+
+// Parses "PATH[,interval_ms]" (BUCKETALLOC_TIMELINE's value, bucketalloc-bench replay --timeline):
+// interval_ms from 1 to kMaxTimelineIntervalMs, kDefaultTimelineIntervalMs when left out;
+// InvalidArgument naming what is accepted.
+absl::Status ParseTimelineSpec(absl::string_view spec, std::string* path, int* interval_ms);
+
+// Reads a timeline (JSON lines; blank lines are skipped). InvalidArgument naming `source`, the line
+// and what is wrong for a line that is not a sample (a missing or mistyped key, a negative figure, a
+// time that goes back for its device).
+absl::StatusOr<std::vector<TimelineSample>> ReadTimeline(absl::string_view text, absl::string_view source);
+
+}  // namespace bucketalloc
+
+#endif  // BUCKETALLOC_TIMELINE_H_

@@ -1,0 +1,130 @@
+// The memory timeline's line and reader (src/frontend/timeline.cc): a sample survives its line,
+// the reader refuses what is not a sample naming the line, a device's time never goes back, the
+// spec PATH[,interval_ms], and a sample of metrics lists the OOMs after the last one seen.
+#include "bucketalloc/timeline.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+namespace bucketalloc {
+namespace {
+
+TimelineSample Sample(double t, int device) {
+  TimelineSample s;
+  s.time_s = t;
+  s.device = device;
+  s.capacity_bytes = 1 << 30;
+  s.reserved_bytes = 3 << 20;
+  s.allocated_bytes = 2 << 20;
+  s.active_bytes = 2 << 20;
+  s.cached_bytes = 1 << 20;
+  s.requested_bytes = (2 << 20) - 100;
+  s.largest_free_block_bytes = 1 << 19;
+  s.external_fragmentation = 0.5;
+  s.internal_fragmentation = 0.25;
+  s.live_allocations = 3;
+  s.allocations_total = 10;
+  s.frees_total = 7;
+  s.cache_hits_total = 6;
+  s.alloc_retries_total = 1;
+  s.ooms_total = {1, 2, 0, 0};
+  s.ooms.push_back(OomEvent{3, t - 0.5, 4096, OomCause::kFragmentation});
+  return s;
+}
+
+TEST(TimelineTest, ASampleSurvivesItsLine) {
+  const TimelineSample s = Sample(12.5, 1);
+  const std::string line = TimelineToJsonLine(s);
+  EXPECT_FALSE(absl::StrContains(line, "\n"));
+  absl::StatusOr<std::vector<TimelineSample>> read = ReadTimeline(absl::StrCat(line, "\n\n", line, "\n"), "t.jsonl");
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->size(), 2u) << "blank lines are skipped";
+  const TimelineSample& r = (*read)[0];
+  EXPECT_EQ(r.time_s, 12.5);
+  EXPECT_EQ(r.device, 1);
+  EXPECT_EQ(r.reserved_bytes, s.reserved_bytes);
+  EXPECT_EQ(r.requested_bytes, s.requested_bytes);
+  EXPECT_EQ(r.external_fragmentation, 0.5);
+  EXPECT_EQ(r.frees_total, 7);
+  EXPECT_EQ(r.ooms_total, s.ooms_total);
+  ASSERT_EQ(r.ooms.size(), 1u);
+  EXPECT_EQ(r.ooms[0].seq, 3u);
+  EXPECT_EQ(r.ooms[0].size, 4096u);
+  EXPECT_EQ(r.ooms[0].cause, OomCause::kFragmentation);
+  EXPECT_TRUE(absl::StrContains(line,
+                                "\"ooms_total\":{\"capacity\":1,\"fragmentation\":2,\"cache_held\":0,"
+                                "\"device_exhausted\":0}"))
+      << line;
+}
+
+TEST(TimelineTest, WhatIsNotASampleIsRefusedNamingTheLine) {
+  const std::string good = TimelineToJsonLine(Sample(1.0, 0));
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"not json", "not a JSON object"},
+      {absl::StrReplaceAll(good, {{"\"reserved_bytes\":3145728", "\"reserved_bytes\":-1"}}), "reserved_bytes"},
+      {absl::StrReplaceAll(good, {{"\"allocated_bytes\":2097152,", ""}}), "allocated_bytes"},
+      {absl::StrReplaceAll(good, {{"\"external_fragmentation\":0.5", "\"external_fragmentation\":1.5"}}),
+       "external_fragmentation"},
+      {absl::StrReplaceAll(good, {{"\"cause\":\"fragmentation\"", "\"cause\":\"bad luck\""}}), "bad luck"},
+      {absl::StrReplaceAll(good, {{"\"ooms\":[", "\"ooms\":{\"x\":["}, {"]}", "]}}"}}), "ooms"},
+      {absl::StrReplaceAll(good, {{"\"time_s\":1.0", "\"time_s\":\"soon\""}}), "time_s"},
+  };
+  for (const auto& [line, what] : bad) {
+    absl::StatusOr<std::vector<TimelineSample>> r = ReadTimeline(absl::StrCat(good, "\n", line), "x.jsonl");
+    ASSERT_FALSE(r.ok()) << line;
+    EXPECT_TRUE(absl::StartsWith(r.status().message(), "x.jsonl:2: not a timeline sample")) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), what)) << r.status();
+  }
+  // A device's time never goes back; another device's may.
+  absl::StatusOr<std::vector<TimelineSample>> back = ReadTimeline(
+      absl::StrCat(TimelineToJsonLine(Sample(5, 0)), "\n", TimelineToJsonLine(Sample(4, 0)), "\n"), "x.jsonl");
+  EXPECT_TRUE(absl::StrContains(back.status().message(), "x.jsonl:2:")) << back.status();
+  EXPECT_TRUE(
+      ReadTimeline(absl::StrCat(TimelineToJsonLine(Sample(5, 0)), "\n", TimelineToJsonLine(Sample(4, 1))), "x").ok());
+}
+
+TEST(TimelineTest, TheSpecIsAPathAndAnOptionalInterval) {
+  std::string path;
+  int ms = 0;
+  ASSERT_TRUE(ParseTimelineSpec("/tmp/t.jsonl", &path, &ms).ok());
+  EXPECT_EQ(path, "/tmp/t.jsonl");
+  EXPECT_EQ(ms, kDefaultTimelineIntervalMs);
+  ASSERT_TRUE(ParseTimelineSpec("a,b.jsonl,250", &path, &ms).ok());
+  EXPECT_EQ(path, "a,b.jsonl");
+  EXPECT_EQ(ms, 250);
+  for (const char* spec : {"", ",100", "t.jsonl,0", "t.jsonl,-5", "t.jsonl,1s", "t.jsonl,3600001"}) {
+    absl::Status s = ParseTimelineSpec(spec, &path, &ms);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << spec;
+    EXPECT_TRUE(absl::StrContains(s.message(), "accepted: PATH[,interval_ms]")) << s;
+  }
+}
+
+TEST(TimelineTest, ASampleOfMetricsListsTheOomsAfterTheLastOneSeen) {
+  DeviceMetrics m;
+  m.device = 2;
+  m.stats.capacity_bytes = 100;
+  m.stats.reserved_bytes[kAllPools].Increase(80);
+  m.stats.allocation[kAllPools].Increase(4);
+  m.stats.allocation[kAllPools].Decrease(1);
+  m.stats.num_ooms_capacity = 2;
+  m.recent_ooms = {OomEvent{1, 1.0, 10, OomCause::kCapacity}, OomEvent{2, 2.0, 20, OomCause::kCapacity}};
+  const TimelineSample s = TimelineSampleOf(m, 3.0, 1);
+  EXPECT_EQ(s.device, 2);
+  EXPECT_EQ(s.reserved_bytes, 80);
+  EXPECT_EQ(s.allocations_total, 4);
+  EXPECT_EQ(s.frees_total, 1);
+  EXPECT_EQ(s.live_allocations, 3);
+  EXPECT_EQ(s.ooms_total[static_cast<int>(OomCause::kCapacity)], 2);
+  ASSERT_EQ(s.ooms.size(), 1u);
+  EXPECT_EQ(s.ooms[0].seq, 2u);
+  EXPECT_TRUE(TimelineSampleOf(m, 3.0, 2).ooms.empty());
+}
+
+}  // namespace
+}  // namespace bucketalloc
