@@ -2,11 +2,12 @@
 // against allocators on the simulated device and reports bytes, OOMs, latency and backend calls
 // (docs/harness.md).
 //
-//   bucketalloc-bench replay TRACE --allocator NAME[:CONF] --capacity SIZE [--repeat K] [--json OUT]
+//   bucketalloc-bench replay TRACE --allocator NAME[:CONF] --capacity SIZE [--repeat K] [--json OUT] [--timeline PATH]
 //   bucketalloc-bench min-capacity TRACE --allocator NAME[:CONF] [--json OUT]
 //   bucketalloc-bench compare TRACE [TRACE...] --allocators A,B,... --capacity SIZE [--html REPORT] [--json OUT]
 //   bucketalloc-bench import-kineto FILE [--device N] -o TRACE
-//   bucketalloc-bench generate serving --requests FILE --model CONFIG.json [options] -o TRACE
+//   bucketalloc-bench doctor TIMELINE|TRACE|SNAPSHOT [--capacity SIZE] [--allocator NAME[:CONF]] [--json OUT] [--html
+//   OUT] bucketalloc-bench generate serving --requests FILE --model CONFIG.json [options] -o TRACE
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "bench_generate.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/timeline.h"
+#include "harness/doctor.h"
 #include "harness/importers.h"
 #include "harness/policies.h"
 #include "harness/replay.h"
@@ -139,6 +141,29 @@ int main(int argc, char** argv) {
                       "also write a self-contained HTML report: the table, live vs reserved bytes over time and "
                       "the free-block histogram at peak reserved, per allocator");
 
+  std::string doctor_input;
+  double doctor_interval_ms = 0;
+  int doctor_device = 0;
+  CLI::App* doctor = app.add_subcommand(
+      "doctor",
+      "classify a memory timeline as the operators' runbook does (full at start, climbing, leak, spike, "
+      "fragmentation, cache held, healthy), with the evidence and the first lever (docs/operations.md)");
+  doctor
+      ->add_option("input", doctor_input,
+                   "a timeline (BUCKETALLOC_TIMELINE's JSON lines), a snapshot (JSON) or a trace (RMM CSV)")
+      ->required();
+  doctor->add_option("--capacity", capacity_text, "a trace's or snapshot history's card, to replay it on, e.g. 80GiB");
+  doctor->add_option("--allocator", allocator, allocator_help)->capture_default_str();
+  doctor->add_option("--repeat", repeat, "rounds of a trace (the peak over rounds: settling or a leak)")
+      ->check(CLI::Range(1, 1000));
+  doctor
+      ->add_option("--interval-ms", doctor_interval_ms,
+                   "a replay's sampling interval in ms of the trace's time (default: a 500th of it)")
+      ->check(CLI::Range(0.001, 3600000.0));
+  doctor->add_option("--snapshot-device", doctor_device, "a snapshot's device")->check(CLI::Range(0, 65535));
+  doctor->add_option("--json", json_path, "also write {\"verdicts\": [...]} as JSON");
+  doctor->add_option("--html", html_path, "also write an HTML report: the verdicts first, then the curves marked");
+
   std::string output;
   int kineto_device = -1;
   CLI::App* import =
@@ -236,6 +261,44 @@ int main(int argc, char** argv) {
     const bool json_ok = WriteText(json_path, bucketalloc::harness::CompareToJson(reports));
     const bool html_ok = WriteText(html_path, bucketalloc::harness::CompareReportHtml(reports));
     if (html_ok && !html_path.empty()) std::printf("report: %s\n", html_path.c_str());
+    return json_ok && html_ok ? 0 : 1;
+  }
+
+  if (doctor->parsed()) {
+    bucketalloc::harness::DoctorOptions o;
+    if (!capacity_text.empty()) {
+      absl::StatusOr<std::size_t> capacity = ParseCapacity(capacity_text);
+      if (!capacity.ok()) return Fail(capacity.status());
+      o.capacity = *capacity;
+    }
+    o.allocator = allocator;
+    o.repeat = repeat;
+    o.interval_s = doctor_interval_ms / 1000.0;
+    o.device = doctor_device;
+    absl::StatusOr<bucketalloc::harness::DoctorInput> in = bucketalloc::harness::ReadDoctorInput(doctor_input, o);
+    if (!in.ok()) return Fail(in.status());
+    std::vector<int> devices;
+    for (const bucketalloc::TimelineSample& s : in->samples) {
+      if (std::find(devices.begin(), devices.end(), s.device) == devices.end()) devices.push_back(s.device);
+    }
+    if (devices.empty()) devices.push_back(o.device);
+    std::vector<bucketalloc::harness::Verdict> verdicts;
+    for (int d : devices) {
+      std::vector<bucketalloc::harness::Verdict> v = bucketalloc::harness::Diagnose(in->samples, d);
+      verdicts.insert(verdicts.end(), v.begin(), v.end());
+    }
+    for (const bucketalloc::harness::Verdict& v : in->round_verdicts) {
+      // Over rounds: a leak replaces the device's healthy verdict; a settling peak adds to it.
+      auto healthy = std::find_if(verdicts.begin(), verdicts.end(),
+                                  [&](const auto& x) { return x.device == v.device && x.verdict == "healthy"; });
+      if (healthy != verdicts.end() && v.verdict == "leak") verdicts.erase(healthy);
+      verdicts.push_back(v);
+    }
+    std::printf("doctor: %s (%s, %zu samples)\n%s", doctor_input.c_str(), in->kind.c_str(), in->samples.size(),
+                bucketalloc::harness::VerdictsToText(verdicts).c_str());
+    const bool json_ok = WriteText(json_path, bucketalloc::harness::VerdictsToJson(verdicts));
+    const bool html_ok = WriteText(
+        html_path, bucketalloc::harness::DoctorHtml(verdicts, in->samples, "bucketalloc doctor: " + doctor_input));
     return json_ok && html_ok ? 0 : 1;
   }
 

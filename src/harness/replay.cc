@@ -350,6 +350,12 @@ std::size_t PeakLiveBytes(const Trace& trace, int rounds) {
   return peak + static_cast<std::size_t>(std::max(rounds, 1) - 1) * now;
 }
 
+absl::StatusOr<double> TraceDuration(const Trace& trace) {
+  absl::StatusOr<std::vector<double>> times = EventTimes(trace);
+  if (!times.ok()) return times.status();
+  return times->empty() ? 0.0 : times->back();
+}
+
 absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
   if (options.repeat < 1) {
     return absl::InvalidArgumentError(absl::StrCat("repeat ", options.repeat, " is invalid; accepted: 1 or more"));

@@ -148,6 +148,10 @@ std::size_t PeakLiveBytes(const Trace& trace, int rounds = 1);
 
 absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
 
+// The seconds from the trace's first event to its last (its Time column, as the timeline reads
+// it); InvalidArgument naming the line of a time it cannot read.
+absl::StatusOr<double> TraceDuration(const Trace& trace);
+
 // The smallest capacity (2 MiB resolution) at which `allocator` serves the trace with zero OOMs,
 // found by bisection, then a grid of five probes below the answer and a bisection below the
 // smallest that passes (serving is not always monotone in capacity; see docs/harness.md).

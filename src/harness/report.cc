@@ -74,34 +74,6 @@ Json RowsJson(const std::vector<CompareReport>& reports) {
   return rows;
 }
 
-// Text from the caller, for element content and attribute values.
-std::string EscapeHtml(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 // JSON inside <script>: "<", ">" and "&" occur only in strings, where \u escapes mean the same
 // characters, so "</script>" or "<!--" in an allocator name cannot end or confuse the element.
 // Invalid UTF-8 (a name from the command line) becomes U+FFFD instead of throwing.
@@ -436,6 +408,33 @@ constexpr absl::string_view kScript = R"JS(
 )JS";
 
 }  // namespace
+
+std::string EscapeHtml(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
 
 std::string CompareToJson(const std::vector<CompareReport>& reports) {
   return RowsJson(reports).dump(2, ' ', false, Json::error_handler_t::replace);

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "harness/replay.h"
 
 namespace bucketalloc::harness {
@@ -55,6 +56,9 @@ inline std::string CompareToJson(const CompareReport& report) { return CompareTo
 // the embedded JSON cannot close its <script>.
 std::string CompareReportHtml(const std::vector<CompareReport>& reports);
 inline std::string CompareReportHtml(const CompareReport& report) { return CompareReportHtml(std::vector{report}); }
+
+// `text` for HTML element content and attribute values (& < > " ' escaped).
+std::string EscapeHtml(absl::string_view text);
 
 }  // namespace bucketalloc::harness
 

@@ -130,4 +130,49 @@ assert all('min_capacity_over_true_need' in x['min_capacity'] for x in c)
     fail "an unmodelled model was accepted"
   grep -q "modelled: llama" <<<"$err" || fail "bad model: $err"
 fi
+# doctor: a timeline written by replay --timeline, the trace itself, a repeat, a snapshot with and
+# without history, and what it refuses.
+{
+  echo "Thread,Time,Action,Pointer,Size,Stream"
+  # 40 s at 32 MiB, then a jump to 96 MiB that live memory explains (a long request), kept to the end.
+  for i in $(seq 0 39); do printf '1,00:00:%02d.000000,allocate,0x%x,33554432,0x0\n' "$i" $((0x1000 + i)); \
+    printf '1,00:00:%02d.500000,free,0x%x,33554432,0x0\n' "$i" $((0x1000 + i)); done
+  echo "1,00:00:40.000000,allocate,0xbig,100663296,0x0"
+  for i in $(seq 41 59); do printf '1,00:00:%02d.000000,allocate,0x%x,1048576,0x0\n' "$i" $((0x2000 + i)); \
+    printf '1,00:00:%02d.500000,free,0x%x,1048576,0x0\n' "$i" $((0x2000 + i)); done
+} | sed 's/0xbig/0xb16/' >"$work/spike.csv"
+"$bench" replay "$work/spike.csv" --capacity 256MiB --timeline "$work/spike.jsonl,500" >/dev/null || fail "replay --timeline"
+[[ $(grep -c time_s "$work/spike.jsonl") -ge 100 ]] || fail "replay --timeline: $(wc -l <"$work/spike.jsonl") lines"
+out=$("$bench" doctor "$work/spike.jsonl" --json "$work/d.json" --html "$work/d.html") || fail "doctor TIMELINE: $out"
+echo "$out"
+grep -q "device 0: spike_long_request" <<<"$out" || fail "doctor: no spike_long_request"
+grep -q 'data-verdict="spike_long_request"' "$work/d.html" || fail "doctor --html: no verdict"
+/usr/bin/python3 -c "
+import json
+d = json.load(open('$work/d.json'))
+assert [v['verdict'] for v in d['verdicts']] == ['spike_long_request'], d
+assert all(set(v) == {'verdict', 'evidence', 'lever', 'from_s', 'to_s', 'device'} for v in d['verdicts']), d
+" || fail "doctor --json"
+out=$("$bench" doctor "$work/spike.csv" --capacity 256MiB --allocator pytorch-policy) || fail "doctor TRACE: $out"
+grep -q "(trace, .* samples)" <<<"$out" && grep -q "spike_long_request" <<<"$out" || fail "doctor TRACE: $out"
+out=$("$bench" doctor "$work/t.csv" --capacity 64MiB --repeat 3) || fail "doctor --repeat: $out"
+grep -q "device 0:" <<<"$out" || fail "doctor --repeat: $out"
+err=$("$bench" doctor "$work/spike.csv" 2>&1) && fail "a trace without --capacity was diagnosed"
+grep -q "needs --capacity SIZE" <<<"$err" || fail "doctor without --capacity: $err"
+echo "garbage" >"$work/garbage.txt"
+err=$("$bench" doctor "$work/garbage.txt" --capacity 1GiB 2>&1) && fail "garbage was diagnosed"
+grep -q "is neither a timeline (JSON lines), a snapshot (JSON) nor a trace (RMM CSV)" <<<"$err" || fail "garbage: $err"
+# A snapshot without history: the moment its segments show (here: most of the reserved memory is cache).
+echo '{"segments": [{"device": 0, "total_size": 104857600, "allocated_size": 10485760, "active_size": 10485760,
+  "requested_size": 10485760, "blocks": [{"size": 10485760, "state": "active_allocated"},
+  {"size": 94371840, "state": "inactive"}]}], "device_traces": [[]]}' >"$work/snap.json"
+out=$("$bench" doctor "$work/snap.json" --capacity 128MiB) || fail "doctor SNAPSHOT: $out"
+grep -q "(snapshot, 1 samples)" <<<"$out" && grep -q "cache_held" <<<"$out" || fail "doctor SNAPSHOT: $out"
+# With history: replayed.
+echo '{"segments": [], "device_traces": [[
+  {"action": "alloc", "addr": 4096, "size": 1048576, "time_us": 0, "stream": 0},
+  {"action": "free_requested", "addr": 4096, "size": 1048576, "time_us": 5, "stream": 0},
+  {"action": "free_completed", "addr": 4096, "size": 1048576, "time_us": 10, "stream": 0}]]}' >"$work/hist.json"
+out=$("$bench" doctor "$work/hist.json" --capacity 64MiB) || fail "doctor SNAPSHOT with history: $out"
+grep -q "(snapshot, .* samples)" <<<"$out" || fail "doctor SNAPSHOT with history: $out"
 echo "check_bench_cli: PASS"

@@ -1,0 +1,102 @@
+// src/harness/doctor.h — `bucketalloc-bench doctor`: the operators' runbook as a classifier of a
+// memory timeline (docs/operations.md, "The doctor").
+//
+// Owns: `Diagnose`, which reads one device's timeline (bucketalloc/timeline.h: written by a process
+// with BUCKETALLOC_TIMELINE, or by a replay of a trace) the way the runbooks read the used-memory
+// curve, and returns verdicts, each with its evidence (the numbers and the time span they come from)
+// and the runbook's first lever:
+//   - full_at_start: near the cap right after start-up (weights, parallelism, reserved buffers);
+//   - climbs_capacity: reserved memory climbs and does not come back down while live memory does
+//     fall back (concurrency or caches accumulating per request);
+//   - leak: live memory itself keeps rising and never falls;
+//   - spike_long_request: stable for a long time, then a sudden jump of live memory;
+//   - fragmentation: a jump of reserved memory that live memory does not explain, or OOMs while
+//     enough was free (fragmentation OOMs), or a large free cache whose largest block is small;
+//   - cache_held: much of the reserved memory is cache held but unused, for long;
+//   - healthy: none of these.
+// The thresholds are fractions of the cap (docs/operations.md lists them); `DoctorThresholds`
+// holds them in one place. A repeat of a trace adds the peak over rounds: rising to the end is a leak,
+// rising then settling is fragmentation reaching its steady state (healthy).
+// Thread-safety: pure functions.
+//
+// Example:
+//   absl::StatusOr<std::vector<TimelineSample>> t = ReadTimeline(text, path);
+//   std::vector<Verdict> v = Diagnose(*t, 0);
+//   std::string json = VerdictsToJson(v);   // {"verdicts": [{"verdict", "evidence", "lever", ...}]}
+#ifndef BUCKETALLOC_HARNESS_DOCTOR_H_
+#define BUCKETALLOC_HARNESS_DOCTOR_H_
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "bucketalloc/timeline.h"
+
+namespace bucketalloc::harness {
+
+struct Verdict {
+  std::string verdict;   // full_at_start, climbs_capacity, leak, spike_long_request, fragmentation, cache_held, healthy
+  std::string evidence;  // the numbers and the span they come from
+  std::string lever;     // the runbook's first lever
+  double from_s = 0.0;   // the span of the timeline the evidence comes from
+  double to_s = 0.0;
+  int device = 0;
+};
+
+struct DoctorThresholds {
+  double full = 0.90;             // of the cap: "near the limit"
+  double start_fraction = 0.10;   // of the run: "right after start-up"
+  double climb = 0.10;            // of the cap: a rise that counts
+  double settle = 0.90;           // of its peak: reserved "does not come back down" while it stays above
+  double jump = 0.15;             // of the cap: a sudden jump
+  double jump_span = 0.05;        // of the run: how sudden
+  double plateau = 0.30;          // of the run: how long stable before it
+  double plateau_band = 0.05;     // of the cap: how stable
+  double cache_share = 0.30;      // of reserved: cache held but unused
+  double cache_cap = 0.10;        // of the cap, at least
+  double cache_time = 0.50;       // of the run: for how long
+};
+
+// The verdicts for `device` in `samples` (those of other devices are skipped), healthy when no
+// pattern shows; an empty timeline for the device is one healthy verdict saying so.
+std::vector<Verdict> Diagnose(absl::Span<const TimelineSample> samples, int device,
+                              const DoctorThresholds& t = DoctorThresholds{});
+
+// The peaks of reserved memory over the rounds of a repeat: a leak when they still rise in the
+// second half; otherwise, when they rose at first, fragmentation reaching its steady state (a
+// healthy verdict that says so); nothing with one round.
+std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> per_round_peak_reserved, int device);
+
+// What the doctor reads: a timeline (JSON lines), a snapshot (bucketalloc_torch.snapshot() or
+// bucketalloc_snapshot_json, saved as JSON: its history replayed, or without one the moment its
+// segments show), or a trace (RMM CSV, replayed). A snapshot's history and a trace are replayed by
+// `allocator` on a card of `capacity` (required for them), `repeat` times, sampled every
+// `interval_s` of the trace's time (0: a 500th of its duration).
+struct DoctorOptions {
+  std::size_t capacity = 0;
+  std::string allocator = "bucketalloc";
+  int repeat = 1;
+  double interval_s = 0.0;
+  int device = 0;  // a snapshot's device
+};
+struct DoctorInput {
+  std::string kind;  // "timeline", "snapshot" or "trace"
+  std::vector<TimelineSample> samples;
+  std::vector<Verdict> round_verdicts;  // a repeat's (DiagnoseRounds)
+};
+absl::StatusOr<DoctorInput> ReadDoctorInput(const std::string& path, const DoctorOptions& options);
+
+// {"verdicts": [{"verdict", "evidence", "lever", "from_s", "to_s", "device"}]}.
+std::string VerdictsToJson(absl::Span<const Verdict> verdicts);
+// The verdicts as text, one paragraph each.
+std::string VerdictsToText(absl::Span<const Verdict> verdicts);
+// A self-contained HTML page: the verdicts first, then each device's curve (reserved, allocated,
+// the cap) as inline SVG with the verdicts' spans marked.
+std::string DoctorHtml(absl::Span<const Verdict> verdicts, absl::Span<const TimelineSample> samples,
+                       const std::string& title);
+
+}  // namespace bucketalloc::harness
+
+#endif  // BUCKETALLOC_HARNESS_DOCTOR_H_
