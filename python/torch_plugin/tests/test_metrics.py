@@ -159,3 +159,76 @@ def test_start_timeline_appends_lines_with_each_oom_once():
     assert lines[-1]["ooms_total"]["capacity"] == 1
     assert lines[-1]["allocated_bytes"] == ba.memory_allocated() == 3 * MiB
     _lib.lib().bucketalloc_free(p, 3 * MiB, 0, 0)
+
+
+def test_a_real_prometheus_scrapes_the_python_collector(tmp_path):
+    """Debian's Prometheus (scripts/setup.sh installs it) scrapes a Python process whose
+    prometheus_client server carries bucketalloc's collector; PromQL through its HTTP API returns the
+    values the process reported."""
+    import json
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.parse
+
+    from helpers import child_env
+
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.fail("prometheus is not installed: scripts/setup.sh installs the Debian package prometheus",
+                    pytrace=False)
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    port, prom_port = free_port(), free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", f"""
+import sys, prometheus_client
+import bucketalloc_torch as ba
+from bucketalloc_torch import _lib
+ba.register_metrics()
+prometheus_client.start_http_server({port}, addr="127.0.0.1")
+p = _lib.lib().bucketalloc_malloc(7 << 20, 0, 0)
+assert _lib.lib().bucketalloc_malloc(1 << 30, 0, 0) is None
+print(ba.memory_stats()["allocated_bytes.all.current"], flush=True)
+sys.stdin.read()
+"""],
+        env=child_env(SIM), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: python\n"
+                      f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n")
+    prom = None
+    try:
+        allocated = int(server.stdout.readline())
+        prom = subprocess.Popen([prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{prom_port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def query(q: str):
+            url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+            try:
+                result = json.load(urllib.request.urlopen(url, timeout=5))["data"]["result"]
+            except OSError:
+                return None
+            return result[0]["value"][1] if len(result) == 1 else None
+
+        value = None
+        deadline = time.time() + 60
+        while value is None and time.time() < deadline:
+            value = query('bucketalloc_allocated_bytes{job="python",device="0",pool="all"}')
+            time.sleep(0.5)
+        assert value is not None, "Prometheus returned no bucketalloc series within 60 s"
+        assert float(value) == allocated
+        assert float(query('bucketalloc_ooms_total{job="python",cause="capacity"}')) == 1
+        assert float(query('up{job="python"}')) == 1
+    finally:
+        if prom is not None:
+            prom.terminate()
+            prom.wait(timeout=30)
+        server.stdin.close()
+        server.wait(timeout=30)
