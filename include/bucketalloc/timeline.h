@@ -71,8 +71,9 @@ inline constexpr int kMaxTimelineIntervalMs = 3600 * 1000;
 absl::Status ParseTimelineSpec(absl::string_view spec, std::string* path, int* interval_ms);
 
 // Reads a timeline (JSON lines; blank lines are skipped). InvalidArgument naming `source`, the line
-// and what is wrong for a line that is not a sample (a missing or mistyped key, a negative figure, a
-// time that goes back for its device).
+// and what is wrong for a line that is not a sample (a missing or mistyped key, a negative figure);
+// a last line cut off without its newline is left out, and a device's time that goes back (a wall
+// clock stepped back) is kept at the previous line's.
 absl::StatusOr<std::vector<TimelineSample>> ReadTimeline(absl::string_view text, absl::string_view source);
 
 }  // namespace bucketalloc

@@ -92,17 +92,25 @@ Allocator* CreateAllocator() {
                             absl::StrCat("bucketalloc: cannot create the allocator: ", created.status().message())));
       return nullptr;
     }
-    plugins::StartMetricsServerFromEnv(created->get(), "bucketalloc");
-    plugins::StartTimelineFromEnv(created->get(), "bucketalloc");
     return std::move(*created);
   });
+}
+
+// Creates the allocator, then (after it is published) the observers the environment asks for:
+// BUCKETALLOC_METRICS_ADDR, BUCKETALLOC_TIMELINE, each started once per process and reading the
+// allocator from its own thread; one that cannot start is reported and changes nothing else.
+Allocator* CreateAllocatorAndObservers() {
+  Allocator* a = CreateAllocator();
+  plugins::StartMetricsServerFromEnv(a, "bucketalloc");
+  plugins::StartTimelineFromEnv(a, "bucketalloc");
+  return a;
 }
 
 // The allocator, created on first use; nullptr with the last error set when it cannot be created.
 inline Allocator* Get() {
   if (Allocator* a = g_process.get()) [[likely]]
     return a;
-  return CreateAllocator();
+  return CreateAllocatorAndObservers();
 }
 
 // Writes `text` as snprintf does; see "Inspection" in bucketalloc.h.

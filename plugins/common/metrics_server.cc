@@ -4,13 +4,18 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,7 +30,8 @@
 namespace bucketalloc::plugins {
 namespace {
 
-constexpr int kReadTimeoutMs = 2000;
+constexpr int kReadTimeoutMs = 2000;      // a client that sends nothing for this long is dropped
+constexpr int kRequestDeadlineMs = 5000;  // nor may its request take longer in all
 constexpr std::size_t kMaxRequestBytes = 8192;
 
 absl::Status BadAddress(absl::string_view addr, absl::string_view why) {
@@ -129,13 +135,21 @@ void MetricsServer::Serve() {
 }
 
 void MetricsServer::Answer(int client) {
+  // A client that does not read the answer is dropped too (2 s per send).
+  const timeval send_timeout{kReadTimeoutMs / 1000, 0};
+  setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
   // The request head, up to its blank line; the body of a GET is nothing.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kRequestDeadlineMs);
   std::string request;
   char buf[1024];
   while (request.size() < kMaxRequestBytes && request.find("\r\n\r\n") == std::string::npos &&
          request.find("\n\n") == std::string::npos) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd p{client, POLLIN, 0};
-    if (poll(&p, 1, kReadTimeoutMs) <= 0) return;  // silent client: dropped
+    if (left.count() <= 0 || poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), kReadTimeoutMs))) <= 0) {
+      return;  // a silent or slow client: dropped
+    }
     const ssize_t n = recv(client, buf, sizeof buf, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
@@ -166,15 +180,25 @@ void StartMetricsServerFromEnv(const Allocator* allocator, const char* who) {
   const char* addr = std::getenv("BUCKETALLOC_METRICS_ADDR");
   if (addr == nullptr || allocator == nullptr) return;
   static const bool started = [&] {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> server =
-        MetricsServer::Start(addr, [allocator] { return MetricsToPrometheus(allocator->Metrics()); });
-    if (!server.ok()) {
+    auto report = [&](absl::string_view why) {
       std::fprintf(stderr, "%s: BUCKETALLOC_METRICS_ADDR=%s: %s; metrics are not served (nothing else changes)\n", who,
-                   addr, std::string(absl::StripPrefix(server.status().message(), "bucketalloc: ")).c_str());
+                   addr, std::string(absl::StripPrefix(why, "bucketalloc: ")).c_str());
       return false;
+    };
+    try {
+      absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+          MetricsServer::Start(addr, [allocator] { return MetricsToPrometheus(allocator->Metrics()); });
+      if (!server.ok()) return report(server.status().message());
+      // Lives as long as the process, as the allocator does. A child of fork has no server thread:
+      // it closes the socket, so that the port is free again when the parent ends.
+      static int listening = -1;
+      listening = (*server)->fd();
+      pthread_atfork(nullptr, nullptr, [] { close(listening); });
+      server->release();
+      return true;
+    } catch (const std::exception& e) {  // no thread or no memory for it
+      return report(e.what());
     }
-    server->release();  // lives as long as the process, as the allocator does
-    return true;
   }();
   (void)started;
 }

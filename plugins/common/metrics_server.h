@@ -5,12 +5,15 @@
 //
 // Owns: `MetricsServer`, one listening socket and the thread that answers it: GET /metrics (or /)
 // gets the text with Prometheus's content type, anything else 404 or 405. Requests are answered
-// one at a time; a client that sends nothing for 2 s is dropped. The thread renders from copies
-// taken under each device's lock for a moment: nothing runs on the allocation path.
+// one at a time; a client that sends nothing for 2 s, takes more than 5 s to send its request or
+// does not read the answer for 2 s is dropped. The thread renders from copies taken under each
+// device's lock (the fragmentation report walks the device's blocks meanwhile, so an allocation
+// may wait that long); nothing runs on the allocation path itself.
 // `StartMetricsServerFromEnv` starts the process's one server; a bad address or a failed bind is
 // printed once on stderr and changes nothing else (the allocator serves as before).
 // Thread-safety: Start and the destructor from one thread; the server thread only renders and
-// writes. fork(2): the child has no server thread (the socket is close-on-exec).
+// writes. fork(2): the child has no server thread and closes the process server's socket (and it
+// is close-on-exec).
 //
 // Example:
 //   absl::StatusOr<std::unique_ptr<MetricsServer>> s =
@@ -43,6 +46,7 @@ class MetricsServer {
   MetricsServer& operator=(const MetricsServer&) = delete;
 
   int port() const { return port_; }
+  int fd() const { return fd_; }  // the listening socket
 
  private:
   MetricsServer(int fd, int port, std::function<std::string()> render);
@@ -58,7 +62,8 @@ class MetricsServer {
 
 // When BUCKETALLOC_METRICS_ADDR is set, starts (once per process) the server of `allocator`'s
 // metrics, which lives as long as the process; `who` names the library in the one line printed
-// when it cannot start ("bucketalloc", "bucketalloc preload").
+// when it cannot start ("bucketalloc", "bucketalloc preload"; a bad address, a taken port, no
+// thread); nothing else changes then.
 void StartMetricsServerFromEnv(const Allocator* allocator, const char* who);
 
 }  // namespace bucketalloc::plugins

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <utility>
 #include <vector>
 
@@ -20,7 +21,8 @@
 namespace bucketalloc::plugins {
 
 absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Start(const std::string& path, int interval_ms,
-                                                                      const Allocator* allocator) {
+                                                                      const Allocator* allocator,
+                                                                      std::map<int, std::uint64_t> listed) {
   if (interval_ms < 1 || interval_ms > kMaxTimelineIntervalMs) {
     return absl::InvalidArgumentError(absl::StrCat("bucketalloc: timeline interval ", interval_ms,
                                                    " ms is invalid; accepted: 1 to ", kMaxTimelineIntervalMs, " ms"));
@@ -30,24 +32,35 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Start(const std:
     return absl::FailedPreconditionError(
         absl::StrCat("bucketalloc: cannot open the timeline ", path, " for appending: ", std::strerror(errno)));
   }
-  return std::unique_ptr<TimelineWriter>(new TimelineWriter(path, file, interval_ms, allocator));
+  return std::unique_ptr<TimelineWriter>(new TimelineWriter(path, file, interval_ms, allocator, std::move(listed)));
 }
 
-TimelineWriter::TimelineWriter(std::string path, std::FILE* file, int interval_ms, const Allocator* allocator)
-    : path_(std::move(path)), file_(file), interval_ms_(interval_ms), allocator_(allocator) {
+TimelineWriter::TimelineWriter(std::string path, std::FILE* file, int interval_ms, const Allocator* allocator,
+                               std::map<int, std::uint64_t> listed)
+    : path_(std::move(path)),
+      file_(file),
+      interval_ms_(interval_ms),
+      allocator_(allocator),
+      last_oom_(std::move(listed)) {
   thread_ = std::thread([this] { Run(); });
 }
 
-TimelineWriter::~TimelineWriter() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
+std::map<int, std::uint64_t> TimelineWriter::Stop() {
+  if (!stopped_) {
+    stopped_ = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+    WriteSample();  // the last line
+    std::fclose(file_);
   }
-  wake_.notify_all();
-  thread_.join();
-  WriteSample();  // the last line
-  std::fclose(file_);
+  return last_oom_;
 }
+
+TimelineWriter::~TimelineWriter() { Stop(); }
 
 void TimelineWriter::Run() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -101,8 +114,20 @@ absl::Status StartTimeline(const std::string& path, int interval_ms, const Alloc
   (void)registered;
   Slot& slot = TheSlot();
   std::lock_guard<std::mutex> lock(*slot.mu);
-  slot.writer.reset();  // one running writes its last line first
-  absl::StatusOr<std::unique_ptr<TimelineWriter>> w = TimelineWriter::Start(path, interval_ms, allocator);
+  if (interval_ms < 1 || interval_ms > kMaxTimelineIntervalMs) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: timeline interval ", interval_ms,
+                                                   " ms is invalid; accepted: 1 to ", kMaxTimelineIntervalMs, " ms"));
+  }
+  std::FILE* probe = std::fopen(path.c_str(), "ae");  // the new file must open before the old stops
+  if (probe == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("bucketalloc: cannot open the timeline ", path, " for appending: ", std::strerror(errno)));
+  }
+  std::fclose(probe);
+  // The running one writes its last line; the new one lists only the OOMs after those it listed.
+  std::map<int, std::uint64_t> listed = slot.writer != nullptr ? slot.writer->Stop() : std::map<int, std::uint64_t>{};
+  slot.writer.reset();
+  absl::StatusOr<std::unique_ptr<TimelineWriter>> w = TimelineWriter::Start(path, interval_ms, allocator, listed);
   if (!w.ok()) return w.status();
   slot.writer = std::move(*w);
   return absl::OkStatus();
@@ -117,14 +142,21 @@ void StopTimeline() {
 void StartTimelineFromEnv(const Allocator* allocator, const char* who) {
   const char* spec = std::getenv("BUCKETALLOC_TIMELINE");
   if (spec == nullptr || allocator == nullptr) return;
-  std::string path;
-  int interval_ms = 0;
-  absl::Status s = ParseTimelineSpec(spec, &path, &interval_ms);
-  if (s.ok()) s = StartTimeline(path, interval_ms, allocator);
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: BUCKETALLOC_TIMELINE=%s: %s; no timeline is written (nothing else changes)\n", who, spec,
-                 std::string(absl::StripPrefix(s.message(), "bucketalloc: ")).c_str());
-  }
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    std::string path;
+    int interval_ms = 0;
+    absl::Status s = ParseTimelineSpec(spec, &path, &interval_ms);
+    try {
+      if (s.ok()) s = StartTimeline(path, interval_ms, allocator);
+    } catch (const std::exception& e) {  // no thread or no memory for it
+      s = absl::ResourceExhaustedError(e.what());
+    }
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s: BUCKETALLOC_TIMELINE=%s: %s; no timeline is written (nothing else changes)\n", who,
+                   spec, std::string(absl::StripPrefix(s.message(), "bucketalloc: ")).c_str());
+    }
+  });
 }
 
 }  // namespace bucketalloc::plugins

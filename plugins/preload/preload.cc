@@ -136,8 +136,6 @@ Allocator* CreateAllocator() {
       return nullptr;
     }
     if (std::getenv("BUCKETALLOC_STATS_ON_EXIT") != nullptr) std::atexit(&PrintStatsAtExit);
-    plugins::StartMetricsServerFromEnv(created->get(), "bucketalloc preload");
-    plugins::StartTimelineFromEnv(created->get(), "bucketalloc preload");
     return std::move(*created);
   });
 }
@@ -148,7 +146,12 @@ inline Allocator* Get() {
   if (Allocator* a = g_process.get()) [[likely]]
     return a;
   if (g_unavailable.load(std::memory_order_relaxed)) return nullptr;
-  return CreateAllocator();
+  Allocator* a = CreateAllocator();
+  // After it is published, the observers the environment asks for (BUCKETALLOC_METRICS_ADDR,
+  // BUCKETALLOC_TIMELINE), each once per process; one that cannot start changes nothing else.
+  plugins::StartMetricsServerFromEnv(a, "bucketalloc preload");
+  plugins::StartTimelineFromEnv(a, "bucketalloc preload");
+  return a;
 }
 
 bool IsSim(const Allocator& a) { return a.options().backend == "sim"; }

@@ -1,6 +1,7 @@
 // src/frontend/timeline.cc — the timeline's line and its reader (bucketalloc/timeline.h).
 #include "bucketalloc/timeline.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -191,18 +192,20 @@ absl::Status ParseTimelineSpec(absl::string_view spec, std::string* path, int* i
 absl::StatusOr<std::vector<TimelineSample>> ReadTimeline(absl::string_view text, absl::string_view source) {
   std::vector<TimelineSample> samples;
   std::map<int, double> last_time;  // per device
-  int number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++number;
+  const std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const int number = static_cast<int>(i) + 1;
+    const absl::string_view line = lines[i];
     if (line.find_first_not_of(" \t\r") == absl::string_view::npos) continue;
     absl::StatusOr<TimelineSample> s = ParseLine(line);
+    // A last line without its newline that does not parse was cut off (the process was killed
+    // while writing it): the lines before it are the timeline.
+    if (!s.ok() && i + 1 == lines.size()) break;
     if (s.ok()) {
+      // A wall clock stepped back (NTP) keeps the device's time where it was.
       auto [it, first] = last_time.emplace(s->device, s->time_s);
-      if (!first && s->time_s < it->second) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat("its time ", s->time_s, " s is before the previous line's of device ", s->device));
-      }
-      if (s.ok()) it->second = s->time_s;
+      if (!first) s->time_s = std::max(s->time_s, it->second);
+      it->second = s->time_s;
     }
     if (!s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(source, ":", number, ": not a timeline sample: ",

@@ -2,7 +2,9 @@
 #include "harness/doctor.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,17 +50,24 @@ std::string At(double t) { return absl::StrFormat("%.1f s", t); }
 struct Series {
   std::vector<double> t;
   std::vector<double> reserved, allocated, cached;
-  double cap = 0.0;
+  double cap = 0.0;    // the cap; 0 when the timeline does not know it
+  double scale = 0.0;  // what the thresholds are fractions of: the cap, else the peak of reserved
   double t0 = 0.0, duration = 0.0;
-  std::vector<OomEvent> ooms;
+  std::vector<OomEvent> ooms;                            // as listed (a process lists at most 64 per line)
+  std::array<std::int64_t, kNumOomCauses> oom_counts{};  // over the timeline, from ooms_total
+  std::int64_t retries = 0;                              // alloc_retries_total over the timeline
   std::size_t size() const { return t.size(); }
   double Position(double at) const { return duration > 0 ? (at - t0) / duration : 0.0; }
 };
 
 Series SeriesOf(absl::Span<const TimelineSample> samples, int device) {
   Series s;
+  const TimelineSample* first = nullptr;
+  const TimelineSample* last = nullptr;
   for (const TimelineSample& x : samples) {
     if (x.device != device) continue;
+    if (first == nullptr) first = &x;
+    last = &x;
     s.t.push_back(x.time_s);
     s.reserved.push_back(static_cast<double>(x.reserved_bytes));
     s.allocated.push_back(static_cast<double>(x.allocated_bytes));
@@ -69,7 +78,14 @@ Series SeriesOf(absl::Span<const TimelineSample> samples, int device) {
   if (s.size() > 0) {
     s.t0 = s.t.front();
     s.duration = s.t.back() - s.t.front();
-    if (s.cap <= 0) s.cap = *std::max_element(s.reserved.begin(), s.reserved.end());
+    s.scale = s.cap > 0 ? s.cap : *std::max_element(s.reserved.begin(), s.reserved.end());
+    // The counts over the timeline: the totals' growth, and the first line's own OOMs.
+    for (int c = 0; c < kNumOomCauses; ++c) {
+      std::int64_t in_first = 0;
+      for (const OomEvent& e : first->ooms) in_first += static_cast<int>(e.cause) == c;
+      s.oom_counts[c] = std::max<std::int64_t>(0, last->ooms_total[c] - first->ooms_total[c] + in_first);
+    }
+    s.retries = std::max<std::int64_t>(0, last->alloc_retries_total - first->alloc_retries_total);
   }
   return s;
 }
@@ -117,133 +133,202 @@ std::vector<Verdict> Diagnose(absl::Span<const TimelineSample> samples, int devi
                           "nothing to do", 0, 0, device});
     return out;
   }
-  const double cap = s.cap;
-  const double peak_r = Max(s.reserved, 0, s.size());
-  const double peak_a = Max(s.allocated, 0, s.size());
   const std::size_t n = s.size();
+  const double peak_r = Max(s.reserved, 0, n);
+  const double peak_a = Max(s.allocated, 0, n);
+  if (s.scale <= 0) {
+    out.push_back(Verdict{"healthy", absl::StrCat("device ", device, " used no memory over ", At(s.duration)),
+                          "nothing to do", s.t0, s.t.back(), device});
+    return out;
+  }
+  const double cap = s.scale;
+  const std::string of_cap = s.cap > 0 ? " of the cap" : " of the peak of reserved memory (no cap in the timeline)";
+  std::int64_t ooms = 0;
+  for (std::int64_t c : s.oom_counts) ooms += c;
+  const bool pressure = ooms > 0 || s.retries > 0;  // the allocator ran short at least once
+  std::string calm;                                 // what a healthy verdict should also say
+  // The body of the run: without its last 2%, where a process tears down and a replay ends.
+  std::size_t body = n;
+  while (body > 1 && s.Position(s.t[body - 1]) > 0.98) --body;
 
-  // Full at start: near the cap in the first part of the run.
-  for (std::size_t i = 0; i < n; ++i) {
-    if (s.Position(s.t[i]) > th.start_fraction) break;
-    if (std::max(s.reserved[i], s.allocated[i]) >= th.full * cap) {
-      Add(&out, device, "full_at_start",
-          absl::StrCat("reserved ", Bytes(s.reserved[i]), " (", Pct(s.reserved[i], cap), " of the ", Bytes(cap),
-                       " cap; live ", Bytes(s.allocated[i]), ") at ", At(s.t[i]), ", ",
-                       Pct(s.t[i] - s.t0, s.duration), " into the timeline"),
-          kLeverFull, s.t0, s.t[i]);
+  // Full at start: near the cap in the first part of the run, and short of memory at some point.
+  if (s.cap > 0) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (s.Position(s.t[i]) > th.start_fraction) break;
+      if (std::max(s.reserved[i], s.allocated[i]) < th.full * cap) continue;
+      const std::string evidence = absl::StrCat("reserved ", Bytes(s.reserved[i]), " (", Pct(s.reserved[i], cap),
+                                                " of the ", Bytes(cap), " cap; live ", Bytes(s.allocated[i]), ") at ",
+                                                At(s.t[i]), ", ", Pct(s.t[i] - s.t0, s.duration), " into the timeline");
+      if (pressure) {
+        Add(&out, device, "full_at_start",
+            absl::StrCat(evidence, "; later ", ooms, " OOMs and ", s.retries, " retries of a released cache"),
+            kLeverFull, s.t0, s.t[i]);
+      } else {
+        calm = absl::StrCat("; near the cap from start-up (", evidence,
+                            ") but never short of memory: fine if intended (a preallocated KV cache)");
+      }
       break;
     }
   }
 
-  if (n >= 3 && s.duration > 0) {
-    // Leak: the troughs of live memory rise window after window and it never falls back.
+  if (body >= 3 && s.duration > 0) {
+    // Leak: the troughs of live memory rise window after window (the first window, start-up, and
+    // the teardown left out).
     constexpr int kWindows = 10;
-    std::vector<double> troughs;
-    std::vector<double> trough_at;
-    for (int w = 1; w < kWindows; ++w) {  // the first window is start-up
-      auto [lo, hi] = Range(s, static_cast<double>(w) / kWindows, static_cast<double>(w + 1) / kWindows);
+    const double body_end = s.Position(s.t[body - 1]);
+    auto window = [&](int w) {
+      auto r = Range(s, body_end * w / kWindows, body_end * (w + 1) / kWindows);
+      r.second = std::min(r.second, body);
+      if (w == kWindows - 1) r.second = body;
+      return r;
+    };
+    std::vector<double> troughs, trough_at;
+    for (int w = 1; w < kWindows; ++w) {
+      auto [lo, hi] = window(w);
       if (lo >= hi) continue;
       troughs.push_back(Min(s.allocated, lo, hi));
       trough_at.push_back(s.t[lo]);
     }
-    int rising = 0;
-    for (std::size_t i = 1; i < troughs.size(); ++i) rising += troughs[i] >= troughs[i - 1];
-    const bool leak = troughs.size() >= 4 && rising >= static_cast<int>(0.8 * static_cast<double>(troughs.size() - 1)) &&
-                      troughs.back() - troughs.front() >= th.climb * cap &&
-                      s.allocated.back() >= th.settle * peak_a;
+    // A leak rises in most steps and falls in few, by more than noise (0.5% of the cap), and no one
+    // step makes most of the rise: one jump that stays is a spike, not a leak.
+    const double noise = 0.005 * cap;
+    int up = 0, down = 0;
+    double largest_step = 0;
+    for (std::size_t i = 1; i < troughs.size(); ++i) {
+      const double d = troughs[i] - troughs[i - 1];
+      up += d > noise;
+      down += d < -noise;
+      largest_step = std::max(largest_step, d);
+    }
+    const int steps_n = static_cast<int>(troughs.size()) - 1;
+    const double total_rise = troughs.empty() ? 0.0 : troughs.back() - troughs.front();
+    const bool leak = troughs.size() >= 4 && 2 * up >= steps_n && 5 * down <= steps_n && total_rise >= th.climb * cap &&
+                      largest_step <= 0.5 * total_rise;
     if (leak) {
       Add(&out, device, "leak",
           absl::StrCat("live memory's troughs rose from ", Bytes(troughs.front()), " (", At(trough_at.front()), ") to ",
-                       Bytes(troughs.back()), " (", At(trough_at.back()), ") and it never fell back: ",
-                       Bytes(s.allocated.back()), " at the end, its peak ", Bytes(peak_a)),
-          kLeverLeak, trough_at.front(), s.t.back());
+                       Bytes(troughs.back()), " (", At(trough_at.back()),
+                       ") and it never fell back below them; its "
+                       "peak ",
+                       Bytes(peak_a)),
+          kLeverLeak, trough_at.front(), s.t[body - 1]);
     }
     // Climbs without coming back down: reserved's peaks rise from the first third to the last, in
     // steps over at least three windows (one step is a jump, below), and it stays near its peak at
-    // the end, while live memory falls back.
-    auto [f_lo, f_hi] = Range(s, 0.0, 1.0 / 3);
-    auto [l_lo, l_hi] = Range(s, 2.0 / 3, 1.0);
+    // the end, while live memory falls back (by 10% of the cap within the last third).
+    auto [f_lo, f_hi] = Range(s, 0.0, body_end / 3);
+    auto [l_lo, l_hi] = Range(s, body_end * 2 / 3, body_end + 1e-12);
+    l_hi = std::min(l_hi, body);
     const double first_peak = Max(s.reserved, f_lo, f_hi), last_peak = Max(s.reserved, l_lo, l_hi);
+    const double body_peak_r = Max(s.reserved, 0, body);
     int steps = 0;
     double running = 0;
     for (int w = 0; w < kWindows; ++w) {
-      auto [lo, hi] = Range(s, static_cast<double>(w) / kWindows, static_cast<double>(w + 1) / kWindows);
+      auto [lo, hi] = window(w);
       if (lo >= hi) continue;
       const double peak = Max(s.reserved, lo, hi);
       if (w > 0 && peak >= running + kClimbStep * cap) ++steps;
       running = std::max(running, peak);
     }
+    const bool falls_back =
+        l_lo < l_hi && Max(s.allocated, l_lo, l_hi) - Min(s.allocated, l_lo, l_hi) >= th.climb * cap;
     if (!leak && f_lo < f_hi && l_lo < l_hi && steps >= 3 && last_peak - first_peak >= th.climb * cap &&
-        s.reserved.back() >= th.settle * peak_r) {
+        s.reserved[body - 1] >= th.settle * body_peak_r && falls_back) {
       Add(&out, device, "climbs_capacity",
           absl::StrCat("reserved climbed from a peak of ", Bytes(first_peak), " in the first third to ",
-                       Bytes(last_peak), " in the last and did not come back down (", Bytes(s.reserved.back()),
-                       " at the end, ", Pct(s.reserved.back(), cap), " of the cap); live memory fell back to ",
-                       Bytes(Min(s.allocated, l_lo, l_hi)), " meanwhile"),
-          kLeverCapacity, s.t[f_lo], s.t.back());
+                       Bytes(last_peak), " in the last, in ", steps, " steps, and did not come back down (",
+                       Bytes(s.reserved[body - 1]), " at the end, ", Pct(s.reserved[body - 1], cap), of_cap,
+                       "); live memory fell back to ", Bytes(Min(s.allocated, l_lo, l_hi)), " in the last third"),
+          kLeverCapacity, s.t[f_lo], s.t[body - 1]);
     }
 
-    // A sudden jump after a long plateau.
+    // A sudden jump after a long plateau: for each start i, the largest rise of reserved within
+    // the jump span after it (a sliding maximum), and the band of reserved over the plateau before
+    // it (sliding maximum and minimum); linear in the samples.
     const double span = th.jump_span * s.duration, plateau = th.plateau * s.duration;
     double best = 0;
     std::size_t best_i = 0, best_j = 0;
+    std::deque<std::size_t> ahead, hi_q, lo_q;  // indices: max ahead; max and min behind
+    std::size_t next = 0, behind = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      if (s.t[i] - s.t0 < plateau) continue;
-      std::size_t j = i;
-      double rise = 0;
-      std::size_t top = i;
-      while (j + 1 < n && s.t[j + 1] - s.t[i] <= span) {
-        ++j;
-        if (s.reserved[j] - s.reserved[i] > rise) {
-          rise = s.reserved[j] - s.reserved[i];
-          top = j;
-        }
+      while (next < n && s.t[next] - s.t[i] <= span) {
+        while (!ahead.empty() && s.reserved[ahead.back()] < s.reserved[next])
+          ahead.pop_back();  // the first of equal maxima
+        ahead.push_back(next++);
       }
+      while (!ahead.empty() && ahead.front() < i) ahead.pop_front();
+      while (!hi_q.empty() && s.reserved[hi_q.back()] <= s.reserved[i]) hi_q.pop_back();
+      while (!lo_q.empty() && s.reserved[lo_q.back()] >= s.reserved[i]) lo_q.pop_back();
+      hi_q.push_back(i);
+      lo_q.push_back(i);
+      while (s.t[i] - s.t[behind] > plateau) ++behind;
+      while (hi_q.front() < behind) hi_q.pop_front();
+      while (lo_q.front() < behind) lo_q.pop_front();
+      if (s.t[i] - s.t0 < plateau) continue;
+      const std::size_t top = ahead.front();
+      const double rise = s.reserved[top] - s.reserved[i];
       if (rise < th.jump * cap || rise < best) continue;  // among equal rises the latest start: where it jumps
-      std::size_t p = i;
-      while (p > 0 && s.t[i] - s.t[p - 1] <= plateau) --p;
-      if (Max(s.reserved, p, i + 1) - Min(s.reserved, p, i + 1) > th.plateau_band * cap) continue;
+      if (s.reserved[hi_q.front()] - s.reserved[lo_q.front()] > th.plateau_band * cap) continue;
       best = rise;
       best_i = i;
       best_j = top;
     }
     if (best > 0) {
       const double live_rise = Max(s.allocated, best_i, best_j + 1) - s.allocated[best_i];
-      const std::string evidence = absl::StrCat(
-          "after ", At(s.t[best_i] - s.t0), " within ", Bytes(th.plateau_band * cap), ", reserved jumped by ",
-          Bytes(best), " (", Pct(best, cap), " of the cap) between ", At(s.t[best_i]), " and ", At(s.t[best_j]),
-          "; live memory rose by ", Bytes(live_rise));
+      const std::string evidence =
+          absl::StrCat("after ", At(s.t[best_i] - s.t0), " within ", Bytes(th.plateau_band * cap),
+                       ", reserved jumped by ", Bytes(best), " (", Pct(best, cap), of_cap, ") between ",
+                       At(s.t[best_i]), " and ", At(s.t[best_j]), "; live memory rose by ", Bytes(live_rise));
       if (live_rise >= 0.7 * best) {
         Add(&out, device, "spike_long_request", absl::StrCat(evidence, ": the requests in flight grew"), kLeverLong,
             s.t[best_i], s.t[best_j]);
       } else {
         Add(&out, device, "fragmentation",
-            absl::StrCat(evidence, ": new memory for requests that the free cache (",
-                         Bytes(s.cached[best_i]), ") could not serve"),
+            absl::StrCat(evidence, ": new memory for requests that the free cache (", Bytes(s.cached[best_i]),
+                         ") could not serve"),
             kLeverFragmentation, s.t[best_i], s.t[best_j]);
       }
     }
   }
 
-  // OOMs: fragmentation OOMs are their own evidence; capacity OOMs join the verdict of their time,
-  // or say that the working set exceeded the cap.
-  std::vector<OomEvent> frag, capacity;
-  for (const OomEvent& e : s.ooms) {
-    if (e.cause == OomCause::kFragmentation) frag.push_back(e);
-    if (e.cause == OomCause::kCapacity) capacity.push_back(e);
-  }
-  if (!frag.empty()) {
+  // OOMs, counted from the totals (a process lists at most 64 per line), timed from the lists.
+  auto span_of = [&](OomCause cause, double* from, double* to) {
+    *from = s.t0;
+    *to = s.t.back();
+    bool any = false;
+    for (const OomEvent& e : s.ooms) {
+      if (e.cause != cause) continue;
+      if (!any) *from = e.time_s;
+      *to = e.time_s;
+      any = true;
+    }
+    return any ? absl::StrCat(" between ", At(*from), " and ", At(*to)) : std::string(" over the run");
+  };
+  double from = 0, to = 0;
+  if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kFragmentation)]; k > 0) {
+    const std::string when = span_of(OomCause::kFragmentation, &from, &to);
     Add(&out, device, "fragmentation",
-        absl::StrCat(frag.size(), " fragmentation OOMs between ", At(frag.front().time_s), " and ",
-                     At(frag.back().time_s), " (the first asked ", Bytes(static_cast<double>(frag.front().size)),
-                     "): enough memory was free, in pieces no request fitted"),
-        kLeverFragmentation, frag.front().time_s, frag.back().time_s);
+        absl::StrCat(k, " fragmentation OOMs", when, ": enough memory was free, in pieces no request fitted"),
+        kLeverFragmentation, from, to);
   }
-  if (!capacity.empty()) {
-    const std::string evidence = absl::StrCat(capacity.size(), " capacity OOMs between ", At(capacity.front().time_s),
-                                              " and ", At(capacity.back().time_s), " (the first asked ",
-                                              Bytes(static_cast<double>(capacity.front().size)),
-                                              "): live memory plus the request exceeded the cap");
+  if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kCacheHeld)]; k > 0) {
+    const std::string when = span_of(OomCause::kCacheHeld, &from, &to);
+    Add(&out, device, "cache_held",
+        absl::StrCat(k, " OOMs", when, " while memory was held for stream events not yet complete (record_stream)"),
+        kLeverCache, from, to);
+  }
+  if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kDeviceExhausted)]; k > 0) {
+    const std::string when = span_of(OomCause::kDeviceExhausted, &from, &to);
+    Add(&out, device, "full_at_start",
+        absl::StrCat(k, " OOMs", when,
+                     " that the device refused under the cap: its memory is used outside this allocator (another "
+                     "process, the CUDA context, communication buffers); lower the cap to what is really free"),
+        kLeverFull, from, to);
+  }
+  if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kCapacity)]; k > 0) {
+    const std::string when = span_of(OomCause::kCapacity, &from, &to);
+    const std::string evidence =
+        absl::StrCat(k, " capacity OOMs", when, ": live memory plus the request exceeded the cap");
     bool joined = false;
     for (Verdict& v : out) {
       if (v.verdict == "fragmentation" || v.verdict == "cache_held") continue;
@@ -251,60 +336,100 @@ std::vector<Verdict> Diagnose(absl::Span<const TimelineSample> samples, int devi
       joined = true;
       break;
     }
-    if (!joined) Add(&out, device, "climbs_capacity", evidence, kLeverCapacity, capacity.front().time_s,
-                     capacity.back().time_s);
+    if (!joined) Add(&out, device, "climbs_capacity", evidence, kLeverCapacity, from, to);
   }
 
-  // Cache held but unused, for long.
-  double held_time = 0, held_bytes = 0, held_from = -1, held_to = 0;
-  for (std::size_t i = 0; i + 1 < n; ++i) {
+  // Cache held but unused, for long, while memory was short (near the cap, or an OOM or retry).
+  double held_time = 0, held_bytes = 0, held_from = -1, held_to = 0, held_reserved = 0;
+  for (std::size_t i = 0; i + 1 < body; ++i) {
     if (s.cached[i] >= th.cache_share * s.reserved[i] && s.cached[i] >= th.cache_cap * cap) {
       held_time += s.t[i + 1] - s.t[i];
       held_bytes = std::max(held_bytes, s.cached[i]);
+      held_reserved = std::max(held_reserved, s.reserved[i]);
       if (held_from < 0) held_from = s.t[i];
       held_to = s.t[i + 1];
     }
   }
-  if (s.duration > 0 && held_time >= th.cache_time * s.duration) {
-    Add(&out, device, "cache_held",
-        absl::StrCat("for ", Pct(held_time, s.duration), " of the run (", At(held_from), " to ", At(held_to),
-                     ") the cache held but unused (reserved - allocated) was at least ", Pct(th.cache_share, 1.0),
-                     " of reserved, up to ", Bytes(held_bytes), " (", Pct(held_bytes, cap), " of the cap)"),
-        kLeverCache, held_from, held_to);
-  } else if (s.duration == 0 && s.cached.back() >= th.cache_share * s.reserved.back() &&
-             s.cached.back() >= th.cache_cap * cap) {
-    Add(&out, device, "cache_held",
-        absl::StrCat("cache held but unused ", Bytes(s.cached.back()), " of ", Bytes(s.reserved.back()), " reserved"),
-        kLeverCache, s.t0, s.t0);
+  const bool held_long =
+      s.duration > 0 ? held_time >= th.cache_time * s.duration
+                     : s.cached.back() >= th.cache_share * s.reserved.back() && s.cached.back() >= th.cache_cap * cap;
+  if (s.duration == 0) {
+    held_bytes = s.cached.back();
+    held_reserved = s.reserved.back();
+    held_from = held_to = s.t0;
+  }
+  const bool short_of_memory = pressure || (s.cap > 0 && held_reserved >= th.full * cap);
+  if (held_long) {
+    const std::string evidence =
+        s.duration > 0
+            ? absl::StrCat("for ", Pct(held_time, s.duration), " of the run (", At(held_from), " to ", At(held_to),
+                           ") the cache held but unused (reserved - allocated) was at least ", Pct(th.cache_share, 1.0),
+                           " of reserved, up to ", Bytes(held_bytes), " (", Pct(held_bytes, cap), of_cap, ")")
+            : absl::StrCat("cache held but unused ", Bytes(held_bytes), " of ", Bytes(held_reserved), " reserved (",
+                           Pct(held_bytes, cap), of_cap, ")");
+    if (short_of_memory) {
+      Add(&out, device, "cache_held",
+          absl::StrCat(evidence, ", with reserved memory up to ", Pct(held_reserved, cap), of_cap, ", ", ooms,
+                       " OOMs and ", s.retries, " retries"),
+          kLeverCache, held_from, held_to);
+    } else {
+      absl::StrAppend(&calm, "; ", evidence, ", but memory was never short: keeping it saves allocations");
+    }
   }
 
   if (out.empty()) {
-    out.push_back(Verdict{"healthy",
-                          absl::StrCat("peak reserved ", Bytes(peak_r), " (", Pct(peak_r, cap), " of the ", Bytes(cap),
-                                       " cap), peak live ", Bytes(peak_a), ", no OOM, no climb, spike or held cache "
-                                       "over ",
-                                       At(s.duration)),
-                          "nothing to do", s.t0, s.t.back(), device});
+    out.push_back(Verdict{
+        "healthy",
+        absl::StrCat("peak reserved ", Bytes(peak_r), " (", Pct(peak_r, cap), of_cap,
+                     s.cap > 0 ? absl::StrCat(" of ", Bytes(cap)) : "", "), peak live ", Bytes(peak_a), ", ", ooms,
+                     " OOMs, ", s.retries, " retries; no climb, leak or spike over ", At(s.duration), calm),
+        "nothing to do", s.t0, s.t.back(), device});
   }
   return out;
 }
 
-std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> peaks, int device) {
+std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> peaks, absl::Span<const std::size_t> end_live,
+                                    int device) {
   std::vector<Verdict> out;
-  if (peaks.size() < 2) return out;
   const std::size_t k = peaks.size();
-  const std::size_t settled = peaks[k == 2 ? 0 : k / 2];
+  if (k < 2 || end_live.size() != k) return out;
   std::string list;
   for (std::size_t p : peaks) absl::StrAppend(&list, list.empty() ? "" : ", ", FormatBytes(p));
-  if (peaks.back() > settled) {
-    out.push_back(Verdict{"leak",
-                          absl::StrCat("the peak of reserved memory still rose in the second half of ", k,
-                                       " rounds of the same trace (", list, ")"),
-                          kLeverLeak, 0, 0, device});
-  } else if (settled > peaks.front()) {
+  // What the trace never frees carries over into the next round (and its peak): a trace that loads
+  // its weights at its start loads them again each round.
+  if (end_live.back() > end_live.front()) {
+    out.push_back(
+        Verdict{"leak",
+                absl::StrCat("the trace keeps ", FormatBytes(end_live.front()),
+                             " at the end of each round that it never frees, so ", k, " rounds of it hold ",
+                             FormatBytes(end_live.back()), " at the end (peaks of reserved memory: ", list, ")"),
+                "if the trace loads its weights or caches once per run, repeat only its steady part (a "
+                "trace without its start-up); otherwise find the leak (record_memory_history, snapshot)",
+                0, 0, device});
+  }
+  if (k < 3) return out;
+  // The peaks less what earlier rounds left: fragmentation settling, or not.
+  std::vector<double> own(k);
+  double top = 0;
+  for (std::size_t r = 0; r < k; ++r) {
+    own[r] = static_cast<double>(peaks[r]) - (r == 0 ? 0.0 : static_cast<double>(end_live[r - 1]));
+    top = std::max(top, own[r]);
+  }
+  const double tolerance = 0.01 * top;
+  const double settled = own[k / 2];
+  if (own.back() > settled + tolerance) {
+    out.push_back(Verdict{"fragmentation",
+                          absl::StrCat("the peak of reserved memory, less what earlier rounds left, still rose in the "
+                                       "second half of ",
+                                       k, " rounds (", Bytes(settled), " to ", Bytes(own.back()),
+                                       "): fragmentation that has not settled"),
+                          kLeverFragmentation, 0, 0, device});
+  } else if (settled > own.front() + tolerance) {
     out.push_back(Verdict{"healthy",
-                          absl::StrCat("the peak of reserved memory rose over the first rounds and then settled (", list,
-                                       "): fragmentation reaching its steady state, not a leak"),
+                          absl::StrCat("the peak of reserved memory (less what earlier rounds left) rose from ",
+                                       Bytes(own.front()), " to ", Bytes(settled),
+                                       " over the first rounds and then settled: fragmentation reaching its steady "
+                                       "state, not a leak"),
                           "nothing to do; the settled peak is what the card needs", 0, 0, device});
   }
   return out;
@@ -326,8 +451,8 @@ std::string VerdictsToJson(absl::Span<const Verdict> verdicts) {
 std::string VerdictsToText(absl::Span<const Verdict> verdicts) {
   std::string out;
   for (const Verdict& v : verdicts) {
-    absl::StrAppend(&out, "device ", v.device, ": ", v.verdict, "\n  evidence: ", v.evidence, "\n  first lever: ",
-                    v.lever, "\n");
+    absl::StrAppend(&out, "device ", v.device, ": ", v.verdict, "\n  evidence: ", v.evidence,
+                    "\n  first lever: ", v.lever, "\n");
   }
   return out;
 }

@@ -5,15 +5,20 @@
 // with BUCKETALLOC_TIMELINE, or by a replay of a trace) the way the runbooks read the used-memory
 // curve, and returns verdicts, each with its evidence (the numbers and the time span they come from)
 // and the runbook's first lever:
-//   - full_at_start: near the cap right after start-up (weights, parallelism, reserved buffers);
+//   - full_at_start: near the cap right after start-up (weights, parallelism, reserved buffers),
+//     and short of memory at some point (an OOM or a retry); or OOMs the device refused under the
+//     cap (memory used outside this allocator);
 //   - climbs_capacity: reserved memory climbs and does not come back down while live memory does
 //     fall back (concurrency or caches accumulating per request);
 //   - leak: live memory itself keeps rising and never falls;
 //   - spike_long_request: stable for a long time, then a sudden jump of live memory;
 //   - fragmentation: a jump of reserved memory that live memory does not explain, or OOMs while
 //     enough was free (fragmentation OOMs), or a large free cache whose largest block is small;
-//   - cache_held: much of the reserved memory is cache held but unused, for long;
+//   - cache_held: much of the reserved memory is cache held but unused, for long, while memory was
+//     short (near the cap, an OOM or a retry); or OOMs while memory was held for stream events;
 //   - healthy: none of these.
+// Capacity OOMs join the first verdict found that is not fragmentation or cache_held, or are a
+// climbs_capacity verdict of their own. OOMs are counted from the lines' totals.
 // The thresholds are fractions of the cap (docs/operations.md lists them); `DoctorThresholds`
 // holds them in one place. A repeat of a trace adds the peak over rounds: rising to the end is a leak,
 // rising then settling is fragmentation reaching its steady state (healthy).
@@ -46,17 +51,17 @@ struct Verdict {
 };
 
 struct DoctorThresholds {
-  double full = 0.90;             // of the cap: "near the limit"
-  double start_fraction = 0.10;   // of the run: "right after start-up"
-  double climb = 0.10;            // of the cap: a rise that counts
-  double settle = 0.90;           // of its peak: reserved "does not come back down" while it stays above
-  double jump = 0.15;             // of the cap: a sudden jump
-  double jump_span = 0.05;        // of the run: how sudden
-  double plateau = 0.30;          // of the run: how long stable before it
-  double plateau_band = 0.05;     // of the cap: how stable
-  double cache_share = 0.30;      // of reserved: cache held but unused
-  double cache_cap = 0.10;        // of the cap, at least
-  double cache_time = 0.50;       // of the run: for how long
+  double full = 0.90;            // of the cap: "near the limit"
+  double start_fraction = 0.10;  // of the run: "right after start-up"
+  double climb = 0.10;           // of the cap: a rise that counts
+  double settle = 0.90;          // of its peak: reserved "does not come back down" while it stays above
+  double jump = 0.15;            // of the cap: a sudden jump
+  double jump_span = 0.05;       // of the run: how sudden
+  double plateau = 0.30;         // of the run: how long stable before it
+  double plateau_band = 0.05;    // of the cap: how stable
+  double cache_share = 0.30;     // of reserved: cache held but unused
+  double cache_cap = 0.10;       // of the cap, at least
+  double cache_time = 0.50;      // of the run: for how long
 };
 
 // The verdicts for `device` in `samples` (those of other devices are skipped), healthy when no
@@ -64,10 +69,14 @@ struct DoctorThresholds {
 std::vector<Verdict> Diagnose(absl::Span<const TimelineSample> samples, int device,
                               const DoctorThresholds& t = DoctorThresholds{});
 
-// The peaks of reserved memory over the rounds of a repeat: a leak when they still rise in the
-// second half; otherwise, when they rose at first, fragmentation reaching its steady state (a
+// The rounds of a repeat (ReplayResult's per-round peaks of reserved memory and live bytes at each
+// round's end): a leak when what the trace never frees grows round over round (a trace that loads
+// its weights at its start loads them each round: the lever says so); with three rounds or more,
+// the peaks less what earlier rounds left: still rising in the second half (by more than 1% of
+// the highest) is fragmentation that has not settled, rising then settling is its steady state (a
 // healthy verdict that says so); nothing with one round.
-std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> per_round_peak_reserved, int device);
+std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> per_round_peak_reserved,
+                                    absl::Span<const std::size_t> per_round_end_live, int device);
 
 // What the doctor reads: a timeline (JSON lines), a snapshot (bucketalloc_torch.snapshot() or
 // bucketalloc_snapshot_json, saved as JSON: its history replayed, or without one the moment its

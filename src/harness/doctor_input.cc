@@ -22,8 +22,8 @@ using Json = nlohmann::json;
 
 absl::Status NeedsCapacity(absl::string_view kind) {
   return absl::InvalidArgumentError(absl::StrCat("doctor: a ", kind,
-                                                 " is replayed first and needs --capacity SIZE (the card to replay "
-                                                 "it on, e.g. 80GiB)"));
+                                                 " needs --capacity SIZE (the card: to replay it on, and what its "
+                                                 "memory is a fraction of; e.g. 80GiB)"));
 }
 
 absl::StatusOr<DoctorInput> Replayed(const Trace& trace, const DoctorOptions& o, const char* kind) {
@@ -44,7 +44,8 @@ absl::StatusOr<DoctorInput> Replayed(const Trace& trace, const DoctorOptions& o,
   DoctorInput in;
   in.kind = kind;
   in.samples = std::move(result->samples);
-  in.round_verdicts = DiagnoseRounds(result->per_round_peak_reserved_bytes, 0);
+  for (TimelineSample& sample : in.samples) sample.device = o.device;  // a snapshot's device
+  in.round_verdicts = DiagnoseRounds(result->per_round_peak_reserved_bytes, result->per_round_end_live_bytes, o.device);
   return in;
 }
 
@@ -84,6 +85,7 @@ absl::StatusOr<DoctorInput> FromSnapshot(const Json& j, const DoctorOptions& o) 
     }
     return Replayed(trace, o, "snapshot");
   }
+  if (o.capacity == 0) return NeedsCapacity("snapshot without history");
   TimelineSample s;
   s.device = o.device;
   for (const Json& seg : j["segments"]) {
@@ -97,14 +99,15 @@ absl::StatusOr<DoctorInput> FromSnapshot(const Json& j, const DoctorOptions& o) 
     s.requested_bytes += get("requested_size");
     if (seg.contains("blocks") && seg["blocks"].is_array()) {
       for (const Json& b : seg["blocks"]) {
-        if (b.is_object() && b.value("state", "") == "inactive" && b.contains("size") && b["size"].is_number_integer()) {
+        if (b.is_object() && b.value("state", "") == "inactive" && b.contains("size") &&
+            b["size"].is_number_integer()) {
           s.largest_free_block_bytes = std::max(s.largest_free_block_bytes, b["size"].get<std::int64_t>());
         }
       }
     }
   }
   s.cached_bytes = std::max<std::int64_t>(0, s.reserved_bytes - s.active_bytes);
-  s.capacity_bytes = o.capacity > 0 ? static_cast<std::int64_t>(o.capacity) : s.reserved_bytes;
+  s.capacity_bytes = static_cast<std::int64_t>(o.capacity);
   s.external_fragmentation =
       s.cached_bytes > 0 ? 1.0 - static_cast<double>(s.largest_free_block_bytes) / static_cast<double>(s.cached_bytes)
                          : 0.0;

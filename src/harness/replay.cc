@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -166,6 +167,7 @@ class TimelineBuilder {
 absl::StatusOr<std::vector<double>> EventTimes(const Trace& trace) {
   std::vector<double> times;
   times.reserve(trace.events.size());
+  std::optional<std::int64_t> first_micros;
   for (const TraceEvent& e : trace.events) {
     double t = 0.0;
     std::vector<absl::string_view> hms = absl::StrSplit(e.time, ':');
@@ -175,12 +177,16 @@ absl::StatusOr<std::vector<double>> EventTimes(const Trace& trace) {
         absl::SimpleAtod(hms[2], &sec) && h >= 0 && m >= 0 && sec >= 0) {
       t = h * 3600.0 + m * 60.0 + sec;
     } else if (hms.size() == 1 && absl::SimpleAtoi(e.time, &micros) && micros >= 0) {
-      t = static_cast<double>(micros) * 1e-6;
+      // Microseconds since an epoch are too large for a double's microseconds: from the first one.
+      if (!first_micros.has_value()) first_micros = micros;
+      t = static_cast<double>(micros - *first_micros) * 1e-6;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("line ", e.line, ": time \"", e.time,
                                                      "\" cannot place the event on a timeline; accepted: "
                                                      "HH:MM:SS.ffffff or whole microseconds"));
     }
+    // RMM's times have no date: a time far before the previous one (more than 12 h) is the next day.
+    while (!times.empty() && hms.size() == 3 && t + 12 * 3600.0 < times.back()) t += 24 * 3600.0;
     times.push_back(times.empty() ? t : std::max(t, times.back()));
   }
   const double first = times.empty() ? 0.0 : times.front();
@@ -188,8 +194,9 @@ absl::StatusOr<std::vector<double>> EventTimes(const Trace& trace) {
   return times;
 }
 
-// The memory timeline of a replay (ReplayOptions::sample_interval_s): a sample whenever the trace's
-// time passes a multiple of the interval, and one after the last event. bucketalloc's samples are
+// The memory timeline of a replay (ReplayOptions::sample_interval_s): a sample at every multiple of
+// the interval from the first event, each holding the state after the last event before (or at)
+// its time, and one at the last event (before the replay frees what the trace never freed). bucketalloc's samples are
 // its own metrics (as a process's writer takes them); the models' are built from their free blocks
 // and the replay's counts. OOMs are the replay's, with the allocator's definition of a capacity
 // OOM (frontend/oom_diagnosis.h); the others are fragmentation.
@@ -200,14 +207,14 @@ class Sampler {
       : trace_(trace), times_(std::move(times)), interval_(interval), capacity_(capacity), a_(a) {
     round_length_ = (times_.empty() ? 0.0 : times_.back()) + interval_;
   }
-  // After event `index` (over all rounds), with `live` bytes held; `oom` when it failed.
-  absl::Status After(std::uint64_t index, std::size_t live, bool oom) {
+  // After event `index` of `total` (over all rounds), with `live` bytes held; `oom` when it failed.
+  absl::Status After(std::uint64_t index, std::uint64_t total, std::size_t live, bool oom) {
     const std::size_t n = trace_.events.size();
     const TraceEvent& e = trace_.events[index % n];
-    const double t = static_cast<double>(index / n) * round_length_ + times_[index % n];
+    const double t = TimeOf(index);
     if (!started_) {
       started_ = true;
-      next_ = t;
+      first_ = t;
     }
     if (e.action == TraceAction::kAllocate) {
       if (oom) {
@@ -222,17 +229,25 @@ class Sampler {
     } else if (e.action == TraceAction::kFree && held_[index / n].erase(e.pointer) > 0) {
       ++frees_;
     }
-    last_ = t;
-    while (t >= next_) {  // the trace's time reached one or more sample points: the state now
-      if (absl::Status s = Sample(next_); !s.ok()) return s;
-      next_ += interval_;
+    // This state holds until the next event: the sample points before it see it.
+    const bool last = index + 1 == total;
+    const double until = last ? t : TimeOf(index + 1);
+    // Sample k is at first + k * interval (no sum of intervals to drift).
+    for (double at = first_ + static_cast<double>(k_) * interval_; last ? at <= until : at < until;
+         at = first_ + static_cast<double>(++k_) * interval_) {
+      if (absl::Status s = Sample(at); !s.ok()) return s;
     }
+    if (last && (samples_.empty() || samples_.back().time_s < t)) return Sample(t);
     return absl::OkStatus();
   }
-  absl::Status Finish() { return started_ ? Sample(last_) : absl::OkStatus(); }
   std::vector<TimelineSample> Take() { return std::move(samples_); }
 
  private:
+  double TimeOf(std::uint64_t index) const {
+    const std::size_t n = trace_.events.size();
+    return static_cast<double>(index / n) * round_length_ + times_[index % n];
+  }
+
   absl::Status Sample(double t) {
     if (samples_.size() >= kMaxSamples) {
       return absl::InvalidArgumentError(
@@ -272,7 +287,8 @@ class Sampler {
   const ReplayAllocator& a_;
   double round_length_ = 0.0;
   bool started_ = false;
-  double next_ = 0.0, last_ = 0.0;
+  double first_ = 0.0;
+  std::uint64_t k_ = 0;  // the next sample's number
   std::int64_t allocations_ = 0, frees_ = 0;
   std::array<std::int64_t, kNumOomCauses> ooms_total_{};
   std::uint64_t oom_seq_ = 0;
@@ -389,7 +405,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   }
   // Samples after each event when asked; false stops the replay (too many samples).
   auto sample = [&](std::uint64_t index, std::size_t live, bool oom) {
-    if (sampler.has_value() && sampled.ok()) sampled = sampler->After(index, live, oom);
+    if (sampler.has_value() && sampled.ok()) sampled = sampler->After(index, events, live, oom);
     return sampled.ok();
   };
   if (!options.record_timeline) {
@@ -414,15 +430,13 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
     r.timeline = timeline.Take();
   }
   if (!sampled.ok()) return sampled;
-  if (sampler.has_value()) {
-    if (absl::Status s = sampler->Finish(); !s.ok()) return s;
-    r.samples = sampler->Take();
-  }
+  if (sampler.has_value()) r.samples = sampler->Take();
   r.allocations = counts.allocations;
   r.ooms = counts.ooms;
   r.capacity_ooms = counts.capacity_ooms;
   r.fragmentation_ooms = counts.fragmentation_ooms;
   r.per_round_peak_reserved_bytes = std::move(counts.per_round_peak_reserved_bytes);
+  r.per_round_end_live_bytes = counts.end_of_round_live_bytes;
   r.peak_reserved_bytes =
       *std::max_element(r.per_round_peak_reserved_bytes.begin(), r.per_round_peak_reserved_bytes.end());
   r.reserved_over_live = r.peak_live_bytes == 0

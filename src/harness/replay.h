@@ -68,9 +68,10 @@ struct ReplayOptions {
   // is all they ask). Not with record_timeline.
   bool stop_at_first_oom = false;
   // > 0: ReplayResult::samples, the memory timeline (bucketalloc/timeline.h) at the trace's time
-  // (its Time column: HH:MM:SS.ffffff or microseconds, from its first event), one sample per
-  // interval and one after the last event; round k of a repeat starts one interval after round
-  // k - 1 ends. At most 1e6 samples.
+  // (its Time column: HH:MM:SS.ffffff, a day added where it wraps past midnight, or microseconds;
+  // from its first event): a sample at each multiple of the interval, with the state after the
+  // last event at or before it, and one at the last event; round k of a repeat starts one interval
+  // after round k - 1 ends. At most 1e6 samples.
   double sample_interval_s = 0.0;
 };
 
@@ -128,6 +129,8 @@ struct ReplayResult {
   std::uint64_t granules_stitched = 0;  // granules of free blocks moved into stitched ranges (vmm)
   double simulated_backend_ms = 0.0;    // backend calls priced by the cost model
   std::vector<std::size_t> per_round_peak_reserved_bytes;
+  // The bytes the trace still held at the end of each round (what it never frees carries over).
+  std::vector<std::size_t> per_round_end_live_bytes;
   // "stable"; "rising" (peak reserved still grows in the second half of the rounds, with two rounds
   // in the second, or the bytes held at the end of a round grow round over round: a leak);
   // "single round".

@@ -467,10 +467,10 @@ TEST(ReplayTest, TheTimelineSamplesAtTheTracesTimeForEveryPolicy) {
     o.sample_interval_s = 2.0;
     absl::StatusOr<ReplayResult> r = Replay(TimedAbc(), o);
     ASSERT_TRUE(r.ok()) << r.status();
-    // Samples at 0, 2, 4 and 6 s, and one after the last event (at 6 s).
+    // Samples at 0, 2, 4 and 6 s (the last event's), each after the events up to its time.
     std::vector<double> times;
     for (const TimelineSample& s : r->samples) times.push_back(s.time_s);
-    EXPECT_EQ(times, (std::vector<double>{0, 2, 4, 6, 6}));
+    EXPECT_EQ(times, (std::vector<double>{0, 2, 4, 6}));
     const TimelineSample& at2 = r->samples[1];  // after the events of 0, 1 and 2 s: 20 MiB live
     EXPECT_EQ(at2.allocated_bytes, static_cast<std::int64_t>(20 * kMiB));
     EXPECT_EQ(at2.capacity_bytes, static_cast<std::int64_t>(64 * kMiB));
@@ -488,7 +488,7 @@ TEST(ReplayTest, TheTimelineSamplesAtTheTracesTimeForEveryPolicy) {
     }
     EXPECT_EQ(listed, 1u);
     EXPECT_EQ(r->samples.back().ooms_total[static_cast<int>(OomCause::kCapacity)], 1);
-    EXPECT_EQ(r->samples.back().allocated_bytes, 0);
+    EXPECT_EQ(r->samples.back().allocated_bytes, 0) << "the trace freed everything by 6 s";
     // The lines read back.
     std::string text;
     for (const TimelineSample& s : r->samples) absl::StrAppend(&text, TimelineToJsonLine(s), "\n");
@@ -507,7 +507,7 @@ TEST(ReplayTest, RoundsOfARepeatFollowOneAnotherOnTheTimeline) {
   ASSERT_TRUE(r.ok()) << r.status();
   // Round 1 starts one interval after round 0's last event (6 s): at 7 s; it ends at 13 s.
   EXPECT_EQ(r->samples.back().time_s, 13.0);
-  EXPECT_EQ(r->samples.size(), 15u);  // 0..13 s, and the last event's
+  EXPECT_EQ(r->samples.size(), 14u);  // 0..13 s
 }
 
 TEST(ReplayTest, ATimelineNeedsTimesItCanRead) {
@@ -522,7 +522,27 @@ TEST(ReplayTest, ATimelineNeedsTimesItCanRead) {
   o.sample_interval_s = 1e-6;
   r = Replay(micros, o);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->samples.size(), micros.events.size() + 1);
+  EXPECT_EQ(r->samples.size(), micros.events.size());
+}
+
+// A sample shows the state at its time, never an event after it; the last sample comes before the
+// replay frees what the trace never freed; RMM times that wrap past midnight go on the next day.
+TEST(ReplayTest, SamplesNeverShowTheFutureAndTheLastKeepsWhatTheTraceHeld) {
+  Trace t = Make({{kAlloc, 0xa, 100 * kMiB}, {kFree, 0xa, 100 * kMiB}, {kAlloc, 0xb, 10 * kMiB}});
+  t.events[0].time = "23:59:50.000000";
+  t.events[1].time = "00:00:00.000000";  // ten seconds later, the next day
+  t.events[2].time = "00:00:05.000000";
+  ReplayOptions o;
+  o.capacity = 1024 * kMiB;
+  o.sample_interval_s = 1.0;
+  absl::StatusOr<ReplayResult> r = Replay(t, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->samples.size(), 16u);  // 0..15 s
+  EXPECT_EQ(r->samples[9].time_s, 9.0);
+  EXPECT_EQ(r->samples[9].allocated_bytes, static_cast<std::int64_t>(100 * kMiB)) << "the free at 10 s is later";
+  EXPECT_EQ(r->samples[10].allocated_bytes, 0);
+  EXPECT_EQ(r->samples.back().time_s, 15.0);
+  EXPECT_EQ(r->samples.back().allocated_bytes, static_cast<std::int64_t>(10 * kMiB)) << "never freed: still held";
 }
 
 }  // namespace
