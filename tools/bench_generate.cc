@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/options.h"
 #include "harness/model_config.h"
+#include "harness/planner.h"
 #include "harness/requests.h"
 #include "harness/serving.h"
 #include "nlohmann/json.hpp"
@@ -16,7 +17,8 @@
 namespace bucketalloc::bench {
 
 struct GenerateCommand::Flags {
-  std::string requests_path, model_path, output, kv_layout = "tiered";
+  std::string requests_path, model_path, output, kv_layout = "tiered", dtype;
+  int tensor_parallel = 1;
   harness::RequestOptions requests;
   harness::ServingOptions serving;
   CLI::App* serving_app = nullptr;
@@ -35,6 +37,13 @@ GenerateCommand::GenerateCommand(CLI::App& app) : flags_(std::make_unique<Flags>
   s->add_option("--model", f.model_path, "a Hugging Face config.json (llama, mistral, qwen2, qwen3, phi3)")->required();
   s->add_option("-o,--output", f.output, "the trace to write (RMM CSV); its meta file goes beside it (x.meta.json)")
       ->required();
+  s->add_option(
+      "--dtype", f.dtype,
+      "bf16, fp16, fp8 or int4: the weights' format (fp8, int4: the linear layers'; docs/planner.md); default "
+      "the config's");
+  s->add_option("--tensor-parallel", f.tensor_parallel,
+                "one GPU's share of a model split over N GPUs: its weights, heads, KV heads and MLP width")
+      ->capture_default_str();
   s->add_option("--limit", f.requests.limit, "keep the first N requests (0 = all)")->capture_default_str();
   s->add_option("--sample", f.requests.sample_fraction, "keep each request with this probability (seeded)")
       ->capture_default_str();
@@ -91,6 +100,10 @@ int GenerateCommand::Run() const {
   serving.kv_layout = *layout;
   absl::StatusOr<harness::ModelSpec> model = harness::ReadModelConfig(f.model_path);
   if (!model.ok()) return fail(model.status());
+  if (!f.dtype.empty() || f.tensor_parallel != 1) {
+    model = harness::PerGpuModel(*model, f.dtype, f.tensor_parallel);
+    if (!model.ok()) return fail(model.status());
+  }
   absl::StatusOr<harness::RequestSet> requests = harness::ReadRequestsFile(f.requests_path, f.requests);
   if (!requests.ok()) return fail(requests.status());
   absl::StatusOr<harness::ServingTrace> trace = harness::GenerateServingTrace(requests->requests, *model, serving);
@@ -103,7 +116,9 @@ int GenerateCommand::Run() const {
                                          {"time_scale", f.requests.time_scale},
                                          {"qps", f.requests.qps},
                                          {"seed", f.requests.seed},
-                                         {"model_config", f.model_path}};
+                                         {"model_config", f.model_path},
+                                         {"dtype", f.dtype.empty() ? "config" : f.dtype},
+                                         {"tensor_parallel", f.tensor_parallel}};
   if (absl::Status st = harness::WriteServingTrace(*trace, *model, serving, inputs.dump(), f.output); !st.ok()) {
     return fail(st);
   }

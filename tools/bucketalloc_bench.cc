@@ -7,7 +7,9 @@
 //   bucketalloc-bench compare TRACE [TRACE...] --allocators A,B,... --capacity SIZE [--html REPORT] [--json OUT]
 //   bucketalloc-bench import-kineto FILE [--device N] -o TRACE
 //   bucketalloc-bench doctor TIMELINE|TRACE|SNAPSHOT [--capacity SIZE] [--allocator NAME[:CONF]] [--json OUT] [--html
-//   OUT] bucketalloc-bench generate serving --requests FILE --model CONFIG.json [options] -o TRACE
+//   OUT]
+//   bucketalloc-bench generate serving --requests FILE --model CONFIG.json [options] -o TRACE
+//   bucketalloc-bench plan --model CONFIG.json --card SIZE [--requests FILE] [--dtype D] [--tensor-parallel N] [...]
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -21,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench_generate.h"
+#include "bench_plan.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/timeline.h"
 #include "harness/doctor.h"
@@ -173,6 +176,7 @@ int main(int argc, char** argv) {
   import->add_option("-o,--output", output, "the trace to write (RMM CSV)")->required();
 
   bucketalloc::bench::GenerateCommand generate(app);
+  bucketalloc::bench::PlanCommand plan(app);
 
   std::string device_name = "sim";
   for (CLI::App* sub : {replay, compare}) {
@@ -192,6 +196,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (generate.parsed()) return generate.Run();
+  if (plan.parsed()) return plan.Run();
   absl::StatusOr<bucketalloc::harness::ReplayDeviceKind> device =
       bucketalloc::harness::ParseReplayDeviceKind(device_name);
   if (!device.ok()) return Fail(device.status());

@@ -429,15 +429,7 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
     std::vector<Tensor> tensors;  // 2 x layers
   };
   std::vector<Kv> kv(requests.size());
-  auto capacity_for = [&](std::int64_t tokens) -> std::int64_t {
-    if (options.kv_layout == KvLayout::kGrowth) return RoundUp(tokens, options.growth_tokens);
-    std::int64_t tier = options.tiers_tokens.back();
-    for (int t : options.tiers_tokens) {
-      if (tokens <= t) return t;
-    }
-    while (tier < tokens) tier *= 2;
-    return tier;
-  };
+  auto capacity_for = [&](std::int64_t tokens) { return KvCapacityTokens(options, tokens); };
   std::vector<int> growing;  // requests whose KV tensors grow in this step
 
   Forward forward(model, out);
@@ -487,6 +479,23 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
   result.trace = std::move(out.trace());
   result.kinds = std::move(out.kinds());
   return result;
+}
+
+std::uint64_t ActivationPeakBytes(const ModelSpec& model, std::uint64_t tokens, std::uint64_t sampled) {
+  Emitter out;
+  Forward(model, out).Run(tokens, sampled, /*every_layer=*/false, [](int) {});
+  return out.summary().peak_live_bytes;
+}
+
+std::int64_t KvCapacityTokens(const ServingOptions& options, std::int64_t tokens) {
+  if (options.kv_layout == KvLayout::kPaged) return tokens;
+  if (options.kv_layout == KvLayout::kGrowth) return RoundUp(tokens, options.growth_tokens);
+  for (int t : options.tiers_tokens) {
+    if (tokens <= t) return t;
+  }
+  std::int64_t tier = options.tiers_tokens.back();
+  while (tier < tokens) tier *= 2;
+  return tier;
 }
 
 std::string TieredBucketallocConf(const ServingTrace& trace, const ModelSpec& model, const ServingOptions& options) {

@@ -111,6 +111,15 @@ struct ServingTrace {
 absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& requests, const ModelSpec& model,
                                                   const ServingOptions& options);
 
+// The most activation bytes live at once in one step of `tokens` tokens of which `sampled`
+// sequences produce a token (the forward pass of item 3 above, without its KV updates).
+std::uint64_t ActivationPeakBytes(const ModelSpec& model, std::uint64_t tokens, std::uint64_t sampled);
+
+// The token capacity a request's KV tensors have when they hold `tokens` tokens in the tiered layout
+// (the first tier that holds them, then doubling past the last) or the growth layout (whole growth
+// steps); `tokens` itself for the paged layout.
+std::int64_t KvCapacityTokens(const ServingOptions& options, std::int64_t tokens);
+
 // For the tiered layout: the BUCKETALLOC_CONF whose tiers are exactly this trace's K/V tensor sizes
 // (tiers_tokens over bytes_per_token = one layer's K or V bytes per token), from the first tier
 // above bucketalloc's default small_pool_limit (1 MiB) up to the largest tensor the trace holds;

@@ -129,6 +129,44 @@ assert all('min_capacity_over_true_need' in x['min_capacity'] for x in c)
   err=$("$bench" generate serving --requests "$requests" --model "$work/gemma.json" -o "$work/x.csv" 2>&1) &&
     fail "an unmodelled model was accepted"
   grep -q "modelled: llama" <<<"$err" || fail "bad model: $err"
+  # plan: the budget, the profile and the settings, checked by replay; the check's command writes
+  # the same trace, which serves its requests with no OOM at the budget.
+  out=$("$bench" plan --model "$model" --card 24GiB --requests "$requests" --check-requests 40 \
+        --json "$work/plan.json" --html "$work/plan.html") || fail "plan: $out"
+  echo "$out"
+  grep -q "parameters 8.03 billion; weights per GPU 14.96 GiB; KV per token per GPU 128.00 KiB" <<<"$out" ||
+    fail "plan: $out"
+  grep -q '<section id="plan">' "$work/plan.html" || fail "plan --html"
+  /usr/bin/python3 -c "
+import json
+p = json.load(open('$work/plan.json'))
+assert p['fits'] and p['max_num_seqs'] >= 1 and p['max_model_len'] >= 4259, p
+assert p['kv_bytes_per_token'] == 131072 and p['weights_bytes'] == 2 * 8030261248, p
+assert p['measured_margin_bytes'] >= 0 and p['smallest_card_bytes'] == 20 * 2**30, p
+assert [b['bucket'] for b in p['buckets']] == ['S', 'M', 'L', 'XL'], p
+paged = [c for c in p['checks'] if c['what'] == 'recommended' and c['layout'] == 'paged'][0]
+print(paged['command'].replace('TRACE.csv', '$work/planned.csv'))
+print(p['budget_bytes'])
+" >"$work/plan_cmd" || fail "plan --json"
+  read -r -a cmd < <(sed -n 1p "$work/plan_cmd")
+  budget=$(sed -n 2p "$work/plan_cmd")
+  "$bench" "${cmd[@]:1}" >/dev/null || fail "the plan's command: ${cmd[*]}"
+  out=$("$bench" replay "$work/planned.csv" --allocator pytorch-policy --capacity "$budget") || fail "replay planned"
+  grep -Eq "^OOMs +0 " <<<"$out" || fail "the planned trace has OOMs at the budget: $out"
+  out=$("$bench" plan --model "$model" --card 16GiB --requests "$requests" --no-check --json "$work/small.json") ||
+    fail "plan on a small card: $out"
+  grep -q "the card is too small" <<<"$out" || fail "plan on 16 GiB: $out"
+  err=$("$bench" plan --model "$model" --card 80GiB --dtype fp4 2>&1) && fail "plan --dtype fp4 was accepted"
+  grep -q "accepted bf16, fp16, fp8 or int4" <<<"$err" || fail "plan --dtype: $err"
+  # generate serving with a GPU's share: fp8 weights over 2 GPUs.
+  out=$("$bench" generate serving --requests "$requests" --model "$model" --limit 10 --dtype fp8 \
+        --tensor-parallel 2 -o "$work/tp.csv") || fail "generate --dtype --tensor-parallel: $out"
+  /usr/bin/python3 -c "
+import json
+m = json.load(open('$work/tp.meta.json'))
+assert m['weight_bytes'] == (6979321856 + 2 * 1050673152) // 2 + 2 * 266240, m['weight_bytes']
+assert m['model']['kv_bytes_per_token'] == 65536, m
+" || fail "generate --dtype fp8 --tensor-parallel 2"
 fi
 # doctor: a timeline written by replay --timeline, the trace itself, a repeat, a snapshot with and
 # without history, and what it refuses.

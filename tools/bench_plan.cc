@@ -1,0 +1,102 @@
+// tools/bench_plan.cc — `bucketalloc-bench plan`.
+#include "bench_plan.h"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "bucketalloc/options.h"
+#include "harness/model_config.h"
+#include "harness/planner.h"
+#include "harness/requests.h"
+
+namespace bucketalloc::bench {
+
+struct PlanCommand::Flags {
+  std::string model_path, requests_path, card, reserve = "1GiB", json_path, html_path;
+  harness::PlanOptions plan;
+  bool no_check = false;
+};
+
+PlanCommand::PlanCommand(CLI::App& app) : flags_(std::make_unique<Flags>()) {
+  Flags& f = *flags_;
+  plan_ = app.add_subcommand(
+      "plan",
+      "the card's memory budget before serving (weights, KV per token, the request profile in S/M/L/XL buckets) and "
+      "the settings that fit, checked by replaying them (docs/planner.md)");
+  plan_->add_option("--model", f.model_path, "a Hugging Face config.json (llama, mistral, qwen2, qwen3, phi3)")
+      ->required();
+  plan_->add_option("--card", f.card, "the card's memory, e.g. 80GiB")->required();
+  plan_->add_option("--requests", f.requests_path,
+                    "request trace: Azure CSV, Mooncake JSON lines, or a sarathi/vidur length CSV (.gz accepted)");
+  plan_->add_option("--dtype", f.plan.dtype, "bf16, fp16, fp8 or int4 (default: the config's)");
+  plan_->add_option("--tensor-parallel", f.plan.tensor_parallel, "GPUs the model is split over")
+      ->capture_default_str();
+  plan_->add_option("--gpu-memory-utilization", f.plan.gpu_memory_utilization,
+                    "the share of the card the server may use (vLLM's)")
+      ->capture_default_str();
+  plan_->add_option("--max-model-len", f.plan.max_model_len, "0: the profile's longest request")
+      ->capture_default_str();
+  plan_->add_option("--max-batched-tokens", f.plan.max_batched_tokens, "tokens per step")->capture_default_str();
+  plan_->add_option("--runtime-reserve", f.reserve,
+                    "memory outside the allocator: CUDA context, library workspaces, CUDA graphs")
+      ->capture_default_str();
+  plan_->add_option("--check-requests", f.plan.check_requests, "the profile's first requests the check serves (0: all)")
+      ->capture_default_str();
+  plan_->add_flag("--no-check", f.no_check, "the formulas only: no replay");
+  plan_->add_option("--json", f.json_path, "also write the plan as JSON");
+  plan_->add_option("--html", f.html_path, "also write the plan as an HTML page");
+}
+
+PlanCommand::~PlanCommand() = default;
+
+bool PlanCommand::parsed() const { return plan_->parsed(); }
+
+int PlanCommand::Run() const {
+  const Flags& f = *flags_;
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "bucketalloc-bench plan: %s\n", std::string(s.message()).c_str());
+    return 1;
+  };
+  harness::PlanOptions o = f.plan;
+  absl::StatusOr<std::size_t> card = ParseSize(f.card);
+  if (!card.ok()) return fail(absl::InvalidArgumentError(absl::StrCat("--card ", f.card, ": ", card.status().message())));
+  o.card_bytes = *card;
+  absl::StatusOr<std::size_t> reserve = ParseSize(f.reserve);
+  if (!reserve.ok()) {
+    return fail(
+        absl::InvalidArgumentError(absl::StrCat("--runtime-reserve ", f.reserve, ": ", reserve.status().message())));
+  }
+  o.runtime_reserve_bytes = *reserve;
+  absl::StatusOr<harness::ModelSpec> model = harness::ReadModelConfig(f.model_path);
+  if (!model.ok()) return fail(model.status());
+  std::vector<harness::Request> requests;
+  if (!f.requests_path.empty()) {
+    absl::StatusOr<harness::RequestSet> r = harness::ReadRequestsFile(f.requests_path, harness::RequestOptions{});
+    if (!r.ok()) return fail(r.status());
+    requests = std::move(r->requests);
+  }
+  absl::StatusOr<harness::Plan> plan = harness::MakePlan(*model, o, requests);
+  if (!plan.ok()) return fail(plan.status());
+  if (!f.no_check) {
+    if (absl::Status s = harness::CheckPlan(*model, o, requests, f.model_path, f.requests_path, &*plan); !s.ok()) {
+      return fail(s);
+    }
+  }
+  std::printf("%s", harness::PlanToText(*plan).c_str());
+  bool ok = true;
+  for (const auto& [path, text] : {std::pair{f.json_path, harness::PlanToJson(*plan)},
+                                   std::pair{f.html_path, harness::PlanHtml(*plan)}}) {
+    if (path.empty()) continue;
+    std::ofstream out(path);
+    out << text << "\n";
+    if (!out) {
+      std::fprintf(stderr, "bucketalloc-bench plan: cannot write %s\n", path.c_str());
+      ok = false;
+    }
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace bucketalloc::bench
