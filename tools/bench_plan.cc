@@ -31,16 +31,16 @@ PlanCommand::PlanCommand(CLI::App& app) : flags_(std::make_unique<Flags>()) {
   plan_->add_option("--requests", f.requests_path,
                     "request trace: Azure CSV, Mooncake JSON lines, or a sarathi/vidur length CSV (.gz accepted)");
   plan_->add_option("--dtype", f.plan.dtype, "bf16, fp16, fp8 or int4 (default: the config's)");
-  plan_->add_option("--tensor-parallel", f.plan.tensor_parallel, "GPUs the model is split over")
+  plan_->add_option("--tensor-parallel", f.plan.tensor_parallel, "GPUs the model is split over")->capture_default_str();
+  plan_
+      ->add_option("--gpu-memory-utilization", f.plan.gpu_memory_utilization,
+                   "the share of the card the server may use (vLLM's)")
       ->capture_default_str();
-  plan_->add_option("--gpu-memory-utilization", f.plan.gpu_memory_utilization,
-                    "the share of the card the server may use (vLLM's)")
-      ->capture_default_str();
-  plan_->add_option("--max-model-len", f.plan.max_model_len, "0: the profile's longest request")
-      ->capture_default_str();
+  plan_->add_option("--max-model-len", f.plan.max_model_len, "0: the profile's longest request")->capture_default_str();
   plan_->add_option("--max-batched-tokens", f.plan.max_batched_tokens, "tokens per step")->capture_default_str();
-  plan_->add_option("--runtime-reserve", f.reserve,
-                    "memory outside the allocator: CUDA context, library workspaces, CUDA graphs")
+  plan_
+      ->add_option("--runtime-reserve", f.reserve,
+                   "memory outside the allocator: CUDA context, library workspaces, CUDA graphs")
       ->capture_default_str();
   plan_->add_option("--check-requests", f.plan.check_requests, "the profile's first requests the check serves (0: all)")
       ->capture_default_str();
@@ -61,7 +61,8 @@ int PlanCommand::Run() const {
   };
   harness::PlanOptions o = f.plan;
   absl::StatusOr<std::size_t> card = ParseSize(f.card);
-  if (!card.ok()) return fail(absl::InvalidArgumentError(absl::StrCat("--card ", f.card, ": ", card.status().message())));
+  if (!card.ok())
+    return fail(absl::InvalidArgumentError(absl::StrCat("--card ", f.card, ": ", card.status().message())));
   o.card_bytes = *card;
   absl::StatusOr<std::size_t> reserve = ParseSize(f.reserve);
   if (!reserve.ok()) {
@@ -86,8 +87,8 @@ int PlanCommand::Run() const {
   }
   std::printf("%s", harness::PlanToText(*plan).c_str());
   bool ok = true;
-  for (const auto& [path, text] : {std::pair{f.json_path, harness::PlanToJson(*plan)},
-                                   std::pair{f.html_path, harness::PlanHtml(*plan)}}) {
+  for (const auto& [path, text] :
+       {std::pair{f.json_path, harness::PlanToJson(*plan)}, std::pair{f.html_path, harness::PlanHtml(*plan)}}) {
     if (path.empty()) continue;
     std::ofstream out(path);
     out << text << "\n";

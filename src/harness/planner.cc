@@ -20,9 +20,9 @@
 namespace bucketalloc::harness {
 namespace {
 
-constexpr int kBlockTokens = 16;        // vLLM's default block, the paged layout's
-constexpr int kLengthRounding = 256;    // max_model_len and tiers are whole multiples of this
-constexpr int kQuantGroup = 128;        // int4: parameters per group
+constexpr int kBlockTokens = 16;          // vLLM's default block, the paged layout's
+constexpr int kLengthRounding = 256;      // max_model_len and tiers are whole multiples of this
+constexpr int kQuantGroup = 128;          // int4: parameters per group
 constexpr double kCheckTimeScale = 1e-6;  // the check's arrivals: together (a burst)
 // The margin the check keeps: 1% of the budget, at least 256 MiB.
 constexpr double kHeadroomShare = 0.01;
@@ -78,8 +78,8 @@ double WorstTierRatio(const std::vector<int>& tiers) {
 
 // The KV cache tokens the budget leaves beside the weights and the activations of `seqs` rows.
 std::int64_t KvTokensFor(const Plan& p, const ModelSpec& gpu, int seqs) {
-  const std::uint64_t act = ActivationPeakBytes(gpu, static_cast<std::uint64_t>(p.max_batched_tokens),
-                                                static_cast<std::uint64_t>(seqs));
+  const std::uint64_t act =
+      ActivationPeakBytes(gpu, static_cast<std::uint64_t>(p.max_batched_tokens), static_cast<std::uint64_t>(seqs));
   const std::int64_t left = static_cast<std::int64_t>(p.budget_bytes) - static_cast<std::int64_t>(p.weights_bytes) -
                             static_cast<std::int64_t>(act);
   if (left <= 0 || p.kv_bytes_per_token == 0) return 0;
@@ -88,8 +88,8 @@ std::int64_t KvTokensFor(const Plan& p, const ModelSpec& gpu, int seqs) {
 
 // The sequences of `length` tokens (whole blocks each) that `kv_tokens` hold at once.
 int SeqsHeld(std::int64_t kv_tokens, int length) {
-  return static_cast<int>(std::min<std::int64_t>(kv_tokens / RoundUp(std::max(length, 1) + kBlockTokens, kBlockTokens),
-                                                 1 << 30));
+  return static_cast<int>(
+      std::min<std::int64_t>(kv_tokens / RoundUp(std::max(length, 1) + kBlockTokens, kBlockTokens), 1 << 30));
 }
 
 // The recommendation from the KV cache tokens (the formulas', or the check's lowered ones).
@@ -127,10 +127,9 @@ void Recommend(const ModelSpec& model, const ModelSpec& gpu, const PlanOptions& 
   }
   p->max_kv_tokens_paged = p->kv_cache_tokens - static_cast<std::int64_t>(kBlockTokens) * p->max_num_seqs;
   const double ratio = WorstTierRatio(p->tiers_tokens);
-  p->max_kv_tokens_tiered = static_cast<std::int64_t>(
-      std::floor(static_cast<double>(p->kv_cache_tokens - static_cast<std::int64_t>(p->tiers_tokens.front()) *
-                                                              p->max_num_seqs) /
-                 ratio));
+  p->max_kv_tokens_tiered = static_cast<std::int64_t>(std::floor(
+      static_cast<double>(p->kv_cache_tokens - static_cast<std::int64_t>(p->tiers_tokens.front()) * p->max_num_seqs) /
+      ratio));
   p->max_kv_tokens_tiered = std::max<std::int64_t>(p->max_kv_tokens_tiered, 0);
 }
 
@@ -149,8 +148,8 @@ std::vector<Request> CheckRequests(const std::vector<Request>& requests, std::in
     for (int i = 0; i < 2 * std::max(plan.max_num_seqs, 1); ++i) out.push_back({0.0, len - output, output});
     return out;
   }
-  const std::size_t n = limit > 0 ? std::min<std::size_t>(requests.size(), static_cast<std::size_t>(limit))
-                                  : requests.size();
+  const std::size_t n =
+      limit > 0 ? std::min<std::size_t>(requests.size(), static_cast<std::size_t>(limit)) : requests.size();
   for (std::size_t i = 0; i < n; ++i) {
     Request r = requests[i];
     r.arrival_s *= kCheckTimeScale;
@@ -162,7 +161,8 @@ std::vector<Request> CheckRequests(const std::vector<Request>& requests, std::in
 std::string Command(const std::string& model_path, const std::string& requests_path, const PlanOptions& o,
                     const Plan& p, const ServingOptions& s) {
   if (requests_path.empty()) return "";  // synthetic requests: no file to name
-  std::string c = absl::StrCat("bucketalloc-bench generate serving --requests ", requests_path, " --model ", model_path);
+  std::string c =
+      absl::StrCat("bucketalloc-bench generate serving --requests ", requests_path, " --model ", model_path);
   if (!o.dtype.empty()) absl::StrAppend(&c, " --dtype ", o.dtype);
   if (o.tensor_parallel > 1) absl::StrAppend(&c, " --tensor-parallel ", o.tensor_parallel);
   if (o.check_requests > 0) absl::StrAppend(&c, " --limit ", o.check_requests);
@@ -224,9 +224,9 @@ absl::StatusOr<ModelSpec> PerGpuModel(const ModelSpec& model, const std::string&
                                                    " attention heads; accepted a divisor of them"));
   }
   if (model.kv_heads % tp != 0 && tp % model.kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tensor-parallel ", tp, ": ", model.name, " has ", model.kv_heads,
-        " KV heads; accepted a divisor or a multiple of them (vLLM splits or replicates KV heads whole)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tensor-parallel ", tp, ": ", model.name, " has ", model.kv_heads,
+                     " KV heads; accepted a divisor or a multiple of them (vLLM splits or replicates KV heads whole)"));
   }
   ModelSpec g = model;
   g.dtype_bytes = dtype.empty() ? model.dtype_bytes : 2;  // activations and KV: 16 bits
@@ -282,7 +282,8 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& o, cons
   p.gpu_memory_utilization = o.gpu_memory_utilization;
   p.card_bytes = o.card_bytes;
   p.runtime_reserve_bytes = o.runtime_reserve_bytes;
-  const auto usable = static_cast<std::uint64_t>(std::floor(static_cast<double>(o.card_bytes) * o.gpu_memory_utilization));
+  const auto usable =
+      static_cast<std::uint64_t>(std::floor(static_cast<double>(o.card_bytes) * o.gpu_memory_utilization));
   p.budget_bytes = usable > o.runtime_reserve_bytes ? usable - o.runtime_reserve_bytes : 0;
   p.max_batched_tokens = o.max_batched_tokens;
   p.parameters = model.parameters();
@@ -293,7 +294,8 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& o, cons
   if (!requests.empty()) {
     p.buckets = LengthProfile(requests);
     std::vector<int> totals;
-    for (const Request& r : requests) totals.push_back(static_cast<int>(std::min<std::int64_t>(TotalTokens(r), 1 << 30)));
+    for (const Request& r : requests)
+      totals.push_back(static_cast<int>(std::min<std::int64_t>(TotalTokens(r), 1 << 30)));
     p.p99_total = Quantile(totals, 0.99);
     p.longest_total = *std::max_element(totals.begin(), totals.end());
   } else {
@@ -318,13 +320,12 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& o, cons
   Recommend(model, *gpu, o, requests, std::int64_t{1} << 40, &p);
   // The smallest card whose budget holds the weights, one step's activations (one sampled row) and
   // one request of the P99 length.
-  const std::uint64_t one = p.weights_bytes +
-                            ActivationPeakBytes(*gpu, static_cast<std::uint64_t>(p.max_batched_tokens), 1) +
-                            static_cast<std::uint64_t>(RoundUp(p.p99_total + kBlockTokens, kBlockTokens)) *
-                                p.kv_bytes_per_token;
+  const std::uint64_t one =
+      p.weights_bytes + ActivationPeakBytes(*gpu, static_cast<std::uint64_t>(p.max_batched_tokens), 1) +
+      static_cast<std::uint64_t>(RoundUp(p.p99_total + kBlockTokens, kBlockTokens)) * p.kv_bytes_per_token;
   p.smallest_card_bytes = static_cast<std::uint64_t>(
-      RoundUp(static_cast<std::int64_t>(std::ceil(static_cast<double>(one + o.runtime_reserve_bytes) /
-                                                   o.gpu_memory_utilization)),
+      RoundUp(static_cast<std::int64_t>(
+                  std::ceil(static_cast<double>(one + o.runtime_reserve_bytes) / o.gpu_memory_utilization)),
               static_cast<std::int64_t>(kGiB)));
   if (!p.fits) {
     p.notes.push_back(absl::StrCat("the card is too small: its budget (", Gib(p.budget_bytes),
@@ -350,8 +351,8 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::
     absl::StatusOr<ServingTrace> t = GenerateServingTrace(reqs, *gpu, s);
     if (!t.ok()) return t.status();
     std::string tiers_conf = TieredBucketallocConf(*t, *gpu, s);
-    for (const std::string& allocator :
-         {tiers_conf.empty() ? std::string("bucketalloc") : "bucketalloc:" + tiers_conf, std::string("pytorch-policy")}) {
+    for (const std::string& allocator : {tiers_conf.empty() ? std::string("bucketalloc") : "bucketalloc:" + tiers_conf,
+                                         std::string("pytorch-policy")}) {
       absl::StatusOr<MinCapacityResult> m = MinCapacity(t->trace, allocator, cost);
       if (!m.ok()) return m.status();
       PlanCheck c;
@@ -415,16 +416,17 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::
                                       Gib(static_cast<std::uint64_t>(headroom)), " of headroom"));
     }
     if (tiered_skipped) {
-      p->notes.push_back(absl::StrCat("the tiered layout is not checked: within its worst rounding the KV cache "
-                                      "admits ",
-                                      p->max_kv_tokens_tiered, " tokens, less than one P99 request"));
+      p->notes.push_back(
+          absl::StrCat("the tiered layout is not checked: within its worst rounding the KV cache "
+                       "admits ",
+                       p->max_kv_tokens_tiered, " tokens, less than one P99 request"));
     }
   }
   // The smallest card, measured: one sequence of up to the P99 length on the paged layout.
   Plan one = *p;
-  one.budget_bytes = static_cast<std::uint64_t>(std::floor(static_cast<double>(p->smallest_card_bytes) *
-                                                           o.gpu_memory_utilization)) -
-                     o.runtime_reserve_bytes;
+  one.budget_bytes =
+      static_cast<std::uint64_t>(std::floor(static_cast<double>(p->smallest_card_bytes) * o.gpu_memory_utilization)) -
+      o.runtime_reserve_bytes;
   one.max_num_seqs = 1;
   one.max_model_len = std::max(p->p99_total, 1);
   one.kv_cache_tokens = RoundUp(p->p99_total + kBlockTokens, kBlockTokens);
@@ -446,10 +448,10 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::
       c.margin_bytes = static_cast<std::int64_t>(one.budget_bytes) - static_cast<std::int64_t>(c.min_capacity_bytes);
       need = std::max<std::uint64_t>(need, c.min_capacity_bytes);
     }
-    const auto measured = static_cast<std::uint64_t>(RoundUp(
-        static_cast<std::int64_t>(std::ceil(static_cast<double>(need + o.runtime_reserve_bytes) /
-                                            o.gpu_memory_utilization)),
-        static_cast<std::int64_t>(kGiB)));
+    const auto measured = static_cast<std::uint64_t>(
+        RoundUp(static_cast<std::int64_t>(
+                    std::ceil(static_cast<double>(need + o.runtime_reserve_bytes) / o.gpu_memory_utilization)),
+                static_cast<std::int64_t>(kGiB)));
     if (measured > p->smallest_card_bytes) {
       p->notes.push_back(absl::StrCat("the smallest card is raised to ", Gib(measured),
                                       " by its check (one sequence needed ", Gib(need), ")"));
@@ -528,9 +530,9 @@ std::string PlanToJson(const Plan& p) {
 }
 
 std::string PlanToText(const Plan& p) {
-  std::string s = absl::StrFormat(
-      "plan: %s, %s, tensor parallel %d, card %s x %.2f - reserve %s = budget %s\n", p.model, p.dtype,
-      p.tensor_parallel, Gib(p.card_bytes), p.gpu_memory_utilization, Gib(p.runtime_reserve_bytes), Gib(p.budget_bytes));
+  std::string s = absl::StrFormat("plan: %s, %s, tensor parallel %d, card %s x %.2f - reserve %s = budget %s\n",
+                                  p.model, p.dtype, p.tensor_parallel, Gib(p.card_bytes), p.gpu_memory_utilization,
+                                  Gib(p.runtime_reserve_bytes), Gib(p.budget_bytes));
   absl::StrAppendFormat(&s, "  parameters %.2f billion; weights per GPU %s; KV per token per GPU %s\n",
                         static_cast<double>(p.parameters) / 1e9, Gib(p.weights_bytes), Gib(p.kv_bytes_per_token));
   absl::StrAppendFormat(&s, "  activations of a step (%d tokens, %d rows) %s; KV cache %lld tokens (%s)\n",
@@ -556,7 +558,8 @@ std::string PlanToText(const Plan& p) {
     absl::StrAppend(&s, "  does not fit\n");
   }
   absl::StrAppendFormat(&s, "  smallest card that fits: %s\n", Gib(p.smallest_card_bytes));
-  absl::StrAppendFormat(&s, "  tiers (tokens) %s: rounding waste %.1f%% (default tiers 512, 1024, 2048, 4096: %.1f%%)\n",
+  absl::StrAppendFormat(&s,
+                        "  tiers (tokens) %s: rounding waste %.1f%% (default tiers 512, 1024, 2048, 4096: %.1f%%)\n",
                         absl::StrJoin(p.tiers_tokens, ","), 100.0 * p.tier_waste, 100.0 * p.default_tier_waste);
   for (const PlanCheck& c : p.checks) {
     absl::StrAppendFormat(&s, "  check (%s, %s layout, %s): min capacity %s of budget %s, margin %s; %lld served\n",
@@ -589,8 +592,9 @@ std::string PlanHtml(const Plan& p) {
   row("KV per token per GPU", Gib(p.kv_bytes_per_token));
   row("activations of a step", Gib(p.activation_bytes));
   row("KV cache tokens", absl::StrCat(p.kv_cache_tokens));
-  absl::StrAppend(&h, "</table><h2>Request profile</h2><table><tr><th>bucket</th><th>share</th><th>prompt P50</th>"
-                      "<th>prompt P99</th><th>output P50</th><th>output P99</th></tr>");
+  absl::StrAppend(&h,
+                  "</table><h2>Request profile</h2><table><tr><th>bucket</th><th>share</th><th>prompt P50</th>"
+                  "<th>prompt P99</th><th>output P50</th><th>output P99</th></tr>");
   for (const LengthBucket& b : p.buckets) {
     absl::StrAppendFormat(&h, "<tr><td>%s</td><td>%.1f%%</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td></tr>",
                           EscapeHtml(b.name), 100.0 * b.share, b.p50_input, b.p99_input, b.p50_output, b.p99_output);
@@ -601,15 +605,16 @@ std::string PlanHtml(const Plan& p) {
   row("max_num_seqs", absl::StrCat(p.max_num_seqs));
   row("max_model_len", absl::StrCat(p.max_model_len));
   row("tiers (tokens)", absl::StrJoin(p.tiers_tokens, ", "));
-  row("tier rounding waste", absl::StrFormat("%.1f%% (default tiers %.1f%%)", 100 * p.tier_waste,
-                                             100 * p.default_tier_waste));
-  absl::StrAppend(&h, "</table><h2>Checked by replay</h2><table><tr><th>what</th><th>layout</th><th>allocator</th>"
-                      "<th>min capacity</th><th>budget</th><th>margin</th></tr>");
+  row("tier rounding waste",
+      absl::StrFormat("%.1f%% (default tiers %.1f%%)", 100 * p.tier_waste, 100 * p.default_tier_waste));
+  absl::StrAppend(&h,
+                  "</table><h2>Checked by replay</h2><table><tr><th>what</th><th>layout</th><th>allocator</th>"
+                  "<th>min capacity</th><th>budget</th><th>margin</th></tr>");
   for (const PlanCheck& c : p.checks) {
     absl::StrAppend(&h, "<tr data-margin=\"", c.margin_bytes, "\"><td>", EscapeHtml(c.what), "</td><td>",
-                    EscapeHtml(c.layout), "</td><td>", EscapeHtml(c.allocator), "</td><td>",
-                    Gib(c.min_capacity_bytes), "</td><td>", Gib(c.budget_bytes), "</td><td>",
-                    EscapeHtml(SignedBytes(c.margin_bytes)), "</td></tr>");
+                    EscapeHtml(c.layout), "</td><td>", EscapeHtml(c.allocator), "</td><td>", Gib(c.min_capacity_bytes),
+                    "</td><td>", Gib(c.budget_bytes), "</td><td>", EscapeHtml(SignedBytes(c.margin_bytes)),
+                    "</td></tr>");
   }
   absl::StrAppend(&h, "</table><ul>");
   for (const std::string& n : p.notes) absl::StrAppend(&h, "<li>", EscapeHtml(n), "</li>");

@@ -59,15 +59,15 @@
 namespace bucketalloc::harness {
 
 struct PlanOptions {
-  std::uint64_t card_bytes = 0;          // the card's memory, > 0
-  std::string dtype;                     // bf16, fp16, fp8, int4; empty: the config's (float32 stays 4 bytes)
-  int tensor_parallel = 1;               // >= 1
-  double gpu_memory_utilization = 0.9;   // (0, 1], vLLM's default
-  int max_model_len = 0;                 // 0: from the profile (see the file comment)
+  std::uint64_t card_bytes = 0;         // the card's memory, > 0
+  std::string dtype;                    // bf16, fp16, fp8, int4; empty: the config's (float32 stays 4 bytes)
+  int tensor_parallel = 1;              // >= 1
+  double gpu_memory_utilization = 0.9;  // (0, 1], vLLM's default
+  int max_model_len = 0;                // 0: from the profile (see the file comment)
   std::uint64_t runtime_reserve_bytes = std::uint64_t{1} << 30;
-  int max_batched_tokens = 8192;         // per step
-  int max_num_seqs_limit = 256;          // the most max_num_seqs recommended
-  std::int64_t check_requests = 400;     // the profile's first requests the check serves (0: all)
+  int max_batched_tokens = 8192;      // per step
+  int max_num_seqs_limit = 256;       // the most max_num_seqs recommended
+  std::int64_t check_requests = 400;  // the profile's first requests the check serves (0: all)
 };
 
 // One length bucket of the request profile.
@@ -106,10 +106,10 @@ struct Plan {
   int max_batched_tokens = 0;
   // The budget.
   std::uint64_t parameters = 0;
-  std::uint64_t weights_bytes = 0;         // per GPU
-  std::uint64_t kv_bytes_per_token = 0;    // per GPU
-  std::uint64_t activation_bytes = 0;      // one step at max_num_seqs
-  std::int64_t kv_cache_tokens = 0;        // the paged pool, whole blocks
+  std::uint64_t weights_bytes = 0;       // per GPU
+  std::uint64_t kv_bytes_per_token = 0;  // per GPU
+  std::uint64_t activation_bytes = 0;    // one step at max_num_seqs
+  std::int64_t kv_cache_tokens = 0;      // the paged pool, whole blocks
   // The profile.
   std::int64_t requests = 0;
   std::vector<LengthBucket> buckets;
@@ -119,9 +119,9 @@ struct Plan {
   std::uint64_t smallest_card_bytes = 0;
   int max_num_seqs = 0;
   int max_model_len = 0;
-  std::int64_t rejected_too_long = 0;       // profile requests longer than max_model_len
-  std::int64_t max_kv_tokens_paged = 0;     // admission: the pool less a block per sequence
-  std::int64_t max_kv_tokens_tiered = 0;    // admission within the tiers' worst rounding
+  std::int64_t rejected_too_long = 0;     // profile requests longer than max_model_len
+  std::int64_t max_kv_tokens_paged = 0;   // admission: the pool less a block per sequence
+  std::int64_t max_kv_tokens_tiered = 0;  // admission within the tiers' worst rounding
   std::vector<int> tiers_tokens;
   double tier_waste = 0.0;          // over the profile: 1 - tokens / tier tokens at each request's end
   double default_tier_waste = 0.0;  // the generator's default tiers 512, 1024, 2048, 4096, ...

@@ -34,9 +34,9 @@ std::vector<Request> AzureConv() {
 // Llama-3.1-8B by hand: per layer q (4096 x 4096), k and v (4096 x 1024 each), o (4096 x 4096),
 // gate, up and down (4096 x 14336 each): 218,103,808 linear parameters; two norms of 4096; 32
 // layers; the final norm; embed_tokens and an untied lm_head of 128,256 x 4096 each.
-constexpr std::uint64_t kLinear = 32ull * 218103808;                // 6,979,321,856
-constexpr std::uint64_t kNorms = 32ull * 2 * 4096 + 4096;           // 266,240
-constexpr std::uint64_t kEmbeddings = 2ull * 128256 * 4096;         // 1,050,673,152
+constexpr std::uint64_t kLinear = 32ull * 218103808;                   // 6,979,321,856
+constexpr std::uint64_t kNorms = 32ull * 2 * 4096 + 4096;              // 266,240
+constexpr std::uint64_t kEmbeddings = 2ull * 128256 * 4096;            // 1,050,673,152
 constexpr std::uint64_t kParameters = kLinear + kNorms + kEmbeddings;  // 8,030,261,248
 
 TEST(PlannerTest, Llama8BWeightsAndKvByHand) {
