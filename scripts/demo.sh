@@ -15,10 +15,16 @@
 #     policy), pytorch-expandable (the same with expandable_segments:True, what PyTorch's OOM
 #     message recommends) and nocache (cudaMalloc per request); it prints the table and writes
 #     demo_out/report.html (charts of live vs reserved bytes and the free-block histograms; it opens
-#     offline).
+#     offline);
+#  3. tenants (docs/configuration.md): steady short requests of the same trace with a burst of 48
+#     long ones (scripts/long_burst_requests.py), generated with --tenant-split 4096 (long requests'
+#     KV tensors on their own stream) and replayed on a 40 GiB card (DEMO_TENANT_CAPACITY) twice with
+#     the tiers: in one shared pool the burst takes the memory the short requests need, and they fail;
+#     with tenants:[long:12GiB] the long requests fail against their own cap and the short ones
+#     (the default tenant) not once; each tenant's peak is what it needed.
 # Replays run on the simulated device (unbacked: no GPU needed); `--device cuda` in
 # bucketalloc-bench replays on a GPU. Environment: DEMO_OUT (demo_out), DEMO_CAPACITY (80GiB),
-# DEMO_LIMIT (1000), JOBS (2).
+# DEMO_LIMIT (1000), DEMO_TENANT_CAPACITY (40GiB), JOBS (2).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
@@ -42,3 +48,17 @@ echo "== compare on a ${DEMO_CAPACITY:-80GiB} card (each allocator's own smalles
 "$bench" compare "$out/serving_tiered.csv" --capacity "${DEMO_CAPACITY:-80GiB}" \
   --allocators "bucketalloc,bucketalloc:$tiers,bucketalloc:backend:vmm,pytorch-policy,pytorch-expandable,nocache" \
   --json "$out/compare.json" --html "$out/report.html"
+
+echo
+echo "== tenants: short requests with a burst of long ones, one shared pool vs a pool for the long ones"
+python3 scripts/long_burst_requests.py data/requests/azure_llm_inference_trace_2023_conv.csv "$out/requests_burst.csv"
+"$bench" generate serving --requests "$out/requests_burst.csv" \
+  --model data/models/Llama-3.1-8B-Instruct.config.json --kv-layout tiered --tenant-split 4096 \
+  -o "$out/serving_burst.csv"
+burst_tiers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["bucketalloc_tiers_conf"])' \
+  "$out/serving_burst.meta.json")
+for conf in "$burst_tiers" "$burst_tiers,tenants:[long:12GiB]"; do
+  echo
+  "$bench" replay "$out/serving_burst.csv" --capacity "${DEMO_TENANT_CAPACITY:-40GiB}" --allocator "bucketalloc:$conf" \
+    --json "$out/replay_$([[ $conf == *tenants* ]] && echo split || echo shared).json"
+done

@@ -70,6 +70,10 @@ GenerateCommand::GenerateCommand(CLI::App& app) : flags_(std::make_unique<Flags>
   s->add_option("--kv-pool-tokens", f.serving.kv_pool_tokens,
                 "paged: pool size in tokens (0 = what the schedule holds at its peak)")
       ->capture_default_str();
+  s->add_option("--tenant-split", f.serving.tenant_split_tokens,
+                "put the KV tensors of requests longer than N tokens (prompt + output) on their own stream (2), for a "
+                "replay with tenants (0 = no split; tiered and growth layouts)")
+      ->capture_default_str();
   s->add_flag(
       "--every-layer", f.serving.every_layer,
       "write every layer's temporaries (default: one layer pass per step; the same bytes, L times fewer events)");
@@ -132,6 +136,11 @@ int GenerateCommand::Run() const {
       static_cast<long long>(s.served), static_cast<long long>(s.rejected_too_long),
       static_cast<long long>(s.rejected_over_kv_limit), static_cast<long long>(s.steps), s.simulated_seconds,
       s.max_running);
+  if (serving.tenant_split_tokens > 0) {
+    std::printf("  %lld requests longer than %lld tokens: their KV tensors on stream %llu (a tenant CONF binds it)\n",
+                static_cast<long long>(s.long_requests), static_cast<long long>(serving.tenant_split_tokens),
+                static_cast<unsigned long long>(harness::kLongRequestStream));
+  }
   std::printf("  weights %s; peak live %s; true peak need %s (KV %s exact, activations %s); KV layout peak %s\n",
               FormatBytes(s.weight_bytes).c_str(), FormatBytes(s.peak_live_bytes).c_str(),
               FormatBytes(s.true_peak_need_bytes).c_str(), FormatBytes(s.need_kv_bytes).c_str(),

@@ -66,6 +66,24 @@ void PrintResult(const ReplayResult& r) {
               r.reserved_over_live);
   std::printf("%-28s %llu (capacity %llu, fragmentation %llu)\n", "OOMs", static_cast<unsigned long long>(r.ooms),
               static_cast<unsigned long long>(r.capacity_ooms), static_cast<unsigned long long>(r.fragmentation_ooms));
+  if (r.tenant_cap_ooms > 0) {
+    std::printf("%-28s %llu (a bigger card would not serve them)\n", "of which at tenants' caps",
+                static_cast<unsigned long long>(r.tenant_cap_ooms));
+  }
+  if (!r.ooms_by_stream.empty()) {
+    std::string by_stream;
+    for (const auto& [stream, n] : r.ooms_by_stream) {
+      absl::StrAppend(&by_stream, by_stream.empty() ? "" : ", ", "stream ", stream, ": ", n);
+    }
+    std::printf("%-28s %s\n", "OOMs by trace stream", by_stream.c_str());
+  }
+  if (!r.tenants.empty()) {
+    std::printf("%-28s %s\n", "", "(OOM causes above are against the card; each tenant's below are against its cap)");
+  }
+  for (const bucketalloc::TenantStats& t : r.tenants) {
+    std::printf("%-28s peak reserved %s of its cap %s, %lld OOMs\n", absl::StrCat("tenant ", t.name).c_str(),
+                FormatBytes(t.peak_reserved).c_str(), FormatBytes(t.cap).c_str(), static_cast<long long>(t.ooms));
+  }
   std::printf("%-28s p50 %.0f ns, p99 %.0f ns\n", "latency per operation", r.p50_ns, r.p99_ns);
   std::printf("%-28s %llu (simulated %.1f ms)\n", "backend calls", static_cast<unsigned long long>(r.backend_calls),
               r.simulated_backend_ms);

@@ -27,6 +27,7 @@
 #include "absl/base/attributes.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/capture.h"
 #include "bucketalloc/metrics.h"
@@ -142,6 +143,24 @@ class Allocator {
   // Turns history recording on or off for every device, present and future; see snapshot.h.
   // max_entries (>= 1 when enabling) bounds each device's ring buffer.
   absl::Status RecordHistory(bool enabled, std::size_t max_entries);
+
+  // Tenants (Options::tenants; docs/configuration.md, "Tenants"): each has its own pools, cap and
+  // stats on every device; a request goes to the tenant its stream is bound to, else to the calling
+  // thread's tenant, else to "default" (the device's own pools). One tenant's cache is never
+  // handed to another. NotFound for a name that is not a tenant (the accepted names are listed).
+  // Binds `stream` (its pool key on this thread) to `tenant` on every device ("default" unbinds).
+  absl::Status BindStream(Stream stream, absl::string_view tenant);
+  // Sets the calling thread's tenant for this allocator ("default": none).
+  absl::Status SetThreadTenant(absl::string_view tenant);
+  // The calling thread's tenant.
+  std::string ThreadTenant() const;
+  // Changes `tenant`'s cap on every device, present and future. Lowering it below what the tenant
+  // reserves releases its cache and refuses its growth until it fits; live memory is never freed.
+  // InvalidArgument for "default" (its cap is the device's: SetMemoryFraction) or a cap outside
+  // 2 MiB to 16 TiB.
+  absl::Status SetTenantCap(absl::string_view tenant, std::size_t cap);
+  // Each tenant's figures on `device`, the default tenant first (empty without tenants).
+  absl::StatusOr<std::vector<TenantStats>> GetTenantStats(int device) const;
 
   // The report of the last out-of-memory error on `device`, if any.
   absl::StatusOr<std::optional<OomReport>> LastOomReport(int device) const;

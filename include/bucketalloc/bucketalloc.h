@@ -162,6 +162,12 @@ BUCKETALLOC_API ssize_t bucketalloc_metrics_text(char* buf, size_t len);
 BUCKETALLOC_API int bucketalloc_timeline_start(const char* path, int interval_ms);
 /* Stops the timeline after its last line (nothing when none runs); 0. */
 BUCKETALLOC_API int bucketalloc_timeline_stop(void);
+/* Each tenant's figures on `device` as JSON: {"tenants": [{"tenant", "cap_bytes",
+ * "reserved_bytes", "peak_reserved_bytes", "allocated_bytes", "requested_bytes", "cached_bytes",
+ * "live_allocations", "ooms"}, ...]}, the default tenant first; an empty list without tenants. */
+BUCKETALLOC_API ssize_t bucketalloc_tenant_stats_json(int device, char* buf, size_t len);
+/* The calling thread's tenant ("default" when none is set). */
+BUCKETALLOC_API ssize_t bucketalloc_thread_tenant(char* buf, size_t len);
 /* The readable memory-summary table (stats, then the fragmentation table). */
 BUCKETALLOC_API ssize_t bucketalloc_summary(int device, char* buf, size_t len);
 /* The layout of torch.cuda.memory._snapshot() as JSON: "segments" (each with its "blocks" and
@@ -186,6 +192,16 @@ BUCKETALLOC_API int bucketalloc_configure(const char* conf);
  * free_completed, segment_alloc, segment_free and oom entries, the last `max_entries` (>= 1) kept
  * per device in a ring buffer. Turning it on again clears the history. */
 BUCKETALLOC_API int bucketalloc_record_history(int enabled, size_t max_entries);
+/* Tenants (tenants:[NAME:SIZE,...] in the configuration; docs/configuration.md, "Tenants"): each
+ * has its own pools, cap and stats; a request goes to the tenant its stream is bound to, else to
+ * the calling thread's, else to "default". An unknown name is an error listing the tenants. */
+/* Binds `stream` to `tenant` on every device ("default" unbinds it). */
+BUCKETALLOC_API int bucketalloc_bind_stream(cudaStream_t stream, const char* tenant);
+/* Sets the calling thread's tenant ("default": none). */
+BUCKETALLOC_API int bucketalloc_set_thread_tenant(const char* tenant);
+/* Changes a tenant's cap at run time (2 MiB to 16 TiB); lowering it below what the tenant reserves
+ * releases its cache and refuses its growth until it fits; live memory is never freed. */
+BUCKETALLOC_API int bucketalloc_set_tenant_cap(const char* tenant, size_t cap);
 /* Checks every internal invariant of `device` (tests and debugging; takes the device lock). */
 BUCKETALLOC_API int bucketalloc_check_invariants(int device);
 

@@ -34,6 +34,8 @@ struct DeviceMetrics {
   // The device's last out-of-memory failures (at most kRecentOoms, oldest first), for the timeline.
   std::vector<OomEvent> recent_ooms;
   static constexpr std::size_t kRecentOoms = 64;
+  // With tenants: each tenant's figures (the default tenant first); empty without.
+  std::vector<TenantStats> tenants;
 };
 
 // The metrics of `devices` (in the order given) in Prometheus's text exposition format: every

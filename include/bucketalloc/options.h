@@ -28,6 +28,16 @@
 
 namespace bucketalloc {
 
+// A tenant: a name and the cap on what its own pools reserve (docs/configuration.md, "Tenants").
+struct TenantSpec {
+  std::string name;
+  std::size_t cap = 0;
+  friend bool operator==(const TenantSpec&, const TenantSpec&) = default;
+};
+inline constexpr int kMaxTenants = 64;
+inline constexpr std::size_t kMinTenantCap = std::size_t{2} << 20;  // one segment
+inline constexpr std::size_t kMaxTenantCap = std::size_t{1} << 44;  // 16 TiB
+
 // Every field is one row of the option table; see docs/configuration.md for the meaning of each.
 struct Options {
   // A registered backend: "sim", "cuda" or "vmm" (the vmm backend stitches, see docs/vmm.md).
@@ -64,6 +74,9 @@ struct Options {
   // A request is rounded to tier t only when request >= tier_min_fill x t.
   double tier_min_fill = 0.5;
 
+  // Tenants with their own pools, caps and stats; an allocation no tenant is bound to goes to the
+  // default tenant (the device's own pools, under the device's cap). Empty: none.
+  std::vector<TenantSpec> tenants;
   // Before a slow path, ask the backend whether the allocating stream is capturing a CUDA graph
   // (for hosts that do not announce captures). Hosts whose stream arguments are not CUDA stream
   // handles (the LD_PRELOAD shim's pool keys) turn it off and handle capture themselves.

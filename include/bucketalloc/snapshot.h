@@ -54,6 +54,7 @@ struct SegmentSnapshot {
   int tier = -1;            // the tier whose blocks the segment holds, or -1 (bucketalloc's own field)
   bool expandable = false;  // a mapped run of a stitched (vmm) range: PyTorch's is_expandable
   GraphPoolId pool_id;      // PyTorch's segment_pool_id: the private pool, or {0, 0}
+  std::string tenant;       // with tenants: the tenant whose pool holds it ("default" for the device's own)
   std::vector<BlockSnapshot> blocks;
 };
 

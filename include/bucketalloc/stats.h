@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "bucketalloc/stat_types.h"
 #include "bucketalloc/units.h"
@@ -63,8 +64,31 @@ struct OomEvent {
   OomCause cause = OomCause::kCapacity;
 };
 
+// One tenant's figures on one device (Options::tenants): the default tenant ("default": what no
+// tenant is bound to; its cap is the device's) first, then the tenants in their order. The bytes
+// are its own pools': reserved (backend memory), allocated (live blocks), requested (what their
+// callers asked for), cached (reserved - allocated - pending: free for the tenant only).
+struct TenantStats {
+  std::string name;
+  std::size_t cap = 0;
+  std::size_t reserved = 0;
+  std::size_t peak_reserved = 0;
+  std::size_t allocated = 0;
+  std::size_t requested = 0;
+  std::size_t cached = 0;
+  std::int64_t live_allocations = 0;
+  std::int64_t ooms = 0;
+  std::int64_t ooms_at_cap = 0;  // of those, refused by its own cap (not the device's)
+};
+std::string TenantStatsToJson(const std::vector<TenantStats>& tenants);
+
 struct OomReport {
   int device = 0;
+  // The tenant of the request ("" without tenants) and its cap; at_tenant_cap when that cap, not
+  // the device's, refused the growth (the numbers below are then the tenant's).
+  std::string tenant;
+  std::size_t tenant_cap = 0;
+  bool at_tenant_cap = false;
   std::size_t requested = 0;
   std::size_t rounded = 0;
   std::size_t capacity = 0;

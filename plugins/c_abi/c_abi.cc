@@ -370,6 +370,18 @@ ssize_t bucketalloc_stats_json(int device, char* buf, size_t len) {
   });
 }
 
+ssize_t bucketalloc_tenant_stats_json(int device, char* buf, size_t len) {
+  return bucketalloc::TextCall(buf, len, [&](Allocator& a) -> absl::StatusOr<std::string> {
+    absl::StatusOr<std::vector<bucketalloc::TenantStats>> tenants = a.GetTenantStats(device);
+    if (!tenants.ok()) return tenants.status();
+    return bucketalloc::TenantStatsToJson(*tenants);
+  });
+}
+
+ssize_t bucketalloc_thread_tenant(char* buf, size_t len) {
+  return bucketalloc::TextCall(buf, len, [&](Allocator& a) -> absl::StatusOr<std::string> { return a.ThreadTenant(); });
+}
+
 ssize_t bucketalloc_fragmentation_json(int device, char* buf, size_t len) {
   return bucketalloc::TextCall(buf, len, [&](Allocator& a) -> absl::StatusOr<std::string> {
     absl::StatusOr<bucketalloc::FragmentationReport> report = a.GetFragmentation(device);
@@ -435,6 +447,37 @@ ssize_t bucketalloc_last_oom_report(int device, char* buf, size_t len) {
 ssize_t bucketalloc_config_string(char* buf, size_t len) {
   return bucketalloc::TextCall(
       buf, len, [&](Allocator& a) -> absl::StatusOr<std::string> { return bucketalloc::FormatOptions(a.options()); });
+}
+
+namespace {
+// A tenant name argument: InvalidArgument for NULL.
+absl::StatusOr<absl::string_view> TenantArg(const char* tenant) {
+  if (tenant == nullptr) {
+    return absl::InvalidArgumentError("bucketalloc: the tenant name is NULL; accepted: a tenant's name or \"default\"");
+  }
+  return absl::string_view(tenant);
+}
+}  // namespace
+
+int bucketalloc_bind_stream(cudaStream_t stream, const char* tenant) {
+  return bucketalloc::StatusCall([&](Allocator& a) {
+    absl::StatusOr<absl::string_view> name = TenantArg(tenant);
+    return name.ok() ? a.BindStream(static_cast<bucketalloc::Stream>(stream), *name) : name.status();
+  });
+}
+
+int bucketalloc_set_thread_tenant(const char* tenant) {
+  return bucketalloc::StatusCall([&](Allocator& a) {
+    absl::StatusOr<absl::string_view> name = TenantArg(tenant);
+    return name.ok() ? a.SetThreadTenant(*name) : name.status();
+  });
+}
+
+int bucketalloc_set_tenant_cap(const char* tenant, size_t cap) {
+  return bucketalloc::StatusCall([&](Allocator& a) {
+    absl::StatusOr<absl::string_view> name = TenantArg(tenant);
+    return name.ok() ? a.SetTenantCap(*name, cap) : name.status();
+  });
 }
 
 int bucketalloc_reset_peak_stats(int device) {

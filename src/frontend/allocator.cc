@@ -10,6 +10,7 @@
 #include "backend/registry.h"
 #include "frontend/device_allocator.h"
 #include "frontend/fork_registry.h"
+#include "frontend/tenants.h"
 #include "internal/check.h"
 
 namespace bucketalloc {
@@ -47,6 +48,10 @@ struct Allocator::Devices final : internal::ForkParticipant {
   // History recording, applied to each device when it is created (guarded by create_mu).
   bool history = false;
   std::size_t history_entries = 0;
+  // Tenants: the stream bindings and the caps changed at run time, applied to each device when it
+  // is created (guarded by create_mu).
+  absl::flat_hash_map<Stream, int> stream_tenants;
+  absl::flat_hash_map<int, std::size_t> tenant_caps;
 };
 
 namespace {
@@ -111,8 +116,10 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
     backend = std::move(*b);
   }
   absl::StatusOr<std::unique_ptr<DeviceAllocator>> created =
-      DeviceAllocator::Create(options_, std::move(backend), device);
+      DeviceAllocator::Create(options_, std::move(backend), device, /*tenant_owner=*/devices_.get());
   if (!created.ok()) return created.status();
+  for (const auto& [stream, index] : devices_->stream_tenants) (*created)->BindStream(stream, index);
+  for (const auto& [index, cap] : devices_->tenant_caps) (*created)->SetTenantCap(index, cap);
   if (devices_->history) {
     if (absl::Status s = (*created)->SetHistory(true, devices_->history_entries); !s.ok()) return s;
   }
@@ -250,6 +257,56 @@ absl::Status Allocator::RecordHistory(bool enabled, std::size_t max_entries) {
     if (absl::Status s = d->SetHistory(enabled, max_entries); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status Allocator::BindStream(Stream stream, absl::string_view tenant) {
+  absl::StatusOr<int> index = internal::TenantIndex(options_, tenant);
+  if (!index.ok()) return index.status();
+  stream = PoolKey(stream);
+  std::lock_guard<std::mutex> lock(devices_->create_mu);
+  if (*index == 0) {
+    devices_->stream_tenants.erase(stream);
+  } else {
+    devices_->stream_tenants[stream] = *index;
+  }
+  for (int device = 0; device < device_count(); ++device) {
+    if (DeviceAllocator* d = Published(devices_->ptrs, device)) d->BindStream(stream, *index);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Allocator::SetThreadTenant(absl::string_view tenant) {
+  absl::StatusOr<int> index = internal::TenantIndex(options_, tenant);
+  if (!index.ok()) return index.status();
+  internal::SetThreadTenant(devices_.get(), *index);
+  return absl::OkStatus();
+}
+
+std::string Allocator::ThreadTenant() const {
+  return internal::TenantName(options_, internal::ThreadTenant(devices_.get()));
+}
+
+absl::Status Allocator::SetTenantCap(absl::string_view tenant, std::size_t cap) {
+  absl::StatusOr<int> index = internal::TenantIndex(options_, tenant);
+  if (!index.ok()) return index.status();
+  if (*index == 0) {
+    return absl::InvalidArgumentError(
+        "bucketalloc: the default tenant's cap is the device's; accepted: a tenant named in tenants:[...] (set the "
+        "device's cap with capacity or memory_fraction)");
+  }
+  if (absl::Status s = internal::ValidateTenantCap(tenant, cap); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(devices_->create_mu);
+  devices_->tenant_caps[*index] = cap;
+  for (int device = 0; device < device_count(); ++device) {
+    if (DeviceAllocator* d = Published(devices_->ptrs, device)) d->SetTenantCap(*index, cap);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TenantStats>> Allocator::GetTenantStats(int device) const {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->GetTenantStats();
 }
 
 absl::Status Allocator::EmptyCache() {

@@ -15,6 +15,7 @@
 #include "bucketalloc/units.h"
 #include "frontend/oom_diagnosis.h"
 #include "frontend/snapshot_walk.h"
+#include "frontend/tenants.h"
 #include "internal/check.h"
 #include "memory/size_classes.h"
 
@@ -56,7 +57,8 @@ absl::StatusOr<std::size_t> ComputeCap(std::size_t capacity, double fraction, st
 
 }  // namespace
 
-DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device)
+DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device,
+                                 const void* tenant_owner)
     : options_(options),
       device_(device),
       backend_(std::move(backend)),
@@ -68,12 +70,14 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
       private_([this] {
         return std::make_unique<Pools>(PoolContext{&stats_, &registry_, &clock_}, options_.slab_limit,
                                        options_.small_pool_limit, large_config_);
-      }) {
+      }),
+      tenant_owner_(tenant_owner) {
   registry_.set_collector([this](std::size_t incoming) ABSL_NO_THREAD_SAFETY_ANALYSIS { CollectGarbage(incoming); });
 }
 
 absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const Options& options,
-                                                                         std::unique_ptr<Backend> backend, int device) {
+                                                                         std::unique_ptr<Backend> backend, int device,
+                                                                         const void* tenant_owner) {
   const std::size_t granularity = backend->Granularity();
   if (!IsPowerOfTwo(granularity) || kSlabBytes % granularity != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -88,7 +92,7 @@ absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const O
   }
   absl::StatusOr<DeviceMemInfo> info = backend->GetMemInfo();
   if (!info.ok()) return info.status();
-  std::unique_ptr<DeviceAllocator> d(new DeviceAllocator(options, std::move(backend), device));
+  std::unique_ptr<DeviceAllocator> d(new DeviceAllocator(options, std::move(backend), device, tenant_owner));
   d->device_total_ = info->total_bytes;
   absl::StatusOr<std::size_t> cap =
       ComputeCap(options.capacity, options.memory_fraction, info->total_bytes, granularity, device);
@@ -98,6 +102,18 @@ absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const O
   d->stats_.SetCapacity(static_cast<std::int64_t>(d->registry_.cap()));
   d->stats_.SetMaxSplitSize(options.max_split_size == kUnlimited ? -1
                                                                  : static_cast<std::int64_t>(options.max_split_size));
+  if (!options.tenants.empty()) {
+    // Tenant i's pool is a private pool of its own, whose growth the registry holds to its cap.
+    d->tenant_tags_.push_back(0);  // the default tenant: the device's own pools
+    for (std::size_t i = 0; i < options.tenants.size(); ++i) {
+      absl::StatusOr<std::uint16_t> tag = d->private_.AddTenant(static_cast<int>(i) + 1, device);
+      if (!tag.ok()) return tag.status();
+      d->tenant_tags_.push_back(*tag);
+      d->registry_.SetOwnerCap(*tag, options.tenants[i].cap, options.tenants[i].name);
+    }
+    d->tenant_ooms_.assign(d->tenant_tags_.size(), {});
+    d->has_tenants_ = true;
+  }
   return d;
 }
 
@@ -142,13 +158,17 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
     return fork_child_error_;
   // One call of AllocateIn, so that the fast path stays inlined in this function.
   std::uint16_t tag = 0;
-  StreamPools& sp = private_.routing() ? RoutedPoolsFor(stream, &tag) : PoolsFor(stream);
+  StreamPools& sp = private_.routing() || has_tenants_ ? RoutedPoolsFor(stream, &tag) : PoolsFor(stream);
   return PoolsOf(tag).Route(
       size, [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, tag); });
 }
 
 StreamPools& DeviceAllocator::RoutedPoolsFor(Stream stream, std::uint16_t* tag) {
-  *tag = private_.TagFor(stream, [&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, false); });
+  *tag =
+      private_.routing()
+          ? private_.TagFor(stream, [&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, false); })
+          : 0;
+  if (*tag == 0 && has_tenants_) *tag = tenant_tags_[TenantOf(stream)];  // a capture's routing comes first
   return *tag == 0 ? PoolsFor(stream) : private_.StreamPoolsFor(*tag, stream);
 }
 
@@ -212,7 +232,25 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
   if (!capturing && !pending_.empty()) RetirePending(PendingFrees::Mode::kPollAll);
   registry_.set_capturing(capturing);
   absl::StatusOr<typename P::Handle> h = serve(request);
-  if (!capturing && absl::IsResourceExhausted(h.status())) {
+  if (!capturing && absl::IsResourceExhausted(h.status()) && has_tenants_ && TenantOfTag(private_pool) != 0) {
+    // A tenant gives back its own cache first (after synchronizing pending stream events): its cap
+    // is usually what refused, and the other tenants' caches stay theirs.
+    if (!pending_.empty()) {
+      stats_.Count(&DeviceStats::num_sync_all_streams);
+      RetirePending(PendingFrees::Mode::kSynchronize);
+    }
+    ReleaseTenantCache(TenantOfTag(private_pool));
+    stats_.Count(&DeviceStats::num_alloc_retries);
+    h = serve(request);
+  }
+  // Whether releasing the other tenants' caches cannot help: the tenant's own cap refuses even the
+  // bytes asked for.
+  auto over_own_cap = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (!has_tenants_ || TenantOfTag(private_pool) == 0) return false;
+    const std::optional<std::size_t> cap = registry_.OwnerCap(private_pool);
+    return cap.has_value() && registry_.OwnedNow(private_pool) + size > *cap;
+  };
+  if (!capturing && absl::IsResourceExhausted(h.status()) && !over_own_cap()) {
     // Release the cache (after synchronizing pending stream events) and try once more.
     SyncAndReleaseAll();
     stats_.Count(&DeviceStats::num_alloc_retries);
@@ -229,7 +267,7 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
     return h;
   }
   const auto [rounded, segment] = pool.OomSizes(needed);
-  return OutOfMemory(P::kIndex, size, rounded, segment, h.status());
+  return OutOfMemory(P::kIndex, size, rounded, segment, h.status(), private_pool);
 }
 
 bool DeviceAllocator::StreamCaptures(Stream stream, bool if_unknown) {
@@ -265,6 +303,10 @@ absl::Status DeviceAllocator::CaptureMiss(std::size_t size, Stream stream) {
 
 void DeviceAllocator::CollectGarbage(std::size_t incoming) {
   if (options_.garbage_collection_threshold <= 0.0) return;
+  // The device's own pools give back (a tenant's or private pool's growth may have called this).
+  const std::uint16_t owner = registry_.owner();
+  registry_.set_owner(0);
+  absl::Cleanup restore = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { registry_.set_owner(owner); };
   const auto limit =
       static_cast<std::size_t>(options_.garbage_collection_threshold * static_cast<double>(registry_.cap()));
   auto reserved = [&] { return static_cast<std::size_t>(stats_.Current(&DeviceStats::reserved_bytes, kAllPools)); };
@@ -285,7 +327,7 @@ void DeviceAllocator::CollectGarbage(std::size_t incoming) {
 }
 
 absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std::size_t rounded, std::size_t segment,
-                                          const absl::Status& cause) {
+                                          const absl::Status& cause, std::uint16_t private_pool) {
   stats_.Count(&DeviceStats::num_ooms);
   OomSituation s;
   s.device = device_;
@@ -303,9 +345,32 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   if (absl::StatusOr<DeviceMemInfo> info = backend_->GetMemInfo(); info.ok()) s.device_free = info->free_bytes;
   s.failure = std::string(cause.message());
   s.stitching = options_.Stitching() && pool == kLargePool;
-  s.movable = pools_.large().movable_bytes();
+  s.movable = PoolsOf(private_pool).large().movable_bytes();
   s.fragmentation = FragmentationLocked();
+  const int tenant = has_tenants_ ? TenantOfTag(private_pool) : 0;
+  std::optional<std::size_t> tenant_cap = tenant == 0 ? std::nullopt : registry_.OwnerCap(private_pool);
+  const bool at_tenant_cap = tenant_cap.has_value() && registry_.OwnedNow(private_pool) + segment > *tenant_cap;
+  if (at_tenant_cap) {
+    // The tenant's own cap refused the growth: diagnose within the tenant, as a device of its cap.
+    const TenantUse use = UseOf(private_pool);
+    s.capacity = *tenant_cap;
+    s.reserved = registry_.OwnedNow(private_pool);
+    s.allocated = use.allocated[kAllPools];
+    s.live_requested = use.requested[kAllPools];
+    s.active = use.active[kAllPools];
+    const StatArray* owned = registry_.OwnedReserved(private_pool);
+    const auto pool_reserved = owned == nullptr ? 0 : static_cast<std::size_t>((*owned)[pool].current);
+    s.pool_cached = pool_reserved - std::min(pool_reserved, use.active[pool]);
+    s.fragmentation = FragmentationOf(private_pool, use);
+  }
   OomReport r = DiagnoseOom(s);
+  if (has_tenants_) {
+    r.tenant = TenantName(options_, tenant);
+    r.tenant_cap = tenant_cap.value_or(registry_.cap());
+    r.at_tenant_cap = at_tenant_cap;
+    ++tenant_ooms_[static_cast<std::size_t>(tenant)].all;
+    if (at_tenant_cap) ++tenant_ooms_[static_cast<std::size_t>(tenant)].at_cap;
+  }
   switch (r.cause) {
     case OomCause::kCapacity:
       stats_.Count(&DeviceStats::num_ooms_capacity);
@@ -442,9 +507,21 @@ void DeviceAllocator::SyncAndReleaseAll() {
     stats_.Count(&DeviceStats::num_sync_all_streams);
     RetirePending(PendingFrees::Mode::kSynchronize);
   }
+  const std::uint16_t owner = registry_.owner();  // a tenant's slow path may call this
+  registry_.set_owner(0);
   pools_.ForEach([](auto& pool) { pool.ReleaseAll(); });
+  for (std::size_t t = 1; t < tenant_tags_.size(); ++t) ReleaseTenantCache(static_cast<int>(t));
+  registry_.set_owner(owner);
   ReleasePrivatePools(/*all=*/false);
   registry_.TrimAddressSpace();
+}
+
+void DeviceAllocator::ReleaseTenantCache(int index) {
+  const std::uint16_t tag = tenant_tags_[static_cast<std::size_t>(index)];
+  const std::uint16_t owner = registry_.owner();
+  registry_.set_owner(tag);
+  private_.at(tag).pools->ForEach([](auto& pool) { pool.ReleaseAll(); });
+  registry_.set_owner(owner);
 }
 
 void DeviceAllocator::ReleasePrivatePools(bool all) {
@@ -621,6 +698,7 @@ DeviceStats DeviceAllocator::GetStats() const {
 DeviceStats DeviceAllocator::StatsLocked() const {
   DeviceStats s = stats_.Snapshot();
   private_.ForEach([&](std::uint16_t tag, const PrivatePools::Pool& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (p.tenant != 0) return;  // tenants' pools are reported per tenant (GetTenantStats)
     if (const StatArray* reserved = registry_.OwnedReserved(tag)) {
       s.reserved_bytes_by_private_pools.push_back(PrivatePoolStats{p.id.first, p.id.second, *reserved});
     }
@@ -636,7 +714,108 @@ DeviceMetrics DeviceAllocator::GetMetrics() const {
   m.fragmentation = FragmentationLocked();
   m.backend_calls = backend_->counters();
   m.recent_ooms.assign(recent_ooms_.begin(), recent_ooms_.end());
+  m.tenants = TenantStatsLocked();
   return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tenants.
+
+int DeviceAllocator::TenantOf(Stream stream) const {
+  if (!stream_tenants_.empty()) {
+    if (auto it = stream_tenants_.find(stream); it != stream_tenants_.end()) return it->second;
+  }
+  const int index = ThreadTenant(tenant_owner_);
+  return index < static_cast<int>(tenant_tags_.size()) ? index : 0;
+}
+
+void DeviceAllocator::BindStream(Stream stream, int index) {
+  MutexLock lock(mu_);
+  if (index == 0) {
+    stream_tenants_.erase(stream);
+  } else {
+    stream_tenants_[stream] = index;
+  }
+}
+
+void DeviceAllocator::SetTenantCap(int index, std::size_t cap) {
+  MutexLock lock(mu_);
+  const std::uint16_t tag = tenant_tags_.at(static_cast<std::size_t>(index));
+  registry_.SetOwnerCap(tag, cap, options_.tenants[static_cast<std::size_t>(index) - 1].name);
+  if (registry_.OwnedNow(tag) <= cap || private_.routing()) return;  // a capture forbids the release
+  // Over the new cap: give back what the tenant caches (its pending frees first); live blocks stay,
+  // and its growth is refused until it fits (SegmentRegistry::Headroom).
+  if (!pending_.empty()) {
+    stats_.Count(&DeviceStats::num_sync_all_streams);
+    RetirePending(PendingFrees::Mode::kSynchronize);
+  }
+  ReleaseTenantCache(index);
+  registry_.TrimAddressSpace();
+  MaybeCheckInvariants();
+}
+
+std::vector<TenantStats> DeviceAllocator::GetTenantStats() const {
+  MutexLock lock(mu_);
+  return TenantStatsLocked();
+}
+
+DeviceAllocator::TenantUse DeviceAllocator::UseOf(std::uint16_t tag) const {
+  TenantUse use;
+  auto add = [&](const LiveEntry& e, bool live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (e.private_pool != tag) return;
+    PoolsOf(e.private_pool).Visit(e.handle, [&](const auto& pool, auto h) {
+      const PoolIndex p = PoolType<decltype(pool)>::kIndex;
+      const std::size_t block = PoolType<decltype(pool)>::BlockSize(h);
+      for (PoolIndex i : {p, kAllPools}) {
+        use.active[i] += block;
+        if (live) {
+          use.allocated[i] += block;
+          use.requested[i] += e.requested;
+        }
+      }
+    });
+    if (live) ++use.live;
+  };
+  live_.ForEach([&](std::uintptr_t, const LiveEntry& e) { add(e, true); });
+  pending_.ForEach([&](std::uintptr_t, const LiveEntry& e) { add(e, false); });
+  return use;
+}
+
+FragmentationReport DeviceAllocator::FragmentationOf(std::uint16_t tag, const TenantUse& use) const {
+  FragmentationReport r;
+  PoolsOf(tag).ForEach([&](const auto& pool) { pool.AddFragmentation(&r); });
+  const StatArray* owned = registry_.OwnedReserved(tag);
+  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
+    r.pools[p].requested = static_cast<std::int64_t>(use.requested[p]);
+    r.pools[p].allocated = static_cast<std::int64_t>(use.allocated[p]);
+    r.pools[p].reserved = owned == nullptr ? 0 : (*owned)[p].current;
+    r.all().Merge(r.pools[p]);
+  }
+  return r;
+}
+
+std::vector<TenantStats> DeviceAllocator::TenantStatsLocked() const {
+  std::vector<TenantStats> out;
+  if (!has_tenants_) return out;
+  for (std::size_t t = 0; t < tenant_tags_.size(); ++t) {
+    const std::uint16_t tag = tenant_tags_[t];
+    TenantStats ts;
+    ts.name = TenantName(options_, static_cast<int>(t));
+    ts.cap = t == 0 ? registry_.cap() : registry_.OwnerCap(tag).value_or(0);
+    ts.ooms = tenant_ooms_[t].all;
+    ts.ooms_at_cap = tenant_ooms_[t].at_cap;
+    if (const StatArray* owned = registry_.OwnedReserved(tag)) {
+      ts.reserved = static_cast<std::size_t>((*owned)[kAllPools].current);
+      ts.peak_reserved = static_cast<std::size_t>((*owned)[kAllPools].peak);
+    }
+    const TenantUse use = UseOf(tag);
+    ts.allocated = use.allocated[kAllPools];
+    ts.requested = use.requested[kAllPools];
+    ts.live_allocations = use.live;
+    ts.cached = ts.reserved - std::min(ts.reserved, use.active[kAllPools]);
+    out.push_back(std::move(ts));
+  }
+  return out;
 }
 
 void DeviceAllocator::ResetPeakStats() {
@@ -700,7 +879,16 @@ std::vector<TraceEntry> DeviceAllocator::AppendSnapshot(std::vector<SegmentSnaps
           return {BlockSnapshotState::kActivePendingFree, it == pending.end() ? 0 : it->second};
         },
         segments);
-    for (std::size_t i = before; i < segments->size(); ++i) (*segments)[i].pool_id = id;
+    std::string tenant;
+    if (has_tenants_) {
+      tenant = id.first == PrivatePools::kTenantIdFirst ? TenantName(options_, static_cast<int>(id.second))
+               : id == GraphPoolId{}                    ? "default"
+                                                        : "";
+    }
+    for (std::size_t i = before; i < segments->size(); ++i) {
+      (*segments)[i].pool_id = id;
+      (*segments)[i].tenant = tenant;
+    }
   });
   // The device's segments in address order, whichever pool holds them.
   std::sort(segments->begin() + static_cast<std::ptrdiff_t>(first), segments->end(),

@@ -21,12 +21,13 @@
 // pending ones, reserved/segment over the registry and the spare pieces, cached = reserved -
 // active, inactive_split over the pools' partly used memory, oversize over both); each pool holds
 // as many active blocks as the entries name (the device's own pools and each private pool); every
-// entry's private pool exists.
+// entry's private pool exists; with tenants, each tenant's pool exists and carries its cap.
 //
 // Example: see bucketalloc/allocator.h, which owns one DeviceAllocator per device.
 #ifndef BUCKETALLOC_FRONTEND_DEVICE_ALLOCATOR_H_
 #define BUCKETALLOC_FRONTEND_DEVICE_ALLOCATOR_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -59,8 +60,10 @@ namespace bucketalloc::internal {
 class DeviceAllocator final {
  public:
   // Creates the state of `device` over `backend`; reads the device's memory to set the cap.
+  // `tenant_owner` identifies the allocator whose thread tenants (frontend/tenants.h) apply.
   static absl::StatusOr<std::unique_ptr<DeviceAllocator>> Create(const Options& options,
-                                                                 std::unique_ptr<Backend> backend, int device);
+                                                                 std::unique_ptr<Backend> backend, int device,
+                                                                 const void* tenant_owner = nullptr);
   ~DeviceAllocator();
 
   absl::StatusOr<void*> Allocate(std::size_t size, Stream stream);
@@ -79,6 +82,17 @@ class DeviceAllocator final {
   absl::Status EndCapture(GraphPoolId pool);
   absl::Status ReleasePool(GraphPoolId pool);
   absl::Status SetMemoryFraction(double fraction);
+
+  // Tenants (Options::tenants; index 1 up, 0 the default tenant). Binds `stream` (a pool key) to
+  // tenant `index` (0: unbinds it); a request on a bound stream goes to its tenant, on any other
+  // stream to the calling thread's tenant (frontend/tenants.h).
+  void BindStream(Stream stream, int index);
+  // Sets tenant `index`'s cap (index >= 1). A cap under what the tenant reserves releases its
+  // cache (after synchronizing pending frees) and refuses its growth until it fits under the cap;
+  // live memory stays.
+  void SetTenantCap(int index, std::size_t cap);
+  // Each tenant's figures, the default tenant first; empty without tenants.
+  std::vector<TenantStats> GetTenantStats() const;
 
   DeviceStats GetStats() const;
   // The stats, fragmentation report and backend call counts, taken together under the lock.
@@ -107,7 +121,7 @@ class DeviceAllocator final {
 
  private:
   friend class DeviceAllocatorTestPeer;  // corrupts state on purpose to test CheckInvariants
-  DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device);
+  DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device, const void* tenant_owner);
 
   // The pools of private pool `tag` (0: the device's own).
   Pools& PoolsOf(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -117,7 +131,8 @@ class DeviceAllocator final {
     return tag == 0 ? pools_ : *private_.at(tag).pools;
   }
   // While a capture or MemPool context routes requests: the free lists of `stream` in the private
-  // pool its filter accepts it for (*tag set), else the device's own (*tag = 0).
+  // pool its filter accepts it for (*tag set); else, with tenants, in the pool of the stream's or
+  // the thread's tenant (*tag set; 0 for the default tenant); else the device's own (*tag = 0).
   ABSL_ATTRIBUTE_NOINLINE StreamPools& RoutedPoolsFor(Stream stream, std::uint16_t* tag)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The free lists of `stream` (the last stream's without a lookup).
@@ -181,7 +196,7 @@ class DeviceAllocator final {
   // Builds the OOM report of a `pool` request (frontend/oom_diagnosis.h) and returns it as
   // ResourceExhausted.
   absl::Status OutOfMemory(PoolIndex pool, std::size_t size, std::size_t rounded, std::size_t segment,
-                           const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                           const absl::Status& cause, std::uint16_t private_pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The errors of Allocate and Free, out of line so that the fast paths keep a small frame.
   ABSL_ATTRIBUTE_NOINLINE absl::Status InvalidSize(std::size_t size) const;
   ABSL_ATTRIBUTE_NOINLINE absl::Status FreeOfNoLiveAllocation(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -196,6 +211,23 @@ class DeviceAllocator final {
   // when the backend cannot allocate during a capture.
   absl::Status CaptureMiss(std::size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   FragmentationReport FragmentationLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<TenantStats> TenantStatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the live and pending blocks of pool tag `tag` hold, per pool index (kAllPools: all).
+  struct TenantUse {
+    std::array<std::size_t, kNumPoolIndices> allocated{}, requested{}, active{};
+    std::int64_t live = 0;
+  };
+  TenantUse UseOf(std::uint16_t tag) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The fragmentation report of pool tag `tag` alone.
+  FragmentationReport FragmentationOf(std::uint16_t tag, const TenantUse& use) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tenant a request on `stream` belongs to: the stream's binding, else the thread's tenant.
+  int TenantOf(Stream stream) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tenant index of pool tag `tag` (0: the device's own pools, or not a tenant's).
+  int TenantOfTag(std::uint16_t tag) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return tag != 0 && private_.contains(tag) ? private_.at(tag).tenant : 0;
+  }
+  // Releases the wholly free memory of tenant `index`'s pool.
+  void ReleaseTenantCache(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DeviceStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls f(pools) for the device's own pools and every private pool's.
   template <typename F>
@@ -228,6 +260,17 @@ class DeviceAllocator final {
   PrivatePools private_ ABSL_GUARDED_BY(mu_);
   std::optional<OomReport> last_oom_ ABSL_GUARDED_BY(mu_);
   std::deque<OomEvent> recent_ooms_ ABSL_GUARDED_BY(mu_);  // the last DeviceMetrics::kRecentOoms
+  // Tenants: the pool tag of each tenant index (index 0, the default tenant: 0; empty without
+  // tenants), the streams bound to one, its OOMs, and whose thread tenants apply.
+  const void* const tenant_owner_;
+  std::vector<std::uint16_t> tenant_tags_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Stream, int> stream_tenants_ ABSL_GUARDED_BY(mu_);
+  struct TenantOoms {
+    std::int64_t all = 0;
+    std::int64_t at_cap = 0;  // refused by the tenant's own cap
+  };
+  std::vector<TenantOoms> tenant_ooms_ ABSL_GUARDED_BY(mu_);
+  bool has_tenants_ ABSL_GUARDED_BY(mu_) = false;
   // In a child of fork whose backend cannot serve it: the reason, given for every request.
   absl::Status fork_child_error_ ABSL_GUARDED_BY(mu_);
 };

@@ -129,26 +129,44 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
           });
         });
       };
-  check_pools(0, pools_, streams_);
-  private_.ForEach([&](std::uint16_t tag, const PrivatePools::Pool& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (pools.ok() && p.freeable() && !p.pools->HoldsMemory()) {
-      pools = absl::InternalError("a freeable private pool that holds no memory is still kept");
-    }
-    // The reserved bytes counted for the pool are what its units map and its spares hold.
+  // The reserved bytes counted for a pool (tag; 0: the device's own) are what its units map and
+  // its spares hold.
+  auto check_owned = [&](std::uint16_t tag, const Pools& p, const std::string& name) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     std::int64_t held = 0;
-    p.pools->ForEach([&](const auto& pool) {
+    p.ForEach([&](const auto& pool) {
       held += static_cast<std::int64_t>(pool.spare_bytes());
       pool.ForEachUnit(
           [&](std::uintptr_t, std::size_t, std::size_t mapped, bool) { held += static_cast<std::int64_t>(mapped); });
     });
     const StatArray* owned = registry_.OwnedReserved(tag);
-    if (pools.ok() && (owned == nullptr ? 0 : (*owned)[kAllPools].current) != held) {
+    const std::int64_t counted = owned == nullptr ? 0 : (*owned)[kAllPools].current;
+    if (pools.ok() && counted != held) {
       pools = absl::InternalError(
-          absl::StrCat("private pool (", p.id.first, ", ", p.id.second, ") holds ", held, " reserved bytes but ",
-                       owned == nullptr ? 0 : (*owned)[kAllPools].current, " are counted for it"));
+          absl::StrCat(name, " holds ", held, " reserved bytes but ", counted, " are counted for it"));
     }
+  };
+  check_pools(0, pools_, streams_);
+  check_owned(0, pools_, "the device's own pool");
+  private_.ForEach([&](std::uint16_t tag, const PrivatePools::Pool& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (pools.ok() && p.freeable() && !p.pools->HoldsMemory()) {
+      pools = absl::InternalError("a freeable private pool that holds no memory is still kept");
+    }
+    check_owned(tag, *p.pools, absl::StrCat("private pool (", p.id.first, ", ", p.id.second, ")"));
     check_pools(tag, *p.pools, p.streams);
   });
+  // Tenants: each has its pool, with its cap; bound streams name a tenant.
+  for (std::size_t t = 1; t < tenant_tags_.size() && pools.ok(); ++t) {
+    const std::uint16_t tag = tenant_tags_[t];
+    if (!private_.contains(tag) || private_.at(tag).tenant != static_cast<int>(t) ||
+        !registry_.OwnerCap(tag).has_value()) {
+      pools = absl::InternalError(absl::StrCat("tenant ", t, " has no pool or no cap"));
+    }
+  }
+  for (const auto& [stream, t] : stream_tenants_) {
+    if (pools.ok() && (t <= 0 || static_cast<std::size_t>(t) >= tenant_tags_.size())) {
+      pools = absl::InternalError(absl::StrCat("a stream is bound to tenant ", t, ", which does not exist"));
+    }
+  }
   if (!pools.ok()) return fail(pools.message());
   const SegmentRegistry::Totals totals = registry_.totals();
   std::int64_t ranges = 0;

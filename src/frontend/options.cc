@@ -396,6 +396,50 @@ std::vector<OptionRow> MakeTable() {
                   "a request rounds up to tier t only when it is at least tier_min_fill x t", false,
                   DoubleField<&Options::tier_min_fill>, FormatDoubleField<&Options::tier_min_fill>,
                   Require<double, &Options::tier_min_fill>([](double f) { return f > 0.0 && f <= 1.0; })));
+  t.push_back(Row(
+      "tenants",
+      "a list of NAME:SIZE, e.g. [short:20GiB,long:40GiB]: names of 1 to 32 letters, digits, '_', '-' or '.', "
+      "unique and not 'default', sizes of at least 2MiB; at most 64 tenants",
+      "tenants, each with its own pools, cap on reserved memory and stats; streams and threads are bound to "
+      "them (bucketalloc_bind_stream, bucketalloc_set_thread_tenant); the rest goes to the default tenant",
+      false,
+      [](absl::string_view v, Options& o) -> absl::Status {
+        std::vector<TenantSpec> tenants;
+        for (absl::string_view item : ListItems(v)) {
+          const std::size_t colon = item.rfind(':');
+          if (colon == absl::string_view::npos) return Why(absl::StrCat("'", item, "' is not NAME:SIZE"));
+          absl::StatusOr<std::size_t> cap = ParseSize(item.substr(colon + 1));
+          if (!cap.ok()) return Why(absl::StrCat("bad size in '", item, "'"));
+          tenants.push_back({std::string(item.substr(0, colon)), *cap});
+        }
+        if (tenants.empty() && v != "[]") return Why();
+        o.tenants = std::move(tenants);
+        return absl::OkStatus();
+      },
+      [](const Options& o) {
+        std::vector<std::string> parts;
+        for (const TenantSpec& t : o.tenants) parts.push_back(absl::StrCat(t.name, ":", SizeText(t.cap)));
+        return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
+      },
+      [](const Options& o) -> std::optional<Problem> {
+        if (o.tenants.size() > static_cast<std::size_t>(kMaxTenants)) return Problem("more than 64 tenants");
+        for (std::size_t i = 0; i < o.tenants.size(); ++i) {
+          const TenantSpec& t = o.tenants[i];
+          const bool name_ok =
+              !t.name.empty() && t.name.size() <= 32 && t.name != "default" &&
+              std::all_of(t.name.begin(), t.name.end(), [](char c) {
+                return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+              });
+          if (!name_ok) return Problem("a bad tenant name", absl::StrCat("'", t.name, "'"));
+          for (std::size_t j = 0; j < i; ++j) {
+            if (o.tenants[j].name == t.name) return Problem("a tenant named twice", t.name);
+          }
+          if (t.cap < kMinTenantCap || t.cap > kMaxTenantCap) {
+            return Problem(absl::StrCat("tenant ", t.name, "'s cap"), SizeText(t.cap));
+          }
+        }
+        return std::nullopt;
+      }));
   for (const internal::BackendEntry* backend : internal::Backends()) {
     for (const internal::BackendOptionSpec& spec : backend->options) t.push_back(BackendRow(spec));
   }

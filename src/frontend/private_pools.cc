@@ -50,6 +50,12 @@ absl::Status PrivatePools::Begin(GraphPoolId id, CaptureFilter filter, int devic
                                                    " needs a stream filter; accepted: a callable that is true for "
                                                    "the capturing stream(s)"));
   }
+  if (id.first == kTenantIdFirst) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: begin allocating to private pool ", PoolName(id),
+                                                   " on device ", device,
+                                                   ": ids with this first half are tenants' pools; accepted: any "
+                                                   "other id (PyTorch's graph and MemPool ids)"));
+  }
   std::uint16_t tag = Find(id);
   if (tag != 0 && std::any_of(routings_.begin(), routings_.end(), [&](const Routing& r) { return r.tag == tag; })) {
     return absl::FailedPreconditionError(absl::StrCat("bucketalloc: begin allocating to private pool ", PoolName(id),
@@ -94,9 +100,34 @@ absl::Status PrivatePools::End(GraphPoolId id, int device) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::uint16_t> PrivatePools::AddTenant(int index, int device) {
+  const GraphPoolId id = TenantPoolId(index);
+  if (const std::uint16_t tag = Find(id); tag != 0) return tag;
+  std::size_t slot = pools_.empty() ? 1 : pools_.size();
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+  } else if (slot > std::numeric_limits<std::uint16_t>::max()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("bucketalloc: device ", device, " has no room for another pool (", slot - 1, " exist)"));
+  }
+  auto pool = std::make_unique<Pool>();
+  pool->id = id;
+  pool->pools = make_pools_();
+  pool->use_count = 1;  // for good
+  pool->tenant = index;
+  by_id_.emplace(id, static_cast<std::uint16_t>(slot));
+  if (!free_slots_.empty()) {
+    free_slots_.pop_back();
+  } else {
+    pools_.resize(slot + 1);
+  }
+  pools_[slot] = std::move(pool);
+  return static_cast<std::uint16_t>(slot);
+}
+
 std::uint16_t PrivatePools::Release(GraphPoolId id) {
   const std::uint16_t tag = Find(id);
-  if (tag == 0 || pools_[tag]->freeable()) return 0;
+  if (tag == 0 || pools_[tag]->freeable() || pools_[tag]->tenant != 0) return 0;
   // A routing still running into it was abandoned (cudaStreamEndCapture failed, so End never came).
   routings_.erase(std::remove_if(routings_.begin(), routings_.end(), [&](const Routing& r) { return r.tag == tag; }),
                   routings_.end());
@@ -130,6 +161,7 @@ absl::Status PrivatePools::CheckInvariants(const std::vector<std::int64_t>& bloc
       return absl::InternalError("private pools: a routing has no pool");
     }
     if (pools_[r.tag]->freeable()) return absl::InternalError("private pools: a freeable pool is routed to");
+    if (pools_[r.tag]->tenant != 0) return absl::InternalError("private pools: a capture routes to a tenant's pool");
   }
   std::size_t stored = 0, erased = 0;
   for (std::size_t tag = 1; tag < pools_.size(); ++tag) {
@@ -140,6 +172,9 @@ absl::Status PrivatePools::CheckInvariants(const std::vector<std::int64_t>& bloc
     }
     const Pool& p = *pools_[tag];
     ++stored;
+    if (p.tenant != 0 && (p.use_count != 1 || !(p.id == TenantPoolId(p.tenant)))) {
+      return absl::InternalError(absl::StrCat("tenant pool ", p.tenant, " has ", p.use_count, " uses or another id"));
+    }
     if (Find(p.id) != tag) return absl::InternalError(absl::StrCat("private pool ", PoolName(p.id), " is not indexed"));
     const auto routed =
         std::count_if(routings_.begin(), routings_.end(), [&](const Routing& r) { return r.tag == tag; });

@@ -10,8 +10,11 @@
 // the same pool, in the same capture or another capture sharing the pool, as PyTorch's do. A pool
 // whose count reaches 0 is freeable: the device gives its wholly free memory back after a device
 // synchronization (release-and-retry, empty_cache), and forgets the pool once it holds no memory.
-// Invariants (CheckInvariants): every routing names a pool in use (count > 0); a pool's count is at
-// least the routings into it; a stored pool is in use or still holds memory; each pool's own checks.
+// A tenant's pool (AddTenant) is a private pool that no capture routes to and that is never
+// freeable: the device routes a tenant's requests to it.
+// Invariants (CheckInvariants): every routing names a pool in use (count > 0) that is not a
+// tenant's; a pool's count is at least the routings into it; a stored pool is in use or still holds
+// memory; a tenant's pool has a count of exactly 1 and its reserved id; each pool's own checks.
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
@@ -46,8 +49,13 @@ class PrivatePools {
     int use_count = 0;  // routings begun into it and not released; 0: freeable
     std::unique_ptr<Pools> pools;
     absl::flat_hash_map<Stream, std::unique_ptr<StreamPools>> streams;  // its free lists per stream
+    int tenant = 0;  // a tenant's pool (its index, 1 up): permanent, never routed to by a capture
     bool freeable() const { return use_count == 0; }
   };
+  // The id of tenant `index`'s pool: a first half no PyTorch pool id has (PyTorch counts up from 0
+  // or 1 in one half and leaves the other 0), so that Begin and Release refuse or ignore it.
+  static GraphPoolId TenantPoolId(int index) { return GraphPoolId{kTenantIdFirst, static_cast<std::uint64_t>(index)}; }
+  static constexpr std::uint64_t kTenantIdFirst = 0xB0CE7A110C7E4A47ull;
 
   // `make_pools()` builds the small and large pool of a new private pool.
   explicit PrivatePools(std::function<std::unique_ptr<Pools>()> make_pools)
@@ -83,6 +91,9 @@ class PrivatePools {
   // InvalidArgument without a filter; FailedPrecondition while a routing into `id` already runs (as
   // PyTorch refuses); ResourceExhausted past 65535 pools.
   absl::Status Begin(GraphPoolId id, CaptureFilter filter, int device);
+  // Creates tenant `index`'s pool (use count 1 for good: never freeable, never forgotten) and
+  // returns its tag. ResourceExhausted past 65535 pools.
+  absl::StatusOr<std::uint16_t> AddTenant(int index, int device);
   // Ends the routing into `id`. NotFound for a pool not in use here, FailedPrecondition when no
   // routing into it runs.
   absl::Status End(GraphPoolId id, int device);

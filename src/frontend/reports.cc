@@ -107,6 +107,23 @@ std::string StatsToJson(const DeviceStats& stats) {
 
 std::string FragmentationToJson(const FragmentationReport& report) { return FragmentationJson(report).dump(); }
 
+std::string TenantStatsToJson(const std::vector<TenantStats>& tenants) {
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const TenantStats& t : tenants) {
+    list.push_back({{"tenant", t.name},
+                    {"cap_bytes", t.cap},
+                    {"reserved_bytes", t.reserved},
+                    {"peak_reserved_bytes", t.peak_reserved},
+                    {"allocated_bytes", t.allocated},
+                    {"requested_bytes", t.requested},
+                    {"cached_bytes", t.cached},
+                    {"live_allocations", t.live_allocations},
+                    {"ooms", t.ooms},
+                    {"ooms_at_cap", t.ooms_at_cap}});
+  }
+  return nlohmann::ordered_json{{"tenants", std::move(list)}}.dump();
+}
+
 std::string FragmentationToTable(const FragmentationReport& report) {
   std::string out;
   for (int p = 0; p < kNumPoolIndices; ++p) AppendPoolTable(&out, kPoolNames[p].label, report.pools[p]);
@@ -139,7 +156,10 @@ const char* OomCauseKey(OomCause cause) { return kCauseNames[static_cast<int>(ca
 const char* OomCauseName(OomCause cause) { return kCauseNames[static_cast<int>(cause)].name; }
 
 std::string OomReport::ToString() const {
-  std::string out = absl::StrCat("bucketalloc: out of memory on device ", device, ": ", diagnosis, "\n");
+  std::string out = absl::StrCat(
+      "bucketalloc: out of memory on device ", device,
+      tenant.empty() ? std::string() : absl::StrCat(" for tenant '", tenant, "' (cap ", FormatBytes(tenant_cap), ")"),
+      ": ", diagnosis, "\n");
   absl::StrAppendFormat(&out,
                         "  requested %s (rounded %s); cap %s; reserved %s; allocated %s; active %s; "
                         "cached %s; largest free block %s; device free %s\n",
@@ -190,6 +210,11 @@ std::string OomReport::ToJson() const {
          {"cause", OomCauseName(cause)},
          {"diagnosis", diagnosis},
          {"fragmentation", FragmentationJson(fragmentation)}};
+  if (!tenant.empty()) {
+    j["tenant"] = tenant;
+    j["tenant_cap"] = tenant_cap;
+    j["at_tenant_cap"] = at_tenant_cap;
+  }
   return j.dump();
 }
 

@@ -2,6 +2,7 @@
 // and their registry (frontend/segment_registry.h).
 #include "frontend/segment_registry.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,11 @@ namespace bucketalloc::internal {
 absl::Status SegmentRegistry::CheckHeadroom(std::size_t bytes) const {
   if (Headroom() >= bytes) return absl::OkStatus();
   stats_->Count(&DeviceStats::num_oom_rejections);  // PyTorch's count of allocations over its fraction limit
+  if (auto it = owner_caps_.find(owner_); it != owner_caps_.end() && OwnedNow(owner_) + bytes > it->second.cap) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("bucketalloc: reserving ", bytes, " more bytes would exceed tenant '", it->second.name,
+                     "''s cap of ", it->second.cap, " bytes (", OwnedNow(owner_), " reserved by it)"));
+  }
   return absl::ResourceExhaustedError(
       absl::StrCat("bucketalloc: reserving ", bytes, " more bytes would exceed the cap of ", cap_, " bytes (",
                    stats_->Current(&DeviceStats::reserved_bytes, kAllPools), " reserved)"));
@@ -19,7 +25,19 @@ absl::Status SegmentRegistry::CheckHeadroom(std::size_t bytes) const {
 
 std::size_t SegmentRegistry::Headroom() const {
   const auto reserved = static_cast<std::size_t>(stats_->Current(&DeviceStats::reserved_bytes, kAllPools));
-  return cap_ > reserved ? cap_ - reserved : 0;
+  std::size_t headroom = cap_ > reserved ? cap_ - reserved : 0;
+  if (owner_ != 0 && !owner_caps_.empty()) {
+    if (auto it = owner_caps_.find(owner_); it != owner_caps_.end()) {
+      const std::size_t owned = OwnedNow(owner_);
+      headroom = std::min(headroom, it->second.cap > owned ? it->second.cap - owned : 0);
+    }
+  }
+  return headroom;
+}
+
+std::size_t SegmentRegistry::OwnedNow(std::uint16_t tag) const {
+  const StatArray* a = OwnedReserved(tag);
+  return a == nullptr ? 0 : static_cast<std::size_t>((*a)[kAllPools].current);
 }
 
 absl::StatusOr<std::uintptr_t> SegmentRegistry::AllocateSegment(std::size_t bytes, PoolIndex pool) {
@@ -147,7 +165,6 @@ absl::Status SegmentRegistry::RetireStream(Stream stream) {
 }
 
 void SegmentRegistry::CountOwned(std::uint16_t owner, PoolIndex pool, std::int64_t delta) {
-  if (owner == 0) return;
   StatArray& a = owned_[owner];
   a[pool].Add(delta);
   a[kAllPools].Add(delta);

@@ -11,7 +11,8 @@
 // Invariants (CheckInvariants): registered ranges do not overlap; the backend holds exactly the
 // registered allocations (their count; and their bytes, when it counts bytes) and exactly the
 // physical allocations created and not released, whose bytes are the mapped plus spare bytes; the
-// address arena's own.
+// address arena's own. A tenant's pool (SetOwnerCap) grows only within its cap as well as the
+// device's (its reserved bytes may stay above a cap lowered at run time, never grow past it).
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
@@ -77,7 +79,19 @@ class SegmentRegistry final : public MemorySource {
   // The private pool (tag; 0: the device's own pools) whose growth and releases run now: what it
   // reserves is also counted as its own (PyTorch's reserved_bytes_by_private_pools).
   void set_owner(std::uint16_t tag) { owner_ = tag; }
-  // The reserved bytes counted for private pool `tag`, or nullptr when it never reserved any.
+  std::uint16_t owner() const { return owner_; }
+  // Tenants: private pool `tag` (a tenant's pool) may reserve at most `cap` bytes; `name` is said
+  // when that refuses growth.
+  void SetOwnerCap(std::uint16_t tag, std::size_t cap, std::string name) { owner_caps_[tag] = {cap, std::move(name)}; }
+  // The cap of tenant pool `tag` (nullopt: none).
+  std::optional<std::size_t> OwnerCap(std::uint16_t tag) const {
+    auto it = owner_caps_.find(tag);
+    return it == owner_caps_.end() ? std::nullopt : std::optional<std::size_t>(it->second.cap);
+  }
+  // The bytes private pool `tag` (0: the device's own pools) has reserved now.
+  std::size_t OwnedNow(std::uint16_t tag) const;
+  // The reserved bytes counted for private pool `tag` (0: the device's own pools), or nullptr when
+  // it never reserved any.
   const StatArray* OwnedReserved(std::uint16_t tag) const;
   // Forgets the counts of private pool `tag` (the pool is gone), and resets every count's peak.
   void ForgetOwner(std::uint16_t tag) { owned_.erase(tag); }
@@ -134,7 +148,12 @@ class SegmentRegistry final : public MemorySource {
   Stream slow_path_stream_ = nullptr;
   bool capturing_ = false;
   std::uint16_t owner_ = 0;
-  absl::flat_hash_map<std::uint16_t, StatArray> owned_;  // reserved bytes per private pool tag
+  absl::flat_hash_map<std::uint16_t, StatArray> owned_;  // reserved bytes per pool tag (0 too)
+  struct OwnerCapEntry {
+    std::size_t cap = 0;
+    std::string name;
+  };
+  absl::flat_hash_map<std::uint16_t, OwnerCapEntry> owner_caps_;  // tenants' pools
   absl::btree_map<std::uintptr_t, Range> ranges_;
   AddressArena arena_;
   std::int64_t physical_handles_ = 0;  // physical allocations created and not released, and their bytes

@@ -67,19 +67,21 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
                         {"state", Str(BlockStateName(b.state))},
                         {"frames", b.state == BlockSnapshotState::kInactive ? Json::array() : NoStackFrames()}});
     }
-    segments.push_back({{"device", s.device},
-                        {"address", s.address},
-                        {"total_size", s.total_size},
-                        {"allocated_size", s.allocated_size},
-                        {"active_size", s.active_size},
-                        {"requested_size", s.requested_size},
-                        {"stream", s.stream},
-                        {"segment_type", s.small ? "small" : "large"},
-                        {"segment_pool_id", Json::array({s.pool_id.first, s.pool_id.second})},
-                        {"is_expandable", s.expandable},
-                        {"tier", s.tier},
-                        {"frames", Json::array()},
-                        {"blocks", std::move(blocks)}});
+    Json segment = {{"device", s.device},
+                    {"address", s.address},
+                    {"total_size", s.total_size},
+                    {"allocated_size", s.allocated_size},
+                    {"active_size", s.active_size},
+                    {"requested_size", s.requested_size},
+                    {"stream", s.stream},
+                    {"segment_type", s.small ? "small" : "large"},
+                    {"segment_pool_id", Json::array({s.pool_id.first, s.pool_id.second})},
+                    {"is_expandable", s.expandable},
+                    {"tier", s.tier},
+                    {"frames", Json::array()},
+                    {"blocks", std::move(blocks)}};
+    if (!s.tenant.empty()) segment["tenant"] = s.tenant;
+    segments.push_back(std::move(segment));
   }
   Json traces = Json::array();
   for (const std::vector<TraceEntry>& device : snapshot.device_traces) {

@@ -5,6 +5,10 @@
 // option table splits the CONF, and a key that chooses or sizes the device (IsDeviceOption) is
 // refused, except backend:vmm, which turns stitching on for the replay's device (on the simulated
 // device its virtual memory, on CUDA the vmm backend).
+//
+// With tenants (tenants:[...] in the CONF), requests are routed by the trace's stream as generate
+// serving --tenant-split writes it: stream 2 (its long requests) to the last tenant listed; with
+// two or more tenants every other stream to the first, else to the default tenant.
 #include <memory>
 #include <string>
 
@@ -14,15 +18,34 @@
 #include "bucketalloc/options.h"
 #include "bucketalloc/units.h"
 #include "harness/replay_allocator.h"
+#include "harness/serving.h"
 
 namespace bucketalloc::harness {
 namespace {
 
 class BucketallocReplay final : public ReplayAllocator {
  public:
-  explicit BucketallocReplay(std::unique_ptr<Allocator> a) : a_(std::move(a)) {}
+  explicit BucketallocReplay(std::unique_ptr<Allocator> a) : a_(std::move(a)) {
+    const std::vector<TenantSpec>& t = a_->options().tenants;
+    if (!t.empty()) {
+      long_tenant_ = t.back().name;
+      other_tenant_ = t.size() >= 2 ? t.front().name : "default";
+    }
+  }
+  void SetTraceStream(std::uint64_t stream) override {
+    if (long_tenant_.empty()) return;
+    const std::string& tenant = stream == kLongRequestStream ? long_tenant_ : other_tenant_;
+    if (&tenant == current_) return;
+    current_ = &tenant;
+    a_->SetThreadTenant(tenant).IgnoreError();  // a tenant of the allocator's own options
+  }
   absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) override { return a_->Allocate(size, 0, stream); }
   absl::Status Free(void* ptr, std::size_t size) override { return a_->Free(ptr, 0, size); }
+  bool LastOomAtTenantCap() const override {
+    if (long_tenant_.empty()) return false;
+    absl::StatusOr<std::optional<OomReport>> r = a_->LastOomReport(0);
+    return r.ok() && r->has_value() && (*r)->at_tenant_cap;
+  }
   std::size_t reserved_bytes() const override { return Reserved().current; }
   std::size_t peak_reserved_bytes() const override { return Reserved().peak; }
   void ResetPeak() override { a_->ResetPeakStats(0).IgnoreError(); }
@@ -53,6 +76,8 @@ class BucketallocReplay final : public ReplayAllocator {
     return {static_cast<std::size_t>(s.current), static_cast<std::size_t>(s.peak)};
   }
   std::unique_ptr<Allocator> a_;
+  std::string long_tenant_, other_tenant_;  // empty without tenants
+  const std::string* current_ = nullptr;    // the tenant this thread is set to
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -45,6 +46,9 @@ struct PassCounts {
   std::uint64_t ooms = 0;
   std::uint64_t capacity_ooms = 0;
   std::uint64_t fragmentation_ooms = 0;
+  std::map<std::uint64_t, std::uint64_t> ooms_by_stream;  // the trace's streams
+  std::uint64_t tenant_cap_ooms = 0;
+  bool last_oom_at_tenant_cap = false;   // the last event's OOM (a bigger card would not serve it)
   std::vector<std::uint32_t> latencies;  // ns per allocate or free
   std::vector<std::size_t> per_round_peak_reserved_bytes;
   std::vector<std::size_t> end_of_round_live_bytes;
@@ -79,6 +83,7 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
       bool oom = false;
       if (e.action == TraceAction::kAllocate) {
         ++counts.allocations;
+        a.SetTraceStream(e.stream);
         const auto t0 = Clock::now();
         const Stream stream =
             default_stream ? nullptr : reinterpret_cast<Stream>(static_cast<std::uintptr_t>(e.stream));
@@ -95,6 +100,9 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
         } else if (absl::IsResourceExhausted(p.status())) {
           oom = true;
           ++counts.ooms;
+          ++counts.ooms_by_stream[e.stream];
+          counts.last_oom_at_tenant_cap = a.LastOomAtTenantCap();
+          if (counts.last_oom_at_tenant_cap) ++counts.tenant_cap_ooms;
           // The allocator's own definition (frontend/oom_diagnosis.h): requested bytes, not rounded.
           ++(internal::WorkingSetExceedsCap(live_bytes, e.size, capacity) ? counts.capacity_ooms
                                                                           : counts.fragmentation_ooms);
@@ -410,7 +418,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   };
   if (!options.record_timeline) {
     auto until_oom = [&](std::uint64_t index, std::size_t live, bool oom) {
-      return sample(index, live, oom) && !(oom && options.stop_at_first_oom);
+      return sample(index, live, oom) && !(oom && options.stop_at_first_oom && !counts.last_oom_at_tenant_cap);
     };
     absl::Status s = RunPass(trace, options, r.capacity, a, counts, until_oom);
     if (!s.ok()) return s;
@@ -435,6 +443,9 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   r.ooms = counts.ooms;
   r.capacity_ooms = counts.capacity_ooms;
   r.fragmentation_ooms = counts.fragmentation_ooms;
+  r.ooms_by_stream = std::move(counts.ooms_by_stream);
+  r.tenant_cap_ooms = counts.tenant_cap_ooms;
+  if (std::optional<DeviceMetrics> m = a.Metrics(); m.has_value()) r.tenants = std::move(m->tenants);
   r.per_round_peak_reserved_bytes = std::move(counts.per_round_peak_reserved_bytes);
   r.per_round_end_live_bytes = counts.end_of_round_live_bytes;
   r.peak_reserved_bytes =
@@ -489,6 +500,7 @@ std::string ReplayResult::ToJson() const {
                               {"ooms", ooms},
                               {"capacity_ooms", capacity_ooms},
                               {"fragmentation_ooms", fragmentation_ooms},
+                              {"tenant_cap_ooms", tenant_cap_ooms},
                               {"p50_ns", p50_ns},
                               {"p99_ns", p99_ns},
                               {"backend_calls", backend_calls},
@@ -498,6 +510,11 @@ std::string ReplayResult::ToJson() const {
                               {"per_round_peak_reserved_bytes", per_round_peak_reserved_bytes},
                               {"verdict", verdict}};
   for (const BackendCall& call : BackendCalls(backend_counters)) j["backend_call_counts"][call.key] = call.count;
+  if (ooms_by_stream.size() > 1 || (ooms_by_stream.size() == 1 && ooms_by_stream.begin()->first != 0)) {
+    j["ooms_by_stream"] = nlohmann::ordered_json::object();
+    for (const auto& [stream, n] : ooms_by_stream) j["ooms_by_stream"][absl::StrCat(stream)] = n;
+  }
+  if (!tenants.empty()) j["tenants"] = nlohmann::ordered_json::parse(TenantStatsToJson(tenants))["tenants"];
   return j.dump(2);
 }
 
@@ -514,7 +531,7 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
     absl::StatusOr<ReplayResult> r = Replay(trace, o);
     if (r.ok() && progress != nullptr) {
       progress(absl::StrCat("min-capacity ", allocator, ": ", FormatBytes(capacity), " -> ",
-                            r->ooms == 0 ? "serves the trace" : "fails (stopped at the first OOM)"));
+                            r->card_ooms() == 0 ? "serves the trace" : "fails (stopped at the first OOM)"));
     }
     return r;
   };
@@ -522,7 +539,7 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
   std::size_t lo = std::max(kReplayGranularity, internal::RoundUp(live, kReplayGranularity)) - kReplayGranularity;
   std::size_t hi = std::max(2 * kReplayGranularity, internal::RoundUp(live, kReplayGranularity));
   absl::StatusOr<ReplayResult> at_hi = probe(hi);
-  while (at_hi.ok() && at_hi->ooms > 0) {
+  while (at_hi.ok() && at_hi->card_ooms() > 0) {
     if (hi >= kMaxRequestBytes) {
       return absl::ResourceExhaustedError(
           absl::StrCat("allocator ", allocator, " does not serve the trace even with ", FormatBytes(hi)));
@@ -532,13 +549,17 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
     at_hi = probe(hi);
   }
   if (!at_hi.ok()) return at_hi.status();
+  // Tenants' caps refused some of the trace: what the rest needs may be less than the trace's peak
+  // of live bytes, so the search goes down to the smallest card.
+  const bool capped = at_hi->tenant_cap_ooms > 0;
+  if (capped) lo = kReplayGranularity;
   auto bisect = [&](std::size_t failing, std::size_t passing,
                     ReplayResult at_passing) -> absl::StatusOr<std::pair<std::size_t, ReplayResult>> {
     while (passing - failing > kReplayGranularity) {
       const std::size_t mid = (failing + passing) / 2 / kReplayGranularity * kReplayGranularity;
       absl::StatusOr<ReplayResult> r = probe(mid);
       if (!r.ok()) return r.status();
-      if (r->ooms == 0) {
+      if (r->card_ooms() == 0) {
         passing = mid;
         at_passing = std::move(*r);
       } else {
@@ -554,7 +575,8 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
   // first one that could work (the peak of live bytes, rounded up, which failed) and the answer,
   // and bisect again below the smallest that serves the trace.
   constexpr int kGridProbes = 5;
-  const std::size_t floor = std::max(2 * kReplayGranularity, internal::RoundUp(live, kReplayGranularity));
+  const std::size_t floor =
+      capped ? 2 * kReplayGranularity : std::max(2 * kReplayGranularity, internal::RoundUp(live, kReplayGranularity));
   if (found->first > floor + kReplayGranularity) {
     std::size_t failing = floor;
     for (int k = 1; k <= kGridProbes; ++k) {
@@ -563,7 +585,7 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
       if (c <= failing || c >= found->first) continue;
       absl::StatusOr<ReplayResult> r = probe(c);
       if (!r.ok()) return r.status();
-      if (r->ooms > 0) {
+      if (r->card_ooms() > 0) {
         failing = c;
         continue;
       }

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,7 +66,7 @@ struct ReplayOptions {
   bool record_timeline = false;
   std::size_t timeline_points = 2000;  // >= 1
   // Stops the replay at the first OOM (min-capacity's probes: whether a capacity serves the trace
-  // is all they ask). Not with record_timeline.
+  // is all they ask); an OOM a tenant's own cap refused does not stop it. Not with record_timeline.
   bool stop_at_first_oom = false;
   // > 0: ReplayResult::samples, the memory timeline (bucketalloc/timeline.h) at the trace's time
   // (its Time column: HH:MM:SS.ffffff, a day added where it wraps past midnight, or microseconds;
@@ -119,7 +120,17 @@ struct ReplayResult {
   std::uint64_t ooms = 0;
   std::uint64_t capacity_ooms = 0;       // live + request > capacity: no allocator could have served it
   std::uint64_t fragmentation_ooms = 0;  // all other OOMs
-  double p50_ns = 0.0;                   // per operation (allocate or free)
+  // The OOMs by the trace's stream (JSON "ooms_by_stream", when any stream other than 0 failed):
+  // with generate serving --tenant-split, stream 2's are long requests', stream 0's the rest.
+  std::map<std::uint64_t, std::uint64_t> ooms_by_stream;
+  // bucketalloc with tenants: each tenant's figures at the end (peaks of the last round; JSON
+  // "tenants"), the default tenant first.
+  std::vector<TenantStats> tenants;
+  // Of the OOMs, those a tenant's own cap refused (a bigger card would not serve them).
+  std::uint64_t tenant_cap_ooms = 0;
+  // The OOMs a bigger card could serve: what min-capacity drives to 0.
+  std::uint64_t card_ooms() const { return ooms - tenant_cap_ooms; }
+  double p50_ns = 0.0;  // per operation (allocate or free)
   double p99_ns = 0.0;
   // Backend allocations + frees, and the virtual-memory driver calls: creates (failed ones too),
   // releases, maps (one per handle), access grants, unmaps, address reserves and releases.
@@ -155,8 +166,9 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
 // it); InvalidArgument naming the line of a time it cannot read.
 absl::StatusOr<double> TraceDuration(const Trace& trace);
 
-// The smallest capacity (2 MiB resolution) at which `allocator` serves the trace with zero OOMs,
-// found by bisection, then a grid of five probes below the answer and a bisection below the
+// The smallest capacity (2 MiB resolution) at which `allocator` serves the trace with zero OOMs
+// (with tenants: zero OOMs but those the tenants' own caps refuse, ReplayResult::card_ooms), found
+// by bisection, then a grid of five probes below the answer and a bisection below the
 // smallest that passes (serving is not always monotone in capacity; see docs/harness.md).
 // `progress` (may be null) receives one line per probe.
 struct MinCapacityResult {

@@ -32,6 +32,12 @@ class ReplayAllocator {
   virtual ~ReplayAllocator() = default;
   // Allocates `size` bytes for `stream`; ResourceExhausted when it cannot (an OOM).
   virtual absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) = 0;
+  // The trace's stream of the next Allocate (before any mapping to the replay device's streams),
+  // outside the timed call: bucketalloc with tenants routes long requests' stream by it.
+  virtual void SetTraceStream(std::uint64_t /*stream*/) {}
+  // After an Allocate that failed: whether a tenant's own cap refused it (bucketalloc with
+  // tenants), not the card; a bigger card would not serve it.
+  virtual bool LastOomAtTenantCap() const { return false; }
   virtual absl::Status Free(void* ptr, std::size_t size) = 0;
   // Reserved from the device now, and the peak since the last ResetPeak().
   virtual std::size_t reserved_bytes() const = 0;

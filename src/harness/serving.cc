@@ -194,9 +194,9 @@ class Emitter {
   using Kind = TensorKind;
   static constexpr Kind kWeight = TensorKind::kWeight, kKv = TensorKind::kKv, kActivation = TensorKind::kActivation;
 
-  std::uint64_t Alloc(std::uint64_t bytes, Kind kind) {
+  std::uint64_t Alloc(std::uint64_t bytes, Kind kind, std::uint64_t stream = 0) {
     const std::uint64_t ptr = kPointerBase + (next_id_++) * 0x1000;
-    Push(TraceAction::kAllocate, ptr, bytes, kind);
+    Push(TraceAction::kAllocate, ptr, bytes, kind, stream);
     Live(kind) += bytes;
     const std::uint64_t live = Live(kWeight) + Live(kKv) + Live(kActivation);
     summary_.peak_live_bytes = std::max(summary_.peak_live_bytes, live);
@@ -209,8 +209,8 @@ class Emitter {
     }
     return ptr;
   }
-  void Free(std::uint64_t ptr, std::uint64_t bytes, Kind kind) {
-    Push(TraceAction::kFree, ptr, bytes, kind);
+  void Free(std::uint64_t ptr, std::uint64_t bytes, Kind kind, std::uint64_t stream = 0) {
+    Push(TraceAction::kFree, ptr, bytes, kind, stream);
     Live(kind) -= bytes;
   }
   void SetTime(double seconds) {
@@ -227,7 +227,7 @@ class Emitter {
 
  private:
   std::uint64_t& Live(Kind kind) { return live_[static_cast<int>(kind)]; }
-  void Push(TraceAction action, std::uint64_t ptr, std::uint64_t bytes, Kind kind) {
+  void Push(TraceAction action, std::uint64_t ptr, std::uint64_t bytes, Kind kind, std::uint64_t stream) {
     kinds_.push_back(kind);
     TraceEvent e;
     e.thread = 1;
@@ -235,6 +235,7 @@ class Emitter {
     e.action = action;
     e.pointer = ptr;
     e.size = bytes;
+    e.stream = stream;
     trace_.events.push_back(std::move(e));
   }
 
@@ -374,6 +375,12 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
   if (options.max_kv_tokens > 0) admit_len = std::min(admit_len, options.max_kv_tokens);
 
   if (absl::Status s = CheckTensorSizes(model, options, admit_len); !s.ok()) return s;
+  if (options.tenant_split_tokens < 0 || (options.tenant_split_tokens > 0 && options.kv_layout == KvLayout::kPaged)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tenant-split ", options.tenant_split_tokens,
+        " is invalid here; accepted: 0 (no split), or a positive token count with the tiered or growth layout (the "
+        "paged layout's one pool has no per-request tensors to split)"));
+  }
 
   std::vector<int> order(requests.size());
   std::iota(order.begin(), order.end(), 0);
@@ -429,6 +436,16 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
     std::vector<Tensor> tensors;  // 2 x layers
   };
   std::vector<Kv> kv(requests.size());
+  // The stream of request r's KV tensors.
+  auto kv_stream = [&](int r) {
+    const std::int64_t total = static_cast<std::int64_t>(requests[r].input_tokens) + requests[r].output_tokens;
+    return options.tenant_split_tokens > 0 && total > options.tenant_split_tokens ? kLongRequestStream : 0;
+  };
+  if (options.tenant_split_tokens > 0) {
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      if (!schedule.rejected[r] && kv_stream(static_cast<int>(r)) != 0) ++sum.long_requests;
+    }
+  }
   auto capacity_for = [&](std::int64_t tokens) { return KvCapacityTokens(options, tokens); };
   std::vector<int> growing;  // requests whose KV tensors grow in this step
 
@@ -457,15 +474,16 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
         if (k.tensors.empty()) k.tensors.resize(2 * static_cast<std::size_t>(model.layers));
         const std::uint64_t bytes = static_cast<std::uint64_t>(k.target) * kv_token_bytes;
         const Tensor old_k = k.tensors[2 * layer], old_v = k.tensors[2 * layer + 1];
-        k.tensors[2 * layer] = {out.Alloc(bytes, Emitter::kKv), bytes};
-        k.tensors[2 * layer + 1] = {out.Alloc(bytes, Emitter::kKv), bytes};
-        if (old_k.ptr != 0) out.Free(old_k.ptr, old_k.bytes, Emitter::kKv);
-        if (old_v.ptr != 0) out.Free(old_v.ptr, old_v.bytes, Emitter::kKv);
+        const std::uint64_t stream = kv_stream(r);
+        k.tensors[2 * layer] = {out.Alloc(bytes, Emitter::kKv, stream), bytes};
+        k.tensors[2 * layer + 1] = {out.Alloc(bytes, Emitter::kKv, stream), bytes};
+        if (old_k.ptr != 0) out.Free(old_k.ptr, old_k.bytes, Emitter::kKv, stream);
+        if (old_v.ptr != 0) out.Free(old_v.ptr, old_v.bytes, Emitter::kKv, stream);
       }
     });
     for (int r : growing) kv[r].capacity = kv[r].target;
     for (int r : step.finished) {
-      for (const Tensor& t : kv[r].tensors) out.Free(t.ptr, t.bytes, Emitter::kKv);
+      for (const Tensor& t : kv[r].tensors) out.Free(t.ptr, t.bytes, Emitter::kKv, kv_stream(r));
       out.AddExactKv(-kv[r].held * static_cast<std::int64_t>(kv_bytes_per_token));
       kv[r] = Kv{};
     }
@@ -555,6 +573,7 @@ absl::Status WriteServingTrace(const ServingTrace& trace, const ModelSpec& model
         {"block_tokens", options.block_tokens},
         {"every_layer", options.every_layer},
         {"kv_pool_tokens", s.kv_pool_tokens},
+        {"tenant_split_tokens", options.tenant_split_tokens},
         {"step_base_ms", options.step_base_ms},
         {"step_us_per_token", options.step_us_per_token}}},
       {"requests", s.requests},
@@ -566,6 +585,8 @@ absl::Status WriteServingTrace(const ServingTrace& trace, const ModelSpec& model
       {"max_running_seqs", s.max_running},
       {"tokens_prefilled", s.tokens_prefilled},
       {"tokens_decoded", s.tokens_decoded},
+      {"long_requests", s.long_requests},
+      {"long_request_stream", options.tenant_split_tokens > 0 ? kLongRequestStream : 0},
       {"events", trace.trace.events.size()},
       {"weight_bytes", s.weight_bytes},
       {"peak_live_bytes", s.peak_live_bytes},

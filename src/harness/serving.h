@@ -60,6 +60,9 @@
 namespace bucketalloc::harness {
 
 enum class KvLayout : std::uint8_t { kTiered, kGrowth, kPaged };
+
+// The stream of long requests' KV tensors with ServingOptions::tenant_split_tokens.
+inline constexpr std::uint64_t kLongRequestStream = 2;
 absl::string_view KvLayoutName(KvLayout layout);
 absl::StatusOr<KvLayout> ParseKvLayout(absl::string_view name);  // tiered, growth, paged
 
@@ -74,7 +77,11 @@ struct ServingOptions {
   int block_tokens = 16;            // paged: tokens per block (vLLM's default)
   std::int64_t kv_pool_tokens = 0;  // paged: 0 = the schedule's peak of blocks held, in tokens
   bool every_layer = false;         // write each layer's pass (see the file comment)
-  double step_base_ms = 10.0;       // step time for a 16 GiB model (see the file comment)
+  // > 0: the KV tensors of requests longer than this (prompt + output tokens) are allocated (and
+  // freed) on kLongRequestStream, every other event on stream 0, so that a replay can give long
+  // requests a pool of their own (a tenant, docs/configuration.md). Tiered and growth layouts.
+  std::int64_t tenant_split_tokens = 0;
+  double step_base_ms = 10.0;  // step time for a 16 GiB model (see the file comment)
   double step_us_per_token = 40.0;
 };
 
@@ -97,6 +104,7 @@ struct ServingSummary {
   std::uint64_t need_kv_bytes = 0;
   std::uint64_t need_activation_bytes = 0;
   std::uint64_t peak_kv_layout_bytes = 0;  // the most bytes the layout's KV tensors held at once
+  std::int64_t long_requests = 0;          // served requests over tenant_split_tokens (0 without a split)
 };
 
 // What each event's memory is for.

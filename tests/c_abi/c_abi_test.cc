@@ -381,6 +381,61 @@ TEST_F(CAbiTest, ForkWhileOtherThreadsAllocateGivesWorkingChildren) {
   EXPECT_EQ(ok, 10);
 }
 
+// Tenants through the ABI: a bound stream and the thread's tenant route requests, the OOM names the
+// tenant, a cap lowered at run time holds, the figures come as JSON, and bad names are clear errors.
+TEST(CAbiTenantsTest, BindingsCapsOomsAndStats) {
+  ASSERT_EQ(
+      bucketalloc_configure("backend:sim,capacity:256MiB,debug_check_invariants:true,tenants:[short:32MiB,long:16MiB]"),
+      0)
+      << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_bind_stream(StreamOf(2), "long"), 0) << bucketalloc_last_error();
+  std::vector<void*> held;
+  void* p = nullptr;
+  while ((p = bucketalloc_malloc(4 << 20, 0, StreamOf(2))) != nullptr) {
+    held.push_back(p);
+    ASSERT_LE(held.size(), 4u) << "the long tenant's 16 MiB cap did not hold";
+  }
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "for tenant 'long' (cap 16.00 MiB)"))
+      << bucketalloc_last_error();
+  EXPECT_TRUE(absl::StrContains(Text(bucketalloc_last_oom_report, 0), "for tenant 'long'"));
+  ASSERT_EQ(bucketalloc_set_thread_tenant("short"), 0);
+  std::vector<char> name(16);
+  ASSERT_EQ(bucketalloc_thread_tenant(name.data(), name.size()), 5);
+  EXPECT_STREQ(name.data(), "short");
+  void* s = bucketalloc_malloc(12 << 20, 0, StreamOf(1));  // a segment of its own
+  ASSERT_NE(s, nullptr) << bucketalloc_last_error();
+  nlohmann::json t = nlohmann::json::parse(Text(bucketalloc_tenant_stats_json, 0))["tenants"];
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0]["tenant"], "default");
+  EXPECT_EQ(t[1]["tenant"], "short");
+  EXPECT_EQ(t[1]["live_allocations"], 1);
+  EXPECT_EQ(t[2]["tenant"], "long");
+  EXPECT_EQ(t[2]["ooms"], 1);
+  EXPECT_EQ(t[2]["live_allocations"], static_cast<int>(held.size()));
+  // Lowering "short" below what it holds live keeps the block and refuses growth.
+  ASSERT_EQ(bucketalloc_set_tenant_cap("short", 4 << 20), 0) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_malloc(12 << 20, 0, StreamOf(1)), nullptr);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "for tenant 'short' (cap 4.00 MiB)"))
+      << bucketalloc_last_error();
+  // Bad input: an error naming what is accepted, nothing changed.
+  EXPECT_EQ(bucketalloc_bind_stream(StreamOf(3), "medium"), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "accepted: default, short, long"))
+      << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_set_thread_tenant(nullptr), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "NULL")) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_set_tenant_cap("long", 1), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "accepted: 2MiB to 16TiB")) << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_thread_tenant(name.data(), name.size()), 5);
+  EXPECT_STREQ(name.data(), "short");
+  // The metrics carry the tenant.
+  std::vector<char> metrics(1 << 20);
+  ASSERT_GT(bucketalloc_metrics_text(metrics.data(), metrics.size()), 0);
+  EXPECT_TRUE(absl::StrContains(metrics.data(), "bucketalloc_tenant_ooms_total{device=\"0\",tenant=\"long\"} 1"));
+  bucketalloc_free(s, 12 << 20, 0, StreamOf(1));
+  for (void* h : held) bucketalloc_free(h, 4 << 20, 0, StreamOf(2));
+  EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error();
+}
+
 TEST_F(CAbiTest, RecordStreamOfNullIsANoOp) {
   bucketalloc_record_stream(nullptr, StreamOf(2));  // the storage of an empty tensor
   EXPECT_STREQ(bucketalloc_last_error(), "");

@@ -167,6 +167,33 @@ m = json.load(open('$work/tp.meta.json'))
 assert m['weight_bytes'] == (6979321856 + 2 * 1050673152) // 2 + 2 * 266240, m['weight_bytes']
 assert m['model']['kv_bytes_per_token'] == 65536, m
 " || fail "generate --dtype fp8 --tensor-parallel 2"
+  # --tenant-split and a tenant CONF: the demo's burst of long requests over steady short ones
+  # (scripts/long_burst_requests.py, smaller here): one shared pool fails short requests (stream 0),
+  # a pool for the long ones keeps them at zero; min-capacity counts only what a card could serve.
+  /usr/bin/python3 "$src/scripts/long_burst_requests.py" "$requests" "$work/burst.csv" --short 150 --long 12 --at 10 \
+    >/dev/null || fail "long_burst_requests.py"
+  "$bench" generate serving --requests "$work/burst.csv" --model "$model" --tenant-split 4096 \
+    -o "$work/burst_trace.csv" | grep -q "12 requests longer than 4096 tokens" || fail "generate --tenant-split"
+  tiers=$(/usr/bin/python3 -c "import json; print(json.load(open('$work/burst_trace.meta.json'))['bucketalloc_tiers_conf'])")
+  out=$("$bench" replay "$work/burst_trace.csv" --capacity 24GiB --allocator "bucketalloc:$tiers" \
+        --json "$work/shared.json") || fail "replay shared: $out"
+  out=$("$bench" replay "$work/burst_trace.csv" --capacity 24GiB --allocator "bucketalloc:$tiers,tenants:[long:3GiB]" \
+        --json "$work/split.json") || fail "replay split: $out"
+  echo "$out"
+  grep -q "tenant long .* of its cap 3.00 GiB" <<<"$out" || fail "replay split: $out"
+  /usr/bin/python3 -c "
+import json
+shared, split = json.load(open('$work/shared.json')), json.load(open('$work/split.json'))
+assert shared['ooms_by_stream'].get('0', 0) > 0, shared
+assert split['ooms_by_stream'].get('0', 0) == 0 and split['ooms_by_stream']['2'] > 0, split
+assert [t['tenant'] for t in split['tenants']] == ['default', 'long'], split
+assert split['tenants'][0]['ooms'] == 0 and split['tenants'][1]['ooms_at_cap'] == split['tenant_cap_ooms'] > 0, split
+" || fail "the two-tenant replay"
+  out=$("$bench" min-capacity "$work/burst_trace.csv" --allocator "bucketalloc:$tiers,tenants:[long:3GiB]") ||
+    fail "min-capacity with tenants: $out"
+  err=$("$bench" generate serving --requests "$work/burst.csv" --model "$model" --kv-layout paged --tenant-split 4096 \
+        -o "$work/x.csv" 2>&1) && fail "--tenant-split with the paged layout was accepted"
+  grep -q "tiered or growth layout" <<<"$err" || fail "--tenant-split paged: $err"
 fi
 # doctor: a timeline written by replay --timeline, the trace itself, a repeat, a snapshot with and
 # without history, and what it refuses.

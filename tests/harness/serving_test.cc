@@ -12,6 +12,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "bucketalloc/units.h"
 #include "harness/replay.h"
 
 namespace bucketalloc::harness {
@@ -282,6 +284,100 @@ TEST(ServingTest, MetaFileRecordsTheTrueNeedBesideTheTrace) {
   ASSERT_TRUE(need.ok());
   EXPECT_FALSE(need->has_value());
   std::remove(path.c_str());
+}
+
+// --tenant-split: long requests' KV tensors on their own stream, everything else on stream 0.
+TEST(ServingTest, ATenantSplitPutsLongRequestsKvTensorsOnTheirOwnStream) {
+  const ModelSpec m = TinyModel();
+  ServingOptions o;
+  o.tenant_split_tokens = 500;
+  const std::vector<Request> requests = SomeRequests();
+  absl::StatusOr<ServingTrace> t = GenerateServingTrace(requests, m, o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  CheckBalanced(t->trace);
+  std::int64_t long_requests = 0;
+  for (const Request& r : requests) long_requests += r.input_tokens + r.output_tokens > 500 ? 1 : 0;
+  EXPECT_EQ(t->summary.long_requests, long_requests);
+  ASSERT_GT(long_requests, 0);
+  std::size_t on_split = 0;
+  absl::flat_hash_map<std::uint64_t, std::uint64_t> stream_of;  // pointer -> its allocation's stream
+  for (std::size_t i = 0; i < t->trace.events.size(); ++i) {
+    const TraceEvent& e = t->trace.events[i];
+    ASSERT_TRUE(e.stream == 0 || e.stream == kLongRequestStream) << i;
+    if (e.stream == kLongRequestStream) {
+      ++on_split;
+      EXPECT_EQ(t->kinds[i], TensorKind::kKv) << "only KV tensors go on the split stream";
+    }
+    if (e.action == TraceAction::kAllocate) {
+      stream_of[e.pointer] = e.stream;
+    } else {
+      EXPECT_EQ(stream_of[e.pointer], e.stream) << "a tensor is freed on its allocation's stream";
+    }
+  }
+  EXPECT_GT(on_split, 0u);
+  // The same schedule as without the split: the same events but for their streams.
+  absl::StatusOr<ServingTrace> plain = GenerateServingTrace(requests, m, ServingOptions{});
+  ASSERT_TRUE(plain.ok());
+  ASSERT_EQ(plain->trace.events.size(), t->trace.events.size());
+  EXPECT_EQ(plain->summary.true_peak_need_bytes, t->summary.true_peak_need_bytes);
+  // The paged layout has no per-request tensors to split.
+  o.kv_layout = KvLayout::kPaged;
+  absl::StatusOr<ServingTrace> paged = GenerateServingTrace(requests, m, o);
+  EXPECT_TRUE(absl::IsInvalidArgument(paged.status())) << paged.status();
+  EXPECT_TRUE(absl::StrContains(paged.status().message(), "tiered or growth")) << paged.status();
+}
+
+// The two-tenant replay: steady short requests (one every 0.1 s) and a burst of 16 long ones
+// (6000 + 300 tokens) for Llama-3.1-8B on a 28 GiB card. Sharing one pool, the burst takes the
+// memory the short requests need; with the long requests in a tenant capped at 4 GiB, the short
+// ones (the default tenant) never fail, and the long ones fail against their own cap.
+TEST(ServingTest, SplitPoolsKeepShortRequestsServedThroughALongBurstThatBreaksTheSharedPool) {
+  absl::StatusOr<ModelSpec> m =
+      ReadModelConfig(std::string(BUCKETALLOC_SOURCE_DIR) + "/data/models/Llama-3.1-8B-Instruct.config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<Request> requests;
+  for (int i = 0; i < 120; ++i) {
+    requests.push_back({.arrival_s = 0.1 * i, .input_tokens = 300 + (i * 37) % 700, .output_tokens = 50 + i % 100});
+  }
+  for (int i = 0; i < 16; ++i)
+    requests.push_back({.arrival_s = 3.0 + 0.01 * i, .input_tokens = 6000, .output_tokens = 300});
+  ServingOptions o;
+  o.tenant_split_tokens = 4096;
+  absl::StatusOr<ServingTrace> t = GenerateServingTrace(requests, *m, o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->summary.long_requests, 16);
+  const std::string tiers = TieredBucketallocConf(*t, *m, o);
+  ASSERT_FALSE(tiers.empty());
+  auto replay = [&](const std::string& conf) {
+    ReplayOptions r;
+    r.allocator = absl::StrCat("bucketalloc:", conf);
+    r.capacity = 28 * kGiB;
+    absl::StatusOr<ReplayResult> result = Replay(t->trace, r);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? *result : ReplayResult{};
+  };
+  const ReplayResult shared = replay(tiers);
+  const ReplayResult split = replay(absl::StrCat(tiers, ",tenants:[long:4GiB]"));
+  auto ooms_on = [](const ReplayResult& r, std::uint64_t stream) {
+    auto it = r.ooms_by_stream.find(stream);
+    return it == r.ooms_by_stream.end() ? std::uint64_t{0} : it->second;
+  };
+  EXPECT_GT(ooms_on(shared, 0), 100u) << "the burst should starve the short requests in one pool";
+  EXPECT_TRUE(shared.tenants.empty());
+  EXPECT_EQ(ooms_on(split, 0), 0u);
+  EXPECT_GT(ooms_on(split, kLongRequestStream), 0u);
+  ASSERT_EQ(split.tenants.size(), 2u);
+  EXPECT_EQ(split.tenants[0].name, "default");
+  EXPECT_EQ(split.tenants[0].ooms, 0);
+  EXPECT_EQ(split.tenants[1].name, "long");
+  EXPECT_EQ(static_cast<std::uint64_t>(split.tenants[1].ooms), ooms_on(split, kLongRequestStream));
+  EXPECT_LE(split.tenants[1].peak_reserved, 4 * kGiB);
+  EXPECT_LE(split.tenants[0].peak_reserved, split.peak_reserved_bytes);
+  EXPECT_LE(split.peak_reserved_bytes, 28 * kGiB);
+  // The JSON carries both.
+  const std::string json = split.ToJson();
+  EXPECT_TRUE(absl::StrContains(json, "\"ooms_by_stream\"")) << json;
+  EXPECT_TRUE(absl::StrContains(json, "\"tenant\": \"long\"")) << json;
 }
 
 }  // namespace

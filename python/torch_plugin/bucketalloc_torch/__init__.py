@@ -25,13 +25,14 @@ initialized, else 0), an int, ``"cuda"``, ``"cuda:N"`` or a ``torch.device`` of 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import pickle
 import sys
 import threading
 import warnings
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from . import _lib, _metrics, _torch_ext
 from ._lib import BucketallocError
@@ -44,6 +45,7 @@ __version__ = _project_version()
 
 __all__ = [
     "BucketallocError",
+    "bind_stream",
     "DEFAULT_HISTORY_ENTRIES",
     "check_invariants",
     "config",
@@ -63,9 +65,12 @@ __all__ = [
     "record_memory_history",
     "register_metrics",
     "reset_peak_memory_stats",
+    "set_tenant_cap",
     "snapshot",
     "start_timeline",
     "stop_timeline",
+    "tenant",
+    "tenant_stats",
     "unpatch_torch",
 ]
 
@@ -272,6 +277,65 @@ def last_oom_report(device: Device = None) -> str:
 def check_invariants(device: Device = None) -> None:
     """Checks every internal invariant of `device`; raises BucketallocError naming a broken one."""
     _lib.check(_lib.lib().bucketalloc_check_invariants(_device_index(device)), "bucketalloc_check_invariants")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tenants (tenants:[NAME:SIZE,...] in the configuration).
+
+
+def _tenant_name(name: str) -> bytes:
+    if not isinstance(name, str):
+        raise TypeError(f"tenant {name!r} has type {type(name).__name__}; accepted: a tenant's name (str) or 'default'")
+    return name.encode()
+
+
+@contextlib.contextmanager
+def tenant(name: str) -> Iterator[None]:
+    """Sends this thread's allocations to tenant `name` inside the block, then back to the tenant before.
+
+    ``with bucketalloc_torch.tenant("long"): ...``: every allocation the thread makes there (unless
+    its stream is bound to a tenant, see bind_stream) comes from the tenant's own pools, under its cap.
+    Raises BucketallocError for a name that is not a tenant (the message lists them).
+    """
+    encoded = _tenant_name(name)
+    before = _lib.read_text(_lib.lib().bucketalloc_thread_tenant)
+    _lib.check(_lib.lib().bucketalloc_set_thread_tenant(encoded), "bucketalloc_set_thread_tenant")
+    try:
+        yield
+    finally:
+        _lib.check(_lib.lib().bucketalloc_set_thread_tenant(before.encode()), "bucketalloc_set_thread_tenant")
+
+
+def bind_stream(stream: Any, name: str) -> None:
+    """Binds `stream` (a torch.cuda.Stream or a cudaStream_t as an int) to tenant `name` on every device.
+
+    Allocations on that stream then go to the tenant, from any thread; "default" unbinds it.
+    """
+    handle = getattr(stream, "cuda_stream", stream)
+    if isinstance(handle, bool) or not isinstance(handle, int):
+        raise TypeError(f"stream {stream!r} is not a stream; accepted: a torch.cuda.Stream or an int handle")
+    _lib.check(_lib.lib().bucketalloc_bind_stream(handle, _tenant_name(name)), "bucketalloc_bind_stream")
+
+
+def set_tenant_cap(name: str, cap_bytes: int) -> None:
+    """Changes tenant `name`'s cap on reserved memory (2 MiB to 16 TiB) on every device.
+
+    Lowering it below what the tenant holds releases its cache and refuses its growth until it
+    fits; live tensors are never freed.
+    """
+    if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 0:
+        raise ValueError(f"cap {cap_bytes!r} for tenant {name!r} is invalid; accepted: bytes from 2 MiB to 16 TiB")
+    _lib.check(_lib.lib().bucketalloc_set_tenant_cap(_tenant_name(name), cap_bytes), "bucketalloc_set_tenant_cap")
+
+
+def tenant_stats(device: Device = None) -> List[Dict[str, Any]]:
+    """Each tenant's figures on `device`, the default tenant first (empty without tenants).
+
+    Each dict has tenant, cap_bytes, reserved_bytes, peak_reserved_bytes, allocated_bytes,
+    requested_bytes, cached_bytes, live_allocations and ooms.
+    """
+    data = json.loads(_lib.read_text(_lib.lib().bucketalloc_tenant_stats_json, _device_index(device)))
+    return list(data["tenants"])
 
 
 def empty_cache() -> None:

@@ -1,0 +1,342 @@
+// Tenants (Options::tenants, frontend/tenants.h, DeviceAllocator's tenant pools), over every
+// configuration: a request goes to its stream's tenant, else to its thread's, else to the default
+// tenant; one tenant's cache never serves another (every live block lies in a segment of its own
+// tenant); each tenant's reserved bytes stay within its cap; the tenants' figures add up to the
+// device's; an OOM names the tenant and its cap; a cap lowered at run time releases the tenant's
+// cache and refuses its growth, and never frees live memory; bad names and caps are refused with
+// the accepted values.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "bucketalloc/allocator.h"
+#include "bucketalloc/metrics.h"
+#include "test_util.h"
+
+namespace bucketalloc {
+namespace {
+
+using ::bucketalloc::testing::Config;
+using ::bucketalloc::testing::MakeAllocator;
+using ::bucketalloc::testing::TestStream;
+
+constexpr std::size_t kShortCap = 16 * kMiB;
+constexpr std::size_t kLongCap = 24 * kMiB;
+
+class TenantsTest : public ::testing::TestWithParam<Config> {
+ protected:
+  void SetUp() override {
+    const std::string conf = GetParam().conf;
+    allocator_ = MakeAllocator(absl::StrCat(conf, conf.empty() ? "" : ",", "tenants:[short:16MiB,long:24MiB]"));
+    ASSERT_NE(allocator_, nullptr) << GetParam().conf;
+  }
+  void TearDown() override {
+    if (allocator_ == nullptr) return;
+    ASSERT_TRUE(allocator_->SetThreadTenant("default").ok());
+    absl::Status s = allocator_->CheckInvariants(0);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  std::map<std::string, TenantStats> Tenants() {
+    std::map<std::string, TenantStats> out;
+    absl::StatusOr<std::vector<TenantStats>> t = allocator_->GetTenantStats(0);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (t.ok()) {
+      for (const TenantStats& s : *t) out[s.name] = s;
+    }
+    return out;
+  }
+  // The tenant of the segment holding `ptr`, from the snapshot ("" when none holds it).
+  std::string SegmentTenant(const MemorySnapshot& snap, void* ptr) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+    for (const SegmentSnapshot& s : snap.segments) {
+      if (addr >= s.address && addr < s.address + s.total_size) return s.tenant;
+    }
+    return "";
+  }
+  // The tenants' figures add up to the device's, and each holds its cap.
+  void ExpectTenantsAddUp() {
+    const DeviceStats d = *allocator_->GetStats(0);
+    std::size_t reserved = 0, allocated = 0, requested = 0;
+    std::int64_t live = 0;
+    for (const auto& [name, t] : Tenants()) {
+      reserved += t.reserved;
+      allocated += t.allocated;
+      requested += t.requested;
+      live += t.live_allocations;
+      EXPECT_LE(t.reserved, t.cap) << name;
+      EXPECT_LE(t.allocated + t.cached, t.reserved) << name;
+    }
+    EXPECT_EQ(reserved, static_cast<std::size_t>(d.reserved_bytes[kAllPools].current));
+    EXPECT_EQ(allocated, static_cast<std::size_t>(d.allocated_bytes[kAllPools].current));
+    EXPECT_EQ(requested, static_cast<std::size_t>(d.requested_bytes[kAllPools].current));
+    EXPECT_EQ(live, d.allocation[kAllPools].current);
+  }
+  std::unique_ptr<Allocator> allocator_;
+};
+
+TEST_P(TenantsTest, ChurnKeepsEachTenantInItsOwnPoolsUnderItsCap) {
+  // Three request sources: the default tenant (no binding), a thread tenant ("short") and a bound
+  // stream ("long"); sizes from small-pool blocks to several segments.
+  const Stream bound = TestStream(7);
+  ASSERT_TRUE(allocator_->BindStream(bound, "long").ok());
+  std::mt19937_64 rng(11);
+  const std::size_t sizes[] = {512, 3000, 100000, kMiB + 17, 3 * kMiB, 6 * kMiB};
+  struct Live {
+    void* ptr;
+    std::string tenant;
+  };
+  std::vector<Live> live;
+  std::map<std::string, int> ooms;
+  for (int step = 0; step < 1500; ++step) {
+    if (!live.empty() && rng() % 2 == 0) {
+      const std::size_t i = rng() % live.size();
+      ASSERT_TRUE(allocator_->Free(live[i].ptr).ok());
+      live[i] = live.back();
+      live.pop_back();
+      continue;
+    }
+    const int source = static_cast<int>(rng() % 3);
+    const std::string tenant = source == 0 ? "default" : source == 1 ? "short" : "long";
+    ASSERT_TRUE(allocator_->SetThreadTenant(source == 1 ? "short" : "default").ok());
+    const Stream stream = source == 2 ? bound : TestStream(1);
+    absl::StatusOr<void*> p = allocator_->Allocate(sizes[rng() % std::size(sizes)], 0, stream);
+    if (!p.ok()) {
+      ASSERT_TRUE(absl::IsResourceExhausted(p.status())) << p.status();
+      EXPECT_TRUE(absl::StrContains(p.status().message(), absl::StrCat("for tenant '", tenant, "'"))) << p.status();
+      ++ooms[tenant];
+      continue;
+    }
+    live.push_back({*p, tenant});
+    if (step % 50 == 0) {
+      // No cross-tenant reuse: every live block lies in a segment of its own tenant.
+      absl::StatusOr<MemorySnapshot> snap = allocator_->Snapshot(0);
+      ASSERT_TRUE(snap.ok());
+      for (const Live& l : live) ASSERT_EQ(SegmentTenant(*snap, l.ptr), l.tenant) << step;
+      ExpectTenantsAddUp();
+    }
+  }
+  // The capped tenants met their caps (the churn is sized to), and their OOMs are counted as theirs.
+  std::map<std::string, TenantStats> t = Tenants();
+  EXPECT_EQ(t["short"].ooms, ooms["short"]);
+  EXPECT_EQ(t["long"].ooms, ooms["long"]);
+  EXPECT_EQ(t["default"].ooms, ooms["default"]);
+  EXPECT_GT(ooms["long"], 0) << "the churn never met the long tenant's cap";
+  EXPECT_LE(t["short"].peak_reserved, kShortCap);
+  EXPECT_LE(t["long"].peak_reserved, kLongCap);
+  for (const Live& l : live) ASSERT_TRUE(allocator_->Free(l.ptr).ok());
+  ExpectTenantsAddUp();
+}
+
+TEST_P(TenantsTest, OneTenantsCacheNeverServesAnother) {
+  ASSERT_TRUE(allocator_->SetThreadTenant("short").ok());
+  absl::StatusOr<void*> a = allocator_->Allocate(3 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(allocator_->Free(*a).ok());  // cached by "short"
+  ASSERT_TRUE(allocator_->SetThreadTenant("long").ok());
+  absl::StatusOr<void*> b = allocator_->Allocate(3 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(*a, *b);
+  ASSERT_TRUE(allocator_->SetThreadTenant("short").ok());
+  absl::StatusOr<void*> c = allocator_->Allocate(3 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(*a, *c) << "the tenant's own cache serves it again";
+  ASSERT_TRUE(allocator_->Free(*b).ok());
+  ASSERT_TRUE(allocator_->Free(*c).ok());
+}
+
+TEST_P(TenantsTest, AStreamBindingComesBeforeTheThreadsTenant) {
+  ASSERT_TRUE(allocator_->BindStream(TestStream(3), "short").ok());
+  ASSERT_TRUE(allocator_->SetThreadTenant("long").ok());
+  EXPECT_EQ(allocator_->ThreadTenant(), "long");
+  absl::StatusOr<void*> on_bound = allocator_->Allocate(kMiB, 0, TestStream(3));
+  absl::StatusOr<void*> elsewhere = allocator_->Allocate(kMiB, 0, TestStream(4));
+  ASSERT_TRUE(on_bound.ok() && elsewhere.ok());
+  std::map<std::string, TenantStats> t = Tenants();
+  EXPECT_EQ(t["short"].live_allocations, 1);
+  EXPECT_EQ(t["long"].live_allocations, 1);
+  EXPECT_EQ(t["default"].live_allocations, 0);
+  // Unbound, the stream follows the thread; another thread has its own tenant (default here).
+  ASSERT_TRUE(allocator_->BindStream(TestStream(3), "default").ok());
+  absl::StatusOr<void*> unbound = allocator_->Allocate(kMiB, 0, TestStream(3));
+  void* other_thread = nullptr;
+  std::thread([&] {
+    absl::StatusOr<void*> p = allocator_->Allocate(kMiB, 0, TestStream(5));
+    if (p.ok()) other_thread = *p;
+  }).join();
+  ASSERT_TRUE(unbound.ok());
+  ASSERT_NE(other_thread, nullptr);
+  t = Tenants();
+  EXPECT_EQ(t["long"].live_allocations, 2);
+  EXPECT_EQ(t["default"].live_allocations, 1);
+  for (void* p : {*on_bound, *elsewhere, *unbound, other_thread}) ASSERT_TRUE(allocator_->Free(p).ok());
+}
+
+TEST_P(TenantsTest, AnOomNamesTheTenantAndItsCapAndLeavesTheOthersServed) {
+  ASSERT_TRUE(allocator_->SetThreadTenant("long").ok());
+  std::vector<void*> held;
+  absl::Status oom;
+  for (int i = 0; i < 64 && oom.ok(); ++i) {
+    absl::StatusOr<void*> p = allocator_->Allocate(4 * kMiB, 0, TestStream(1));
+    if (p.ok()) {
+      held.push_back(*p);
+    } else {
+      oom = p.status();
+    }
+  }
+  ASSERT_TRUE(absl::IsResourceExhausted(oom)) << oom;
+  EXPECT_TRUE(absl::StrContains(oom.message(), "for tenant 'long' (cap 24.00 MiB)")) << oom;
+  EXPECT_TRUE(absl::StrContains(oom.message(), "capacity")) << oom;  // its working set exceeds its cap
+  absl::StatusOr<std::optional<OomReport>> report = allocator_->LastOomReport(0);
+  ASSERT_TRUE(report.ok() && report->has_value());
+  EXPECT_EQ((*report)->tenant, "long");
+  EXPECT_EQ((*report)->tenant_cap, kLongCap);
+  EXPECT_EQ((*report)->cause, OomCause::kCapacity);
+  EXPECT_LE(held.size() * 4 * kMiB, kLongCap);
+  // The other tenants still get memory.
+  ASSERT_TRUE(allocator_->SetThreadTenant("short").ok());
+  absl::StatusOr<void*> s = allocator_->Allocate(8 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(allocator_->SetThreadTenant("default").ok());
+  absl::StatusOr<void*> d = allocator_->Allocate(8 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::map<std::string, TenantStats> t = Tenants();
+  EXPECT_EQ(t["long"].ooms, 1);
+  EXPECT_EQ(t["short"].ooms, 0);
+  ExpectTenantsAddUp();
+  for (void* p : held) ASSERT_TRUE(allocator_->Free(p).ok());
+  ASSERT_TRUE(allocator_->Free(*s).ok());
+  ASSERT_TRUE(allocator_->Free(*d).ok());
+}
+
+TEST_P(TenantsTest, LoweringACapReleasesCacheAndRefusesGrowthButKeepsLiveMemory) {
+  // Blocks of 12 MiB: each a segment of its own (tiers round it to 16 MiB), so a free one is whole
+  // cached segments that can go back.
+  ASSERT_TRUE(allocator_->SetTenantCap("long", 48 * kMiB).ok());
+  ASSERT_TRUE(allocator_->SetThreadTenant("long").ok());
+  std::vector<void*> held;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<void*> p = allocator_->Allocate(12 * kMiB, 0, TestStream(1));
+    ASSERT_TRUE(p.ok()) << p.status();
+    held.push_back(*p);
+  }
+  ASSERT_TRUE(allocator_->Free(held.back()).ok());  // one segment cached, two live
+  held.pop_back();
+  const TenantStats before = Tenants()["long"];
+  ASSERT_GT(before.cached, 0u);
+  // Below what it reserves, and below what it holds live.
+  ASSERT_TRUE(allocator_->SetTenantCap("long", 16 * kMiB).ok());
+  const TenantStats after = Tenants()["long"];
+  EXPECT_EQ(after.cap, 16 * kMiB);
+  EXPECT_EQ(after.allocated, before.allocated) << "live memory stays";
+  EXPECT_EQ(after.reserved, before.reserved - before.cached) << "the cache went back";
+  EXPECT_EQ(after.cached, 0u);
+  absl::Status refused = allocator_->Allocate(12 * kMiB, 0, TestStream(1)).status();
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "for tenant 'long' (cap 16.00 MiB)")) << refused;
+  // Live blocks stay usable and freeable; what they free is the tenant's cache, which serves it
+  // again without growth.
+  for (void* p : held) EXPECT_TRUE(allocator_->DeviceOf(p).ok());
+  ASSERT_TRUE(allocator_->Free(held[0]).ok());
+  held.erase(held.begin());
+  absl::StatusOr<void*> again = allocator_->Allocate(12 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  held.push_back(*again);
+  EXPECT_EQ(Tenants()["long"].reserved, after.reserved) << "served from its cache, no growth";
+  // Raising it lets it grow again.
+  ASSERT_TRUE(allocator_->SetTenantCap("long", 48 * kMiB).ok());
+  absl::StatusOr<void*> more = allocator_->Allocate(12 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(more.ok()) << more.status();
+  held.push_back(*more);
+  ExpectTenantsAddUp();
+  for (void* p : held) ASSERT_TRUE(allocator_->Free(p).ok());
+}
+
+TEST_P(TenantsTest, EmptyCacheReleasesEveryTenantsCache) {
+  for (const char* tenant : {"default", "short", "long"}) {
+    ASSERT_TRUE(allocator_->SetThreadTenant(tenant).ok());
+    absl::StatusOr<void*> p = allocator_->Allocate(3 * kMiB, 0, TestStream(1));
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(allocator_->Free(*p).ok());
+  }
+  ASSERT_TRUE(allocator_->EmptyCache().ok());
+  for (const auto& [name, t] : Tenants()) EXPECT_EQ(t.reserved, 0u) << name;
+  EXPECT_EQ(allocator_->GetStats(0)->reserved_bytes[kAllPools].current, 0);
+}
+
+TEST_P(TenantsTest, ACaptureRoutesToItsGraphPoolWhateverTheTenant) {
+  ASSERT_TRUE(allocator_->SetThreadTenant("short").ok());
+  const Stream s = TestStream(2);
+  ASSERT_TRUE(allocator_->BeginCapture(0, GraphPoolId{0, 1}, [s](Stream x) { return x == s; }).ok());
+  absl::StatusOr<void*> p = allocator_->Allocate(kMiB, 0, s);
+  ASSERT_TRUE(allocator_->EndCapture(0, GraphPoolId{0, 1}).ok());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(Tenants()["short"].live_allocations, 0);
+  const DeviceStats d = *allocator_->GetStats(0);
+  ASSERT_EQ(d.reserved_bytes_by_private_pools.size(), 1u) << "only the graph pool, not the tenants' pools";
+  ASSERT_TRUE(allocator_->Free(*p).ok());
+  ASSERT_TRUE(allocator_->ReleasePool(0, GraphPoolId{0, 1}).ok());
+}
+
+TEST_P(TenantsTest, MetricsAndSnapshotsCarryTheTenant) {
+  ASSERT_TRUE(allocator_->SetThreadTenant("long").ok());
+  absl::StatusOr<void*> p = allocator_->Allocate(3 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(p.ok()) << p.status();
+  const std::string text = MetricsToPrometheus(allocator_->Metrics());
+  EXPECT_TRUE(absl::StrContains(text, "bucketalloc_tenant_cap_bytes{device=\"0\",tenant=\"long\"} 25165824")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "bucketalloc_tenant_live_allocations{device=\"0\",tenant=\"long\"} 1"));
+  EXPECT_TRUE(absl::StrContains(text, "bucketalloc_tenant_ooms_total{device=\"0\",tenant=\"short\"} 0"));
+  absl::StatusOr<MemorySnapshot> snap = allocator_->Snapshot(0);
+  ASSERT_TRUE(snap.ok());
+  EXPECT_EQ(SegmentTenant(*snap, *p), "long");
+  EXPECT_TRUE(absl::StrContains(SnapshotToJson(*snap), "\"tenant\":\"long\""));
+  EXPECT_TRUE(absl::StrContains(TenantStatsToJson(*allocator_->GetTenantStats(0)), "\"tenant\":\"long\""));
+  ASSERT_TRUE(allocator_->Free(*p).ok());
+}
+
+TEST_P(TenantsTest, BadNamesAndCapsAreRefusedWithWhatIsAccepted) {
+  absl::Status s = allocator_->SetThreadTenant("medium");
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "accepted: default, short, long")) << s;
+  EXPECT_TRUE(absl::IsNotFound(allocator_->BindStream(TestStream(1), "")));
+  s = allocator_->SetTenantCap("default", 8 * kMiB);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  s = allocator_->SetTenantCap("short", kMiB);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "accepted: 2MiB to 16TiB")) << s;
+  EXPECT_EQ(Tenants()["short"].cap, kShortCap) << "a refused cap changes nothing";
+  EXPECT_EQ(allocator_->ThreadTenant(), "default");
+}
+
+BUCKETALLOC_INSTANTIATE_OVER_CONFIGS(TenantsTest);
+
+TEST(TenantOptionsTest, ParsesFormatsAndRefusesBadLists) {
+  absl::StatusOr<Options> o = ParseOptions("tenants:[short:20GiB,long:40GiB]");
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_EQ(o->tenants.size(), 2u);
+  EXPECT_EQ(o->tenants[0], (TenantSpec{"short", 20 * kGiB}));
+  EXPECT_EQ(o->tenants[1], (TenantSpec{"long", 40 * kGiB}));
+  EXPECT_TRUE(absl::StrContains(FormatOptions(*o), "tenants:[short:20GiB,long:40GiB]")) << FormatOptions(*o);
+  for (const char* bad : {"tenants:[short]", "tenants:[short:1MiB]", "tenants:[default:4GiB]",
+                          "tenants:[a:4GiB,a:4GiB]", "tenants:[a b:4GiB]", "tenants:[x:lots]"}) {
+    absl::StatusOr<Options> b = ParseOptions(bad);
+    EXPECT_FALSE(b.ok()) << bad;
+    if (!b.ok()) {
+      EXPECT_TRUE(absl::StrContains(b.status().message(), "tenants")) << b.status();
+    }
+  }
+  // No tenants: no tenant stats, no tenant in reports.
+  std::unique_ptr<Allocator> plain = MakeAllocator("");
+  ASSERT_NE(plain, nullptr);
+  EXPECT_TRUE(plain->GetTenantStats(0)->empty());
+  EXPECT_TRUE(absl::IsNotFound(plain->SetThreadTenant("long")));
+  EXPECT_TRUE(plain->SetThreadTenant("default").ok());
+}
+
+}  // namespace
+}  // namespace bucketalloc
