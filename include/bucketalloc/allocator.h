@@ -148,7 +148,8 @@ class Allocator {
   // stats on every device; a request goes to the tenant its stream is bound to, else to the calling
   // thread's tenant, else to "default" (the device's own pools). One tenant's cache is never
   // handed to another. NotFound for a name that is not a tenant (the accepted names are listed).
-  // Binds `stream` (its pool key on this thread) to `tenant` on every device ("default" unbinds).
+  // Binds `stream` (its pool key on this thread) to `tenant` on every device ("default" unbinds;
+  // RetireStream unbinds it too).
   absl::Status BindStream(Stream stream, absl::string_view tenant);
   // Sets the calling thread's tenant for this allocator ("default": none).
   absl::Status SetThreadTenant(absl::string_view tenant);
@@ -157,7 +158,8 @@ class Allocator {
   // Changes `tenant`'s cap on every device, present and future. Lowering it below what the tenant
   // reserves releases its cache and refuses its growth until it fits; live memory is never freed.
   // InvalidArgument for "default" (its cap is the device's: SetMemoryFraction) or a cap outside
-  // 2 MiB to 16 TiB.
+  // 2 MiB to 16 TiB; FailedPrecondition when a device would have to release cache during a CUDA
+  // graph capture (that device keeps its cap; the others take the new one).
   absl::Status SetTenantCap(absl::string_view tenant, std::size_t cap);
   // Each tenant's figures on `device`, the default tenant first (empty without tenants).
   absl::StatusOr<std::vector<TenantStats>> GetTenantStats(int device) const;

@@ -164,7 +164,8 @@ BUCKETALLOC_API int bucketalloc_timeline_start(const char* path, int interval_ms
 BUCKETALLOC_API int bucketalloc_timeline_stop(void);
 /* Each tenant's figures on `device` as JSON: {"tenants": [{"tenant", "cap_bytes",
  * "reserved_bytes", "peak_reserved_bytes", "allocated_bytes", "requested_bytes", "cached_bytes",
- * "live_allocations", "ooms"}, ...]}, the default tenant first; an empty list without tenants. */
+ * "live_allocations", "ooms", "ooms_at_cap" (refused by its own cap)}, ...]}, the default tenant
+ * first; an empty list without tenants. */
 BUCKETALLOC_API ssize_t bucketalloc_tenant_stats_json(int device, char* buf, size_t len);
 /* The calling thread's tenant ("default" when none is set). */
 BUCKETALLOC_API ssize_t bucketalloc_thread_tenant(char* buf, size_t len);

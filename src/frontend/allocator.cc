@@ -20,7 +20,7 @@ using internal::DeviceAllocator;
 // The device states, and their part in fork(2) (frontend/fork_registry.h): creation's lock, then
 // every created device's (in device order).
 struct Allocator::Devices final : internal::ForkParticipant {
-  explicit Devices(int n) : ptrs(n), owned(n) { internal::RegisterForFork(this); }
+  explicit Devices(int n) : ptrs(n), owned(n), id(NextId()) { internal::RegisterForFork(this); }
   ~Devices() { internal::UnregisterForFork(this); }
   void PrepareFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
     create_mu.lock();
@@ -41,9 +41,16 @@ struct Allocator::Devices final : internal::ForkParticipant {
     create_mu.unlock();
   }
 
+  // The ids of allocators, for the threads' tenants (frontend/tenants.h): unique in the process.
+  static std::uint64_t NextId() {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+
   std::vector<std::atomic<DeviceAllocator*>> ptrs;  // published once, read without a lock
   std::mutex create_mu;
   std::vector<std::unique_ptr<DeviceAllocator>> owned;
+  const std::uint64_t id;
   std::unique_ptr<Backend> preset_backend;  // CreateWithBackend: device 0's backend
   // History recording, applied to each device when it is created (guarded by create_mu).
   bool history = false;
@@ -116,10 +123,12 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
     backend = std::move(*b);
   }
   absl::StatusOr<std::unique_ptr<DeviceAllocator>> created =
-      DeviceAllocator::Create(options_, std::move(backend), device, /*tenant_owner=*/devices_.get());
+      DeviceAllocator::Create(options_, std::move(backend), device, /*tenant_owner=*/devices_->id);
   if (!created.ok()) return created.status();
   for (const auto& [stream, index] : devices_->stream_tenants) (*created)->BindStream(stream, index);
-  for (const auto& [index, cap] : devices_->tenant_caps) (*created)->SetTenantCap(index, cap);
+  for (const auto& [index, cap] : devices_->tenant_caps) {
+    if (absl::Status s = (*created)->SetTenantCap(index, cap); !s.ok()) return s;  // a new device: nothing to release
+  }
   if (devices_->history) {
     if (absl::Status s = (*created)->SetHistory(true, devices_->history_entries); !s.ok()) return s;
   }
@@ -278,12 +287,12 @@ absl::Status Allocator::BindStream(Stream stream, absl::string_view tenant) {
 absl::Status Allocator::SetThreadTenant(absl::string_view tenant) {
   absl::StatusOr<int> index = internal::TenantIndex(options_, tenant);
   if (!index.ok()) return index.status();
-  internal::SetThreadTenant(devices_.get(), *index);
+  internal::SetThreadTenant(devices_->id, *index);
   return absl::OkStatus();
 }
 
 std::string Allocator::ThreadTenant() const {
-  return internal::TenantName(options_, internal::ThreadTenant(devices_.get()));
+  return internal::TenantName(options_, internal::ThreadTenant(devices_->id));
 }
 
 absl::Status Allocator::SetTenantCap(absl::string_view tenant, std::size_t cap) {
@@ -296,11 +305,14 @@ absl::Status Allocator::SetTenantCap(absl::string_view tenant, std::size_t cap) 
   }
   if (absl::Status s = internal::ValidateTenantCap(tenant, cap); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(devices_->create_mu);
-  devices_->tenant_caps[*index] = cap;
+  devices_->tenant_caps[*index] = cap;  // devices created later start with it
+  absl::Status first;                   // every device is asked; the first refusal is reported
   for (int device = 0; device < device_count(); ++device) {
-    if (DeviceAllocator* d = Published(devices_->ptrs, device)) d->SetTenantCap(*index, cap);
+    DeviceAllocator* d = Published(devices_->ptrs, device);
+    if (d == nullptr) continue;
+    if (absl::Status s = d->SetTenantCap(*index, cap); !s.ok() && first.ok()) first = s;
   }
-  return absl::OkStatus();
+  return first;
 }
 
 absl::StatusOr<std::vector<TenantStats>> Allocator::GetTenantStats(int device) const {
@@ -320,6 +332,10 @@ absl::Status Allocator::EmptyCache() {
 }
 
 absl::Status Allocator::RetireStream(Stream stream) {
+  {
+    std::lock_guard<std::mutex> lock(devices_->create_mu);
+    devices_->stream_tenants.erase(stream);  // a new stream with this handle is bound to no tenant
+  }
   absl::Status first;  // every device is asked; the first failure is reported
   for (int device = 0; device < device_count(); ++device) {
     DeviceAllocator* d = Published(devices_->ptrs, device);

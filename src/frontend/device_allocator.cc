@@ -58,7 +58,7 @@ absl::StatusOr<std::size_t> ComputeCap(std::size_t capacity, double fraction, st
 }  // namespace
 
 DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device,
-                                 const void* tenant_owner)
+                                 std::uint64_t tenant_owner)
     : options_(options),
       device_(device),
       backend_(std::move(backend)),
@@ -77,7 +77,7 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
 
 absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const Options& options,
                                                                          std::unique_ptr<Backend> backend, int device,
-                                                                         const void* tenant_owner) {
+                                                                         std::uint64_t tenant_owner) {
   const std::size_t granularity = backend->Granularity();
   if (!IsPowerOfTwo(granularity) || kSlabBytes % granularity != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -169,7 +169,14 @@ StreamPools& DeviceAllocator::RoutedPoolsFor(Stream stream, std::uint16_t* tag) 
           ? private_.TagFor(stream, [&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, false); })
           : 0;
   if (*tag == 0 && has_tenants_) *tag = tenant_tags_[TenantOf(stream)];  // a capture's routing comes first
-  return *tag == 0 ? PoolsFor(stream) : private_.StreamPoolsFor(*tag, stream);
+  if (*tag == 0) return PoolsFor(stream);
+  if (stream == last_routed_stream_ && *tag == last_routed_tag_ && last_routed_pools_ != nullptr) [[likely]]
+    return *last_routed_pools_;
+  registry_.Revive(stream);  // a retired handle in use again (a new stream with the old value)
+  last_routed_stream_ = stream;
+  last_routed_tag_ = *tag;
+  last_routed_pools_ = &private_.StreamPoolsFor(*tag, stream);  // stable: the map holds unique_ptrs
+  return *last_routed_pools_;
 }
 
 template <typename P>
@@ -248,7 +255,7 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
   auto over_own_cap = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (!has_tenants_ || TenantOfTag(private_pool) == 0) return false;
     const std::optional<std::size_t> cap = registry_.OwnerCap(private_pool);
-    return cap.has_value() && registry_.OwnedNow(private_pool) + size > *cap;
+    return cap.has_value() && registry_.OwnedNow(private_pool) + pool.OomSizes(request).second > *cap;
   };
   if (!capturing && absl::IsResourceExhausted(h.status()) && !over_own_cap()) {
     // Release the cache (after synchronizing pending stream events) and try once more.
@@ -305,6 +312,10 @@ void DeviceAllocator::CollectGarbage(std::size_t incoming) {
   if (options_.garbage_collection_threshold <= 0.0) return;
   // The device's own pools give back (a tenant's or private pool's growth may have called this).
   const std::uint16_t owner = registry_.owner();
+  if (const std::optional<std::size_t> cap = registry_.OwnerCap(owner);
+      cap.has_value() && registry_.OwnedNow(owner) + incoming > *cap) {
+    return;  // a tenant at its own cap: the device's cache going back would not let it grow
+  }
   registry_.set_owner(0);
   absl::Cleanup restore = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { registry_.set_owner(owner); };
   const auto limit =
@@ -507,11 +518,13 @@ void DeviceAllocator::SyncAndReleaseAll() {
     stats_.Count(&DeviceStats::num_sync_all_streams);
     RetirePending(PendingFrees::Mode::kSynchronize);
   }
-  const std::uint16_t owner = registry_.owner();  // a tenant's slow path may call this
+  // A private pool's or tenant's slow path may call this: each pool's releases are counted as its
+  // own, and the caller's owner comes back after.
+  const std::uint16_t owner = registry_.owner();
+  absl::Cleanup restore = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { registry_.set_owner(owner); };
   registry_.set_owner(0);
   pools_.ForEach([](auto& pool) { pool.ReleaseAll(); });
   for (std::size_t t = 1; t < tenant_tags_.size(); ++t) ReleaseTenantCache(static_cast<int>(t));
-  registry_.set_owner(owner);
   ReleasePrivatePools(/*all=*/false);
   registry_.TrimAddressSpace();
 }
@@ -538,10 +551,11 @@ void DeviceAllocator::ReleasePrivatePools(bool all) {
     return;
   }
   stats_.Count(&DeviceStats::num_sync_all_streams);
+  const std::uint16_t owner = registry_.owner();
   for (std::uint16_t tag : tags) {
     registry_.set_owner(tag);
     private_.at(tag).pools->ForEach([](auto& pool) { pool.ReleaseAll(); });
-    registry_.set_owner(0);
+    registry_.set_owner(owner);
     ForgetPrivatePoolIfEmpty(tag);
   }
 }
@@ -618,11 +632,13 @@ absl::Status DeviceAllocator::RetireStream(Stream stream) {
                      " on device ", device_, " during CUDA graph capture: CUDA forbids the wait it needs"));
   }
   if (key) {
-    // The next request on this handle (maybe a new stream) goes through PoolsForNewStream, which
-    // revives it.
+    // The next request on this handle (maybe a new stream) goes through PoolsForNewStream (or
+    // RoutedPoolsFor's first lookup), which revives it.
     last_stream_ = nullptr;
     last_pools_ = nullptr;
+    last_routed_pools_ = nullptr;
   }
+  stream_tenants_.erase(stream);  // a new stream with this handle is bound to no tenant
   // A pool key is remembered as retired; a stream that is only a use (RecordStream) is waited for.
   if (absl::Status s = key ? registry_.RetireStream(stream) : registry_.SynchronizeStream(stream); !s.ok()) return s;
   pending_.ForgetStream(stream);  // its work is done: no use of it needs waiting for
@@ -738,13 +754,25 @@ void DeviceAllocator::BindStream(Stream stream, int index) {
   }
 }
 
-void DeviceAllocator::SetTenantCap(int index, std::size_t cap) {
+absl::Status DeviceAllocator::SetTenantCap(int index, std::size_t cap) {
   MutexLock lock(mu_);
-  const std::uint16_t tag = tenant_tags_.at(static_cast<std::size_t>(index));
-  registry_.SetOwnerCap(tag, cap, options_.tenants[static_cast<std::size_t>(index) - 1].name);
-  if (registry_.OwnedNow(tag) <= cap || private_.routing()) return;  // a capture forbids the release
-  // Over the new cap: give back what the tenant caches (its pending frees first); live blocks stay,
-  // and its growth is refused until it fits (SegmentRegistry::Headroom).
+  BA_CHECK(index >= 1 && static_cast<std::size_t>(index) < tenant_tags_.size(), "SetTenantCap of no tenant");
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
+  const std::uint16_t tag = tenant_tags_[static_cast<std::size_t>(index)];
+  const std::string& name = options_.tenants[static_cast<std::size_t>(index) - 1].name;
+  EndAbandonedCaptures();
+  if (private_.routing() && registry_.OwnedNow(tag) > cap) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucketalloc: lowering tenant '", name, "''s cap below what it reserves on device ", device_,
+        " during CUDA graph capture: releasing its cache needs the synchronization and frees CUDA forbids then; "
+        "the cap is unchanged. Set it after the capture ends"));
+  }
+  registry_.SetOwnerCap(tag, cap, name);
+  if (registry_.OwnedNow(tag) <= cap) return absl::OkStatus();
+  // Over the new cap: give back what the tenant caches (after waiting for every pending free's
+  // stream events); live blocks stay, and its growth is refused until it fits
+  // (SegmentRegistry::Headroom).
   if (!pending_.empty()) {
     stats_.Count(&DeviceStats::num_sync_all_streams);
     RetirePending(PendingFrees::Mode::kSynchronize);
@@ -752,6 +780,7 @@ void DeviceAllocator::SetTenantCap(int index, std::size_t cap) {
   ReleaseTenantCache(index);
   registry_.TrimAddressSpace();
   MaybeCheckInvariants();
+  return absl::OkStatus();
 }
 
 std::vector<TenantStats> DeviceAllocator::GetTenantStats() const {
@@ -759,25 +788,30 @@ std::vector<TenantStats> DeviceAllocator::GetTenantStats() const {
   return TenantStatsLocked();
 }
 
-DeviceAllocator::TenantUse DeviceAllocator::UseOf(std::uint16_t tag) const {
-  TenantUse use;
+void DeviceAllocator::AddUses(absl::FunctionRef<TenantUse*(std::uint16_t tag)> use_of) const {
   auto add = [&](const LiveEntry& e, bool live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (e.private_pool != tag) return;
+    TenantUse* use = use_of(e.private_pool);
+    if (use == nullptr) return;
     PoolsOf(e.private_pool).Visit(e.handle, [&](const auto& pool, auto h) {
       const PoolIndex p = PoolType<decltype(pool)>::kIndex;
       const std::size_t block = PoolType<decltype(pool)>::BlockSize(h);
       for (PoolIndex i : {p, kAllPools}) {
-        use.active[i] += block;
+        use->active[i] += block;
         if (live) {
-          use.allocated[i] += block;
-          use.requested[i] += e.requested;
+          use->allocated[i] += block;
+          use->requested[i] += e.requested;
         }
       }
     });
-    if (live) ++use.live;
+    if (live) ++use->live;
   };
   live_.ForEach([&](std::uintptr_t, const LiveEntry& e) { add(e, true); });
   pending_.ForEach([&](std::uintptr_t, const LiveEntry& e) { add(e, false); });
+}
+
+DeviceAllocator::TenantUse DeviceAllocator::UseOf(std::uint16_t tag) const {
+  TenantUse use;
+  AddUses([&](std::uint16_t t) { return t == tag ? &use : nullptr; });
   return use;
 }
 
@@ -797,6 +831,13 @@ FragmentationReport DeviceAllocator::FragmentationOf(std::uint16_t tag, const Te
 std::vector<TenantStats> DeviceAllocator::TenantStatsLocked() const {
   std::vector<TenantStats> out;
   if (!has_tenants_) return out;
+  // One walk over the live and pending blocks, each counted for its pool's tenant.
+  std::vector<TenantUse> uses(tenant_tags_.size());
+  AddUses([&](std::uint16_t tag) ABSL_NO_THREAD_SAFETY_ANALYSIS -> TenantUse* {
+    if (tag == 0) return &uses[0];
+    const int t = TenantOfTag(tag);
+    return t == 0 ? nullptr : &uses[static_cast<std::size_t>(t)];  // a graph pool's: no tenant's
+  });
   for (std::size_t t = 0; t < tenant_tags_.size(); ++t) {
     const std::uint16_t tag = tenant_tags_[t];
     TenantStats ts;
@@ -808,7 +849,7 @@ std::vector<TenantStats> DeviceAllocator::TenantStatsLocked() const {
       ts.reserved = static_cast<std::size_t>((*owned)[kAllPools].current);
       ts.peak_reserved = static_cast<std::size_t>((*owned)[kAllPools].peak);
     }
-    const TenantUse use = UseOf(tag);
+    const TenantUse& use = uses[t];
     ts.allocated = use.allocated[kAllPools];
     ts.requested = use.requested[kAllPools];
     ts.live_allocations = use.live;

@@ -39,6 +39,7 @@
 #include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/capture.h"
@@ -60,10 +61,10 @@ namespace bucketalloc::internal {
 class DeviceAllocator final {
  public:
   // Creates the state of `device` over `backend`; reads the device's memory to set the cap.
-  // `tenant_owner` identifies the allocator whose thread tenants (frontend/tenants.h) apply.
+  // `tenant_owner` is the id of the allocator whose thread tenants (frontend/tenants.h) apply.
   static absl::StatusOr<std::unique_ptr<DeviceAllocator>> Create(const Options& options,
                                                                  std::unique_ptr<Backend> backend, int device,
-                                                                 const void* tenant_owner = nullptr);
+                                                                 std::uint64_t tenant_owner = 0);
   ~DeviceAllocator();
 
   absl::StatusOr<void*> Allocate(std::size_t size, Stream stream);
@@ -90,7 +91,9 @@ class DeviceAllocator final {
   // Sets tenant `index`'s cap (index >= 1). A cap under what the tenant reserves releases its
   // cache (after synchronizing pending frees) and refuses its growth until it fits under the cap;
   // live memory stays.
-  void SetTenantCap(int index, std::size_t cap);
+  // FailedPrecondition when the release it needs falls during a CUDA graph capture (the cap is
+  // then unchanged), or in a fork child that cannot use the device.
+  absl::Status SetTenantCap(int index, std::size_t cap);
   // Each tenant's figures, the default tenant first; empty without tenants.
   std::vector<TenantStats> GetTenantStats() const;
 
@@ -121,7 +124,7 @@ class DeviceAllocator final {
 
  private:
   friend class DeviceAllocatorTestPeer;  // corrupts state on purpose to test CheckInvariants
-  DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device, const void* tenant_owner);
+  DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device, std::uint64_t tenant_owner);
 
   // The pools of private pool `tag` (0: the device's own).
   Pools& PoolsOf(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -183,7 +186,9 @@ class DeviceAllocator final {
   void ReleasePrivatePools(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets private pool `tag` and the registry's counts for it when it holds no memory.
   void ForgetPrivatePoolIfEmpty(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (private_.ForgetIfEmpty(tag)) registry_.ForgetOwner(tag);
+    if (!private_.ForgetIfEmpty(tag)) return;
+    registry_.ForgetOwner(tag);
+    if (last_routed_tag_ == tag) last_routed_pools_ = nullptr;  // its free lists are gone
   }
   // Ends the routings of captures that were abandoned (their streams no longer capture).
   void EndAbandonedCaptures() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -218,6 +223,8 @@ class DeviceAllocator final {
     std::int64_t live = 0;
   };
   TenantUse UseOf(std::uint16_t tag) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds each live and pending block to use_of(its pool's tag) (nullptr: not counted).
+  void AddUses(absl::FunctionRef<TenantUse*(std::uint16_t tag)> use_of) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The fragmentation report of pool tag `tag` alone.
   FragmentationReport FragmentationOf(std::uint16_t tag, const TenantUse& use) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The tenant a request on `stream` belongs to: the stream's binding, else the thread's tenant.
@@ -255,6 +262,10 @@ class DeviceAllocator final {
   absl::flat_hash_map<Stream, std::unique_ptr<StreamPools>> streams_ ABSL_GUARDED_BY(mu_);
   Stream last_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   StreamPools* last_pools_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The same for the last request routed to a private pool or a tenant's (RoutedPoolsFor).
+  Stream last_routed_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::uint16_t last_routed_tag_ ABSL_GUARDED_BY(mu_) = 0;
+  StreamPools* last_routed_pools_ ABSL_GUARDED_BY(mu_) = nullptr;
   LiveMap<LiveEntry> live_ ABSL_GUARDED_BY(mu_);
   PendingFrees pending_ ABSL_GUARDED_BY(mu_);
   PrivatePools private_ ABSL_GUARDED_BY(mu_);
@@ -262,7 +273,7 @@ class DeviceAllocator final {
   std::deque<OomEvent> recent_ooms_ ABSL_GUARDED_BY(mu_);  // the last DeviceMetrics::kRecentOoms
   // Tenants: the pool tag of each tenant index (index 0, the default tenant: 0; empty without
   // tenants), the streams bound to one, its OOMs, and whose thread tenants apply.
-  const void* const tenant_owner_;
+  const std::uint64_t tenant_owner_;
   std::vector<std::uint16_t> tenant_tags_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Stream, int> stream_tenants_ ABSL_GUARDED_BY(mu_);
   struct TenantOoms {

@@ -174,6 +174,9 @@ void AddDevice(const DeviceMetrics& m, Families* out) {
              Int(t.live_allocations));
     out->Add("bucketalloc_tenant_ooms_total", "counter", "out-of-memory failures of each tenant's requests", tenant,
              Int(t.ooms));
+    out->Add("bucketalloc_tenant_ooms_at_cap_total", "counter",
+             "of each tenant's out-of-memory failures, those its own cap refused (not the device's)", tenant,
+             Int(t.ooms_at_cap));
   }
 
   // Counters: allocations and frees ever made, every event counter, the OOMs by cause.

@@ -136,7 +136,7 @@ class SegmentRegistry final : public MemorySource {
  private:
   // ResourceExhausted when reserving `bytes` more would exceed the cap.
   absl::Status CheckHeadroom(std::size_t bytes) const;
-  // Counts `delta` reserved bytes of `pool` for private pool `owner` (nothing for 0).
+  // Counts `delta` reserved bytes of `pool` for pool tag `owner` (0: the device's own pools).
   void CountOwned(std::uint16_t owner, PoolIndex pool, std::int64_t delta);
 
   Backend* const backend_;

@@ -12,7 +12,7 @@ namespace {
 // A thread's tenants, one per allocator it set one for (a few: a process has one allocator, tests
 // and the harness a handful); past kSlots the oldest setting is forgotten (back to the default).
 struct ThreadBinding {
-  const void* owner = nullptr;
+  std::uint64_t owner = 0;  // 0: a free slot
   int index = 0;
 };
 constexpr int kSlots = 8;
@@ -43,14 +43,14 @@ absl::Status ValidateTenantCap(absl::string_view name, std::size_t cap) {
       absl::StrCat("bucketalloc: cap ", cap, " bytes for tenant '", name, "' is invalid; accepted: 2MiB to 16TiB"));
 }
 
-int ThreadTenant(const void* owner) {
+int ThreadTenant(std::uint64_t owner) {
   for (const ThreadBinding& b : t_bindings) {
     if (b.owner == owner) return b.index;
   }
   return 0;
 }
 
-void SetThreadTenant(const void* owner, int index) {
+void SetThreadTenant(std::uint64_t owner, int index) {
   for (ThreadBinding& b : t_bindings) {
     if (b.owner == owner) {
       b.index = index;

@@ -13,6 +13,7 @@
 #define BUCKETALLOC_FRONTEND_TENANTS_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -31,12 +32,11 @@ std::string TenantName(const Options& options, int index);
 // OK for a tenant cap of 2 MiB to 16 TiB, else InvalidArgument naming the tenant and the range.
 absl::Status ValidateTenantCap(absl::string_view name, std::size_t cap);
 
-// The calling thread's tenant for the allocator `owner` (0 when none was set for it). A thread
-// keeps its tenants for its last 8 allocators. A new allocator at a destroyed one's address would
-// find that one's setting: DeviceAllocator takes an index past its tenants as the default.
-int ThreadTenant(const void* owner);
+// The calling thread's tenant for the allocator `owner` (Allocator's id, never reused in a process;
+// 0 when none was set for it). A thread keeps its tenants for its last 8 allocators.
+int ThreadTenant(std::uint64_t owner);
 // Sets it (0: the default tenant).
-void SetThreadTenant(const void* owner, int index);
+void SetThreadTenant(std::uint64_t owner, int index);
 
 }  // namespace bucketalloc::internal
 

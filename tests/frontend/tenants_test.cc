@@ -313,7 +313,104 @@ TEST_P(TenantsTest, BadNamesAndCapsAreRefusedWithWhatIsAccepted) {
   EXPECT_EQ(allocator_->ThreadTenant(), "default");
 }
 
+TEST_P(TenantsTest, ATenantAtItsCapKeepsTheOtherTenantsCaches) {
+  // The default tenant caches a block; the long tenant then fills its cap with small blocks and fails.
+  absl::StatusOr<void*> d = allocator_->Allocate(3 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(allocator_->Free(*d).ok());
+  const std::size_t default_cached = Tenants()["default"].cached;
+  ASSERT_GT(default_cached, 0u);
+  ASSERT_TRUE(allocator_->SetThreadTenant("long").ok());
+  std::vector<void*> held;
+  absl::Status oom;
+  for (int i = 0; i < 4096 && oom.ok(); ++i) {
+    absl::StatusOr<void*> p = allocator_->Allocate(300000, 0, TestStream(1));
+    if (p.ok()) {
+      held.push_back(*p);
+    } else {
+      oom = p.status();
+    }
+  }
+  ASSERT_TRUE(absl::IsResourceExhausted(oom)) << oom;
+  std::map<std::string, TenantStats> t = Tenants();
+  EXPECT_EQ(t["default"].cached, default_cached) << "its own cap refused: the device's cache was not released";
+  EXPECT_EQ(t["long"].ooms_at_cap, 1);
+  EXPECT_LE(t["long"].reserved, kLongCap);
+  ExpectTenantsAddUp();
+  for (void* p : held) ASSERT_TRUE(allocator_->Free(p).ok());
+}
+
+TEST_P(TenantsTest, ACapThatNeedsAReleaseIsRefusedDuringACapture) {
+  ASSERT_TRUE(allocator_->SetThreadTenant("long").ok());
+  absl::StatusOr<void*> p = allocator_->Allocate(12 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(p.ok()) << p.status();
+  const Stream s = TestStream(2);
+  ASSERT_TRUE(allocator_->BeginCapture(0, GraphPoolId{0, 1}, [s](Stream x) { return x == s; }).ok());
+  absl::Status refused = allocator_->SetTenantCap("long", 4 * kMiB);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "during CUDA graph capture")) << refused;
+  EXPECT_EQ(Tenants()["long"].cap, kLongCap) << "the cap is unchanged";
+  EXPECT_TRUE(allocator_->SetTenantCap("long", 32 * kMiB).ok()) << "raising it needs no release";
+  ASSERT_TRUE(allocator_->EndCapture(0, GraphPoolId{0, 1}).ok());
+  ASSERT_TRUE(allocator_->ReleasePool(0, GraphPoolId{0, 1}).ok());
+  EXPECT_TRUE(allocator_->SetTenantCap("long", 4 * kMiB).ok()) << "after the capture it may";
+  ASSERT_TRUE(allocator_->Free(*p).ok());
+}
+
+TEST_P(TenantsTest, RetiringABoundStreamUnbindsIt) {
+  const Stream s = TestStream(6);
+  ASSERT_TRUE(allocator_->BindStream(s, "long").ok());
+  absl::StatusOr<void*> a = allocator_->Allocate(kMiB, 0, s);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(allocator_->Free(*a).ok());
+  ASSERT_TRUE(allocator_->RetireStream(s).ok());
+  absl::StatusOr<void*> b = allocator_->Allocate(kMiB, 0, s);  // a new stream with the old handle
+  ASSERT_TRUE(b.ok());
+  std::map<std::string, TenantStats> t = Tenants();
+  EXPECT_EQ(t["default"].live_allocations, 1);
+  EXPECT_EQ(t["long"].live_allocations, 0);
+  ASSERT_TRUE(allocator_->Free(*b).ok());
+}
+
 BUCKETALLOC_INSTANTIATE_OVER_CONFIGS(TenantsTest);
+
+// A graph pool released while it still holds memory (freeable) goes back in the release-and-retry of
+// a tenant's slow path; the retry's growth is still the tenant's (its cap, its count), with and
+// without stitching.
+TEST(TenantGraphPoolTest, ATenantsRetryAfterAGraphPoolGoesBackCountsAsTheTenants) {
+  for (const char* extra : {"", ",expandable_segments:true"}) {
+    std::unique_ptr<Allocator> a =
+        MakeAllocator(absl::StrCat("capacity:64MiB,sim_total_memory:128MiB,tenants:[long:24MiB]", extra));
+    ASSERT_NE(a, nullptr);
+    const Stream s = TestStream(2);
+    ASSERT_TRUE(a->BeginCapture(0, GraphPoolId{0, 1}, [s](Stream x) { return x == s; }).ok());
+    absl::StatusOr<void*> g = a->Allocate(12 * kMiB, 0, s);
+    ASSERT_TRUE(a->EndCapture(0, GraphPoolId{0, 1}).ok());
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(a->Free(*g).ok());
+    ASSERT_TRUE(a->ReleasePool(0, GraphPoolId{0, 1}).ok());  // freeable, still holding 12 MiB
+    std::vector<void*> held;
+    for (int i = 0; i < 4; ++i) {  // the default tenant: 48 MiB live, 4 MiB left under the cap
+      absl::StatusOr<void*> p = a->Allocate(12 * kMiB, 0, TestStream(1));
+      ASSERT_TRUE(p.ok()) << p.status();
+      held.push_back(*p);
+    }
+    ASSERT_TRUE(a->SetThreadTenant("long").ok());
+    absl::StatusOr<void*> l = a->Allocate(12 * kMiB, 0, TestStream(1));  // needs the graph pool's memory
+    ASSERT_TRUE(l.ok()) << l.status();
+    held.push_back(*l);
+    absl::Status check = a->CheckInvariants(0);
+    EXPECT_TRUE(check.ok()) << extra << ": " << check;
+    absl::StatusOr<std::vector<TenantStats>> t = a->GetTenantStats(0);
+    ASSERT_TRUE(t.ok() && t->size() == 2u);
+    EXPECT_EQ((*t)[1].reserved, 12 * kMiB) << extra;
+    EXPECT_EQ((*t)[0].reserved + (*t)[1].reserved,
+              static_cast<std::size_t>(a->GetStats(0)->reserved_bytes[kAllPools].current))
+        << extra;
+    ASSERT_TRUE(a->SetThreadTenant("default").ok());
+    for (void* p : held) ASSERT_TRUE(a->Free(p).ok());
+  }
+}
 
 TEST(TenantOptionsTest, ParsesFormatsAndRefusesBadLists) {
   absl::StatusOr<Options> o = ParseOptions("tenants:[short:20GiB,long:40GiB]");

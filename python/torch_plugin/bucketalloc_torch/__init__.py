@@ -295,6 +295,7 @@ def tenant(name: str) -> Iterator[None]:
 
     ``with bucketalloc_torch.tenant("long"): ...``: every allocation the thread makes there (unless
     its stream is bound to a tenant, see bind_stream) comes from the tenant's own pools, under its cap.
+    Per thread: other threads (autograd's backward threads among them) keep their own tenant.
     Raises BucketallocError for a name that is not a tenant (the message lists them).
     """
     encoded = _tenant_name(name)
@@ -323,7 +324,7 @@ def set_tenant_cap(name: str, cap_bytes: int) -> None:
     Lowering it below what the tenant holds releases its cache and refuses its growth until it
     fits; live tensors are never freed.
     """
-    if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 0:
+    if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or not 0 <= cap_bytes < 2**64:
         raise ValueError(f"cap {cap_bytes!r} for tenant {name!r} is invalid; accepted: bytes from 2 MiB to 16 TiB")
     _lib.check(_lib.lib().bucketalloc_set_tenant_cap(_tenant_name(name), cap_bytes), "bucketalloc_set_tenant_cap")
 
@@ -332,7 +333,7 @@ def tenant_stats(device: Device = None) -> List[Dict[str, Any]]:
     """Each tenant's figures on `device`, the default tenant first (empty without tenants).
 
     Each dict has tenant, cap_bytes, reserved_bytes, peak_reserved_bytes, allocated_bytes,
-    requested_bytes, cached_bytes, live_allocations and ooms.
+    requested_bytes, cached_bytes, live_allocations, ooms and ooms_at_cap (refused by its own cap).
     """
     data = json.loads(_lib.read_text(_lib.lib().bucketalloc_tenant_stats_json, _device_index(device)))
     return list(data["tenants"])
