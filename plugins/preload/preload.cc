@@ -123,6 +123,14 @@ Allocator* CreateAllocator() {
   return g_process.CreateOnce([]() -> std::unique_ptr<Allocator> {
     if (g_unavailable.load(std::memory_order_relaxed)) return nullptr;
     absl::StatusOr<Options> options = OptionsFromEnv();
+    if (options.ok() && !options->tenants.empty()) {
+      // The shim serves unmodified programs: nothing in them can bind a stream or a thread to a
+      // tenant, so every tenant's pool would stay empty under its cap.
+      options = absl::InvalidArgumentError(
+          "tenants:[...] needs a host that binds streams or threads to tenants (the C ABI library "
+          "libbucketalloc.so, or bucketalloc_torch); the LD_PRELOAD shim serves unmodified programs and cannot "
+          "bind them: remove tenants from BUCKETALLOC_CONF");
+    }
     if (options.ok() && options->backend != "sim" && !internal::CudaRuntimeLoaded()) {
       return nullptr;  // libcudart is not loaded yet: forward this call, try again on the next one
     }

@@ -88,6 +88,12 @@ elif ((rc != 0)); then
   fail "the probe failed with the calls forwarded (exit $rc)"
 fi
 
+echo "== 5b. tenants, which the shim cannot bind: refused once, naming why"
+out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF="backend:sim,tenants:[long:1GiB]" "$probe" 2>&1)
+(($(grep -c "bucketalloc preload: the allocator is not available" <<<"$out") == 1)) ||
+  fail "tenants were not refused exactly once: $out"
+grep -q "cannot bind them: remove tenants from BUCKETALLOC_CONF" <<<"$out" || fail "the refusal does not say why: $out"
+
 echo "== 6. the per-thread default stream API (_ptsz)"
 nm -D --undefined-only "$probe_ptsz" | grep -q "cudaMallocAsync_ptsz" || fail "the _ptsz probe does not call cudaMallocAsync_ptsz"
 out=$(LD_PRELOAD="$lib" BUCKETALLOC_CONF=backend:sim BUCKETALLOC_STATS_ON_EXIT="$work/ptsz.json" "$probe_ptsz" 2>&1)
