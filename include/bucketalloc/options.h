@@ -37,6 +37,7 @@ struct TenantSpec {
 inline constexpr int kMaxTenants = 64;
 inline constexpr std::size_t kMinTenantCap = std::size_t{2} << 20;  // one segment
 inline constexpr std::size_t kMaxTenantCap = std::size_t{1} << 44;  // 16 TiB
+inline constexpr bool TenantCapInRange(std::size_t cap) { return cap >= kMinTenantCap && cap <= kMaxTenantCap; }
 
 // Every field is one row of the option table; see docs/configuration.md for the meaning of each.
 struct Options {

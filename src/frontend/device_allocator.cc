@@ -112,7 +112,6 @@ absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const O
       d->registry_.SetOwnerCap(*tag, options.tenants[i].cap, options.tenants[i].name);
     }
     d->tenant_ooms_.assign(d->tenant_tags_.size(), {});
-    d->has_tenants_ = true;
   }
   return d;
 }
@@ -158,7 +157,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
     return fork_child_error_;
   // One call of AllocateIn, so that the fast path stays inlined in this function.
   std::uint16_t tag = 0;
-  StreamPools& sp = private_.routing() || has_tenants_ ? RoutedPoolsFor(stream, &tag) : PoolsFor(stream);
+  StreamPools& sp = private_.routing() || has_tenants() ? RoutedPoolsFor(stream, &tag) : PoolsFor(stream);
   return PoolsOf(tag).Route(
       size, [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, tag); });
 }
@@ -168,7 +167,7 @@ StreamPools& DeviceAllocator::RoutedPoolsFor(Stream stream, std::uint16_t* tag) 
       private_.routing()
           ? private_.TagFor(stream, [&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, false); })
           : 0;
-  if (*tag == 0 && has_tenants_) *tag = tenant_tags_[TenantOf(stream)];  // a capture's routing comes first
+  if (*tag == 0 && has_tenants()) *tag = tenant_tags_[TenantOf(stream)];  // a capture's routing comes first
   if (*tag == 0) return PoolsFor(stream);
   if (stream == last_routed_stream_ && *tag == last_routed_tag_ && last_routed_pools_ != nullptr) [[likely]]
     return *last_routed_pools_;
@@ -239,25 +238,18 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
   if (!capturing && !pending_.empty()) RetirePending(PendingFrees::Mode::kPollAll);
   registry_.set_capturing(capturing);
   absl::StatusOr<typename P::Handle> h = serve(request);
-  if (!capturing && absl::IsResourceExhausted(h.status()) && has_tenants_ && TenantOfTag(private_pool) != 0) {
+  const bool tenant = TenantOfTag(private_pool) != 0;
+  if (!capturing && absl::IsResourceExhausted(h.status()) && tenant) {
     // A tenant gives back its own cache first (after synchronizing pending stream events): its cap
     // is usually what refused, and the other tenants' caches stay theirs.
-    if (!pending_.empty()) {
-      stats_.Count(&DeviceStats::num_sync_all_streams);
-      RetirePending(PendingFrees::Mode::kSynchronize);
-    }
-    ReleaseTenantCache(TenantOfTag(private_pool));
+    SyncPendingFrees();
+    ReleasePoolCache(private_pool);
     stats_.Count(&DeviceStats::num_alloc_retries);
     h = serve(request);
   }
-  // Whether releasing the other tenants' caches cannot help: the tenant's own cap refuses even the
-  // bytes asked for.
-  auto over_own_cap = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (!has_tenants_ || TenantOfTag(private_pool) == 0) return false;
-    const std::optional<std::size_t> cap = registry_.OwnerCap(private_pool);
-    return cap.has_value() && registry_.OwnedNow(private_pool) + pool.OomSizes(request).second > *cap;
-  };
-  if (!capturing && absl::IsResourceExhausted(h.status()) && !over_own_cap()) {
+  // Releasing the other tenants' caches cannot help when the tenant's own cap refuses the growth.
+  if (!capturing && absl::IsResourceExhausted(h.status()) &&
+      !(tenant && registry_.OverOwnerCap(private_pool, pool.OomSizes(request).second))) {
     // Release the cache (after synchronizing pending stream events) and try once more.
     SyncAndReleaseAll();
     stats_.Count(&DeviceStats::num_alloc_retries);
@@ -312,8 +304,7 @@ void DeviceAllocator::CollectGarbage(std::size_t incoming) {
   if (options_.garbage_collection_threshold <= 0.0) return;
   // The device's own pools give back (a tenant's or private pool's growth may have called this).
   const std::uint16_t owner = registry_.owner();
-  if (const std::optional<std::size_t> cap = registry_.OwnerCap(owner);
-      cap.has_value() && registry_.OwnedNow(owner) + incoming > *cap) {
+  if (registry_.OverOwnerCap(owner, incoming)) {
     return;  // a tenant at its own cap: the device's cache going back would not let it grow
   }
   registry_.set_owner(0);
@@ -358,9 +349,9 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   s.stitching = options_.Stitching() && pool == kLargePool;
   s.movable = PoolsOf(private_pool).large().movable_bytes();
   s.fragmentation = FragmentationLocked();
-  const int tenant = has_tenants_ ? TenantOfTag(private_pool) : 0;
-  std::optional<std::size_t> tenant_cap = tenant == 0 ? std::nullopt : registry_.OwnerCap(private_pool);
-  const bool at_tenant_cap = tenant_cap.has_value() && registry_.OwnedNow(private_pool) + segment > *tenant_cap;
+  const int tenant = TenantOfTag(private_pool);
+  const std::optional<std::size_t> tenant_cap = registry_.OwnerCap(private_pool);  // a tenant's only
+  const bool at_tenant_cap = registry_.OverOwnerCap(private_pool, segment);
   if (at_tenant_cap) {
     // The tenant's own cap refused the growth: diagnose within the tenant, as a device of its cap.
     const TenantUse use = UseOf(private_pool);
@@ -375,7 +366,7 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
     s.fragmentation = FragmentationOf(private_pool, use);
   }
   OomReport r = DiagnoseOom(s);
-  if (has_tenants_) {
+  if (has_tenants()) {
     r.tenant = TenantName(options_, tenant);
     r.tenant_cap = tenant_cap.value_or(registry_.cap());
     r.at_tenant_cap = at_tenant_cap;
@@ -513,24 +504,26 @@ void DeviceAllocator::RetirePending(PendingFrees::Mode mode) {
                   [&](std::uintptr_t ptr, const LiveEntry& e) ABSL_NO_THREAD_SAFETY_ANALYSIS { ReturnEntry(ptr, e); });
 }
 
+void DeviceAllocator::SyncPendingFrees() {
+  if (pending_.empty()) return;
+  stats_.Count(&DeviceStats::num_sync_all_streams);
+  RetirePending(PendingFrees::Mode::kSynchronize);
+}
+
 void DeviceAllocator::SyncAndReleaseAll() {
-  if (!pending_.empty()) {
-    stats_.Count(&DeviceStats::num_sync_all_streams);
-    RetirePending(PendingFrees::Mode::kSynchronize);
-  }
+  SyncPendingFrees();
   // A private pool's or tenant's slow path may call this: each pool's releases are counted as its
   // own, and the caller's owner comes back after.
   const std::uint16_t owner = registry_.owner();
   absl::Cleanup restore = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { registry_.set_owner(owner); };
   registry_.set_owner(0);
   pools_.ForEach([](auto& pool) { pool.ReleaseAll(); });
-  for (std::size_t t = 1; t < tenant_tags_.size(); ++t) ReleaseTenantCache(static_cast<int>(t));
+  for (std::size_t t = 1; t < tenant_tags_.size(); ++t) ReleasePoolCache(tenant_tags_[t]);
   ReleasePrivatePools(/*all=*/false);
   registry_.TrimAddressSpace();
 }
 
-void DeviceAllocator::ReleaseTenantCache(int index) {
-  const std::uint16_t tag = tenant_tags_[static_cast<std::size_t>(index)];
+void DeviceAllocator::ReleasePoolCache(std::uint16_t tag) {
   const std::uint16_t owner = registry_.owner();
   registry_.set_owner(tag);
   private_.at(tag).pools->ForEach([](auto& pool) { pool.ReleaseAll(); });
@@ -551,11 +544,8 @@ void DeviceAllocator::ReleasePrivatePools(bool all) {
     return;
   }
   stats_.Count(&DeviceStats::num_sync_all_streams);
-  const std::uint16_t owner = registry_.owner();
   for (std::uint16_t tag : tags) {
-    registry_.set_owner(tag);
-    private_.at(tag).pools->ForEach([](auto& pool) { pool.ReleaseAll(); });
-    registry_.set_owner(owner);
+    ReleasePoolCache(tag);
     ForgetPrivatePoolIfEmpty(tag);
   }
 }
@@ -714,7 +704,7 @@ DeviceStats DeviceAllocator::GetStats() const {
 DeviceStats DeviceAllocator::StatsLocked() const {
   DeviceStats s = stats_.Snapshot();
   private_.ForEach([&](std::uint16_t tag, const PrivatePools::Pool& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (p.tenant != 0) return;  // tenants' pools are reported per tenant (GetTenantStats)
+    if (p.tenant() != 0) return;  // tenants' pools are reported per tenant (GetTenantStats)
     if (const StatArray* reserved = registry_.OwnedReserved(tag)) {
       s.reserved_bytes_by_private_pools.push_back(PrivatePoolStats{p.id.first, p.id.second, *reserved});
     }
@@ -741,8 +731,7 @@ int DeviceAllocator::TenantOf(Stream stream) const {
   if (!stream_tenants_.empty()) {
     if (auto it = stream_tenants_.find(stream); it != stream_tenants_.end()) return it->second;
   }
-  const int index = ThreadTenant(tenant_owner_);
-  return index < static_cast<int>(tenant_tags_.size()) ? index : 0;
+  return ThreadTenant(tenant_owner_);  // set through Allocator, which checked it against these tenants
 }
 
 void DeviceAllocator::BindStream(Stream stream, int index) {
@@ -773,11 +762,8 @@ absl::Status DeviceAllocator::SetTenantCap(int index, std::size_t cap) {
   // Over the new cap: give back what the tenant caches (after waiting for every pending free's
   // stream events); live blocks stay, and its growth is refused until it fits
   // (SegmentRegistry::Headroom).
-  if (!pending_.empty()) {
-    stats_.Count(&DeviceStats::num_sync_all_streams);
-    RetirePending(PendingFrees::Mode::kSynchronize);
-  }
-  ReleaseTenantCache(index);
+  SyncPendingFrees();
+  ReleasePoolCache(tag);
   registry_.TrimAddressSpace();
   MaybeCheckInvariants();
   return absl::OkStatus();
@@ -830,7 +816,7 @@ FragmentationReport DeviceAllocator::FragmentationOf(std::uint16_t tag, const Te
 
 std::vector<TenantStats> DeviceAllocator::TenantStatsLocked() const {
   std::vector<TenantStats> out;
-  if (!has_tenants_) return out;
+  if (!has_tenants()) return out;
   // One walk over the live and pending blocks, each counted for its pool's tenant.
   std::vector<TenantUse> uses(tenant_tags_.size());
   AddUses([&](std::uint16_t tag) ABSL_NO_THREAD_SAFETY_ANALYSIS -> TenantUse* {
@@ -920,11 +906,9 @@ std::vector<TraceEntry> DeviceAllocator::AppendSnapshot(std::vector<SegmentSnaps
           return {BlockSnapshotState::kActivePendingFree, it == pending.end() ? 0 : it->second};
         },
         segments);
-    std::string tenant;
-    if (has_tenants_) {
-      tenant = id.first == PrivatePools::kTenantIdFirst ? TenantName(options_, static_cast<int>(id.second))
-               : id == GraphPoolId{}                    ? "default"
-                                                        : "";
+    std::string tenant;  // "" without tenants and for a graph pool's
+    if (has_tenants() && (id == GraphPoolId{} || id.first == PrivatePools::kTenantIdFirst)) {
+      tenant = TenantName(options_, id == GraphPoolId{} ? 0 : static_cast<int>(id.second));
     }
     for (std::size_t i = before; i < segments->size(); ++i) {
       (*segments)[i].pool_id = id;

@@ -231,10 +231,14 @@ class DeviceAllocator final {
   int TenantOf(Stream stream) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The tenant index of pool tag `tag` (0: the device's own pools, or not a tenant's).
   int TenantOfTag(std::uint16_t tag) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return tag != 0 && private_.contains(tag) ? private_.at(tag).tenant : 0;
+    return tag != 0 && private_.contains(tag) ? private_.at(tag).tenant() : 0;
   }
-  // Releases the wholly free memory of tenant `index`'s pool.
-  void ReleaseTenantCache(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool has_tenants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !tenant_tags_.empty(); }
+  // Releases the wholly free memory of private pool `tag` (a graph pool's or a tenant's), counted as
+  // its own.
+  void ReleasePoolCache(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the stream events of every pending free and returns those blocks to their pools.
+  void SyncPendingFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DeviceStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls f(pools) for the device's own pools and every private pool's.
   template <typename F>
@@ -281,7 +285,6 @@ class DeviceAllocator final {
     std::int64_t at_cap = 0;  // refused by the tenant's own cap
   };
   std::vector<TenantOoms> tenant_ooms_ ABSL_GUARDED_BY(mu_);
-  bool has_tenants_ ABSL_GUARDED_BY(mu_) = false;
   // In a child of fork whose backend cannot serve it: the reason, given for every request.
   absl::Status fork_child_error_ ABSL_GUARDED_BY(mu_);
 };

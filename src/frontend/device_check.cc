@@ -157,7 +157,7 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   // Tenants: each has its pool, with its cap; bound streams name a tenant.
   for (std::size_t t = 1; t < tenant_tags_.size() && pools.ok(); ++t) {
     const std::uint16_t tag = tenant_tags_[t];
-    if (!private_.contains(tag) || private_.at(tag).tenant != static_cast<int>(t) ||
+    if (!private_.contains(tag) || private_.at(tag).tenant() != static_cast<int>(t) ||
         !registry_.OwnerCap(tag).has_value()) {
       pools = absl::InternalError(absl::StrCat("tenant ", t, " has no pool or no cap"));
     }

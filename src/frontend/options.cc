@@ -434,7 +434,7 @@ std::vector<OptionRow> MakeTable() {
           for (std::size_t j = 0; j < i; ++j) {
             if (o.tenants[j].name == t.name) return Problem("a tenant named twice", t.name);
           }
-          if (t.cap < kMinTenantCap || t.cap > kMaxTenantCap) {
+          if (!TenantCapInRange(t.cap)) {
             return Problem(absl::StrCat("tenant ", t.name, "'s cap"), SizeText(t.cap));
           }
         }

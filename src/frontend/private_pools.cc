@@ -64,24 +64,9 @@ absl::Status PrivatePools::Begin(GraphPoolId id, CaptureFilter filter, int devic
                                                       "it first (PyTorch refuses this too)"));
   }
   if (tag == 0) {
-    std::size_t slot = pools_.empty() ? 1 : pools_.size();  // slot 0 is "no pool"
-    if (!free_slots_.empty()) {
-      slot = free_slots_.back();
-    } else if (slot > std::numeric_limits<std::uint16_t>::max()) {
-      return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: device ", device, " already has ", slot - 1,
-                                                       " private pools; release some (graph reset) first"));
-    }
-    auto pool = std::make_unique<Pool>();
-    pool->id = id;
-    pool->pools = make_pools_();
-    by_id_.emplace(id, static_cast<std::uint16_t>(slot));  // the last call that may throw
-    if (!free_slots_.empty()) {
-      free_slots_.pop_back();
-    } else {
-      pools_.resize(slot + 1);
-    }
-    pools_[slot] = std::move(pool);
-    tag = static_cast<std::uint16_t>(slot);
+    absl::StatusOr<std::uint16_t> stored = Store(id, device);
+    if (!stored.ok()) return stored.status();
+    tag = *stored;
   }
   ++pools_[tag]->use_count;  // a freeable pool begun into again is in use again
   routings_.push_back(Routing{tag, std::move(filter), {}});
@@ -103,19 +88,23 @@ absl::Status PrivatePools::End(GraphPoolId id, int device) {
 absl::StatusOr<std::uint16_t> PrivatePools::AddTenant(int index, int device) {
   const GraphPoolId id = TenantPoolId(index);
   if (const std::uint16_t tag = Find(id); tag != 0) return tag;
-  std::size_t slot = pools_.empty() ? 1 : pools_.size();
+  absl::StatusOr<std::uint16_t> tag = Store(id, device);
+  if (tag.ok()) pools_[*tag]->use_count = 1;  // for good
+  return tag;
+}
+
+absl::StatusOr<std::uint16_t> PrivatePools::Store(GraphPoolId id, int device) {
+  std::size_t slot = pools_.empty() ? 1 : pools_.size();  // slot 0 is "no pool"
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
   } else if (slot > std::numeric_limits<std::uint16_t>::max()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("bucketalloc: device ", device, " has no room for another pool (", slot - 1, " exist)"));
+    return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: device ", device, " already has ", slot - 1,
+                                                     " private pools; release some (graph reset) first"));
   }
   auto pool = std::make_unique<Pool>();
   pool->id = id;
   pool->pools = make_pools_();
-  pool->use_count = 1;  // for good
-  pool->tenant = index;
-  by_id_.emplace(id, static_cast<std::uint16_t>(slot));
+  by_id_.emplace(id, static_cast<std::uint16_t>(slot));  // the last call that may throw
   if (!free_slots_.empty()) {
     free_slots_.pop_back();
   } else {
@@ -127,7 +116,7 @@ absl::StatusOr<std::uint16_t> PrivatePools::AddTenant(int index, int device) {
 
 std::uint16_t PrivatePools::Release(GraphPoolId id) {
   const std::uint16_t tag = Find(id);
-  if (tag == 0 || pools_[tag]->freeable() || pools_[tag]->tenant != 0) return 0;
+  if (tag == 0 || pools_[tag]->freeable() || pools_[tag]->tenant() != 0) return 0;
   // A routing still running into it was abandoned (cudaStreamEndCapture failed, so End never came).
   routings_.erase(std::remove_if(routings_.begin(), routings_.end(), [&](const Routing& r) { return r.tag == tag; }),
                   routings_.end());
@@ -161,7 +150,7 @@ absl::Status PrivatePools::CheckInvariants(const std::vector<std::int64_t>& bloc
       return absl::InternalError("private pools: a routing has no pool");
     }
     if (pools_[r.tag]->freeable()) return absl::InternalError("private pools: a freeable pool is routed to");
-    if (pools_[r.tag]->tenant != 0) return absl::InternalError("private pools: a capture routes to a tenant's pool");
+    if (pools_[r.tag]->tenant() != 0) return absl::InternalError("private pools: a capture routes to a tenant's pool");
   }
   std::size_t stored = 0, erased = 0;
   for (std::size_t tag = 1; tag < pools_.size(); ++tag) {
@@ -172,8 +161,8 @@ absl::Status PrivatePools::CheckInvariants(const std::vector<std::int64_t>& bloc
     }
     const Pool& p = *pools_[tag];
     ++stored;
-    if (p.tenant != 0 && (p.use_count != 1 || !(p.id == TenantPoolId(p.tenant)))) {
-      return absl::InternalError(absl::StrCat("tenant pool ", p.tenant, " has ", p.use_count, " uses or another id"));
+    if (p.tenant() != 0 && p.use_count != 1) {
+      return absl::InternalError(absl::StrCat("tenant pool ", p.tenant(), " has ", p.use_count, " uses"));
     }
     if (Find(p.id) != tag) return absl::InternalError(absl::StrCat("private pool ", PoolName(p.id), " is not indexed"));
     const auto routed =

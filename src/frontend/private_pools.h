@@ -14,7 +14,7 @@
 // freeable: the device routes a tenant's requests to it.
 // Invariants (CheckInvariants): every routing names a pool in use (count > 0) that is not a
 // tenant's; a pool's count is at least the routings into it; a stored pool is in use or still holds
-// memory; a tenant's pool has a count of exactly 1 and its reserved id; each pool's own checks.
+// memory; a tenant's pool has a count of exactly 1; each pool's own checks.
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
@@ -49,8 +49,10 @@ class PrivatePools {
     int use_count = 0;  // routings begun into it and not released; 0: freeable
     std::unique_ptr<Pools> pools;
     absl::flat_hash_map<Stream, std::unique_ptr<StreamPools>> streams;  // its free lists per stream
-    int tenant = 0;  // a tenant's pool (its index, 1 up): permanent, never routed to by a capture
     bool freeable() const { return use_count == 0; }
+    // A tenant's pool: its index (1 up; its id is TenantPoolId(index)), else 0. Permanent, never
+    // routed to by a capture.
+    int tenant() const { return id.first == kTenantIdFirst ? static_cast<int>(id.second) : 0; }
   };
   // The id of tenant `index`'s pool: a first half no PyTorch pool id has (PyTorch counts up from 0
   // or 1 in one half and leaves the other 0), so that Begin and Release refuse or ignore it.
@@ -113,6 +115,9 @@ class PrivatePools {
   absl::Status CheckInvariants(const std::vector<std::int64_t>& blocks_per_tag) const;
 
  private:
+  // Stores a new pool `id` (use count 0) in a free slot and returns its tag; ResourceExhausted past
+  // 65535 pools.
+  absl::StatusOr<std::uint16_t> Store(GraphPoolId id, int device);
   struct Routing {
     std::uint16_t tag = 0;
     CaptureFilter filter;

@@ -13,10 +13,11 @@ namespace bucketalloc::internal {
 absl::Status SegmentRegistry::CheckHeadroom(std::size_t bytes) const {
   if (Headroom() >= bytes) return absl::OkStatus();
   stats_->Count(&DeviceStats::num_oom_rejections);  // PyTorch's count of allocations over its fraction limit
-  if (auto it = owner_caps_.find(owner_); it != owner_caps_.end() && OwnedNow(owner_) + bytes > it->second.cap) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("bucketalloc: reserving ", bytes, " more bytes would exceed tenant '", it->second.name,
-                     "''s cap of ", it->second.cap, " bytes (", OwnedNow(owner_), " reserved by it)"));
+  if (OverOwnerCap(owner_, bytes)) {
+    const OwnerCapEntry& c = owner_caps_.at(owner_);
+    return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: reserving ", bytes,
+                                                     " more bytes would exceed tenant '", c.name, "''s cap of ", c.cap,
+                                                     " bytes (", OwnedNow(owner_), " reserved by it)"));
   }
   return absl::ResourceExhaustedError(
       absl::StrCat("bucketalloc: reserving ", bytes, " more bytes would exceed the cap of ", cap_, " bytes (",
@@ -26,11 +27,9 @@ absl::Status SegmentRegistry::CheckHeadroom(std::size_t bytes) const {
 std::size_t SegmentRegistry::Headroom() const {
   const auto reserved = static_cast<std::size_t>(stats_->Current(&DeviceStats::reserved_bytes, kAllPools));
   std::size_t headroom = cap_ > reserved ? cap_ - reserved : 0;
-  if (owner_ != 0 && !owner_caps_.empty()) {
-    if (auto it = owner_caps_.find(owner_); it != owner_caps_.end()) {
-      const std::size_t owned = OwnedNow(owner_);
-      headroom = std::min(headroom, it->second.cap > owned ? it->second.cap - owned : 0);
-    }
+  if (const std::optional<std::size_t> cap = owner_caps_.empty() ? std::nullopt : OwnerCap(owner_)) {
+    const std::size_t owned = OwnedNow(owner_);
+    headroom = std::min(headroom, *cap > owned ? *cap - owned : 0);
   }
   return headroom;
 }

@@ -90,6 +90,11 @@ class SegmentRegistry final : public MemorySource {
   }
   // The bytes private pool `tag` (0: the device's own pools) has reserved now.
   std::size_t OwnedNow(std::uint16_t tag) const;
+  // Whether pool `tag` has a cap (a tenant's) that reserving `bytes` more would exceed.
+  bool OverOwnerCap(std::uint16_t tag, std::size_t bytes) const {
+    const std::optional<std::size_t> cap = OwnerCap(tag);
+    return cap.has_value() && OwnedNow(tag) + bytes > *cap;
+  }
   // The reserved bytes counted for private pool `tag` (0: the device's own pools), or nullptr when
   // it never reserved any.
   const StatArray* OwnedReserved(std::uint16_t tag) const;

@@ -38,7 +38,7 @@ std::string TenantName(const Options& options, int index) {
 }
 
 absl::Status ValidateTenantCap(absl::string_view name, std::size_t cap) {
-  if (cap >= kMinTenantCap && cap <= kMaxTenantCap) return absl::OkStatus();
+  if (TenantCapInRange(cap)) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("bucketalloc: cap ", cap, " bytes for tenant '", name, "' is invalid; accepted: 2MiB to 16TiB"));
 }
