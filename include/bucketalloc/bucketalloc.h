@@ -154,13 +154,23 @@ BUCKETALLOC_API ssize_t bucketalloc_fragmentation_json(int device, char* buf, si
  * docs/operations.md lists them. Empty before the allocator exists (this call never creates it).
  * BUCKETALLOC_METRICS_ADDR=HOST:PORT serves the same text at http://HOST:PORT/metrics. */
 BUCKETALLOC_API ssize_t bucketalloc_metrics_text(char* buf, size_t len);
+/* The port the BUCKETALLOC_METRICS_ADDR server listens on (the one picked when it asks for port 0),
+ * or -1 with the last error naming why none is served: the variable is not set (or was not when
+ * the allocator was created), the allocator, which starts the server, does not exist yet, a host
+ * name is still being resolved (on the server's thread), the address or the bind failed, or this
+ * process is a child of fork. Never creates the allocator. */
+BUCKETALLOC_API int bucketalloc_metrics_port(void);
 /* The memory timeline: appends to `path` (created if missing) one JSON line per device every
  * `interval_ms` (1 to 3600000) with the figures above and the OOMs since the device's previous
  * line (docs/operations.md), and a last line at stop or exit; replaces a timeline running.
- * BUCKETALLOC_TIMELINE=PATH[,interval_ms] starts one with the allocator. 0, or -1 with the last
- * error set (creates the allocator when it does not exist yet). */
+ * BUCKETALLOC_TIMELINE=PATH[,interval_ms] starts one with the allocator (a PATH with a comma needs
+ * the interval). The file is opened without waiting: a FIFO needs a reader already (else -1, saying
+ * so), and a reader that stops reading or a full disk loses lines (reported once on stderr) but
+ * never blocks the process. 0, or -1 with the last error set (creates the allocator when it does
+ * not exist yet). */
 BUCKETALLOC_API int bucketalloc_timeline_start(const char* path, int interval_ms);
-/* Stops the timeline after its last line (nothing when none runs); 0. */
+/* Stops the timeline after its last line (nothing when none runs; waits at most about a second
+ * for a FIFO's reader); 0. */
 BUCKETALLOC_API int bucketalloc_timeline_stop(void);
 /* Each tenant's figures on `device` as JSON: {"tenants": [{"tenant", "cap_bytes",
  * "reserved_bytes", "peak_reserved_bytes", "allocated_bytes", "requested_bytes", "cached_bytes",

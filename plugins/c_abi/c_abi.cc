@@ -399,6 +399,18 @@ ssize_t bucketalloc_metrics_text(char* buf, size_t len) {
   });
 }
 
+int bucketalloc_metrics_port(void) {
+  return Guarded<int>(-1, [&]() -> int {
+    // Never creates the allocator (nor the server, which starts with it).
+    absl::StatusOr<int> port = bucketalloc::plugins::ProcessMetricsPort();
+    if (!port.ok()) {
+      SetError(port.status());
+      return -1;
+    }
+    return *port;
+  });
+}
+
 int bucketalloc_timeline_start(const char* path, int interval_ms) {
   return Guarded<int>(-1, [&]() -> int {
     if (path == nullptr || *path == '\0') {

@@ -5,10 +5,19 @@
 //
 // Owns: `TimelineWriter`, a thread that samples the allocator's metrics every interval (copies taken
 // under each device's lock, while the fragmentation report walks its blocks: an allocation may wait
-// that long; nothing runs on the allocation path itself) and appends the lines,
-// flushed, to the file; and the process's one writer (StartTimeline, StopTimeline), which an atexit
-// handler stops with a last line. A device appears from its first use; each line lists the OOMs
-// since the device's previous line (at most the last 64 between two lines).
+// that long; nothing runs on the allocation path itself) and appends the lines to the file; and the
+// process's one writer (StartTimeline, StopTimeline), which an atexit handler stops with a last line.
+// A device appears from its first use; each line lists the OOMs since the device's previous line
+// (at most the last 64 between two lines).
+// The file: opened O_WRONLY|O_APPEND|O_CREAT|O_NONBLOCK on the starting thread, which then does no
+// other I/O (the first line is the thread's): a regular file, a device, or a FIFO that a reader
+// has open (one with no reader is refused at once, ENXIO, instead of waiting for one). Every write
+// is one write(2) of whole lines on the writer's thread; a FIFO or pipe whose reader does not take
+// them is waited for at most kTimelineWriteWaitMs per interval, then the lines are dropped. The
+// first write that fails (a full disk, a FIFO's reader gone) is reported once on stderr, naming the
+// file and the error; a line cut by it is ended by the next write's newline, so it never runs into
+// the next line (ReadTimeline skips it with a warning). Stop and the atexit handler therefore wait
+// at most about kTimelineWriteWaitMs.
 // Thread-safety: StartTimeline and StopTimeline from any thread (one lock); the writer's thread
 // only samples and writes. fork(2): the child has no writer thread.
 //
@@ -18,9 +27,10 @@
 #ifndef BUCKETALLOC_PLUGINS_COMMON_TIMELINE_WRITER_H_
 #define BUCKETALLOC_PLUGINS_COMMON_TIMELINE_WRITER_H_
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,11 +45,16 @@
 
 namespace bucketalloc::plugins {
 
+// How long a write waits for a FIFO's or pipe's reader to make room, per interval and for the last
+// line at stop.
+inline constexpr int kTimelineWriteWaitMs = 1000;
+
 class TimelineWriter {
  public:
-  // Opens `path` for appending (created if missing) and starts sampling `allocator` every
-  // `interval_ms` (1 to 3,600,000), writing a first line at once. InvalidArgument for a bad
-  // interval; the OS's reason when the file cannot be opened.
+  // Opens `path` for appending (created if missing; without waiting, see above) and starts
+  // sampling `allocator` every `interval_ms` (1 to 3,600,000); the thread writes a first line at
+  // once. InvalidArgument for a bad interval; FailedPrecondition with the OS's reason when the file
+  // cannot be opened (naming what is accepted for a FIFO without a reader or a socket).
   // `listed`: per device, the last OOM already written (by a writer this one replaces).
   static absl::StatusOr<std::unique_ptr<TimelineWriter>> Start(const std::string& path, int interval_ms,
                                                                const Allocator* allocator,
@@ -49,23 +64,33 @@ class TimelineWriter {
   TimelineWriter& operator=(const TimelineWriter&) = delete;
 
   const std::string& path() const { return path_; }
-  // Stops the thread and writes the last line; returns the last OOM each device's lines listed.
+  // Stops the thread after its last line (waiting at most about kTimelineWriteWaitMs for a reader);
+  // returns the last OOM each device's lines listed.
   std::map<int, std::uint64_t> Stop();
 
  private:
-  TimelineWriter(std::string path, std::FILE* file, int interval_ms, const Allocator* allocator,
+  friend absl::Status StartTimeline(const std::string& path, int interval_ms, const Allocator* allocator);
+  // The file, opened without waiting: its descriptor, or FailedPrecondition naming why not.
+  static absl::StatusOr<int> Open(const std::string& path);
+  TimelineWriter(std::string path, int fd, int interval_ms, const Allocator* allocator,
                  std::map<int, std::uint64_t> listed);
   void Run();
-  void WriteSample();  // on the writer's thread, or by the destructor after it stopped
+  void WriteSample();  // on the writer's thread
+  // Writes `lines` (whole lines) with write(2), waiting for room until `deadline` unless stopping.
+  void WriteLines(const std::string& lines, std::chrono::steady_clock::time_point deadline);
 
   const std::string path_;
-  std::FILE* const file_;
+  const int fd_;
   const int interval_ms_;
   const Allocator* const allocator_;
+  // The writer thread's (then Stop's, after the join):
   std::map<int, std::uint64_t> last_oom_;  // per device: the last OOM a line listed
+  bool mid_line_ = false;                  // a failed write cut a line: the next write starts with "\n"
+  bool reported_ = false;                  // the first failed write was reported
   std::mutex mu_;
   std::condition_variable wake_;
-  bool stopping_ = false;
+  bool stopping_ = false;                  // guarded by mu_
+  std::atomic<bool> stop_waiting_{false};  // set with stopping_: a wait for a reader ends
   bool stopped_ = false;
   std::thread thread_;
 };

@@ -2,7 +2,15 @@
 // its own process, so each starts with no allocator and configures its own.
 #include "bucketalloc/bucketalloc.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,7 +25,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bucketalloc/timeline.h"
 #include "nlohmann/json.hpp"
 #include "test_util.h"
 
@@ -237,6 +247,245 @@ TEST_F(CAbiTest, TimelineLinesListEachOomOnceAndStopWritesTheLast) {
   EXPECT_EQ(last["ooms_total"]["capacity"], 1);
   EXPECT_EQ(last["allocated_bytes"], 3 << 20);
   bucketalloc_free(p, 3 << 20, 0, nullptr);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::string text;
+  if (std::FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+  }
+  return text;
+}
+
+// Runs `body` in a child (its stderr into `stderr_path`) that SIGALRM kills after `seconds`, and
+// returns its wait status: a call that hangs fails the test instead of hanging it.
+template <typename F>
+int InChild(int seconds, const std::string& stderr_path, F&& body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    alarm(static_cast<unsigned>(seconds));
+    const int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(err, 2);
+    _exit(body());
+  }
+  int status = -1;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+// Issue 27 (1): BUCKETALLOC_TIMELINE naming a FIFO without a reader made the first allocation wait
+// forever (a blocking fopen under the timeline's lock). It is refused at once, saying why.
+TEST_F(CAbiTest, TimelineOnAFifoWithoutAReaderIsRefusedAtOnceNotWaitedFor) {
+  const std::string fifo = ::testing::TempDir() + "/c_abi_no_reader.fifo";
+  const std::string err = ::testing::TempDir() + "/c_abi_no_reader.stderr";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const int status = InChild(5, err, [&] {
+    setenv("BUCKETALLOC_TIMELINE", fifo.c_str(), 1);
+    void* p = bucketalloc_malloc(1000, 0, nullptr);  // creates the allocator and its observers
+    if (p == nullptr) return 2;
+    if (bucketalloc_timeline_start(fifo.c_str(), 10) != -1) return 3;
+    std::fprintf(stderr, "start: %s\n", bucketalloc_last_error());
+    return bucketalloc_timeline_stop() == 0 ? 0 : 4;
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "wait status " << status << " (SIGALRM 14: it hung)";
+  const std::string text = ReadAll(err);
+  EXPECT_TRUE(
+      absl::StrContains(text, absl::StrCat("bucketalloc: BUCKETALLOC_TIMELINE=", fifo, ": cannot open the timeline ",
+                                           fifo, " for appending: it is a FIFO that no process has open for reading")))
+      << text;
+  EXPECT_TRUE(absl::StrContains(text, "start: bucketalloc: cannot open the timeline")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "accepted: a regular file, a device, or a FIFO with a reader")) << text;
+  std::remove(fifo.c_str());
+}
+
+// Issue 27 (1): a FIFO whose reader stops reading blocked the writer's thread in fwrite, and
+// timeline_stop (and exit) waited for it forever. Stop returns within about a second, the stall is
+// reported once, and what the reader gets is whole lines.
+TEST_F(CAbiTest, TimelineStopReturnsWhenTheFifosReaderStopsReading) {
+  const std::string fifo = ::testing::TempDir() + "/c_abi_stalled.fifo";
+  const std::string err = ::testing::TempDir() + "/c_abi_stalled.stderr";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // open, and never read until the end
+  ASSERT_GE(reader, 0);
+  const int status = InChild(5, err, [&] {
+    if (bucketalloc_timeline_start(fifo.c_str(), 1) != 0) return 2;
+    void* p = bucketalloc_malloc(1000, 0, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the FIFO fills (64 KiB)
+    const auto start = std::chrono::steady_clock::now();
+    bucketalloc_timeline_stop();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "stop took %.3f s\n", took);
+    bucketalloc_free(p, 1000, 0, nullptr);
+    return took < 2.5 ? 0 : 3;
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "wait status " << status << " (SIGALRM 14: it hung)";
+  const std::string text = ReadAll(err);
+  EXPECT_TRUE(absl::StrContains(text, absl::StrCat("bucketalloc: timeline ", fifo, ": its reader does not read")))
+      << text;
+  EXPECT_EQ(text.find("bucketalloc: timeline "), text.rfind("bucketalloc: timeline ")) << "reported once: " << text;
+  std::string lines;
+  char buf[4096];
+  for (ssize_t n; (n = read(reader, buf, sizeof buf)) > 0;) lines.append(buf, static_cast<std::size_t>(n));
+  close(reader);
+  EXPECT_GT(lines.size(), 16384u);
+  EXPECT_TRUE(absl::EndsWith(lines, "\n"));
+  std::vector<std::string> warnings;
+  absl::StatusOr<std::vector<bucketalloc::TimelineSample>> samples = bucketalloc::ReadTimeline(lines, fifo, &warnings);
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  EXPECT_GT(samples->size(), 10u);
+  EXPECT_TRUE(warnings.empty()) << "whole lines only: " << warnings[0];
+  std::remove(fifo.c_str());
+}
+
+// Issue 27 (6): write errors were ignored: a full disk reported nothing. The first one is reported
+// once, naming the file and the error.
+TEST_F(CAbiTest, TimelineWriteErrorsAreReportedOnceNamingTheFile) {
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(bucketalloc_timeline_start("/dev/full", 5), 0) << bucketalloc_last_error();
+  void* p = bucketalloc_malloc(1000, 0, nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(bucketalloc_timeline_stop(), 0);
+  const std::string text = ::testing::internal::GetCapturedStderr();
+  const std::string report = "bucketalloc: timeline /dev/full: cannot write: No space left on device";
+  EXPECT_TRUE(absl::StrContains(text, report)) << text;
+  EXPECT_EQ(text.find(report), text.rfind(report)) << "once: " << text;
+  bucketalloc_free(p, 1000, 0, nullptr);
+}
+
+// Issue 27 (6): a line cut by a failed write ran into the next one, and the reader refused the
+// whole file. RLIMIT_FSIZE cuts the file's second line (EFBIG); once writes succeed again the next
+// line starts on a line of its own, and the reader skips only the cut one, with a warning.
+TEST_F(CAbiTest, ALineCutByAFailedWriteNeverRunsIntoTheNext) {
+  const std::string path = ::testing::TempDir() + "/c_abi_cut.jsonl";
+  const std::string err = ::testing::TempDir() + "/c_abi_cut.stderr";
+  std::remove(path.c_str());
+  constexpr rlim_t kLimit = 1000;  // a line is about 600 bytes
+  const int status = InChild(5, err, [&] {
+    signal(SIGXFSZ, SIG_IGN);
+    rlimit limit{};
+    getrlimit(RLIMIT_FSIZE, &limit);
+    const rlim_t unlimited = limit.rlim_cur;
+    limit.rlim_cur = kLimit;
+    setrlimit(RLIMIT_FSIZE, &limit);
+    if (bucketalloc_timeline_start(path.c_str(), 5) != 0) return 2;
+    void* p = bucketalloc_malloc(1000, 0, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    limit.rlim_cur = unlimited;
+    setrlimit(RLIMIT_FSIZE, &limit);
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    bucketalloc_timeline_stop();
+    bucketalloc_free(p, 1000, 0, nullptr);
+    return 0;
+  });
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "wait status " << status;
+  const std::string report = ReadAll(err);
+  EXPECT_TRUE(absl::StrContains(report, absl::StrCat("bucketalloc: timeline ", path, ": cannot write: File too large")))
+      << report;
+  const std::string text = ReadAll(path);
+  std::vector<std::string> warnings;
+  absl::StatusOr<std::vector<bucketalloc::TimelineSample>> samples = bucketalloc::ReadTimeline(text, path, &warnings);
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  EXPECT_GE(samples->size(), 3u) << text;
+  ASSERT_EQ(warnings.size(), 1u) << "only the cut line: " << text;
+  EXPECT_TRUE(absl::StrContains(warnings[0], "not a timeline sample")) << warnings[0];
+  std::size_t cut = 0;  // the damaged line is the cut one, shorter than a whole line
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    if (!nlohmann::json::accept(line.begin(), line.end())) cut = line.size();
+  }
+  EXPECT_GT(cut, 0u);
+  EXPECT_LT(cut, kLimit) << text;
+}
+
+// Connects to 127.0.0.1 (or ::1) on `port` and returns the answer to GET /metrics (3 s at most).
+std::string Scrape(int port) {
+  for (int family : {AF_INET, AF_INET6}) {
+    const int fd = socket(family, SOCK_STREAM, 0);
+    const timeval timeout{3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    sockaddr_storage a{};
+    socklen_t len = 0;
+    if (family == AF_INET) {
+      auto* v4 = reinterpret_cast<sockaddr_in*>(&a);
+      v4->sin_family = AF_INET;
+      v4->sin_port = htons(static_cast<std::uint16_t>(port));
+      v4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      len = sizeof *v4;
+    } else {
+      auto* v6 = reinterpret_cast<sockaddr_in6*>(&a);
+      v6->sin6_family = AF_INET6;
+      v6->sin6_port = htons(static_cast<std::uint16_t>(port));
+      v6->sin6_addr = in6addr_loopback;
+      len = sizeof *v6;
+    }
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+      close(fd);
+      continue;
+    }
+    const std::string request = "GET /metrics HTTP/1.1\r\n\r\n";
+    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+    close(fd);
+    return out;
+  }
+  return "connect failed";
+}
+
+// Issue 27 (14): port 0 picked a port nobody could learn. It is printed (one line) and given by
+// bucketalloc_metrics_port, which says why when there is none and never creates the allocator.
+TEST_F(CAbiTest, MetricsPortSaysWhyUntilTheServerListensAndNeverCreatesTheAllocator) {
+  unsetenv("BUCKETALLOC_METRICS_ADDR");
+  EXPECT_EQ(bucketalloc_metrics_port(), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "BUCKETALLOC_METRICS_ADDR is not set"))
+      << bucketalloc_last_error();
+  setenv("BUCKETALLOC_METRICS_ADDR", "127.0.0.1:0", 1);
+  EXPECT_EQ(bucketalloc_metrics_port(), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "starts with the allocator, at the first allocation"))
+      << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_is_initialized(), 0) << "asking never creates the allocator";
+  ::testing::internal::CaptureStderr();
+  void* p = bucketalloc_malloc(1000, 0, nullptr);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_NE(p, nullptr) << bucketalloc_last_error();
+  const int port = bucketalloc_metrics_port();
+  ASSERT_GT(port, 0) << bucketalloc_last_error();
+  EXPECT_TRUE(absl::StrContains(
+      said, absl::StrCat("bucketalloc: BUCKETALLOC_METRICS_ADDR=127.0.0.1:0: serving metrics on port ", port,
+                         " (http://127.0.0.1:", port, "/metrics)\n")))
+      << said;
+  EXPECT_TRUE(absl::StrContains(Scrape(port), "bucketalloc_allocated_bytes{device=\"0\",pool=\"all\"}"));
+  // A child of fork has no server, and says so; the parent's still answers.
+  const int status = InChild(5, ::testing::TempDir() + "/c_abi_port_child.stderr", [] {
+    return bucketalloc_metrics_port() == -1 && absl::StrContains(bucketalloc_last_error(), "child of fork") ? 0 : 1;
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(absl::StartsWith(Scrape(port), "HTTP/1.1 200 OK"));
+  unsetenv("BUCKETALLOC_METRICS_ADDR");
+  EXPECT_EQ(bucketalloc_metrics_port(), port) << "the server started stays";
+  bucketalloc_free(p, 1000, 0, nullptr);
+}
+
+// Issue 27 (4): a host name is resolved on the server's thread: the first allocation does not
+// wait for it, and the port comes once it is bound.
+TEST_F(CAbiTest, MetricsPortOfAHostNameComesFromTheServersThread) {
+  setenv("BUCKETALLOC_METRICS_ADDR", "localhost:0", 1);
+  void* p = bucketalloc_malloc(1000, 0, nullptr);
+  ASSERT_NE(p, nullptr) << bucketalloc_last_error();
+  int port = -1;
+  for (int i = 0; i < 500 && (port = bucketalloc_metrics_port()) < 0; ++i) {
+    EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "still resolving the host name localhost"))
+        << bucketalloc_last_error();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(port, 0) << bucketalloc_last_error();
+  EXPECT_TRUE(absl::StartsWith(Scrape(port), "HTTP/1.1 200 OK"));
+  unsetenv("BUCKETALLOC_METRICS_ADDR");
+  bucketalloc_free(p, 1000, 0, nullptr);
 }
 
 TEST_F(CAbiTest, SnapshotAndHistoryThroughTheAbi) {
