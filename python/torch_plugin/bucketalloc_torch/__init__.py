@@ -32,11 +32,11 @@ import pickle
 import sys
 import threading
 import warnings
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, ContextManager, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from . import _lib, _metrics, _torch_ext
 from ._lib import BucketallocError
-from ._metrics import metrics_text, register_metrics, start_timeline, stop_timeline
+from ._metrics import metrics_port, metrics_text, register_metrics, start_timeline, stop_timeline
 
 from ._version import project_version as _project_version
 
@@ -61,6 +61,7 @@ __all__ = [
     "memory_reserved",
     "memory_stats",
     "memory_summary",
+    "metrics_port",
     "metrics_text",
     "record_memory_history",
     "register_metrics",
@@ -93,36 +94,30 @@ def _current_device() -> int:
     return 0
 
 
+_DEVICE_ACCEPTED = f"None, an int from 0 to {_lib.C_INT_MAX}, 'cuda', 'cuda:N' or a torch.device of type cuda"
+
+
 def _device_index(device: Device) -> int:
-    """Turns a device argument into an index (see the module docstring for what is accepted)."""
-    accepted = "accepted: None, an int >= 0, 'cuda', 'cuda:N' or a torch.device of type cuda"
+    """Turns a device argument into an index (see the module docstring for what is accepted); an
+    index beyond a C int (which ctypes would wrap to another device: 2**32 to 0) is refused. Callers
+    take the index before _lib.lib(), so that a refused device never loads the library."""
     if device is None:
         return _current_device()
-    if isinstance(device, bool):
-        raise TypeError(f"device {device!r} is a bool; {accepted}")
-    if isinstance(device, int):
-        index: Optional[int] = device
-    elif isinstance(device, str):
+    index: Any = device  # an int, else what checked_int refuses by its type
+    if isinstance(device, str):
         kind, _, number = device.partition(":")
         if kind != "cuda" or (number and not number.isdigit()):
-            raise ValueError(f"device {device!r} is not a CUDA device; {accepted}")
+            raise ValueError(f"device={device!r} is not a CUDA device; accepted: {_DEVICE_ACCEPTED}")
         index = int(number) if number else None
-    elif hasattr(device, "type") and hasattr(device, "index"):  # a torch.device
+    elif not isinstance(device, int) and hasattr(device, "type") and hasattr(device, "index"):  # a torch.device
         if device.type != "cuda":
-            raise ValueError(f"device {device!r} is not a CUDA device; {accepted}")
+            raise ValueError(f"device={device!r} is not a CUDA device; accepted: {_DEVICE_ACCEPTED}")
         index = device.index
-    else:
-        raise TypeError(f"device {device!r} has type {type(device).__name__}; {accepted}")
     if index is None:
         return _current_device()
-    if index < 0:
-        raise ValueError(f"device {device!r} is negative; {accepted}")
-    if index > _C_INT_MAX:  # ctypes would truncate it to another device (2**32 to device 0)
-        raise ValueError(f"device {device!r} is out of range; {accepted} (at most {_C_INT_MAX})")
-    return index
+    return _lib.checked_int("device", index, 0, _lib.C_INT_MAX, _DEVICE_ACCEPTED, shown=device)
 
 
-_C_INT_MAX = 2**31 - 1
 _HISTORY_MAX_ENTRIES = 2**24  # the library's kMaxHistoryEntries
 
 
@@ -132,6 +127,7 @@ def _format_option(key: str, value: Any, in_list: bool = False) -> str:
     A value is one value: text with a ',' outside one bracketed list would set other keys
     (capacity="1GiB,sim_devices:2"), so it is refused; "[256:1,>:8]" is one list value.
     """
+    _lib.checked_text("option name", key, "a keyword naming an option")
     if isinstance(value, bool):
         return "True" if value else "False"
     if isinstance(value, (list, tuple)) and not in_list:
@@ -140,6 +136,7 @@ def _format_option(key: str, value: Any, in_list: bool = False) -> str:
         raise TypeError(f"option {key}={value!r} has type {type(value).__name__}; accepted: a str, int, float, "
                         "bool, or a list of str, int or float")
     text = str(value)
+    _lib.checked_text(f"option {key}", text, "a str, int, float, bool, or a list of str, int or float")
     whole_list = not in_list and text.startswith("[") and text.endswith("]") and not any(c in text[1:-1] for c in "[]")
     if not whole_list and any(c in text for c in ",[]"):
         raise ValueError(f"option {key}={value!r} is not one value; accepted: a value without ',', '[' or ']', "
@@ -151,6 +148,8 @@ def _compose_conf(conf: Optional[str], options: Dict[str, Any]) -> Optional[str]
     """Returns `conf` (BUCKETALLOC_CONF when None) extended by `options`, or None for neither."""
     if conf is not None and not isinstance(conf, str):
         raise TypeError(f"conf must be a string like 'backend:sim,capacity:4GiB' or None, not {type(conf).__name__}")
+    if conf is not None:
+        _lib.checked_text("conf", conf, "a string like 'backend:sim,capacity:4GiB' or None")
     if conf is None and not options:
         return None
     base = conf if conf is not None else os.environ.get(CONF_ENV, "")
@@ -161,7 +160,8 @@ def _compose_conf(conf: Optional[str], options: Dict[str, Any]) -> Optional[str]
 
 def _apply_conf(conf: Optional[str]) -> None:
     if conf is not None:
-        _lib.check(_lib.lib().bucketalloc_configure(conf.encode()), "bucketalloc_configure")
+        encoded = _lib.checked_text("conf", conf)
+        _lib.check(_lib.lib().bucketalloc_configure(encoded), "bucketalloc_configure")
 
 
 def configure(conf: Optional[str] = None, **options: Any) -> None:
@@ -179,6 +179,8 @@ def configure(conf: Optional[str] = None, **options: Any) -> None:
             allocator already exists with a different configuration (it is created on first use
             and its configuration cannot change afterwards). Setting the configuration it already
             has is accepted.
+        TypeError, ValueError: `conf`, an option's name or value holds a NUL (checked before
+            ctypes, which would end the text there), or an option is not one value.
     """
     _apply_conf(_compose_conf(conf, options))
 
@@ -200,7 +202,8 @@ def memory_stats(device: Device = None) -> "collections.OrderedDict[str, Union[i
     ``"num_alloc_retries"`` and ``"num_ooms"`` and bucketalloc's own (``"cached_bytes.*"``,
     ``"num_cache_hits"``, ``"capacity_bytes"``, ...), sorted by key like PyTorch's.
     """
-    text = _lib.read_text(_lib.lib().bucketalloc_stats_json, _device_index(device))
+    index = _device_index(device)
+    text = _lib.read_text(_lib.lib().bucketalloc_stats_json, index)
     return collections.OrderedDict(sorted(json.loads(text).items()))
 
 
@@ -230,7 +233,8 @@ def max_memory_reserved(device: Device = None) -> int:
 
 def reset_peak_memory_stats(device: Device = None) -> None:
     """Resets every ``*.peak`` stat of `device` to its current value."""
-    _lib.check(_lib.lib().bucketalloc_reset_peak_stats(_device_index(device)), "bucketalloc_reset_peak_stats")
+    index = _device_index(device)
+    _lib.check(_lib.lib().bucketalloc_reset_peak_stats(index), "bucketalloc_reset_peak_stats")
 
 
 # The rows of the per-pool breakdown in the summary tables (torch's, then bucketalloc's), left out
@@ -248,7 +252,8 @@ def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
         abbreviated: leave out the per-pool rows (large/small pool), as
             torch.cuda.memory_summary(abbreviated=True) does.
     """
-    text = _lib.read_text(_lib.lib().bucketalloc_summary, _device_index(device))
+    index = _device_index(device)
+    text = _lib.read_text(_lib.lib().bucketalloc_summary, index)
     if not abbreviated:
         return text
     return "".join(line for line in text.splitlines(keepends=True) if not line.startswith(_POOL_ROW_PREFIXES))
@@ -263,7 +268,8 @@ def fragmentation_histogram(device: Device = None) -> Dict[str, Any]:
     blocks in power-of-two bins, ``[{"min_bytes", "max_bytes", "count", "bytes"}, ...]``; and
     ``"tiers"``: ``[{"tier_bytes", "in_use", "cached"}, ...]``.
     """
-    return json.loads(_lib.read_text(_lib.lib().bucketalloc_fragmentation_json, _device_index(device)))
+    index = _device_index(device)
+    return json.loads(_lib.read_text(_lib.lib().bucketalloc_fragmentation_json, index))
 
 
 def last_oom_report(device: Device = None) -> str:
@@ -271,12 +277,14 @@ def last_oom_report(device: Device = None) -> str:
 
     Its first line names the cause: capacity, fragmentation, cache held or device exhausted.
     """
-    return _lib.read_text(_lib.lib().bucketalloc_last_oom_report, _device_index(device))
+    index = _device_index(device)
+    return _lib.read_text(_lib.lib().bucketalloc_last_oom_report, index)
 
 
 def check_invariants(device: Device = None) -> None:
     """Checks every internal invariant of `device`; raises BucketallocError naming a broken one."""
-    _lib.check(_lib.lib().bucketalloc_check_invariants(_device_index(device)), "bucketalloc_check_invariants")
+    index = _device_index(device)
+    _lib.check(_lib.lib().bucketalloc_check_invariants(index), "bucketalloc_check_invariants")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,21 +292,25 @@ def check_invariants(device: Device = None) -> None:
 
 
 def _tenant_name(name: str) -> bytes:
-    if not isinstance(name, str):
-        raise TypeError(f"tenant {name!r} has type {type(name).__name__}; accepted: a tenant's name (str) or 'default'")
-    return name.encode()
+    return _lib.checked_text("name", name, "a tenant's name (str) or 'default'")
 
 
-@contextlib.contextmanager
-def tenant(name: str) -> Iterator[None]:
+def tenant(name: str) -> ContextManager[None]:
     """Sends this thread's allocations to tenant `name` inside the block, then back to the tenant before.
 
     ``with bucketalloc_torch.tenant("long"): ...``: every allocation the thread makes there (unless
     its stream is bound to a tenant, see bind_stream) comes from the tenant's own pools, under its cap.
     Per thread: other threads (autograd's backward threads among them) keep their own tenant.
-    Raises BucketallocError for a name that is not a tenant (the message lists them).
+
+    Raises:
+        TypeError, ValueError: `name` is not a str, or holds a NUL (at this call, before the block).
+        BucketallocError: a name that is not a tenant (the message lists them), on entering the block.
     """
-    encoded = _tenant_name(name)
+    return _tenant_block(_tenant_name(name))
+
+
+@contextlib.contextmanager
+def _tenant_block(encoded: bytes) -> Iterator[None]:
     before = _lib.read_text(_lib.lib().bucketalloc_thread_tenant)
     _lib.check(_lib.lib().bucketalloc_set_thread_tenant(encoded), "bucketalloc_set_thread_tenant")
     try:
@@ -311,11 +323,19 @@ def bind_stream(stream: Any, name: str) -> None:
     """Binds `stream` (a torch.cuda.Stream or a cudaStream_t as an int) to tenant `name` on every device.
 
     Allocations on that stream then go to the tenant, from any thread; "default" unbinds it.
+
+    Raises:
+        TypeError, ValueError: a stream that is not an int handle from 0 to 2**64 - 1 (or a
+            torch.cuda.Stream), a name that is not a str or holds a NUL.
+        BucketallocError: a name that is not a tenant.
     """
-    handle = getattr(stream, "cuda_stream", stream)
-    if isinstance(handle, bool) or not isinstance(handle, int):
-        raise TypeError(f"stream {stream!r} is not a stream; accepted: a torch.cuda.Stream or an int handle")
-    _lib.check(_lib.lib().bucketalloc_bind_stream(handle, _tenant_name(name)), "bucketalloc_bind_stream")
+    argument, handle = ("stream", stream)
+    if hasattr(stream, "cuda_stream"):  # a torch.cuda.Stream
+        argument, handle = ("stream.cuda_stream", stream.cuda_stream)
+    handle = _lib.checked_int(argument, handle, 0, _lib.C_UINTPTR_MAX, "a torch.cuda.Stream or a cudaStream_t "
+                              f"handle as an int from 0 to {_lib.C_UINTPTR_MAX}")
+    encoded = _tenant_name(name)
+    _lib.check(_lib.lib().bucketalloc_bind_stream(handle, encoded), "bucketalloc_bind_stream")
 
 
 def set_tenant_cap(name: str, cap_bytes: int) -> None:
@@ -323,10 +343,16 @@ def set_tenant_cap(name: str, cap_bytes: int) -> None:
 
     Lowering it below what the tenant holds releases its cache and refuses its growth until it
     fits; live tensors are never freed.
+
+    Raises:
+        TypeError, ValueError: a name that is not a str or holds a NUL; a cap that is not an int
+            from 0 to 2**64 - 1 (checked here: ctypes would wrap it).
+        BucketallocError: a name that is not a tenant, the default tenant, a cap outside 2 MiB to 16 TiB.
     """
-    if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or not 0 <= cap_bytes < 2**64:
-        raise ValueError(f"cap {cap_bytes!r} for tenant {name!r} is invalid; accepted: bytes from 2 MiB to 16 TiB")
-    _lib.check(_lib.lib().bucketalloc_set_tenant_cap(_tenant_name(name), cap_bytes), "bucketalloc_set_tenant_cap")
+    encoded = _tenant_name(name)
+    cap = _lib.checked_int("cap_bytes", cap_bytes, 0, _lib.C_SIZE_MAX,
+                           f"an int from 0 to {_lib.C_SIZE_MAX} (a size_t; the library accepts 2 MiB to 16 TiB)")
+    _lib.check(_lib.lib().bucketalloc_set_tenant_cap(encoded, cap), "bucketalloc_set_tenant_cap")
 
 
 def tenant_stats(device: Device = None) -> List[Dict[str, Any]]:
@@ -335,7 +361,8 @@ def tenant_stats(device: Device = None) -> List[Dict[str, Any]]:
     Each dict has tenant, cap_bytes, reserved_bytes, peak_reserved_bytes, allocated_bytes,
     requested_bytes, cached_bytes, live_allocations, ooms and ooms_at_cap (refused by its own cap).
     """
-    data = json.loads(_lib.read_text(_lib.lib().bucketalloc_tenant_stats_json, _device_index(device)))
+    index = _device_index(device)
+    data = json.loads(_lib.read_text(_lib.lib().bucketalloc_tenant_stats_json, index))
     return list(data["tenants"])
 
 
@@ -416,13 +443,13 @@ def record_memory_history(enabled: Union[None, bool, str] = "all", max_entries: 
         on = True
     else:
         raise ValueError(f"enabled={enabled!r}; accepted: 'all', 'state' or True (on), None or False (off)")
-    if isinstance(max_entries, bool) or not isinstance(max_entries, int):
-        raise TypeError(f"max_entries={max_entries!r} has type {type(max_entries).__name__}; accepted: an int "
-                        f"from 1 to {_HISTORY_MAX_ENTRIES}")
-    if on and not 1 <= max_entries <= _HISTORY_MAX_ENTRIES:  # ctypes would wrap 2**64 to 0
-        raise ValueError(f"max_entries={max_entries}; accepted: an int from 1 to {_HISTORY_MAX_ENTRIES}")
-    if not on:
-        max_entries = max(0, min(max_entries, _HISTORY_MAX_ENTRIES))  # ignored when turning it off
+    # ctypes would wrap 2**64 to 0; turning recording off ignores the length (any int is accepted).
+    accepted = f"an int from 1 to {_HISTORY_MAX_ENTRIES}"
+    if on:
+        max_entries = _lib.checked_int("max_entries", max_entries, 1, _HISTORY_MAX_ENTRIES, accepted)
+    else:
+        max_entries = max(0, min(_lib.checked_int("max_entries", max_entries, None, None, accepted),
+                                 _HISTORY_MAX_ENTRIES))
     _lib.check(_lib.lib().bucketalloc_record_history(int(on), max_entries), "bucketalloc_record_history")
     if not on:
         _torch_ext.record_stacks(False)

@@ -30,7 +30,7 @@ import ctypes.util
 import os
 import pathlib
 import threading
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 # The version and the source-tree test, defined once (_version imports nothing of the package).
 from . import _version
@@ -88,6 +88,7 @@ _SIGNATURES = {
     "bucketalloc_tenant_stats_json": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),
     "bucketalloc_thread_tenant": (ctypes.c_ssize_t, [_c_char_buffer, ctypes.c_size_t]),
     "bucketalloc_metrics_text": (ctypes.c_ssize_t, [_c_char_buffer, ctypes.c_size_t]),
+    "bucketalloc_metrics_port": (ctypes.c_int, []),
     "bucketalloc_timeline_start": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
     "bucketalloc_timeline_stop": (ctypes.c_int, []),
     "bucketalloc_config_string": (ctypes.c_ssize_t, [_c_char_buffer, ctypes.c_size_t]),
@@ -111,8 +112,21 @@ _SIGNATURES = {
     "bucketalloc_sim_set_capturing": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]),
 }
 
+# Functions of _SIGNATURES added after libraries of this version were built: declared when the
+# library has them, and reached through optional_function(name), which names the rebuild when it
+# does not. Every other function is required at load.
+_ADDED_LATER = frozenset({"bucketalloc_metrics_port"})
+
 # The first buffer size tried by read_text; texts that do not fit are read again at their size.
 DEFAULT_TEXT_BUFFER = 64 * 1024
+
+# The ranges of the C integer types of the ABI. ctypes converts a Python int outside them without
+# an error, to another value (2**32 as an int is 0; 2**64 as a size_t or a pointer is 0; -1 as a
+# size_t is 2**64 - 1), so every int the package passes is checked against them first (checked_int).
+C_INT_MIN = -(2 ** (8 * ctypes.sizeof(ctypes.c_int) - 1))
+C_INT_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_int) - 1) - 1
+C_SIZE_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1
+C_UINTPTR_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_void_p)) - 1  # a stream (cudaStream_t) as an int
 
 
 class BucketallocError(RuntimeError):
@@ -198,13 +212,15 @@ def _check_version(library: ctypes.CDLL, path: str) -> None:
 
 def _declare(library: ctypes.CDLL, path: str) -> None:
     """Sets restype and argtypes of every function of the ABI; a missing one is an error."""
-    missing = [name for name in _SIGNATURES if not hasattr(library, name)]
+    missing = [name for name in _SIGNATURES if name not in _ADDED_LATER and not hasattr(library, name)]
     if missing:
         raise BucketallocError(
             f"{path} does not export {', '.join(missing)}: it is not a libbucketalloc.so matching this "
             "package (rebuild the library, or point BUCKETALLOC_LIBRARY at a current build)"
         )
     for name, (restype, argtypes) in _SIGNATURES.items():
+        if name in _ADDED_LATER and not hasattr(library, name):
+            continue
         function = getattr(library, name)
         function.restype = restype
         function.argtypes = argtypes
@@ -235,6 +251,23 @@ def lib() -> ctypes.CDLL:
 def library_path() -> str:
     """Returns the path (or, when found by the dynamic loader, the name) the library was loaded from."""
     return _loaded_library()[1]
+
+
+def optional_function(name: str) -> Any:
+    """Returns the library function `name`, declared; for the functions of _ADDED_LATER, which a
+    library built before they were added lacks.
+
+    Raises:
+        BucketallocError: the library does not export `name` (the message says to rebuild it).
+    """
+    library = lib()
+    if not hasattr(library, name):
+        raise BucketallocError(
+            f"{library_path()} does not export {name}: it was built before {name} was added to the C ABI; "
+            f"rebuild it (ninja -C build/release) or reinstall the package with its own library, or set "
+            f"{LIBRARY_ENV} to a current build"
+        )
+    return getattr(library, name)
 
 
 def function_address(name: str) -> int:
@@ -286,3 +319,62 @@ def read_text(function: Callable[..., int], *args: object, initial_size: int = D
             return buffer.raw[:needed].decode("utf-8")
         # Too small: read again at the reported size (in a loop, as the text may grow in between).
         size = needed + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments, checked before they reach ctypes (which cuts a string at its first NUL and wraps an int
+# to its C type without an error). Every function of the package that hands a caller's value to
+# the ABI goes through these two.
+
+
+def checked_int(argument: str, value: Any, low: Optional[int], high: Optional[int],
+                accepted: Optional[str] = None, shown: Any = None) -> int:
+    """Returns `value` when it is an int (not a bool) from `low` to `high` (None: no bound).
+
+    Args:
+        argument: the argument's name, as the caller wrote it (``"cap_bytes"``, ``"stream.cuda_stream"``).
+        low, high: the accepted range, at most the C type's (C_INT_MIN/C_INT_MAX, 0/C_SIZE_MAX, ...).
+        accepted: what the message says is accepted (default: "an int from LOW to HIGH").
+        shown: the value the message shows (default `value`), e.g. the caller's ``"cuda:N"`` for its index.
+
+    Raises:
+        TypeError: not an int, or a bool. ValueError: out of the range. Both say
+            ``ARGUMENT=VALUE ...; accepted: ...``.
+    """
+    if accepted is None:
+        accepted = f"an int from {low} to {high}"
+    shown = value if shown is None else shown
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{argument}={shown!r} has type {type(shown).__name__}; accepted: {accepted}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{argument}={shown!r} is out of range; accepted: {accepted}")
+    return int(value)
+
+
+def checked_text(argument: str, value: Any, accepted: str = "a str", path: bool = False) -> bytes:
+    """Returns `value` as the bytes of a C string: a str in UTF-8, or with `path` a str, bytes or
+    os.PathLike as the file system encodes it (os.fsencode).
+
+    Raises:
+        TypeError: another type. ValueError: a NUL character (C would end the string there), or a
+            str that UTF-8 cannot encode (a lone surrogate). Both name the argument and its value.
+    """
+    if path:
+        accepted = "a str, bytes or os.PathLike path"
+        try:
+            encoded = os.fsencode(value)
+        except TypeError:
+            raise TypeError(f"{argument}={value!r} has type {type(value).__name__}; accepted: {accepted}") from None
+    elif isinstance(value, str):
+        try:
+            encoded = value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{argument}={value!r} is not valid UTF-8 text ({e.reason} at index {e.start}); "
+                             f"accepted: {accepted}") from None
+    else:
+        raise TypeError(f"{argument}={value!r} has type {type(value).__name__}; accepted: {accepted}")
+    nul = encoded.find(b"\0")
+    if nul >= 0:
+        raise ValueError(f"{argument}={value!r} contains a NUL character (at byte {nul}), where C would end the "
+                         f"text; NUL is not accepted; accepted: {accepted} without NUL characters")
+    return encoded

@@ -26,6 +26,23 @@ def metrics_text() -> str:
     return _lib.read_text(_lib.lib().bucketalloc_metrics_text)
 
 
+def metrics_port() -> int:
+    """Returns the TCP port the ``BUCKETALLOC_METRICS_ADDR`` server listens on: the one the system
+    chose when the address asked for port 0 (``127.0.0.1:0``). The server starts with the allocator
+    (at its first use), when that variable is set.
+
+    Raises:
+        BucketallocError: no server is running, with the library's message saying why (the variable
+            is unset or was malformed, its address could not be bound, the allocator does not exist
+            yet, a host name is still being resolved, or this process is a child of fork); or the
+            library predates ``bucketalloc_metrics_port`` (the message says to rebuild it).
+    """
+    return _lib.check(_lib.optional_function("bucketalloc_metrics_port")(), "bucketalloc_metrics_port")
+
+
+_MAX_INTERVAL_MS = 3_600_000  # the library's bound on the timeline's interval (an hour)
+
+
 def start_timeline(path: "str | os.PathLike[str]", interval_ms: int = 1000) -> None:
     """Appends the memory timeline to `path`: one JSON line per device every `interval_ms` (1 to
     3,600,000) with the memory figures and the OOMs since the device's previous line, and a last
@@ -33,12 +50,14 @@ def start_timeline(path: "str | os.PathLike[str]", interval_ms: int = 1000) -> N
     the environment). Replaces a timeline already running.
 
     Raises:
-        BucketallocError: a bad interval (checked before ctypes), a file that cannot be opened.
+        TypeError, ValueError: a path that is not a str, bytes or os.PathLike, or holds a NUL; an
+            interval that is not an int from 1 to 3600000 (checked before ctypes).
+        BucketallocError: a file that cannot be opened.
     """
-    if isinstance(interval_ms, bool) or not isinstance(interval_ms, int) or not 1 <= interval_ms <= 3_600_000:
-        raise BucketallocError(
-            f"start_timeline(interval_ms={interval_ms!r}): accepted an int from 1 to 3600000 (milliseconds)")
-    _lib.check(_lib.lib().bucketalloc_timeline_start(os.fsencode(path), interval_ms), "bucketalloc_timeline_start")
+    encoded = _lib.checked_text("path", path, path=True)
+    interval = _lib.checked_int("interval_ms", interval_ms, 1, _MAX_INTERVAL_MS,
+                                f"an int from 1 to {_MAX_INTERVAL_MS} (milliseconds)")
+    _lib.check(_lib.lib().bucketalloc_timeline_start(encoded, interval), "bucketalloc_timeline_start")
 
 
 def stop_timeline() -> None:
@@ -76,6 +95,7 @@ def register_metrics(registry: Optional[Any] = None) -> Collector:
 
     Raises:
         BucketallocError: prometheus_client is not installed (``pip install prometheus_client``).
+        TypeError: `registry` is not None or a ``prometheus_client.CollectorRegistry``.
     """
     try:
         import prometheus_client
@@ -84,6 +104,9 @@ def register_metrics(registry: Optional[Any] = None) -> Collector:
             "bucketalloc: register_metrics needs prometheus_client (pip install prometheus_client); "
             "without it, metrics_text() returns the same metrics as text"
         ) from e
+    if registry is not None and not isinstance(registry, prometheus_client.CollectorRegistry):
+        raise TypeError(f"registry={registry!r} has type {type(registry).__name__}; accepted: None "
+                        "(prometheus_client.REGISTRY) or a prometheus_client.CollectorRegistry")
     target = prometheus_client.REGISTRY if registry is None else registry
     with _lock:
         for held, collector in _registered:

@@ -5,11 +5,12 @@ no code of ours, enable() registering them, and prometheus_client missing."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import urllib.request
 
 import pytest
 
-from helpers import MiB, fresh_process, run_python
+from helpers import MiB, child_env, expect_success, fresh_process, run, run_python
 
 SIM = "backend:sim,capacity:256MiB,sim_total_memory:512MiB"
 
@@ -141,13 +142,9 @@ def test_start_timeline_appends_lines_with_each_oom_once():
     import bucketalloc_torch as ba
     from bucketalloc_torch import _lib
 
-    for bad in (0, -1, 3_600_001, 1.5, True, "100"):
-        try:
+    for bad in (0, -1, 3_600_001, 2**32 + 20, 1.5, True, "100"):
+        with pytest.raises((ValueError, TypeError), match=r"accepted: an int from 1 to 3600000 \(milliseconds\)"):
             ba.start_timeline("t.jsonl", bad)
-        except ba.BucketallocError as e:
-            assert "accepted an int from 1 to 3600000" in str(e), e
-        else:
-            raise AssertionError(f"interval {bad!r} accepted")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "timeline.jsonl")
         ba.start_timeline(path, 20)
@@ -235,3 +232,113 @@ sys.stdin.read()
             prom.wait(timeout=30)
         server.stdin.close()
         server.wait(timeout=30)
+
+
+@fresh_process(SIM)
+def test_a_timeline_path_with_a_nul_is_refused_not_cut():
+    # ctypes would cut "f\0.x" to "f" and write the timeline there.
+    import tempfile
+
+    import bucketalloc_torch as ba
+
+    with tempfile.TemporaryDirectory() as d:
+        for path in (os.path.join(d, "f\0.x"), os.fsencode(os.path.join(d, "f\0.x"))):
+            with pytest.raises(ValueError, match=r"path=.*f\\x00\.x.* contains a NUL character .*; NUL is not acc"):
+                ba.start_timeline(path, 10)
+        _malloc(MiB)
+        ba.stop_timeline()
+        assert os.listdir(d) == []
+
+
+@pytest.mark.parametrize("registry", [object(), "default", prometheus_client.REGISTRY.get_sample_value])
+def test_register_metrics_refuses_what_is_not_a_registry(registry):
+    import bucketalloc_torch as ba
+
+    with pytest.raises(TypeError, match=r"registry=.* has type \w+; accepted: None \(prometheus_client.REGISTRY\) "
+                                        r"or a prometheus_client.CollectorRegistry"):
+        ba.register_metrics(registry)
+
+
+# ---- the BUCKETALLOC_METRICS_ADDR server's port ----------------------------------------------
+
+
+def _has_metrics_port() -> bool:
+    """Whether the library under test exports bucketalloc_metrics_port (asked in a child, so that this
+    process never loads the library)."""
+    probe = run(["-c", "import sys; from bucketalloc_torch import _lib; "
+                       "sys.exit(0 if hasattr(_lib.lib(), 'bucketalloc_metrics_port') else 3)"], child_env(SIM))
+    if probe.returncode not in (0, 3):
+        expect_success(probe)
+    return probe.returncode == 0
+
+
+def test_metrics_port_is_the_port_chosen_for_port_0_and_serves_the_metrics():
+    if not _has_metrics_port():
+        pytest.fail("the library does not export bucketalloc_metrics_port: rebuild it", pytrace=False)
+    run_python(
+        """
+import urllib.request
+import bucketalloc_torch as ba
+from bucketalloc_torch import _lib
+try:
+    ba.metrics_port()  # the server starts with the allocator, which asking does not create
+except ba.BucketallocError as e:
+    assert str(e) == _lib.last_error(), e
+else:
+    raise AssertionError("a port before the allocator exists")
+assert _lib.lib().bucketalloc_is_initialized() == 0
+p = _lib.check_pointer(_lib.lib().bucketalloc_malloc(3 << 20, 0, 0), "bucketalloc_malloc")
+port = ba.metrics_port()
+assert isinstance(port, int) and 0 < port < 65536, port
+assert ba.metrics_port() == port
+body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+assert 'bucketalloc_allocated_bytes{device="0",pool="all"} 3145728' in body, body[:2000]
+_lib.lib().bucketalloc_free(p, 3 << 20, 0, 0)
+""",
+        conf=SIM,
+        BUCKETALLOC_METRICS_ADDR="127.0.0.1:0",
+    )
+
+
+def test_metrics_port_without_a_server_raises_the_librarys_error():
+    if not _has_metrics_port():
+        pytest.fail("the library does not export bucketalloc_metrics_port: rebuild it", pytrace=False)
+    env = child_env(SIM)
+    env.pop("BUCKETALLOC_METRICS_ADDR", None)
+    expect_success(run(["-c", """
+import bucketalloc_torch as ba
+from bucketalloc_torch import _lib
+_lib.check_pointer(_lib.lib().bucketalloc_malloc(1 << 20, 0, 0), "bucketalloc_malloc")
+try:
+    ba.metrics_port()
+except RuntimeError as e:
+    assert isinstance(e, ba.BucketallocError), type(e)
+    assert str(e) and str(e) == _lib.last_error(), (str(e), _lib.last_error())
+    assert "BUCKETALLOC_METRICS_ADDR" in str(e), e
+else:
+    raise AssertionError("metrics_port() returned without a server")
+"""], env))
+
+
+@fresh_process(SIM)
+def test_metrics_port_with_a_library_older_than_the_function_says_to_rebuild():
+    import re
+
+    import bucketalloc_torch as ba
+    from bucketalloc_torch import _lib
+
+    real, path = _lib._loaded_library()
+
+    class Older:
+        """The loaded library as one built before bucketalloc_metrics_port existed."""
+
+        def __getattr__(self, name):
+            if name == "bucketalloc_metrics_port":
+                raise AttributeError(name)
+            return getattr(real, name)
+
+    _lib._declare(Older(), path)  # loads: only bucketalloc_metrics_port needs it
+    _lib._loaded = (Older(), path)
+    with pytest.raises(ba.BucketallocError, match=rf"{re.escape(path)} does not export bucketalloc_metrics_port: it was built "
+                                                  r"before bucketalloc_metrics_port was added to the C ABI; rebuild it"):
+        ba.metrics_port()

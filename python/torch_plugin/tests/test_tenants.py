@@ -115,9 +115,9 @@ def test_bad_names_and_caps_are_clear_errors_that_change_nothing():
         ba.set_tenant_cap("short", MiB)
     with pytest.raises(ba.BucketallocError, match="the default tenant's cap is the device's"):
         ba.set_tenant_cap("default", 64 * MiB)
-    with pytest.raises(ValueError, match="accepted: bytes"):
+    with pytest.raises(ValueError, match=r"cap_bytes=-1 is out of range; accepted: an int from 0 to"):
         ba.set_tenant_cap("short", -1)
-    with pytest.raises(TypeError, match="is not a stream"):
+    with pytest.raises(TypeError, match="stream='stream' has type str; accepted: a torch.cuda.Stream or"):
         ba.bind_stream("stream", "short")
     assert _by_name()["short"]["cap_bytes"] == 64 * MiB
     assert _lib.read_text(_lib.lib().bucketalloc_thread_tenant) == "default"
@@ -131,3 +131,29 @@ def test_without_tenants_only_default_is_a_tenant_and_the_stats_are_empty():
     with pytest.raises(ba.BucketallocError, match="set tenants:"):
         with ba.tenant("long"):
             pass
+
+
+@fresh_process(TENANTS)
+def test_what_ctypes_would_cut_or_wrap_is_refused_and_changes_nothing():
+    # ctypes would cut "long\0x" to "long", wrap stream 2**64 to 0 (the default stream) and cap
+    # 2**64 + 16 MiB to 16 MiB: each call would act on something the caller did not name.
+    with pytest.raises(ValueError, match=r"name='long\\x00x' contains a NUL character .*; NUL is not accepted"):
+        with ba.tenant("long\0x"):
+            _free(_malloc(MiB), MiB)
+    assert _lib.read_text(_lib.lib().bucketalloc_thread_tenant) == "default"
+    with pytest.raises(ValueError, match=r"stream=18446744073709551616 is out of range; accepted: "):
+        ba.bind_stream(2**64, "long")
+    with pytest.raises(ValueError, match=r"name='long\\x00' contains a NUL"):
+        ba.bind_stream(STREAM_B, "long\0")
+    p = _malloc(MiB, stream=0)  # the default stream: still the thread's (default) tenant
+    q = _malloc(MiB, stream=STREAM_B)
+    assert _by_name()["long"]["live_allocations"] == 0, _by_name()
+    assert _by_name()["default"]["live_allocations"] == 2
+    with pytest.raises(ValueError, match=r"cap_bytes=18446744073726328832 is out of range"):
+        ba.set_tenant_cap("short", 2**64 + 16 * MiB)
+    with pytest.raises(ValueError, match=r"name='short\\x00' contains a NUL"):
+        ba.set_tenant_cap("short\0", 16 * MiB)
+    assert _by_name()["short"]["cap_bytes"] == 64 * MiB
+    _free(p, MiB, stream=0)
+    _free(q, MiB, stream=STREAM_B)
+    ba.check_invariants(0)
