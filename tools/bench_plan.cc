@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "bench_generate.h"
 #include "bucketalloc/options.h"
 #include "harness/model_config.h"
 #include "harness/planner.h"
@@ -31,18 +32,29 @@ PlanCommand::PlanCommand(CLI::App& app) : flags_(std::make_unique<Flags>()) {
   plan_->add_option("--requests", f.requests_path,
                     "request trace: Azure CSV, Mooncake JSON lines, or a sarathi/vidur length CSV (.gz accepted)");
   plan_->add_option("--dtype", f.plan.dtype, "bf16, fp16, fp8 or int4 (default: the config's)");
-  plan_->add_option("--tensor-parallel", f.plan.tensor_parallel, "GPUs the model is split over")->capture_default_str();
+  plan_->add_option("--tensor-parallel", f.plan.tensor_parallel, "GPUs the model is split over")
+      ->transform(WholeNumberIn(1, 1024, "1 to 1024, a divisor of the attention heads"))
+      ->capture_default_str();
   plan_
       ->add_option("--gpu-memory-utilization", f.plan.gpu_memory_utilization,
-                   "the share of the card the server may use (vLLM's)")
+                   "the share of the card the server may use (vLLM's), 0.01 to 1")
+      ->transform(RealNumber("a fraction from 0.01 to 1"))
       ->capture_default_str();
-  plan_->add_option("--max-model-len", f.plan.max_model_len, "0: the profile's longest request")->capture_default_str();
-  plan_->add_option("--max-batched-tokens", f.plan.max_batched_tokens, "tokens per step")->capture_default_str();
+  plan_
+      ->add_option("--max-model-len", f.plan.max_model_len,
+                   "0: the profile's longest request; else 2 to the config's max_position_embeddings")
+      ->transform(WholeNumberIn(0, 2147483647, "0 (from the profile) or 2 to the model's max_position_embeddings"))
+      ->capture_default_str();
+  plan_->add_option("--max-batched-tokens", f.plan.max_batched_tokens, "tokens per step")
+      ->transform(
+          WholeNumberIn(1, harness::kMaxPlanBatchedTokens, absl::StrCat("1 to ", harness::kMaxPlanBatchedTokens)))
+      ->capture_default_str();
   plan_
       ->add_option("--runtime-reserve", f.reserve,
                    "memory outside the allocator: CUDA context, library workspaces, CUDA graphs")
       ->capture_default_str();
   plan_->add_option("--check-requests", f.plan.check_requests, "the profile's first requests the check serves (0: all)")
+      ->transform(WholeNumberIn(0, 1000000000, "0 (all) to 1000000000"))
       ->capture_default_str();
   plan_->add_flag("--no-check", f.no_check, "the formulas only: no replay");
   plan_->add_option("--json", f.json_path, "also write the plan as JSON");
@@ -60,14 +72,23 @@ int PlanCommand::Run() const {
     return 1;
   };
   harness::PlanOptions o = f.plan;
+  // Sizes: what the user wrote is named, with what the planner accepts (harness/planner.h).
+  const std::string max_card = absl::StrCat(harness::kMaxPlanCardBytes >> 40, "TiB");
   absl::StatusOr<std::size_t> card = ParseSize(f.card);
-  if (!card.ok())
-    return fail(absl::InvalidArgumentError(absl::StrCat("--card ", f.card, ": ", card.status().message())));
+  if (!card.ok()) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--card ", f.card, ": ", card.status().message(), "; accepted a size up to ", max_card)));
+  }
+  if (*card == 0 || *card > harness::kMaxPlanCardBytes) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--card ", f.card, ": accepted a size above 0 and up to ", max_card, ", e.g. 80GiB")));
+  }
   o.card_bytes = *card;
   absl::StatusOr<std::size_t> reserve = ParseSize(f.reserve);
-  if (!reserve.ok()) {
-    return fail(
-        absl::InvalidArgumentError(absl::StrCat("--runtime-reserve ", f.reserve, ": ", reserve.status().message())));
+  if (!reserve.ok() || *reserve > harness::kMaxPlanCardBytes) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--runtime-reserve ", f.reserve, ": ",
+                                                        reserve.ok() ? "too large" : reserve.status().message(),
+                                                        "; accepted a size from 0 to ", max_card)));
   }
   o.runtime_reserve_bytes = *reserve;
   absl::StatusOr<harness::ModelSpec> model = harness::ReadModelConfig(f.model_path);

@@ -21,20 +21,64 @@ absl::Status KeyError(absl::string_view source, absl::string_view key, absl::str
   return absl::InvalidArgumentError(absl::StrCat(source, ": \"", key, "\" ", what));
 }
 
-// A positive integer key; `fallback` (> 0) when the key is absent or null.
+// What a JSON value is, for an error: "a string (\"64\")", "a number (7)", "null", ...
+std::string Described(const nlohmann::json& v) {
+  std::string text = v.dump();
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  switch (v.type()) {
+    case nlohmann::json::value_t::null:
+      return "null";
+    case nlohmann::json::value_t::string:
+      return absl::StrCat("a string (", text, ")");
+    case nlohmann::json::value_t::boolean:
+      return absl::StrCat("a boolean (", text, ")");
+    case nlohmann::json::value_t::number_float:
+      return absl::StrCat("a number with a fraction or exponent (", text, ")");
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+      return absl::StrCat("a number (", text, ")");
+    case nlohmann::json::value_t::array:
+      return absl::StrCat("an array (", text, ")");
+    case nlohmann::json::value_t::object:
+      return absl::StrCat("an object (", text, ")");
+    default:
+      return text;
+  }
+}
+
+// Whether `key` is given: present and not null. Transformers' configuration classes take null as
+// "not set" (num_key_value_heads=None is multi-head attention), so null is absent for optional keys.
+bool Given(const nlohmann::json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
+
+// A positive integer key; `fallback` (> 0) when the key is absent or null. A required key
+// (`fallback` 0) that is null is reported as null, a value of another type as that type: neither is
+// "missing", and neither is defaulted.
 absl::StatusOr<int> PositiveInt(const nlohmann::json& j, absl::string_view source, const char* key, int fallback = 0) {
-  if (!j.contains(key) || j[key].is_null()) {
+  constexpr const char* kAccepted = "a whole number from 1 to 2^30";
+  if (!j.contains(key)) {
     if (fallback > 0) return fallback;
     return KeyError(source, key, "is missing; a Hugging Face config.json of a decoder model has it");
   }
-  if (!j[key].is_number_integer() || j[key].get<std::int64_t>() <= 0 || j[key].get<std::int64_t>() > (1 << 30)) {
-    return KeyError(source, key, absl::StrCat("is ", j[key].dump(), "; accepted a whole number from 1 to 2^30"));
+  const nlohmann::json& v = j[key];
+  if (v.is_null()) {
+    if (fallback > 0) return fallback;
+    return KeyError(source, key, absl::StrCat("is null; accepted ", kAccepted));
   }
-  return j[key].get<int>();
+  if (!v.is_number_integer()) return KeyError(source, key, absl::StrCat("must be ", kAccepted, ", got ", Described(v)));
+  const bool in_range = v.is_number_unsigned() ? v.get<std::uint64_t>() <= (std::uint64_t{1} << 30)
+                                               : v.get<std::int64_t>() >= 1 && v.get<std::int64_t>() <= (1 << 30);
+  if (!in_range || v.get<std::int64_t>() < 1) {
+    return KeyError(source, key, absl::StrCat("is ", v.dump(), "; accepted ", kAccepted));
+  }
+  return static_cast<int>(v.get<std::int64_t>());
 }
 
-bool Flag(const nlohmann::json& j, const char* key) {
-  return j.contains(key) && j[key].is_boolean() && j[key].get<bool>();
+// A boolean key: false when absent or null; another type is an error (a string "true" is not true).
+absl::StatusOr<bool> Flag(const nlohmann::json& j, absl::string_view source, const char* key) {
+  if (!Given(j, key)) return false;
+  if (!j[key].is_boolean())
+    return KeyError(source, key, absl::StrCat("must be true or false, got ", Described(j[key])));
+  return j[key].get<bool>();
 }
 
 }  // namespace
@@ -65,8 +109,12 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object (a Hugging Face config.json)"));
   }
   ModelSpec m;
-  if (!j.contains("model_type") || !j["model_type"].is_string()) {
-    return KeyError(source, "model_type", "is missing; a Hugging Face config.json has it");
+  m.source = std::string(source);
+  if (!j.contains("model_type")) return KeyError(source, "model_type", "is missing; a Hugging Face config.json has it");
+  if (!j["model_type"].is_string()) {
+    return KeyError(
+        source, "model_type",
+        absl::StrCat("must be a string (", absl::StrJoin(kModelTypes, ", "), "), got ", Described(j["model_type"])));
   }
   m.model_type = j["model_type"].get<std::string>();
   bool known = false;
@@ -76,9 +124,14 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
                     absl::StrCat("is \"", m.model_type, "\"; modelled: ", absl::StrJoin(kModelTypes, ", ")));
   }
   m.name = m.model_type;
-  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
-      j["architectures"][0].is_string()) {
-    m.name = j["architectures"][0].get<std::string>();
+  if (Given(j, "architectures")) {
+    const nlohmann::json& a = j["architectures"];
+    if (!a.is_array() || (!a.empty() && !a[0].is_string())) {
+      return KeyError(
+          source, "architectures",
+          absl::StrCat("must be an array of class names (e.g. [\"LlamaForCausalLM\"]), got ", Described(a)));
+    }
+    if (!a.empty()) m.name = a[0].get<std::string>();
   }
   const struct {
     int* field;
@@ -96,7 +149,7 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
   v = PositiveInt(j, source, "num_key_value_heads", m.heads);  // absent: multi-head attention
   if (!v.ok()) return v.status();
   m.kv_heads = *v;
-  if (m.hidden % m.heads != 0 && !j.contains("head_dim") && m.model_type != "qwen3") {
+  if (m.hidden % m.heads != 0 && !Given(j, "head_dim") && m.model_type != "qwen3") {
     return KeyError(source, "hidden_size", "is not a multiple of num_attention_heads and head_dim is missing");
   }
   // Qwen3's configuration class defaults head_dim to 128 (not hidden / heads, which differs for
@@ -108,16 +161,23 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
     return KeyError(source, "num_key_value_heads",
                     absl::StrCat("is ", m.kv_heads, "; accepted a divisor of num_attention_heads (", m.heads, ")"));
   }
+  // torch_dtype, or dtype (its name since transformers 4.56; it wins when both are given); absent or
+  // null: bfloat16.
   std::string dtype = "bfloat16";
   for (const char* key : {"torch_dtype", "dtype"}) {
-    if (j.contains(key) && j[key].is_string()) dtype = j[key].get<std::string>();
-  }
-  if (dtype == "bfloat16" || dtype == "float16") {
-    m.dtype_bytes = 2;
-  } else if (dtype == "float32") {
-    m.dtype_bytes = 4;
-  } else {
-    return KeyError(source, "torch_dtype", absl::StrCat("is \"", dtype, "\"; accepted bfloat16, float16, float32"));
+    if (!Given(j, key)) continue;
+    if (!j[key].is_string()) {
+      return KeyError(source, key,
+                      absl::StrCat("must be a string (bfloat16, float16, float32), got ", Described(j[key])));
+    }
+    dtype = j[key].get<std::string>();
+    if (dtype == "bfloat16" || dtype == "float16") {
+      m.dtype_bytes = 2;
+    } else if (dtype == "float32") {
+      m.dtype_bytes = 4;
+    } else {
+      return KeyError(source, key, absl::StrCat("is \"", dtype, "\"; accepted bfloat16, float16, float32"));
+    }
   }
   m.fused_qkv = m.model_type == "phi3";
 
@@ -133,9 +193,17 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
   // Biases as each architecture's modelling code has them: llama honours attention_bias (q, k, v, o)
   // and mlp_bias; qwen3 honours attention_bias (q, k, v, o); qwen2 always has q, k, v biases;
   // mistral and phi3 have none, whatever the config says.
-  const bool attention_bias = (m.model_type == "llama" || m.model_type == "qwen3") && Flag(j, "attention_bias");
+  // Every flag's type is checked, whether the architecture honours it or not.
+  absl::StatusOr<bool> flags[3];
+  const char* const flag_keys[3] = {"attention_bias", "mlp_bias", "tie_word_embeddings"};
+  for (int i = 0; i < 3; ++i) {
+    flags[i] = Flag(j, source, flag_keys[i]);
+    if (!flags[i].ok()) return flags[i].status();
+  }
+  const bool attention_bias = (m.model_type == "llama" || m.model_type == "qwen3") && *flags[0];
   const bool qkv_bias = attention_bias || m.model_type == "qwen2";
-  const bool mlp_bias = m.model_type == "llama" && Flag(j, "mlp_bias");
+  const bool mlp_bias = m.model_type == "llama" && *flags[1];
+  const bool tied = *flags[2];
   struct Sized {
     std::string name;
     absl::uint128 bytes;
@@ -183,7 +251,7 @@ absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_
   std::vector<Sized> first, last;
   add(first, "model.embed_tokens.weight", vocab * h);
   add(last, "model.norm.weight", h);
-  if (!Flag(j, "tie_word_embeddings")) add(last, "lm_head.weight", vocab * h);
+  if (!tied) add(last, "lm_head.weight", vocab * h);
   list_layer(0);
   absl::uint128 total = 0, per_layer = 0;
   for (const Sized& w : layer) per_layer += w.bytes;

@@ -44,6 +44,7 @@ struct WideDims {
 struct ModelSpec {
   std::string model_type;  // config's model_type
   std::string name;        // the config's first architecture, or its model_type
+  std::string source;      // where the config was read (ParseModelConfig's `source`), for errors
   int hidden = 0;
   int layers = 0;
   int heads = 0;
@@ -65,7 +66,12 @@ struct ModelSpec {
   WideDims wide() const;
 };
 
-// Parses a config.json; errors (InvalidArgument) name `source`, the key and what is accepted.
+// Parses a config.json; errors (InvalidArgument) name `source`, the key, the value given and what is
+// accepted. A key of the wrong JSON type is reported as that type ("\"model_type\" must be a
+// string (...), got a number (7)"), never as missing and never defaulted; null is "not set" for
+// the optional keys (num_key_value_heads, head_dim, max_position_embeddings, torch_dtype/dtype,
+// architectures and the boolean flags), as transformers' configuration classes take it, and an
+// error for the required ones.
 absl::StatusOr<ModelSpec> ParseModelConfig(absl::string_view json, absl::string_view source = "config.json");
 absl::StatusOr<ModelSpec> ReadModelConfig(const std::string& path);
 

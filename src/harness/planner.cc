@@ -8,11 +8,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/numeric/int128.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bucketalloc/allocator.h"
 #include "bucketalloc/units.h"
+#include "harness/policies.h"
 #include "harness/replay.h"
 #include "harness/report.h"
 #include "nlohmann/json.hpp"
@@ -23,7 +26,11 @@ namespace {
 constexpr int kBlockTokens = 16;          // vLLM's default block, the paged layout's
 constexpr int kLengthRounding = 256;      // max_model_len and tiers are whole multiples of this
 constexpr int kQuantGroup = 128;          // int4: parameters per group
-constexpr double kCheckTimeScale = 1e-6;  // the check's arrivals: together (a burst)
+constexpr double kCheckTimeScale = 1e-6;  // the check's arrivals: together (a burst), at most this
+// The check's arrivals all fall within this share of the model's shortest step (a burst for any model).
+constexpr double kBurstShareOfStep = 1e-2;
+// The largest budget the check replays: min-capacity may probe twice it on the simulated device.
+constexpr std::uint64_t kMaxCheckBudget = kMaxSimReplayCapacity / 2;
 // The margin the check keeps: 1% of the budget, at least 256 MiB.
 constexpr double kHeadroomShare = 0.01;
 constexpr std::size_t kHeadroomFloor = 256 * kMiB;
@@ -139,7 +146,8 @@ std::string SignedBytes(std::int64_t b) {
 }
 
 // The requests the check serves: the profile's first, arriving together.
-std::vector<Request> CheckRequests(const std::vector<Request>& requests, std::int64_t limit, const Plan& plan) {
+std::vector<Request> CheckRequests(const std::vector<Request>& requests, std::int64_t limit, const Plan& plan,
+                                   double time_scale) {
   std::vector<Request> out;
   if (requests.empty()) {
     // No profile: twice max_num_seqs requests of max_model_len tokens.
@@ -152,27 +160,69 @@ std::vector<Request> CheckRequests(const std::vector<Request>& requests, std::in
       limit > 0 ? std::min<std::size_t>(requests.size(), static_cast<std::size_t>(limit)) : requests.size();
   for (std::size_t i = 0; i < n; ++i) {
     Request r = requests[i];
-    r.arrival_s *= kCheckTimeScale;
+    r.arrival_s *= time_scale;
     out.push_back(r);
   }
   return out;
 }
 
 std::string Command(const std::string& model_path, const std::string& requests_path, const PlanOptions& o,
-                    const Plan& p, const ServingOptions& s) {
+                    const std::string& time_scale, const ServingOptions& s) {
   if (requests_path.empty()) return "";  // synthetic requests: no file to name
   std::string c =
       absl::StrCat("bucketalloc-bench generate serving --requests ", requests_path, " --model ", model_path);
   if (!o.dtype.empty()) absl::StrAppend(&c, " --dtype ", o.dtype);
   if (o.tensor_parallel > 1) absl::StrAppend(&c, " --tensor-parallel ", o.tensor_parallel);
   if (o.check_requests > 0) absl::StrAppend(&c, " --limit ", o.check_requests);
-  absl::StrAppend(&c, " --time-scale ", absl::StrFormat("%g", kCheckTimeScale), " --kv-layout ",
-                  KvLayoutName(s.kv_layout), " --max-num-seqs ", s.max_num_seqs, " --max-batched-tokens ",
-                  s.max_batched_tokens, " --max-model-len ", s.max_model_len, " --max-kv-tokens ", s.max_kv_tokens);
+  absl::StrAppend(&c, " --time-scale ", time_scale, " --kv-layout ", KvLayoutName(s.kv_layout), " --max-num-seqs ",
+                  s.max_num_seqs, " --max-batched-tokens ", s.max_batched_tokens, " --max-model-len ", s.max_model_len,
+                  " --max-kv-tokens ", s.max_kv_tokens);
   if (s.kv_layout == KvLayout::kPaged) absl::StrAppend(&c, " --kv-pool-tokens ", s.kv_pool_tokens);
   if (s.kv_layout == KvLayout::kTiered) absl::StrAppend(&c, " --tiers ", absl::StrJoin(s.tiers_tokens, ","));
-  (void)p;
   return absl::StrCat(c, " -o TRACE.csv");
+}
+
+// The time scale that makes the check's requests a burst on `gpu`: kCheckTimeScale, or less so that
+// their arrivals span at most kBurstShareOfStep of the shortest step (a small model's steps are
+// short: its requests, a microsecond apart, would otherwise be served one at a time). A power of
+// ten, so that the printed command (`--time-scale`) reproduces it exactly.
+std::string CheckTimeScale(const ModelSpec& gpu, const std::vector<Request>& requests, std::int64_t limit) {
+  double span = 0.0;
+  const std::size_t n =
+      limit > 0 ? std::min<std::size_t>(requests.size(), static_cast<std::size_t>(limit)) : requests.size();
+  for (std::size_t i = 0; i < n; ++i) span = std::max(span, requests[i].arrival_s);
+  double scale = kCheckTimeScale;
+  const double step = StepSeconds(gpu, ServingOptions{}, 0);
+  if (span > 0.0 && step > 0.0) scale = std::min(scale, kBurstShareOfStep * step / span);
+  const int exponent = std::max(static_cast<int>(std::floor(std::log10(scale))), -300);
+  return absl::StrCat("1e", exponent);
+}
+
+// The steps of serving `requests` with `s`, estimated before the trace is generated (an upper bound
+// up to the scheduler's admission order): the prompts in chunks of max_batched_tokens, the outputs
+// max_num_seqs at a time, and the longest output once more (the last wave's tail).
+std::int64_t EstimatedSteps(const std::vector<Request>& requests, const ServingOptions& s) {
+  std::int64_t prompts = 0, outputs = 0, longest = 0;
+  for (const Request& r : requests) {
+    if (TotalTokens(r) > s.max_model_len) continue;  // rejected
+    prompts += r.input_tokens;
+    outputs += r.output_tokens;
+    longest = std::max<std::int64_t>(longest, r.output_tokens);
+  }
+  return RoundUp(prompts, s.max_batched_tokens) / s.max_batched_tokens +
+         RoundUp(outputs, s.max_num_seqs) / s.max_num_seqs + longest;
+}
+
+// The smallest card (a whole number of GiB) whose budget holds `need` bytes; 0 past kMaxPlanCardBytes.
+std::uint64_t CardFor(std::uint64_t need, const PlanOptions& o) {
+  const double card =
+      std::ceil((static_cast<double>(need) + static_cast<double>(o.runtime_reserve_bytes)) / o.gpu_memory_utilization);
+  if (!(card <= static_cast<double>(kMaxPlanCardBytes))) return 0;
+  return static_cast<std::uint64_t>(RoundUp(static_cast<std::int64_t>(card), static_cast<std::int64_t>(kGiB)));
+}
+
+std::string CardText(std::uint64_t card) {
+  return card == 0 ? absl::StrCat("none up to ", Gib(kMaxPlanCardBytes)) : Gib(card);
 }
 
 }  // namespace
@@ -260,21 +310,72 @@ ServingOptions PlanServingOptions(const Plan& plan, KvLayout layout) {
 }
 
 absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& o, const std::vector<Request>& requests) {
-  if (o.card_bytes == 0) return absl::InvalidArgumentError("--card: accepted a size above 0, e.g. 80GiB");
-  if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0)) {
+  const std::string config = model.source.empty() ? "the model config" : model.source;
+  if (o.card_bytes == 0 || o.card_bytes > kMaxPlanCardBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--card ", o.card_bytes, " bytes: accepted a size above 0 and up to ", Gib(kMaxPlanCardBytes), ", e.g. 80GiB"));
+  }
+  if (!(o.gpu_memory_utilization >= kMinGpuMemoryUtilization && o.gpu_memory_utilization <= 1.0)) {  // NaN fails
+    return absl::InvalidArgumentError(absl::StrCat("--gpu-memory-utilization ", o.gpu_memory_utilization,
+                                                   ": accepted a fraction from ", kMinGpuMemoryUtilization,
+                                                   " to 1 (the share of the card the server may use)"));
+  }
+  if (o.runtime_reserve_bytes > kMaxPlanCardBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--gpu-memory-utilization ", o.gpu_memory_utilization, ": accepted a fraction in (0, 1]"));
+        absl::StrCat("--runtime-reserve ", o.runtime_reserve_bytes, " bytes: accepted 0 to ", Gib(kMaxPlanCardBytes)));
   }
-  if (o.max_model_len < 0) {
+  if (model.max_position_embeddings < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config, ": \"max_position_embeddings\" is ", model.max_position_embeddings,
+        "; the plan needs at least 2 (one prompt token and one output token): accepted a whole number from 2"));
+  }
+  if (o.max_model_len != 0 && (o.max_model_len < 2 || o.max_model_len > model.max_position_embeddings)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--max-model-len ", o.max_model_len, ": accepted 0 (from the profile) or a whole number"));
+        absl::StrCat("--max-model-len ", o.max_model_len, ": accepted 0 (from the profile) or 2 to the model's ",
+                     "max_position_embeddings (", model.max_position_embeddings, " in ", config, ")"));
   }
-  if (o.max_batched_tokens < 1 || o.max_num_seqs_limit < 1) {
-    return absl::InvalidArgumentError("--max-batched-tokens and the max_num_seqs limit: accepted whole numbers >= 1");
+  if (o.max_batched_tokens < 1 || o.max_batched_tokens > kMaxPlanBatchedTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-batched-tokens ", o.max_batched_tokens, ": accepted 1 to ", kMaxPlanBatchedTokens));
   }
-  if (o.check_requests < 0) return absl::InvalidArgumentError("--check-requests: accepted 0 (all) or more");
+  if (o.max_num_seqs_limit < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the max_num_seqs limit ", o.max_num_seqs_limit, ": accepted a whole number >= 1"));
+  }
+  if (o.check_requests < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--check-requests ", o.check_requests, ": accepted 0 (all) or a whole number"));
+  }
   absl::StatusOr<ModelSpec> gpu = PerGpuModel(model, o.dtype, o.tensor_parallel);
   if (!gpu.ok()) return gpu.status();
+  {
+    // One step's largest tensors, in 128 bits: an activation of --max-batched-tokens rows and the
+    // float32 logits of the most sampled rows. Over what an allocator accepts, no budget is sane.
+    const WideDims d = gpu->wide();
+    const absl::uint128 T = static_cast<std::uint64_t>(o.max_batched_tokens);
+    const absl::uint128 S = static_cast<std::uint64_t>(std::min(o.max_num_seqs_limit, o.max_batched_tokens));
+    const absl::uint128 widest = std::max({d.h, d.q + 2 * d.kv, 2 * d.inter});
+    if (T * widest * d.e > kMaxRequestBytes || S * d.vocab * 4 > kMaxRequestBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--max-batched-tokens ", o.max_batched_tokens, " with ", model.name, " (", config,
+          ") gives one step's activations of over 64 TiB, more than an allocator accepts; accepted fewer tokens "
+          "per step or a model of real dimensions"));
+    }
+  }
+  // A profile that the length limit rejects whole: name the limit the user gave.
+  if (!requests.empty()) {
+    std::int64_t shortest = TotalTokens(requests.front());
+    for (const Request& r : requests) shortest = std::min(shortest, TotalTokens(r));
+    const std::int64_t cap = o.max_model_len > 0 ? o.max_model_len : model.max_position_embeddings;
+    if (shortest > cap) {
+      const std::string limit =
+          o.max_model_len > 0 ? absl::StrCat("--max-model-len ", o.max_model_len)
+                              : absl::StrCat(config, ": \"max_position_embeddings\" ", model.max_position_embeddings);
+      return absl::InvalidArgumentError(
+          absl::StrCat(limit, ": every request of the profile is longer (the shortest is ", shortest,
+                       " tokens), so none could be served; accepted at least ", shortest));
+    }
+  }
   Plan p;
   p.model = model.name;
   p.dtype = o.dtype.empty() ? (model.dtype_bytes == 4 ? "fp32" : "bf16") : o.dtype;
@@ -323,15 +424,12 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& o, cons
   const std::uint64_t one =
       p.weights_bytes + ActivationPeakBytes(*gpu, static_cast<std::uint64_t>(p.max_batched_tokens), 1) +
       static_cast<std::uint64_t>(RoundUp(p.p99_total + kBlockTokens, kBlockTokens)) * p.kv_bytes_per_token;
-  p.smallest_card_bytes = static_cast<std::uint64_t>(
-      RoundUp(static_cast<std::int64_t>(
-                  std::ceil(static_cast<double>(one + o.runtime_reserve_bytes) / o.gpu_memory_utilization)),
-              static_cast<std::int64_t>(kGiB)));
+  p.smallest_card_bytes = CardFor(one, o);
   if (!p.fits) {
     p.notes.push_back(absl::StrCat("the card is too small: its budget (", Gib(p.budget_bytes),
                                    ") does not hold the weights (", Gib(p.weights_bytes),
                                    "), one step's activations and one request of ", p.p99_total,
-                                   " tokens; the smallest card that does: ", Gib(p.smallest_card_bytes)));
+                                   " tokens; the smallest card that does: ", CardText(p.smallest_card_bytes)));
   }
   if (p.fits && p.rejected_too_long > 0) {
     p.notes.push_back(absl::StrCat(p.rejected_too_long, " requests of the profile are longer than max_model_len ",
@@ -345,6 +443,24 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::
   absl::StatusOr<ModelSpec> gpu = PerGpuModel(model, o.dtype, o.tensor_parallel);
   if (!gpu.ok()) return gpu.status();
   const CostModel cost;
+  const std::string time_scale_text = CheckTimeScale(*gpu, requests, o.check_requests);
+  const double time_scale = std::strtod(time_scale_text.c_str(), nullptr);  // exactly what the command says
+  // Why a replay is skipped ("" when it is not): its budget is more than the simulated device can
+  // hold, or its schedule is too long to replay in bounded time.
+  auto skipped = [&](std::uint64_t budget, const std::string& card, const std::vector<Request>& reqs,
+                     const ServingOptions& s) -> std::string {
+    if (budget > kMaxCheckBudget) {
+      return absl::StrCat(card, " has a budget of ", Gib(budget),
+                          ", more than the simulated device replays (a budget of up to ", Gib(kMaxCheckBudget),
+                          ": the min-capacity search may probe twice the budget, and the device holds ",
+                          Gib(kMaxSimReplayCapacity), ")");
+    }
+    if (const std::int64_t steps = EstimatedSteps(reqs, s); steps > kMaxCheckSteps) {
+      return absl::StrCat("its trace of ", reqs.size(), " requests would take about ", steps, " steps (more than ",
+                          kMaxCheckSteps, "); fewer --check-requests or a shorter --max-model-len bound it");
+    }
+    return "";
+  };
   // Measures one trace's min-capacity for both allocators.
   auto measure = [&](const ServingOptions& s, const std::vector<Request>& reqs, const std::string& what,
                      std::vector<PlanCheck>* out) -> absl::Status {
@@ -365,13 +481,24 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::
       c.true_need_bytes = t->summary.true_peak_need_bytes;
       c.served = t->summary.served;
       c.rejected = t->summary.rejected_too_long + t->summary.rejected_over_kv_limit;
-      c.command = Command(model_path, requests_path, o, *p, s);
+      c.steps = t->summary.steps;
+      c.command = Command(model_path, requests_path, o, time_scale_text, s);
       out->push_back(std::move(c));
     }
     return absl::OkStatus();
   };
 
+  std::string skip_recommended;
   if (p->fits) {
+    skip_recommended =
+        skipped(p->budget_bytes, absl::StrCat("--card ", Gib(p->card_bytes)),
+                CheckRequests(requests, o.check_requests, *p, time_scale), PlanServingOptions(*p, KvLayout::kPaged));
+    if (!skip_recommended.empty()) {
+      p->notes.push_back(absl::StrCat("the recommended settings are not checked by replay: ", skip_recommended,
+                                      "; they are the formulas'"));
+    }
+  }
+  if (p->fits && skip_recommended.empty()) {
     // The recommended settings. A margin under the headroom (what other requests' step shapes may
     // fragment beyond these) lowers the KV cache tokens by the difference, and the check runs again.
     const std::int64_t headroom =
@@ -383,7 +510,7 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::
     int round = 0;
     for (;; ++round) {
       std::vector<PlanCheck> checks;
-      const std::vector<Request> reqs = CheckRequests(requests, o.check_requests, *p);
+      const std::vector<Request> reqs = CheckRequests(requests, o.check_requests, *p, time_scale);
       for (KvLayout layout : {KvLayout::kPaged, KvLayout::kTiered}) {
         if (layout == KvLayout::kTiered && p->max_kv_tokens_tiered < p->p99_total) {
           tiered_skipped = true;
@@ -423,17 +550,27 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::
     }
   }
   // The smallest card, measured: one sequence of up to the P99 length on the paged layout.
+  if (p->smallest_card_bytes == 0) return absl::OkStatus();  // no card up to kMaxPlanCardBytes: nothing to check
   Plan one = *p;
-  one.budget_bytes =
-      static_cast<std::uint64_t>(std::floor(static_cast<double>(p->smallest_card_bytes) * o.gpu_memory_utilization)) -
-      o.runtime_reserve_bytes;
+  const auto one_usable =
+      static_cast<std::uint64_t>(std::floor(static_cast<double>(p->smallest_card_bytes) * o.gpu_memory_utilization));
+  one.budget_bytes = one_usable > o.runtime_reserve_bytes ? one_usable - o.runtime_reserve_bytes : 0;
   one.max_num_seqs = 1;
   one.max_model_len = std::max(p->p99_total, 1);
   one.kv_cache_tokens = RoundUp(p->p99_total + kBlockTokens, kBlockTokens);
   one.max_kv_tokens_paged = one.kv_cache_tokens - kBlockTokens;
   std::vector<Request> shorter;  // the requests up to the P99 length (the longer are rejected anyway)
-  for (const Request& r : CheckRequests(requests, o.check_requests, one)) {
+  for (const Request& r : CheckRequests(requests, o.check_requests, one, time_scale)) {
     if (TotalTokens(r) <= one.max_model_len) shorter.push_back(r);
+  }
+  if (!shorter.empty()) {
+    if (const std::string why =
+            skipped(one.budget_bytes, absl::StrCat("the smallest card, ", Gib(p->smallest_card_bytes), ","), shorter,
+                    PlanServingOptions(one, KvLayout::kPaged));
+        !why.empty()) {
+      p->notes.push_back(absl::StrCat("the smallest card is not checked by replay: ", why));
+      return absl::OkStatus();
+    }
   }
   if (!shorter.empty()) {
     std::vector<PlanCheck> checks;
@@ -448,11 +585,12 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::
       c.margin_bytes = static_cast<std::int64_t>(one.budget_bytes) - static_cast<std::int64_t>(c.min_capacity_bytes);
       need = std::max<std::uint64_t>(need, c.min_capacity_bytes);
     }
-    const auto measured = static_cast<std::uint64_t>(
-        RoundUp(static_cast<std::int64_t>(
-                    std::ceil(static_cast<double>(need + o.runtime_reserve_bytes) / o.gpu_memory_utilization)),
-                static_cast<std::int64_t>(kGiB)));
-    if (measured > p->smallest_card_bytes) {
+    const std::uint64_t measured = CardFor(need, o);
+    if (measured == 0) {
+      p->notes.push_back(absl::StrCat("by its check no card fits: one sequence needed ", Gib(need),
+                                      ", and no card up to ", Gib(kMaxPlanCardBytes), " has that budget"));
+      p->smallest_card_bytes = 0;
+    } else if (measured > p->smallest_card_bytes) {
       p->notes.push_back(absl::StrCat("the smallest card is raised to ", Gib(measured),
                                       " by its check (one sequence needed ", Gib(need), ")"));
       p->smallest_card_bytes = measured;
@@ -491,6 +629,7 @@ std::string PlanToJson(const Plan& p) {
                       {"true_need_bytes", c.true_need_bytes},
                       {"served", c.served},
                       {"rejected", c.rejected},
+                      {"steps", c.steps},
                       {"command", c.command}});
   }
   nlohmann::ordered_json j = {
@@ -557,7 +696,7 @@ std::string PlanToText(const Plan& p) {
   } else {
     absl::StrAppend(&s, "  does not fit\n");
   }
-  absl::StrAppendFormat(&s, "  smallest card that fits: %s\n", Gib(p.smallest_card_bytes));
+  absl::StrAppendFormat(&s, "  smallest card that fits: %s\n", CardText(p.smallest_card_bytes));
   absl::StrAppendFormat(&s,
                         "  tiers (tokens) %s: rounding waste %.1f%% (default tiers 512, 1024, 2048, 4096: %.1f%%)\n",
                         absl::StrJoin(p.tiers_tokens, ","), 100.0 * p.tier_waste, 100.0 * p.default_tier_waste);
@@ -601,7 +740,7 @@ std::string PlanHtml(const Plan& p) {
   }
   absl::StrAppend(&h, "</table><h2>Recommendations</h2><table>");
   row("fits", p.fits ? "yes" : "no");
-  row("smallest card", Gib(p.smallest_card_bytes));
+  row("smallest card", CardText(p.smallest_card_bytes));
   row("max_num_seqs", absl::StrCat(p.max_num_seqs));
   row("max_model_len", absl::StrCat(p.max_model_len));
   row("tiers (tokens)", absl::StrJoin(p.tiers_tokens, ", "));

@@ -58,15 +58,26 @@
 
 namespace bucketalloc::harness {
 
+// What MakePlan accepts (InvalidArgument names the option, its value and these bounds). They keep
+// every size of the budget within 64 bits: cards and reserves up to 64 TiB, a utilization of at
+// least 1% (the smallest card is a need divided by it), steps of up to 2^20 tokens.
+inline constexpr std::uint64_t kMaxPlanCardBytes = std::uint64_t{64} << 40;  // 64 TiB
+inline constexpr double kMinGpuMemoryUtilization = 0.01;
+inline constexpr int kMaxPlanBatchedTokens = 1 << 20;
+// The check replays a trace only when its schedule is at most this many steps (estimated from the
+// requests before it is generated: a step is tens of events, and each trace is replayed about ten
+// times per allocator); a longer one is skipped with a note naming why (Plan::notes).
+inline constexpr std::int64_t kMaxCheckSteps = 250000;
+
 struct PlanOptions {
-  std::uint64_t card_bytes = 0;         // the card's memory, > 0
+  std::uint64_t card_bytes = 0;         // the card's memory, 1 byte to kMaxPlanCardBytes
   std::string dtype;                    // bf16, fp16, fp8, int4; empty: the config's (float32 stays 4 bytes)
-  int tensor_parallel = 1;              // >= 1
-  double gpu_memory_utilization = 0.9;  // (0, 1], vLLM's default
-  int max_model_len = 0;                // 0: from the profile (see the file comment)
-  std::uint64_t runtime_reserve_bytes = std::uint64_t{1} << 30;
-  int max_batched_tokens = 8192;      // per step
-  int max_num_seqs_limit = 256;       // the most max_num_seqs recommended
+  int tensor_parallel = 1;              // 1 to 1024, dividing the heads (PerGpuModel)
+  double gpu_memory_utilization = 0.9;  // kMinGpuMemoryUtilization to 1; vLLM's default
+  int max_model_len = 0;                // 0: from the profile (see the file comment); else 2 to max_position_embeddings
+  std::uint64_t runtime_reserve_bytes = std::uint64_t{1} << 30;  // at most kMaxPlanCardBytes
+  int max_batched_tokens = 8192;                                 // per step, 1 to kMaxPlanBatchedTokens
+  int max_num_seqs_limit = 256;                                  // the most max_num_seqs recommended
   std::int64_t check_requests = 400;  // the profile's first requests the check serves (0: all)
 };
 
@@ -93,7 +104,8 @@ struct PlanCheck {
   std::int64_t margin_bytes = 0;  // budget - min capacity
   std::uint64_t true_need_bytes = 0;
   std::int64_t served = 0, rejected = 0;
-  std::string command;  // the generate serving command line that writes the same trace
+  std::int64_t steps = 0;  // the schedule's steps (a burst of requests: few)
+  std::string command;     // the generate serving command line that writes the same trace
 };
 
 struct Plan {
@@ -116,7 +128,7 @@ struct Plan {
   int p99_total = 0, longest_total = 0;
   // Recommendations.
   bool fits = false;
-  std::uint64_t smallest_card_bytes = 0;
+  std::uint64_t smallest_card_bytes = 0;  // 0: no card up to kMaxPlanCardBytes fits
   int max_num_seqs = 0;
   int max_model_len = 0;
   std::int64_t rejected_too_long = 0;     // profile requests longer than max_model_len
@@ -132,12 +144,20 @@ struct Plan {
   std::vector<std::string> notes;
 };
 
-// The plan from the formulas (no replay). InvalidArgument for a bad option, naming what is accepted
-// (a dtype, a tensor-parallel degree that does not divide the heads, a utilization outside (0, 1]).
+// The plan from the formulas (no replay). InvalidArgument for a bad option, naming the option, the
+// value given and what is accepted (a dtype, a tensor-parallel degree that does not divide the heads,
+// a utilization outside [0.01, 1], a --max-model-len past the config's max_position_embeddings, a
+// step whose activations no allocator could hold), and for a profile that no request of can be
+// served (every one longer than --max-model-len, or than the config's max_position_embeddings:
+// the error names the config file and key).
 absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& options, const std::vector<Request>& requests);
 
 // Replays the plan's recommendations (see the file comment), filling `plan->checks`, the measured
-// margin and a measured smallest card; lowers the KV cache tokens when a margin is negative.
+// margin and a measured smallest card; lowers the KV cache tokens when a margin is negative. The
+// requests arrive together whatever the model: their arrivals are scaled to within a thousandth of
+// the model's shortest step. A replay the simulated device cannot hold (a budget over half of
+// kMaxSimReplayCapacity: the min-capacity search may probe twice the budget) or of more than
+// kMaxCheckSteps steps is skipped, with a note naming the card or the steps and why.
 absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& options, const std::vector<Request>& requests,
                        const std::string& model_path, const std::string& requests_path, Plan* plan);
 

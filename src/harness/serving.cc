@@ -6,6 +6,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 
 #include "absl/numeric/int128.h"
@@ -74,9 +75,10 @@ absl::Status Validate(const ServingOptions& o) {
     return bad("--kv-pool-tokens", o.kv_pool_tokens, "0 (what the schedule needs) to 2^40");
   }
   if (o.max_kv_tokens > (std::int64_t{1} << 40)) return bad("--max-kv-tokens", o.max_kv_tokens, "0 to 2^40");
-  if (!(o.step_base_ms >= 0) || !(o.step_us_per_token >= 0) || !std::isfinite(o.step_base_ms) ||
-      !std::isfinite(o.step_us_per_token)) {
-    return bad("step time", absl::StrCat(o.step_base_ms, " ms + ", o.step_us_per_token, " us/token"), "numbers >= 0");
+  // At most 1e6 (a step of over 1000 s would be no server): the clock stays a finite number of seconds.
+  if (!(o.step_base_ms >= 0 && o.step_base_ms <= 1e6)) return bad("--step-base-ms", o.step_base_ms, "0 to 1e6");
+  if (!(o.step_us_per_token >= 0 && o.step_us_per_token <= 1e6)) {
+    return bad("--step-us-per-token", o.step_us_per_token, "0 to 1e6");
   }
   return absl::OkStatus();
 }
@@ -399,8 +401,24 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
   }
   sum.served = sum.requests - sum.rejected_too_long - sum.rejected_over_kv_limit;
   if (sum.served == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("every request is longer than ", admit_len,
-                                                   " tokens (--max-model-len / --max-kv-tokens); none can be served"));
+    // Name the limit the user gave: a flag, or the config's key when --max-model-len is not given.
+    std::string limit;
+    if (options.max_kv_tokens > 0 && options.max_kv_tokens < max_len) {
+      limit = absl::StrCat("--max-kv-tokens ", options.max_kv_tokens);
+    } else if (options.max_model_len > 0) {
+      limit = absl::StrCat("--max-model-len ", options.max_model_len);
+    } else {
+      limit = absl::StrCat("the model's max_position_embeddings (", model.max_position_embeddings,
+                           model.source.empty() ? "" : absl::StrCat(", in ", model.source),
+                           "; --max-model-len 0 takes it)");
+    }
+    std::int64_t shortest = std::numeric_limits<std::int64_t>::max();
+    for (const Request& r : requests) {
+      shortest = std::min(shortest, static_cast<std::int64_t>(r.input_tokens) + r.output_tokens);
+    }
+    return absl::InvalidArgumentError(absl::StrCat("every request is longer than ", admit_len, " tokens, ", limit,
+                                                   "; none can be served: accepted a limit of at least ", shortest,
+                                                   " tokens (the shortest request)"));
   }
   sum.steps = static_cast<std::int64_t>(schedule.steps.size());
   sum.weight_bytes = model.weight_bytes();
@@ -503,6 +521,12 @@ std::uint64_t ActivationPeakBytes(const ModelSpec& model, std::uint64_t tokens, 
   Emitter out;
   Forward(model, out).Run(tokens, sampled, /*every_layer=*/false, [](int) {});
   return out.summary().peak_live_bytes;
+}
+
+double StepSeconds(const ModelSpec& model, const ServingOptions& options, std::uint64_t tokens) {
+  const double time_factor = static_cast<double>(model.weight_bytes()) / kReferenceWeightBytes;
+  return (options.step_base_ms + options.step_us_per_token * static_cast<double>(tokens) / 1000.0) / 1000.0 *
+         time_factor;
 }
 
 std::int64_t KvCapacityTokens(const ServingOptions& options, std::int64_t tokens) {

@@ -123,6 +123,10 @@ absl::StatusOr<ServingTrace> GenerateServingTrace(const std::vector<Request>& re
 // sequences produce a token (the forward pass of item 3 above, without its KV updates).
 std::uint64_t ActivationPeakBytes(const ModelSpec& model, std::uint64_t tokens, std::uint64_t sampled);
 
+// The simulated seconds of one step of `tokens` batched tokens (item 2 of the file comment):
+// (step_base_ms + step_us_per_token x tokens / 1000) / 1000 x the model's weight bytes / 16 GiB.
+double StepSeconds(const ModelSpec& model, const ServingOptions& options, std::uint64_t tokens);
+
 // The token capacity a request's KV tensors have when they hold `tokens` tokens in the tiered layout
 // (the first tier that holds them, then doubling past the last) or the growth layout (whole growth
 // steps); `tokens` itself for the paged layout.

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "nlohmann/json.hpp"
 
 namespace bucketalloc::harness {
 namespace {
@@ -120,6 +122,110 @@ TEST(ModelConfigTest, HugeDimensionsAreRefusedBeforeAnythingIsBuilt) {
                        R"("num_key_value_heads":1048576})");
   ASSERT_FALSE(m.ok());
   EXPECT_TRUE(absl::StrContains(m.status().message(), "over 1 PiB of weights")) << m.status();
+}
+
+// A value of the wrong JSON type is reported as that type, never as missing and never read as a
+// default (issue 27: "model_type": 7 was reported missing, "torch_dtype": 16 silently read as bf16).
+TEST(ModelConfigTest, WrongJsonTypesAreNamedAsSuch) {
+  const struct {
+    const char* from;
+    const char* to;
+    const char* want;
+  } cases[] = {
+      {R"("model_type":"llama")", R"("model_type":7)",
+       R"("model_type" must be a string (llama, mistral, qwen2, qwen3, phi3), got a number (7))"},
+      {R"("model_type":"llama")", R"("model_type":null)", R"("model_type" must be a string)"},
+      {R"("vocab_size":1000)", R"("vocab_size":1000,"torch_dtype":16)",
+       R"("torch_dtype" must be a string (bfloat16, float16, float32), got a number (16))"},
+      {R"("vocab_size":1000)", R"("vocab_size":1000,"dtype":true)", R"("dtype" must be a string)"},
+      {R"("vocab_size":1000)", R"("vocab_size":1000,"dtype":"int8")", R"("dtype" is "int8"; accepted bfloat16)"},
+      {R"("hidden_size":64)", R"("hidden_size":"64")",
+       R"("hidden_size" must be a whole number from 1 to 2^30, got a string ("64"))"},
+      {R"("hidden_size":64)", R"("hidden_size":64.5)",
+       R"("hidden_size" must be a whole number from 1 to 2^30, got a number with a fraction)"},
+      {R"("hidden_size":64)", R"("hidden_size":null)", R"("hidden_size" is null; accepted a whole number)"},
+      {R"("num_key_value_heads":2)", R"("num_key_value_heads":[2])", R"("num_key_value_heads" must be a whole number)"},
+      {R"("max_position_embeddings":2048)", R"("max_position_embeddings":"2048")",
+       R"("max_position_embeddings" must be a whole number)"},
+      {R"("vocab_size":1000)", R"("vocab_size":1000,"tie_word_embeddings":"true")",
+       R"("tie_word_embeddings" must be true or false, got a string ("true"))"},
+      {R"("vocab_size":1000)", R"("vocab_size":1000,"attention_bias":1)", R"("attention_bias" must be true or false)"},
+      {R"("vocab_size":1000)", R"("vocab_size":1000,"architectures":"LlamaForCausalLM")",
+       R"("architectures" must be an array of class names)"},
+  };
+  for (const auto& c : cases) {
+    const std::string json = absl::StrReplaceAll(Config("llama"), {{c.from, c.to}});
+    ASSERT_NE(json, Config("llama")) << c.from;
+    absl::StatusOr<ModelSpec> m = ParseModelConfig(json, "m.json");
+    ASSERT_FALSE(m.ok()) << c.to << " was accepted";
+    EXPECT_TRUE(absl::StrContains(m.status().message(), c.want)) << c.to << ": " << m.status();
+    EXPECT_FALSE(absl::StrContains(m.status().message(), "missing")) << c.to << ": " << m.status();
+  }
+  // null is "not set" for the optional keys, as transformers takes it: the documented defaults.
+  absl::StatusOr<ModelSpec> m = ParseModelConfig(Config("llama", R"(,"head_dim":null,"torch_dtype":null)"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->head_dim, 16);
+  EXPECT_EQ(m->dtype_bytes, 2);
+  EXPECT_EQ(m->source, "config.json");
+}
+
+// One sweep: each numeric key of a config set to boundary values and to values of other JSON types
+// (and removed); each parse either gives a sane model or an error that names the key (or, for a
+// relation between keys, the keys related). Bounded: a few hundred parses of a two-layer model.
+TEST(ModelConfigTest, SweepOfMutatedKeysParsesSanelyOrNamesTheKey) {
+  const char* const keys[] = {
+      "hidden_size",       "num_hidden_layers", "num_attention_heads",     "num_key_value_heads",
+      "intermediate_size", "vocab_size",        "max_position_embeddings", "head_dim"};
+  const char* const values[] = {
+      "0",    "1",    "-1",   "2",      "3",    "1073741824", "1073741825", "2147483648", "18446744073709551615",
+      "1e20", "64.5", "64.0", "\"64\"", "null", "true",       "[]",         "{}"};
+  const std::string base =
+      R"({"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,)"
+      R"("intermediate_size":128,"vocab_size":1000,"max_position_embeddings":2048,"head_dim":16})";
+  int parsed = 0, refused = 0;
+  for (const char* key : keys) {
+    nlohmann::json original = nlohmann::json::parse(base);
+    std::vector<std::string> configs;
+    for (const char* v : values) {
+      nlohmann::json j = original;
+      j[key] = nlohmann::json::parse(v);
+      configs.push_back(j.dump());
+    }
+    nlohmann::json removed = original;
+    removed.erase(key);
+    configs.push_back(removed.dump());
+    for (const std::string& json : configs) {
+      absl::StatusOr<ModelSpec> m = ParseModelConfig(json, "sweep.json");
+      if (m.ok()) {
+        ++parsed;
+        EXPECT_GT(m->weight_bytes(), 0u) << json;
+        EXPECT_LE(m->weight_bytes(), std::uint64_t{1} << 50) << json;
+        EXPECT_GT(m->kv_bytes_per_token(), 0u) << json;
+        EXPECT_LE(m->kv_bytes_per_token(), std::uint64_t{1} << 30) << json;
+        for (int d : {m->hidden, m->layers, m->heads, m->kv_heads, m->head_dim, m->intermediate, m->vocab,
+                      m->max_position_embeddings}) {
+          EXPECT_GE(d, 1) << json;
+          EXPECT_LE(d, 1 << 30) << json;
+        }
+        EXPECT_EQ(m->heads % m->kv_heads, 0) << json;
+        continue;
+      }
+      ++refused;
+      const std::string message(m.status().message());
+      EXPECT_TRUE(absl::StartsWith(message, "sweep.json: ")) << message;
+      // The key, or (a relation) the two keys it concerns; heads and KV heads relate, as do the
+      // sizes that multiply into the weights and the KV cache.
+      bool named = absl::StrContains(message, absl::StrCat("\"", key, "\"")) || absl::StrContains(message, key);
+      for (const char* related : {"num_key_value_heads", "num_hidden_layers", "hidden_size"}) {
+        named = named || absl::StrContains(message, absl::StrCat("\"", related, "\""));
+      }
+      EXPECT_TRUE(named) << json << ": " << message;
+      EXPECT_FALSE(absl::StrContains(message, "is missing") && json != removed.dump())
+          << json << ": reported missing: " << message;
+    }
+  }
+  EXPECT_GT(parsed, 8);
+  EXPECT_GT(refused, 80);
 }
 
 }  // namespace

@@ -6,10 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "bucketalloc/units.h"
 #include "harness/replay.h"
 #include "nlohmann/json.hpp"
@@ -24,6 +29,9 @@ ModelSpec Llama8B() {
   EXPECT_TRUE(m.ok()) << m.status();
   return *m;
 }
+
+constexpr std::uint64_t kTiB = 1024 * kGiB;
+std::uint64_t RoundUpToGib(std::uint64_t b) { return (b + kGiB - 1) / kGiB * kGiB; }
 
 std::vector<Request> AzureConv() {
   absl::StatusOr<RequestSet> r = ReadRequestsFile(Data("requests/azure_llm_inference_trace_2023_conv.csv"), {});
@@ -78,7 +86,7 @@ TEST(PlannerTest, BadOptionsNameWhatIsAccepted) {
   };
   EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .dtype = "fp4"}), "accepted bf16, fp16, fp8 or int4"));
   EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .tensor_parallel = 3}), "32 attention heads"));
-  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .gpu_memory_utilization = 1.5}), "(0, 1]"));
+  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .gpu_memory_utilization = 1.5}), "from 0.01 to 1"));
   EXPECT_TRUE(absl::StrContains(error({.card_bytes = 0}), "above 0"));
   EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .max_model_len = -1}), "--max-model-len"));
 }
@@ -188,6 +196,266 @@ TEST(PlannerTest, TheRecommendationServesItsTraceWithNoOom) {
   }
   EXPECT_TRUE(absl::StrContains(j["checks"][0]["command"].get<std::string>(), "--max-num-seqs"));
   EXPECT_TRUE(absl::StrContains(PlanHtml(*p), "<section id=\"plan\">"));
+}
+
+// A model whose every dimension is 1 (24 bytes of weights), with `extra` keys.
+ModelSpec Degenerate(const std::string& extra = "") {
+  absl::StatusOr<ModelSpec> m = ParseModelConfig(
+      absl::StrCat(R"({"model_type":"llama","hidden_size":1,"num_hidden_layers":1,"num_attention_heads":1,)",
+                   R"("num_key_value_heads":1,"intermediate_size":1,"vocab_size":1)", extra, "}"),
+      "degenerate.json");
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+// Issue 27: values past what the planner can size wrapped (--max-model-len 2147483647 failed naming
+// --max-kv-tokens -2147483632, a utilization of 1e-300 recommended an 8 EiB card); each is refused
+// naming the flag, the value given and what is accepted.
+TEST(PlannerTest, OutOfRangeOptionsNameTheFlagTheValueAndTheRange) {
+  const ModelSpec m = Llama8B();
+  auto error = [&](PlanOptions o) {
+    absl::StatusOr<Plan> p = MakePlan(m, o, {});
+    EXPECT_FALSE(p.ok()) << PlanToText(*p);
+    return p.ok() ? std::string() : std::string(p.status().message());
+  };
+  const std::string len = error({.card_bytes = 80 * kGiB, .max_model_len = 2147483647});
+  EXPECT_TRUE(absl::StrContains(len,
+                                "--max-model-len 2147483647: accepted 0 (from the profile) or 2 to the model's "
+                                "max_position_embeddings (131072 in "))
+      << len;
+  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .max_model_len = 131073}), "--max-model-len 131073"));
+  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .max_model_len = 1}), "--max-model-len 1"));
+  const std::string util = error({.card_bytes = 80 * kGiB, .gpu_memory_utilization = 1e-300});
+  EXPECT_TRUE(absl::StrContains(util, "--gpu-memory-utilization 1e-300: accepted a fraction from 0.01 to 1")) << util;
+  EXPECT_TRUE(absl::StrContains(error({.card_bytes = kMaxPlanCardBytes + 1}), "--card"));
+  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .runtime_reserve_bytes = ~std::uint64_t{0}}),
+                                "--runtime-reserve"));
+  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .max_batched_tokens = kMaxPlanBatchedTokens + 1}),
+                                "--max-batched-tokens 1048577: accepted 1 to 1048576"));
+  // The boundaries themselves are planned, with figures that did not wrap.
+  absl::StatusOr<Plan> p = MakePlan(m, {.card_bytes = 80 * kGiB, .gpu_memory_utilization = 0.01}, {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->fits);
+  EXPECT_LE(p->smallest_card_bytes, kMaxPlanCardBytes);
+  EXPECT_GT(p->smallest_card_bytes, 80 * kGiB);
+  p = MakePlan(m, {.card_bytes = 80 * kGiB, .max_model_len = 131072}, {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->max_model_len, 131072);
+  EXPECT_GT(p->max_kv_tokens_paged, 0);
+}
+
+// The config's max_position_embeddings is named as the config's key, not as command-line flags.
+TEST(PlannerTest, AConfigLimitIsNamedByItsKey) {
+  absl::StatusOr<Plan> p = MakePlan(Degenerate(R"(,"max_position_embeddings":1)"), {.card_bytes = 80 * kGiB}, {});
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "degenerate.json: \"max_position_embeddings\" is 1"))
+      << p.status();
+  EXPECT_FALSE(absl::StrContains(p.status().message(), "--max-kv-tokens")) << p.status();
+  p = MakePlan(Degenerate(R"(,"max_position_embeddings":16)"), {.card_bytes = 80 * kGiB}, AzureConv());
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "degenerate.json: \"max_position_embeddings\" 16: every request"))
+      << p.status();
+}
+
+// A degenerate model's steps last femtoseconds: with the check's arrivals a microsecond apart its
+// requests were served one at a time (101,661 steps, 81 s for the check of 400 requests). The
+// check's arrivals now fall within 1% of the model's shortest step: a burst, as for a real model.
+TEST(PlannerTest, ADegenerateModelIsCheckedAsABurst) {
+  const ModelSpec m = Degenerate();
+  const std::vector<Request> requests = AzureConv();
+  const PlanOptions o{.card_bytes = 8 * kGiB, .check_requests = 100};
+  absl::StatusOr<Plan> p = MakePlan(m, o, requests);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->fits);
+  ASSERT_TRUE(CheckPlan(m, o, requests, "degenerate.json", "requests.csv", &*p).ok());
+  int recommended = 0;
+  for (const PlanCheck& c : p->checks) {
+    if (c.what != "recommended") continue;
+    ++recommended;
+    // 100 requests together, max_num_seqs of them at once: the longest prompt in chunks and the
+    // longest output (at most 1000 tokens), not the sum of every output (about 25,000 steps).
+    EXPECT_LT(c.steps, 2000) << c.layout << " " << c.allocator << "\n" << PlanToText(*p);
+    EXPECT_TRUE(absl::StrContains(c.command, "--time-scale 1e-")) << c.command;
+  }
+  EXPECT_EQ(recommended, 4) << PlanToText(*p);
+}
+
+// A card the planner accepts but the simulated device cannot replay (issue 27: --card 3TiB failed
+// with "capacity 5660264MiB is more than the simulated device can hold") is planned, and its check
+// is skipped by a note naming the card; a schedule too long to replay is skipped the same way.
+TEST(PlannerTest, TheCheckSaysWhyItSkipsAHugeCardOrAnEndlessSchedule) {
+  const ModelSpec m = Llama8B();
+  for (std::uint64_t card : {3 * kTiB, kMaxPlanCardBytes}) {
+    const PlanOptions o{.card_bytes = card, .check_requests = 20};
+    absl::StatusOr<Plan> p = MakePlan(m, o, AzureConv());
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(p->fits);
+    absl::Status s = CheckPlan(m, o, AzureConv(), "model.json", "requests.csv", &*p);
+    ASSERT_TRUE(s.ok()) << s;
+    const std::string text = PlanToText(*p);
+    EXPECT_TRUE(absl::StrContains(text, absl::StrCat("not checked by replay: --card ", FormatBytes(card)))) << text;
+    for (const PlanCheck& c : p->checks) EXPECT_EQ(c.what, "smallest card") << text;
+  }
+  // No profile and a context of 2^30 tokens: the synthetic requests of the check would take
+  // millions of steps.
+  const ModelSpec huge = Degenerate(R"(,"max_position_embeddings":1073741824)");
+  const PlanOptions o{.card_bytes = 80 * kGiB};
+  absl::StatusOr<Plan> p = MakePlan(huge, o, {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(CheckPlan(huge, o, {}, "degenerate.json", "", &*p).ok());
+  const std::string text = PlanToText(*p);
+  EXPECT_TRUE(absl::StrContains(text, "steps (more than 250000)")) << text;
+  EXPECT_TRUE(p->checks.empty()) << text;
+}
+
+// The sane figures of a plan: nothing wrapped, everything within the budget it reports.
+void ExpectSane(const Plan& p, const PlanOptions& o, const ModelSpec& m, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_LE(p.budget_bytes, p.card_bytes);
+  EXPECT_LE(p.card_bytes, kMaxPlanCardBytes);
+  EXPECT_LE(p.smallest_card_bytes, kMaxPlanCardBytes);
+  EXPECT_EQ(p.smallest_card_bytes % kGiB, 0u);
+  EXPECT_GE(p.kv_cache_tokens, 0);
+  EXPECT_GE(p.max_model_len, 0);
+  EXPECT_LE(p.max_model_len, m.max_position_embeddings);
+  EXPECT_GE(p.max_num_seqs, 0);
+  EXPECT_LE(p.max_num_seqs, 256);
+  EXPECT_GE(p.max_kv_tokens_paged, 0);
+  EXPECT_GE(p.max_kv_tokens_tiered, 0);
+  EXPECT_LE(p.max_kv_tokens_paged, p.kv_cache_tokens);
+  for (std::size_t i = 0; i < p.tiers_tokens.size(); ++i) {
+    EXPECT_GE(p.tiers_tokens[i], 1);
+    if (i > 0) EXPECT_GT(p.tiers_tokens[i], p.tiers_tokens[i - 1]);
+  }
+  if (p.fits) {
+    EXPECT_GE(p.max_num_seqs, 1);
+    EXPECT_GE(p.max_model_len, 1);
+    EXPECT_LE(
+        p.weights_bytes + p.activation_bytes + static_cast<std::uint64_t>(p.kv_cache_tokens) * p.kv_bytes_per_token,
+        p.budget_bytes);
+    EXPECT_LE(p.smallest_card_bytes, RoundUpToGib(p.card_bytes));
+  } else if (p.smallest_card_bytes != 0) {
+    EXPECT_GT(p.smallest_card_bytes + kGiB, p.card_bytes);
+  }
+  const std::string text = PlanToText(p);
+  for (std::size_t i = 1; i + 1 < text.size(); ++i) {  // no negative figure (a wrapped one)
+    EXPECT_FALSE(text[i] == '-' && (text[i - 1] == ' ' || text[i - 1] == '(') && absl::ascii_isdigit(text[i + 1]))
+        << text;
+  }
+  (void)o;
+}
+
+// One sweep (issue 27): each plan option at its boundaries and past them, and each numeric key of
+// the model's config mutated, one at a time, with and without a profile. Each plan either has sane
+// figures or fails naming the flag (or config key) that was changed. Formulas only (no replay):
+// a few hundred plans, well under a few seconds.
+TEST(PlannerTest, SweepOfOptionsAndConfigsPlansSanelyOrNamesTheCause) {
+  const ModelSpec llama = Llama8B();
+  const std::vector<Request> azure = AzureConv();
+  const std::vector<Request> few(azure.begin(), azure.begin() + 200);
+  constexpr int kIntMax = 2147483647, kIntMin = -2147483647 - 1;
+  constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  struct Case {
+    std::string flag;
+    PlanOptions options;
+  };
+  std::vector<Case> cases;
+  const PlanOptions base{.card_bytes = 80 * kGiB};
+  for (std::uint64_t v : {std::uint64_t{0}, std::uint64_t{1}, kMiB, kGiB, 16 * kGiB, 80 * kGiB, kTiB, 2 * kTiB,
+                          kMaxPlanCardBytes, kMaxPlanCardBytes + 1, ~std::uint64_t{0}}) {
+    PlanOptions o = base;
+    o.card_bytes = v;
+    cases.push_back({"--card", o});
+  }
+  for (double v : {kNan, -1.0, 0.0, 1e-300, 0.0099, 0.01, 0.5, 1.0, 1.0000001, kInf}) {
+    PlanOptions o = base;
+    o.gpu_memory_utilization = v;
+    cases.push_back({"--gpu-memory-utilization", o});
+  }
+  for (int v : {kIntMin, -1, 0, 1, 2, 3, 4096, 131072, 131073, kIntMax}) {
+    PlanOptions o = base;
+    o.max_model_len = v;
+    cases.push_back({"--max-model-len", o});
+  }
+  for (int v : {kIntMin, 0, 1, 2, 255, 256, kMaxPlanBatchedTokens, kMaxPlanBatchedTokens + 1, kIntMax}) {
+    PlanOptions o = base;
+    o.max_batched_tokens = v;
+    cases.push_back({"--max-batched-tokens", o});
+  }
+  for (std::uint64_t v :
+       {std::uint64_t{0}, kGiB, 79 * kGiB, 80 * kGiB, kMaxPlanCardBytes, kMaxPlanCardBytes + 1, ~std::uint64_t{0}}) {
+    PlanOptions o = base;
+    o.runtime_reserve_bytes = v;
+    cases.push_back({"--runtime-reserve", o});
+  }
+  for (int v : {kIntMin, -1, 0, 1, 2, 3, 8, 16, 32, 64, 1024, 1025, kIntMax}) {
+    PlanOptions o = base;
+    o.tensor_parallel = v;
+    cases.push_back({"--tensor-parallel", o});
+  }
+  for (const char* v : {"", "bf16", "fp16", "fp8", "int4", "fp4", "BF16"}) {
+    PlanOptions o = base;
+    o.dtype = v;
+    cases.push_back({"--dtype", o});
+  }
+  for (std::int64_t v :
+       {std::int64_t{-1}, std::int64_t{0}, std::int64_t{1}, std::numeric_limits<std::int64_t>::max()}) {
+    PlanOptions o = base;
+    o.check_requests = v;
+    cases.push_back({"--check-requests", o});
+  }
+  int planned = 0, refused = 0;
+  for (const Case& c : cases) {
+    for (const std::vector<Request>* requests : {&few, static_cast<const std::vector<Request>*>(nullptr)}) {
+      const std::vector<Request> none;
+      absl::StatusOr<Plan> p = MakePlan(llama, c.options, requests ? *requests : none);
+      const std::string what =
+          absl::StrCat(c.flag, " case ", &c - cases.data(), requests ? " with" : " without", " a profile");
+      if (p.ok()) {
+        ++planned;
+        ExpectSane(*p, c.options, llama, what);
+      } else {
+        ++refused;
+        EXPECT_TRUE(absl::StrContains(p.status().message(), c.flag)) << what << ": " << p.status();
+      }
+    }
+  }
+  EXPECT_GT(planned, 60);
+  EXPECT_GT(refused, 30);
+
+  // The model's config: each numeric key of a small llama at its boundaries (parsed configs only:
+  // model_config_test sweeps the refused ones), planned on an 80 GiB card.
+  const char* const keys[] = {
+      "hidden_size",       "num_hidden_layers", "num_attention_heads",     "num_key_value_heads",
+      "intermediate_size", "vocab_size",        "max_position_embeddings", "head_dim"};
+  const std::string small =
+      R"({"model_type":"llama","hidden_size":512,"num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,)"
+      R"("intermediate_size":1024,"vocab_size":32000,"max_position_embeddings":4096,"head_dim":64})";
+  int configs = 0;
+  for (const char* key : keys) {
+    for (std::int64_t v : {1, 2, 3, 16, 4096, 1 << 20, 1 << 30}) {
+      nlohmann::json j = nlohmann::json::parse(small);
+      j[key] = v;
+      absl::StatusOr<ModelSpec> m = ParseModelConfig(j.dump(), "sweep.json");
+      if (!m.ok()) continue;
+      ++configs;
+      for (const std::vector<Request>* requests : {&few, static_cast<const std::vector<Request>*>(nullptr)}) {
+        const std::vector<Request> none;
+        absl::StatusOr<Plan> p = MakePlan(*m, base, requests ? *requests : none);
+        const std::string what = absl::StrCat(key, " = ", v, requests ? " with" : " without", " a profile");
+        if (p.ok()) {
+          ExpectSane(*p, base, *m, what);
+        } else {
+          const std::string message(p.status().message());
+          EXPECT_TRUE(absl::StrContains(message, "sweep.json") &&
+                      (absl::StrContains(message, key) || absl::StrContains(message, "--max-batched-tokens")))
+              << what << ": " << message;
+        }
+      }
+    }
+  }
+  EXPECT_GT(configs, 30);
 }
 
 }  // namespace
