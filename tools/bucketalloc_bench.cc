@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "bench_generate.h"
 #include "bench_plan.h"
 #include "bucketalloc/options.h"
@@ -64,12 +65,13 @@ void PrintResult(const ReplayResult& r) {
   std::printf("%-28s %s\n", "peak live", FormatBytes(r.peak_live_bytes).c_str());
   std::printf("%-28s %s (%.3f x live)\n", "peak reserved", FormatBytes(r.peak_reserved_bytes).c_str(),
               r.reserved_over_live);
-  std::printf("%-28s %llu (capacity %llu, fragmentation %llu)\n", "OOMs", static_cast<unsigned long long>(r.ooms),
+  std::printf("%-28s %llu (capacity %llu, fragmentation %llu", "OOMs", static_cast<unsigned long long>(r.ooms),
               static_cast<unsigned long long>(r.capacity_ooms), static_cast<unsigned long long>(r.fragmentation_ooms));
   if (r.tenant_cap_ooms > 0) {
-    std::printf("%-28s %llu (a bigger card would not serve them)\n", "of which at tenants' caps",
+    std::printf(", tenant cap %llu: a tenant's own cap refused them, a bigger card would not serve them",
                 static_cast<unsigned long long>(r.tenant_cap_ooms));
   }
+  std::printf(")\n");
   if (!r.ooms_by_stream.empty()) {
     std::string by_stream;
     for (const auto& [stream, n] : r.ooms_by_stream) {
@@ -135,9 +137,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   replay->add_option("--json", json_path, "also write the result as JSON");
   std::string timeline_spec;
-  replay->add_option("--timeline", timeline_spec,
-                     "also write the memory timeline, PATH[,interval_ms] (default 1000 ms of the trace's time): the "
-                     "JSON lines a process writes with BUCKETALLOC_TIMELINE (docs/operations.md)");
+  CLI::Option* timeline_option = replay->add_option(
+      "--timeline", timeline_spec,
+      "also write the memory timeline, PATH[,interval_ms] (default 1000 ms of the trace's time): the "
+      "JSON lines a process writes with BUCKETALLOC_TIMELINE (docs/operations.md)");
 
   CLI::App* min_capacity = app.add_subcommand("min-capacity", "the smallest card that serves the trace");
   min_capacity->add_option("trace", trace_path, "the trace (RMM CSV)")->required();
@@ -300,16 +303,9 @@ int main(int argc, char** argv) {
     o.device = doctor_device;
     absl::StatusOr<bucketalloc::harness::DoctorInput> in = bucketalloc::harness::ReadDoctorInput(doctor_input, o);
     if (!in.ok()) return Fail(in.status());
-    std::vector<int> devices;
-    for (const bucketalloc::TimelineSample& s : in->samples) {
-      if (std::find(devices.begin(), devices.end(), s.device) == devices.end()) devices.push_back(s.device);
-    }
-    if (devices.empty()) devices.push_back(o.device);
-    std::vector<bucketalloc::harness::Verdict> verdicts;
-    for (int d : devices) {
-      std::vector<bucketalloc::harness::Verdict> v = bucketalloc::harness::Diagnose(in->samples, d);
-      verdicts.insert(verdicts.end(), v.begin(), v.end());
-    }
+    for (const std::string& w : in->warnings) std::fprintf(stderr, "bucketalloc-bench: doctor: %s\n", w.c_str());
+    // Every device's verdicts, the samples grouped by device once (a timeline may have thousands).
+    std::vector<bucketalloc::harness::Verdict> verdicts = bucketalloc::harness::DiagnoseAll(in->samples);
     for (const bucketalloc::harness::Verdict& v : in->round_verdicts) {
       // Over rounds: a leak replaces the device's healthy verdict; a settling peak adds to it.
       auto healthy = std::find_if(verdicts.begin(), verdicts.end(),
@@ -322,6 +318,17 @@ int main(int argc, char** argv) {
     const bool json_ok = WriteText(json_path, bucketalloc::harness::VerdictsToJson(verdicts));
     const bool html_ok = WriteText(
         html_path, bucketalloc::harness::DoctorHtml(verdicts, in->samples, "bucketalloc doctor: " + doctor_input));
+    // Figures that contradict themselves are not a diagnosis: said, and the exit status says it.
+    const auto inconsistent = std::count_if(verdicts.begin(), verdicts.end(), [](const auto& v) {
+      return v.verdict == bucketalloc::harness::kInconsistent;
+    });
+    if (inconsistent > 0) {
+      std::fprintf(stderr,
+                   "bucketalloc-bench: doctor: %s: the samples of %lld device(s) contradict themselves (verdict "
+                   "inconsistent): not a bucketalloc timeline, or a corrupted one\n",
+                   doctor_input.c_str(), static_cast<long long>(inconsistent));
+      return 1;
+    }
     return json_ok && html_ok ? 0 : 1;
   }
 
@@ -334,10 +341,13 @@ int main(int argc, char** argv) {
     bucketalloc::harness::ReplayOptions o = Options(allocator, *capacity, cost, *device);
     o.repeat = repeat;
     std::string timeline_path;
-    if (!timeline_spec.empty()) {
+    if (timeline_option->count() > 0) {  // given, even empty: an empty PATH is an error, not "no timeline"
       int interval_ms = 0;
       if (absl::Status s = bucketalloc::ParseTimelineSpec(timeline_spec, &timeline_path, &interval_ms); !s.ok()) {
-        return Fail(s);
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("--timeline \"", timeline_spec, "\": ", absl::StripPrefix(s.message(), "bucketalloc: "),
+                         " (PATH: the file to write; interval_ms: of the trace's time, default ",
+                         bucketalloc::kDefaultTimelineIntervalMs, ")")));
       }
       o.sample_interval_s = interval_ms / 1000.0;
     }

@@ -5,10 +5,12 @@
 #include <array>
 #include <cmath>
 #include <deque>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bucketalloc/units.h"
@@ -56,16 +58,50 @@ struct Series {
   std::vector<OomEvent> ooms;                            // as listed (a process lists at most 64 per line)
   std::array<std::int64_t, kNumOomCauses> oom_counts{};  // over the timeline, from ooms_total
   std::int64_t retries = 0;                              // alloc_retries_total over the timeline
+  // Samples that contradict themselves (Contradiction), and the first one's.
+  std::size_t contradictions = 0;
+  std::string first_contradiction;
+  double first_contradiction_at = 0.0;
   std::size_t size() const { return t.size(); }
   double Position(double at) const { return duration > 0 ? (at - t0) / duration : 0.0; }
 };
 
-Series SeriesOf(absl::Span<const TimelineSample> samples, int device) {
+// What no bucketalloc sample shows, or "": a figure of memory held within reserved memory that is
+// above it (live, active, cached, requested, the largest free block), or reserved memory above a
+// cap that was never as high in the device's timeline (`highest_cap`, this sample's included;
+// only a cap lowered below what was already reserved leaves reserved memory above it).
+std::string Contradiction(const TimelineSample& x, std::int64_t highest_cap) {
+  const std::pair<const char*, std::int64_t> within[] = {{"allocated (live)", x.allocated_bytes},
+                                                         {"active", x.active_bytes},
+                                                         {"cached", x.cached_bytes},
+                                                         {"requested", x.requested_bytes},
+                                                         {"the largest free block", x.largest_free_block_bytes}};
+  for (const auto& [name, bytes] : within) {
+    if (bytes > x.reserved_bytes) {
+      return absl::StrCat(name, " ", Bytes(static_cast<double>(bytes)), " is more than reserved ",
+                          Bytes(static_cast<double>(x.reserved_bytes)), ", which holds it");
+    }
+  }
+  if (x.capacity_bytes > 0 && x.reserved_bytes > highest_cap) {
+    return absl::StrCat("reserved ", Bytes(static_cast<double>(x.reserved_bytes)), " is ",
+                        Pct(static_cast<double>(x.reserved_bytes), static_cast<double>(x.capacity_bytes)), " of the ",
+                        Bytes(static_cast<double>(x.capacity_bytes)), " cap, which was never higher in the timeline");
+  }
+  return "";
+}
+
+// The series of the samples at `indices` (one device's, in time order).
+Series SeriesOf(absl::Span<const TimelineSample> samples, absl::Span<const std::size_t> indices) {
   Series s;
+  s.t.reserve(indices.size());
+  s.reserved.reserve(indices.size());
+  s.allocated.reserve(indices.size());
+  s.cached.reserve(indices.size());
   const TimelineSample* first = nullptr;
   const TimelineSample* last = nullptr;
-  for (const TimelineSample& x : samples) {
-    if (x.device != device) continue;
+  std::int64_t highest_cap = 0;
+  for (std::size_t i : indices) {
+    const TimelineSample& x = samples[i];
     if (first == nullptr) first = &x;
     last = &x;
     s.t.push_back(x.time_s);
@@ -74,6 +110,13 @@ Series SeriesOf(absl::Span<const TimelineSample> samples, int device) {
     s.cached.push_back(static_cast<double>(std::max<std::int64_t>(0, x.reserved_bytes - x.allocated_bytes)));
     s.cap = std::max(s.cap, static_cast<double>(x.capacity_bytes));
     s.ooms.insert(s.ooms.end(), x.ooms.begin(), x.ooms.end());
+    highest_cap = std::max(highest_cap, x.capacity_bytes);
+    if (std::string c = Contradiction(x, highest_cap); !c.empty()) {
+      if (s.contradictions++ == 0) {
+        s.first_contradiction = std::move(c);
+        s.first_contradiction_at = x.time_s;
+      }
+    }
   }
   if (s.size() > 0) {
     s.t0 = s.t.front();
@@ -88,6 +131,18 @@ Series SeriesOf(absl::Span<const TimelineSample> samples, int device) {
     s.retries = std::max<std::int64_t>(0, last->alloc_retries_total - first->alloc_retries_total);
   }
   return s;
+}
+
+// The indices of each device's samples, the devices in the order they first appear: one pass.
+std::vector<std::pair<int, std::vector<std::size_t>>> SamplesByDevice(absl::Span<const TimelineSample> samples) {
+  std::vector<std::pair<int, std::vector<std::size_t>>> out;
+  absl::flat_hash_map<int, std::size_t> slot;  // device -> its place in `out`
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const auto [it, added] = slot.try_emplace(samples[i].device, out.size());
+    if (added) out.emplace_back(samples[i].device, std::vector<std::size_t>{});
+    out[it->second].second.push_back(i);
+  }
+  return out;
 }
 
 // The index range [lo, hi) of samples with position in [a, b).
@@ -110,7 +165,7 @@ double Min(const std::vector<double>& v, std::size_t lo, std::size_t hi) {
   return m;
 }
 
-void Add(std::vector<Verdict>* out, int device, const char* verdict, std::string evidence, const char* lever,
+void Add(std::vector<Verdict>* out, int device, const char* verdict, std::string evidence, std::string lever,
          double from, double to) {
   for (Verdict& v : *out) {
     if (v.verdict == verdict) {  // one verdict of a kind: the evidence joins it
@@ -120,17 +175,22 @@ void Add(std::vector<Verdict>* out, int device, const char* verdict, std::string
       return;
     }
   }
-  out->push_back(Verdict{verdict, std::move(evidence), lever, from, to, device});
+  out->push_back(Verdict{verdict, std::move(evidence), std::move(lever), from, to, device});
 }
 
-}  // namespace
-
-std::vector<Verdict> Diagnose(absl::Span<const TimelineSample> samples, int device, const DoctorThresholds& th) {
+// The verdicts of one device's series (not empty).
+std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThresholds& th) {
   std::vector<Verdict> out;
-  const Series s = SeriesOf(samples, device);
-  if (s.size() == 0) {
-    out.push_back(Verdict{"healthy", absl::StrCat("device ", device, " has no samples in the timeline"),
-                          "nothing to do", 0, 0, device});
+  if (s.contradictions > 0) {
+    // Figures that contradict themselves cannot be read as a curve: no other verdict.
+    out.push_back(Verdict{
+        kInconsistent,
+        absl::StrCat(s.contradictions, " of device ", device, "'s ", s.size(),
+                     " samples contradict themselves, which no bucketalloc timeline does; the first, at ",
+                     At(s.first_contradiction_at), ": ", s.first_contradiction),
+        "check the input: it is not a bucketalloc timeline (BUCKETALLOC_TIMELINE, replay --timeline), or it was "
+        "corrupted or edited; no other verdict is given, since its figures cannot be trusted",
+        s.first_contradiction_at, s.first_contradiction_at, device});
     return out;
   }
   const std::size_t n = s.size();
@@ -143,8 +203,8 @@ std::vector<Verdict> Diagnose(absl::Span<const TimelineSample> samples, int devi
   }
   const double cap = s.scale;
   const std::string of_cap = s.cap > 0 ? " of the cap" : " of the peak of reserved memory (no cap in the timeline)";
-  std::int64_t ooms = 0;
-  for (std::int64_t c : s.oom_counts) ooms += c;
+  std::int64_t ooms = 0;  // the device's: a tenant refused at its own cap does not make the device short
+  for (int c = 0; c < kNumOomCauses; ++c) ooms += c == static_cast<int>(OomCause::kTenantCap) ? 0 : s.oom_counts[c];
   const bool pressure = ooms > 0 || s.retries > 0;  // the allocator ran short at least once
   std::string calm;                                 // what a healthy verdict should also say
   // The body of the run: without its last 2%, where a process tears down and a replay ends.
@@ -325,6 +385,30 @@ std::vector<Verdict> Diagnose(absl::Span<const TimelineSample> samples, int devi
                      "process, the CUDA context, communication buffers); lower the cap to what is really free"),
         kLeverFull, from, to);
   }
+  if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kTenantCap)]; k > 0) {
+    const std::string when = span_of(OomCause::kTenantCap, &from, &to);
+    // The tenants the listed OOMs name, each with its cap (a process lists at most 64 a line).
+    std::map<std::string, std::size_t> caps;
+    for (const OomEvent& e : s.ooms) {
+      if (e.cause == OomCause::kTenantCap && !e.tenant.empty()) caps[e.tenant] = e.tenant_cap;
+    }
+    std::string named;
+    for (const auto& [tenant, tenant_cap] : caps) {
+      absl::StrAppend(&named, named.empty() ? "" : ", ", "'", tenant, "' (cap ", Bytes(static_cast<double>(tenant_cap)),
+                      ")");
+    }
+    const std::string whose = named.empty() ? std::string("a tenant's") : absl::StrCat("tenant ", named, "'s");
+    Add(&out, device, "tenant_cap",
+        absl::StrCat(k, " OOMs", when, " were refused by ", whose,
+                     " own cap, not by the device's: the card had room "
+                     "for them"),
+        absl::StrCat(
+            "raise ", whose,
+            " cap if its working set is right (tenants:[NAME:SIZE] in BUCKETALLOC_CONF, or "
+            "bucketalloc_set_tenant_cap / bucketalloc_torch.set_tenant_cap at run time), or bind fewer or "
+            "shorter requests to it; tiers or stitching do not help here, the device's memory was not the limit"),
+        from, to);
+  }
   if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kCapacity)]; k > 0) {
     const std::string when = span_of(OomCause::kCapacity, &from, &to);
     const std::string evidence =
@@ -384,6 +468,29 @@ std::vector<Verdict> Diagnose(absl::Span<const TimelineSample> samples, int devi
                      s.cap > 0 ? absl::StrCat(" of ", Bytes(cap)) : "", "), peak live ", Bytes(peak_a), ", ", ooms,
                      " OOMs, ", s.retries, " retries; no climb, leak or spike over ", At(s.duration), calm),
         "nothing to do", s.t0, s.t.back(), device});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Verdict> Diagnose(absl::Span<const TimelineSample> samples, int device, const DoctorThresholds& th) {
+  std::vector<std::size_t> indices;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    if (samples[i].device == device) indices.push_back(i);
+  }
+  if (indices.empty()) {
+    return {Verdict{"healthy", absl::StrCat("device ", device, " has no samples in the timeline"), "nothing to do", 0,
+                    0, device}};
+  }
+  return DiagnoseSeries(SeriesOf(samples, indices), device, th);
+}
+
+std::vector<Verdict> DiagnoseAll(absl::Span<const TimelineSample> samples, const DoctorThresholds& th) {
+  std::vector<Verdict> out;
+  for (const auto& [device, indices] : SamplesByDevice(samples)) {
+    std::vector<Verdict> v = DiagnoseSeries(SeriesOf(samples, indices), device, th);
+    out.insert(out.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
   }
   return out;
 }
@@ -472,20 +579,20 @@ std::string DoctorHtml(absl::Span<const Verdict> verdicts, absl::Span<const Time
                     "<br>first lever: ", EscapeHtml(v.lever), "</li>");
   }
   absl::StrAppend(&html, "</ul></section>");
-  std::vector<int> devices;
-  for (const TimelineSample& s : samples) {
-    if (std::find(devices.begin(), devices.end(), s.device) == devices.end()) devices.push_back(s.device);
-  }
+  // Each device's verdicts, found once (a timeline may have many devices).
+  absl::flat_hash_map<int, std::vector<const Verdict*>> by_device;
+  for (const Verdict& v : verdicts) by_device[v.device].push_back(&v);
   constexpr double kW = 900, kH = 300, kPad = 40;
-  for (int d : devices) {
-    const Series s = SeriesOf(samples, d);
+  for (const auto& [d, indices] : SamplesByDevice(samples)) {
+    const Series s = SeriesOf(samples, indices);
     const double top = std::max(s.cap, Max(s.reserved, 0, s.size())) * 1.05;
     auto x = [&](double t) { return kPad + (s.duration > 0 ? (t - s.t0) / s.duration : 0.0) * (kW - 2 * kPad); };
     auto y = [&](double b) { return kH - kPad - (top > 0 ? b / top : 0.0) * (kH - 2 * kPad); };
     absl::StrAppend(&html, "<h2>Device ", d, "</h2><svg width=\"", kW, "\" height=\"", kH,
                     "\" role=\"img\" aria-label=\"memory over time\">");
-    for (const Verdict& v : verdicts) {
-      if (v.device != d || v.verdict == "healthy") continue;
+    for (const Verdict* marked : by_device[d]) {
+      const Verdict& v = *marked;
+      if (v.verdict == "healthy" || v.verdict == kInconsistent) continue;
       const double x0 = x(v.from_s), x1 = std::max(x(v.to_s), x0 + 2);
       absl::StrAppendFormat(&html,
                             "<rect data-marked=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "

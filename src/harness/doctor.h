@@ -16,7 +16,11 @@
 //     enough was free (fragmentation OOMs), or a large free cache whose largest block is small;
 //   - cache_held: much of the reserved memory is cache held but unused, for long, while memory was
 //     short (near the cap, an OOM or a retry); or OOMs while memory was held for stream events;
-//   - healthy: none of these.
+//   - healthy: none of these;
+//   - inconsistent: samples that contradict themselves (live, active, cached or requested memory
+//     above the reserved memory that holds it; reserved memory above a cap that was never as high),
+//     which no bucketalloc timeline writes: not a timeline, or a corrupted one. No other verdict
+//     for that device: its figures cannot be trusted.
 // Capacity OOMs join the first verdict found that is not fragmentation or cache_held, or are a
 // climbs_capacity verdict of their own. OOMs are counted from the lines' totals.
 // The thresholds are fractions of the cap (docs/operations.md lists them); `DoctorThresholds`
@@ -26,7 +30,7 @@
 //
 // Example:
 //   absl::StatusOr<std::vector<TimelineSample>> t = ReadTimeline(text, path);
-//   std::vector<Verdict> v = Diagnose(*t, 0);
+//   std::vector<Verdict> v = DiagnoseAll(*t);   // every device's; Diagnose(*t, 0) for one
 //   std::string json = VerdictsToJson(v);   // {"verdicts": [{"verdict", "evidence", "lever", ...}]}
 #ifndef BUCKETALLOC_HARNESS_DOCTOR_H_
 #define BUCKETALLOC_HARNESS_DOCTOR_H_
@@ -42,7 +46,8 @@
 namespace bucketalloc::harness {
 
 struct Verdict {
-  std::string verdict;   // full_at_start, climbs_capacity, leak, spike_long_request, fragmentation, cache_held, healthy
+  std::string verdict;   // full_at_start, climbs_capacity, leak, spike_long_request, fragmentation, cache_held,
+                         // tenant_cap, healthy, inconsistent
   std::string evidence;  // the numbers and the span they come from
   std::string lever;     // the runbook's first lever
   double from_s = 0.0;   // the span of the timeline the evidence comes from
@@ -64,10 +69,23 @@ struct DoctorThresholds {
   double cache_time = 0.50;      // of the run: for how long
 };
 
+// The verdict of samples that contradict themselves (see the top of this file).
+inline constexpr char kInconsistent[] = "inconsistent";
+
+// The highest device index the doctor reads: 2^16 devices, as many as `--snapshot-device` takes.
+// The library writes the indices of the devices its backend counts (at most 64 simulated ones; CUDA's
+// count from the driver); a higher one is not a bucketalloc timeline's.
+inline constexpr int kMaxDoctorDevice = 65535;
+
 // The verdicts for `device` in `samples` (those of other devices are skipped), healthy when no
-// pattern shows; an empty timeline for the device is one healthy verdict saying so.
+// pattern shows; an empty timeline for the device is one healthy verdict saying so. Linear in
+// the samples.
 std::vector<Verdict> Diagnose(absl::Span<const TimelineSample> samples, int device,
                               const DoctorThresholds& t = DoctorThresholds{});
+// The verdicts of every device in `samples`, the devices in the order they first appear (none for
+// no samples). Linear in the samples, however many devices: they are grouped in one pass.
+std::vector<Verdict> DiagnoseAll(absl::Span<const TimelineSample> samples,
+                                 const DoctorThresholds& t = DoctorThresholds{});
 
 // The rounds of a repeat (ReplayResult's per-round peaks of reserved memory and live bytes at each
 // round's end): a leak when what the trace never frees grows round over round (a trace that loads
@@ -94,7 +112,14 @@ struct DoctorInput {
   std::string kind;  // "timeline", "snapshot" or "trace"
   std::vector<TimelineSample> samples;
   std::vector<Verdict> round_verdicts;  // a repeat's (DiagnoseRounds)
+  // A timeline's lines that are not samples, skipped (ReadTimeline's warnings): for stderr.
+  std::vector<std::string> warnings;
 };
+// Errors name `path` and what is expected: a directory; a file with no sample (empty, a timeline
+// whose only line is cut off, a JSON object that is neither a snapshot nor a timeline line); a
+// device index above kMaxDoctorDevice; a snapshot whose segments hold more than --capacity. A UTF-8
+// byte-order mark at the start is skipped; a timeline's damaged lines are skipped, each named in
+// DoctorInput::warnings.
 absl::StatusOr<DoctorInput> ReadDoctorInput(const std::string& path, const DoctorOptions& options);
 
 // {"verdicts": [{"verdict", "evidence", "lever", "from_s", "to_s", "device"}]}.

@@ -2,14 +2,17 @@
 // (harness/doctor.h): a timeline as it is, a snapshot's history or a trace replayed with samples,
 // a snapshot without history as the one moment its segments show.
 #include <algorithm>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "bucketalloc/units.h"
 #include "harness/doctor.h"
 #include "harness/replay.h"
 #include "harness/trace.h"
@@ -19,6 +22,11 @@ namespace bucketalloc::harness {
 namespace {
 
 using Json = nlohmann::json;
+
+constexpr absl::string_view kUtf8Bom = "\xEF\xBB\xBF";
+constexpr char kExpected[] =
+    "expected a file: a timeline (JSON lines, one sample per line, as BUCKETALLOC_TIMELINE and replay --timeline "
+    "write them), a snapshot (bucketalloc_torch.snapshot() as JSON) or a trace (RMM CSV)";
 
 absl::Status NeedsCapacity(absl::string_view kind) {
   return absl::InvalidArgumentError(absl::StrCat("doctor: a ", kind,
@@ -108,6 +116,12 @@ absl::StatusOr<DoctorInput> FromSnapshot(const Json& j, const DoctorOptions& o) 
   }
   s.cached_bytes = std::max<std::int64_t>(0, s.reserved_bytes - s.active_bytes);
   s.capacity_bytes = static_cast<std::int64_t>(o.capacity);
+  if (s.reserved_bytes > s.capacity_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("doctor: the snapshot's segments of device ", o.device, " hold ",
+                                                   FormatBytes(static_cast<std::size_t>(s.reserved_bytes)),
+                                                   ", more than --capacity ", FormatBytes(o.capacity),
+                                                   "; accepted: the card's memory (or its cap), at least that"));
+  }
   s.external_fragmentation =
       s.cached_bytes > 0 ? 1.0 - static_cast<double>(s.largest_free_block_bytes) / static_cast<double>(s.cached_bytes)
                          : 0.0;
@@ -120,24 +134,48 @@ absl::StatusOr<DoctorInput> FromSnapshot(const Json& j, const DoctorOptions& o) 
 }  // namespace
 
 absl::StatusOr<DoctorInput> ReadDoctorInput(const std::string& path, const DoctorOptions& o) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(absl::StrCat("doctor: cannot open ", path));
-  std::stringstream buffer;
-  buffer << file.rdbuf();
-  const std::string text = buffer.str();
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat("doctor: ", path, " is a directory; ", kExpected));
+  }
+  absl::StatusOr<std::string> read = ReadTextFile(path, "the doctor's input");
+  if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat("doctor: ", read.status().message()));
+  absl::string_view text = *read;
+  if (absl::StartsWith(text, kUtf8Bom)) text.remove_prefix(kUtf8Bom.size());  // an editor's byte-order mark
   const std::size_t first = text.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && text[first] == '{') {
+  if (first == absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("doctor: ", path, " is empty; ", kExpected));
+  }
+  if (text[first] == '{') {
     // A snapshot is one JSON object; a timeline one object per line.
     Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("segments")) return FromSnapshot(j, o);
-    absl::StatusOr<std::vector<TimelineSample>> samples = ReadTimeline(text, path);
+    std::vector<std::string> warnings;  // damaged lines, skipped
+    absl::StatusOr<std::vector<TimelineSample>> samples = ReadTimeline(text, path, &warnings);
     if (!samples.ok()) return samples.status();
+    if (samples->empty()) {
+      // The reader leaves out a last line that is cut off: read as a whole line, it says why.
+      absl::StatusOr<std::vector<TimelineSample>> whole = ReadTimeline(absl::StrCat(text, "\n"), path);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "doctor: ", path, " holds no timeline sample",
+          whole.ok() ? "" : absl::StrCat(" (its only line is cut off or not a sample: ", whole.status().message(), ")"),
+          "; ", kExpected));
+    }
+    for (std::size_t i = 0; i < samples->size(); ++i) {
+      const TimelineSample& s = (*samples)[i];
+      if (s.device < 0 || s.device > kMaxDoctorDevice) {
+        return absl::InvalidArgumentError(absl::StrCat("doctor: ", path, ": sample ", i + 1, " (time_s ", s.time_s,
+                                                       ") is of device ", s.device, "; accepted: devices 0 to ",
+                                                       kMaxDoctorDevice, " (no bucketalloc process has more)"));
+      }
+    }
     DoctorInput in;
     in.kind = "timeline";
     in.samples = std::move(*samples);
+    in.warnings = std::move(warnings);
     return in;
   }
-  absl::StatusOr<Trace> trace = ReadTraceFile(path);
+  absl::StatusOr<Trace> trace = ParseTrace(text, path);
   if (!trace.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("doctor: ", path,
                                                    " is neither a timeline (JSON lines), a snapshot (JSON) nor a "

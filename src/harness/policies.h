@@ -48,8 +48,10 @@ std::string PolicySpecsText();
 std::string PolicyHelpText();
 
 // Creates the allocator named by `spec` ("name" or "name:CONF") on a device of `capacity` bytes
-// (rounded down to 2 MiB). InvalidArgument names a bad spec, capacity or configuration and what is
-// accepted; on CUDA without a usable device, FailedPrecondition names the CUDA error.
+// (rounded down to 2 MiB), the device made now. InvalidArgument names a bad spec, capacity or
+// configuration and what is accepted; a device that cannot be made (CUDA without a usable device,
+// a simulated device whose address space this process may not reserve) is FailedPrecondition
+// (ReplayDeviceError), for every policy alike.
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity,
                                                                      ReplayDeviceKind kind = ReplayDeviceKind::kSim);
 // The most a simulated replay device holds (the sim backend's sim_total_memory limit).

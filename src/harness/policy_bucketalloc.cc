@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bucketalloc/allocator.h"
@@ -41,15 +42,19 @@ class BucketallocReplay final : public ReplayAllocator {
   }
   absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) override { return a_->Allocate(size, 0, stream); }
   absl::Status Free(void* ptr, std::size_t size) override { return a_->Free(ptr, 0, size); }
-  bool LastOomAtTenantCap() const override {
-    if (long_tenant_.empty()) return false;
+  std::optional<TenantCapOom> LastOomAtTenantCap() const override {
+    if (long_tenant_.empty()) return std::nullopt;
     absl::StatusOr<std::optional<OomReport>> r = a_->LastOomReport(0);
-    return r.ok() && r->has_value() && (*r)->at_tenant_cap;
+    if (!r.ok() || !r->has_value() || !(*r)->at_tenant_cap) return std::nullopt;
+    return TenantCapOom{(*r)->tenant, (*r)->tenant_cap};
   }
   std::size_t reserved_bytes() const override { return Reserved().current; }
   std::size_t peak_reserved_bytes() const override { return Reserved().peak; }
   void ResetPeak() override { a_->ResetPeakStats(0).IgnoreError(); }
-  BackendCounters backend_counters() const override { return (*a_->backend(0))->counters(); }
+  BackendCounters backend_counters() const override {
+    absl::StatusOr<Backend*> b = a_->backend(0);  // made with the policy (MakeBucketallocPolicy)
+    return b.ok() ? (*b)->counters() : BackendCounters{};
+  }
   std::uint64_t granules_stitched() const override {
     absl::StatusOr<DeviceStats> stats = a_->GetStats(0);
     return stats.ok() ? static_cast<std::uint64_t>(stats->num_granules_stitched) : 0;
@@ -119,7 +124,15 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::str
   absl::StatusOr<Options> options = ParseOptions(absl::StrJoin(keys, ","));
   if (!options.ok()) return bad(options.status().message());
   absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::Create(*options);
-  if (!a.ok()) return a.status();
+  if (!a.ok()) {
+    if (absl::IsInvalidArgument(a.status())) return bad(a.status().message());
+    return ReplayDeviceError(a.status(), capacity, kind);  // no device (CUDA without a driver)
+  }
+  // The allocator makes its device on first use; made now, a device that cannot be made (an
+  // address space the process may not reserve) is this error, not an OOM of every request.
+  if (absl::StatusOr<Backend*> device = (*a)->backend(0); !device.ok()) {
+    return ReplayDeviceError(device.status(), capacity, kind);
+  }
   return std::unique_ptr<ReplayAllocator>(std::make_unique<BucketallocReplay>(std::move(*a)));
 }
 

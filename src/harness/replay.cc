@@ -48,7 +48,8 @@ struct PassCounts {
   std::uint64_t fragmentation_ooms = 0;
   std::map<std::uint64_t, std::uint64_t> ooms_by_stream;  // the trace's streams
   std::uint64_t tenant_cap_ooms = 0;
-  bool last_oom_at_tenant_cap = false;   // the last event's OOM (a bigger card would not serve it)
+  // The last event's OOM, when a tenant's own cap refused it (a bigger card would not serve it).
+  std::optional<ReplayAllocator::TenantCapOom> last_oom_at_tenant_cap;
   std::vector<std::uint32_t> latencies;  // ns per allocate or free
   std::vector<std::size_t> per_round_peak_reserved_bytes;
   std::vector<std::size_t> end_of_round_live_bytes;
@@ -102,10 +103,13 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
           ++counts.ooms;
           ++counts.ooms_by_stream[e.stream];
           counts.last_oom_at_tenant_cap = a.LastOomAtTenantCap();
-          if (counts.last_oom_at_tenant_cap) ++counts.tenant_cap_ooms;
-          // The allocator's own definition (frontend/oom_diagnosis.h): requested bytes, not rounded.
-          ++(internal::WorkingSetExceedsCap(live_bytes, e.size, capacity) ? counts.capacity_ooms
-                                                                          : counts.fragmentation_ooms);
+          if (counts.last_oom_at_tenant_cap.has_value()) {
+            ++counts.tenant_cap_ooms;  // its cause: the tenant's cap, as a process counts it
+          } else {
+            // The allocator's own definition (frontend/oom_diagnosis.h): requested bytes, not rounded.
+            ++(internal::WorkingSetExceedsCap(live_bytes, e.size, capacity) ? counts.capacity_ooms
+                                                                            : counts.fragmentation_ooms);
+          }
         } else {
           status = absl::Status(p.status().code(), absl::StrCat("line ", e.line, ": ", p.status().message()));
           break;
@@ -206,8 +210,9 @@ absl::StatusOr<std::vector<double>> EventTimes(const Trace& trace) {
 // the interval from the first event, each holding the state after the last event before (or at)
 // its time, and one at the last event (before the replay frees what the trace never freed). bucketalloc's samples are
 // its own metrics (as a process's writer takes them); the models' are built from their free blocks
-// and the replay's counts. OOMs are the replay's, with the allocator's definition of a capacity
-// OOM (frontend/oom_diagnosis.h); the others are fragmentation.
+// and the replay's counts. OOMs are the replay's: one a tenant's own cap refused is tenant_cap (with
+// the tenant and its cap), as the allocator counts it in a process; of the others, the allocator's
+// definition of a capacity OOM (frontend/oom_diagnosis.h), and fragmentation.
 class Sampler {
  public:
   Sampler(const Trace& trace, std::vector<double> times, double interval, std::size_t capacity,
@@ -215,8 +220,10 @@ class Sampler {
       : trace_(trace), times_(std::move(times)), interval_(interval), capacity_(capacity), a_(a) {
     round_length_ = (times_.empty() ? 0.0 : times_.back()) + interval_;
   }
-  // After event `index` of `total` (over all rounds), with `live` bytes held; `oom` when it failed.
-  absl::Status After(std::uint64_t index, std::uint64_t total, std::size_t live, bool oom) {
+  // After event `index` of `total` (over all rounds), with `live` bytes held; `oom` when it failed,
+  // `at_tenant_cap` when a tenant's own cap refused it.
+  absl::Status After(std::uint64_t index, std::uint64_t total, std::size_t live, bool oom,
+                     const std::optional<ReplayAllocator::TenantCapOom>& at_tenant_cap) {
     const std::size_t n = trace_.events.size();
     const TraceEvent& e = trace_.events[index % n];
     const double t = TimeOf(index);
@@ -226,10 +233,13 @@ class Sampler {
     }
     if (e.action == TraceAction::kAllocate) {
       if (oom) {
-        const OomCause cause =
-            internal::WorkingSetExceedsCap(live, e.size, capacity_) ? OomCause::kCapacity : OomCause::kFragmentation;
+        const OomCause cause = at_tenant_cap.has_value()                                 ? OomCause::kTenantCap
+                               : internal::WorkingSetExceedsCap(live, e.size, capacity_) ? OomCause::kCapacity
+                                                                                         : OomCause::kFragmentation;
         ++ooms_total_[static_cast<int>(cause)];
-        pending_.push_back(OomEvent{++oom_seq_, t, static_cast<std::size_t>(e.size), cause});
+        pending_.push_back(OomEvent{++oom_seq_, t, static_cast<std::size_t>(e.size), cause,
+                                    at_tenant_cap.has_value() ? at_tenant_cap->tenant : std::string(),
+                                    at_tenant_cap.has_value() ? at_tenant_cap->cap : 0});
       } else {
         ++allocations_;
         held_[index / n].insert(e.pointer);
@@ -413,12 +423,15 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   }
   // Samples after each event when asked; false stops the replay (too many samples).
   auto sample = [&](std::uint64_t index, std::size_t live, bool oom) {
-    if (sampler.has_value() && sampled.ok()) sampled = sampler->After(index, events, live, oom);
+    if (sampler.has_value() && sampled.ok()) {
+      sampled = sampler->After(index, events, live, oom, counts.last_oom_at_tenant_cap);
+    }
     return sampled.ok();
   };
   if (!options.record_timeline) {
     auto until_oom = [&](std::uint64_t index, std::size_t live, bool oom) {
-      return sample(index, live, oom) && !(oom && options.stop_at_first_oom && !counts.last_oom_at_tenant_cap);
+      return sample(index, live, oom) &&
+             !(oom && options.stop_at_first_oom && !counts.last_oom_at_tenant_cap.has_value());
     };
     absl::Status s = RunPass(trace, options, r.capacity, a, counts, until_oom);
     if (!s.ok()) return s;

@@ -118,8 +118,11 @@ struct ReplayResult {
   std::size_t peak_reserved_bytes = 0;
   double reserved_over_live = 0.0;
   std::uint64_t ooms = 0;
-  std::uint64_t capacity_ooms = 0;       // live + request > capacity: no allocator could have served it
-  std::uint64_t fragmentation_ooms = 0;  // all other OOMs
+  // The OOMs by cause, which add up to `ooms`: the card's (capacity: live + request > capacity, no
+  // allocator could have served it; fragmentation: the others), and those a tenant's own cap
+  // refused (tenant_cap_ooms, below).
+  std::uint64_t capacity_ooms = 0;
+  std::uint64_t fragmentation_ooms = 0;
   // The OOMs by the trace's stream (JSON "ooms_by_stream", when any stream other than 0 failed):
   // with generate serving --tenant-split, stream 2's are long requests', stream 0's the rest.
   std::map<std::uint64_t, std::uint64_t> ooms_by_stream;

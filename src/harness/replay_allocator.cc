@@ -73,13 +73,25 @@ BackendSettings ReplayDeviceSettings(std::size_t capacity, ReplayDeviceKind kind
   return {{"sim_memory", "unbacked"}, {"sim_total_memory", SizeText(capacity)}};
 }
 
+absl::Status ReplayDeviceError(const absl::Status& cause, std::size_t capacity, ReplayDeviceKind kind) {
+  if (kind == ReplayDeviceKind::kCuda) {
+    return absl::FailedPreconditionError(absl::StrCat("the replay device (CUDA device 0, capped at ",
+                                                      SizeText(capacity), ") cannot be used: ", cause.message(),
+                                                      "; accepted: --device cuda with a usable GPU, or --device sim"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the simulated replay device of ", SizeText(capacity), " cannot be made: ", cause.message(),
+      "; accepted: a --capacity whose address space this process may reserve (the simulated device reserves "
+      "several times its capacity; an address-space limit, ulimit -v, may be lower)"));
+}
+
 absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity, ReplayDeviceKind kind,
                                                                bool virtual_memory) {
   const internal::BackendEntry* entry =
       internal::FindBackend(kind == ReplayDeviceKind::kCuda && virtual_memory ? "vmm" : ReplayDeviceName(kind));
   if (entry == nullptr) return absl::InternalError("the replay device's backend is not registered");
   absl::StatusOr<std::unique_ptr<Backend>> backend = entry->make(ReplayDeviceSettings(capacity, kind), /*device=*/0);
-  if (!backend.ok()) return backend.status();
+  if (!backend.ok()) return ReplayDeviceError(backend.status(), capacity, kind);
   return std::make_unique<ReplayDevice>(std::move(*backend), capacity,
                                         /*enforce_capacity=*/kind != ReplayDeviceKind::kSim);
 }

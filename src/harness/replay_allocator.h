@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -35,9 +36,14 @@ class ReplayAllocator {
   // The trace's stream of the next Allocate (before any mapping to the replay device's streams),
   // outside the timed call: bucketalloc with tenants routes long requests' stream by it.
   virtual void SetTraceStream(std::uint64_t /*stream*/) {}
-  // After an Allocate that failed: whether a tenant's own cap refused it (bucketalloc with
-  // tenants), not the card; a bigger card would not serve it.
-  virtual bool LastOomAtTenantCap() const { return false; }
+  // After an Allocate that failed: the tenant whose own cap refused it, and that cap (bucketalloc
+  // with tenants), or nullopt when the card did; a bigger card would not serve it. Its cause is
+  // OomCause::kTenantCap, as the allocator counts it in a process.
+  struct TenantCapOom {
+    std::string tenant;
+    std::size_t cap = 0;
+  };
+  virtual std::optional<TenantCapOom> LastOomAtTenantCap() const { return std::nullopt; }
   virtual absl::Status Free(void* ptr, std::size_t size) = 0;
   // Reserved from the device now, and the peak since the last ResetPeak().
   virtual std::size_t reserved_bytes() const = 0;
@@ -134,9 +140,15 @@ class DeviceReplayAllocator : public ReplayAllocator {
 // enforced above the backend).
 BackendSettings ReplayDeviceSettings(std::size_t capacity, ReplayDeviceKind kind);
 
+// `cause` (the backend's error) as the error of a replay device of `capacity` bytes of `kind` that
+// cannot be made: FailedPrecondition naming the device, the cause and what would work (on the
+// simulated device, a capacity whose address space the process may reserve: `ulimit -v` limits
+// it). Every policy reports it so, never as an OOM.
+absl::Status ReplayDeviceError(const absl::Status& cause, std::size_t capacity, ReplayDeviceKind kind);
+
 // The device of `capacity` bytes of `kind`, made through the backend registry (sim: unbacked, with
 // its virtual memory). On CUDA `virtual_memory` chooses the vmm backend (the driver's VMM API)
-// over the cuda backend (cudaMalloc).
+// over the cuda backend (cudaMalloc). A device that cannot be made is ReplayDeviceError's.
 absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity,
                                                                ReplayDeviceKind kind = ReplayDeviceKind::kSim,
                                                                bool virtual_memory = false);

@@ -4,8 +4,11 @@
 #include "harness/policies.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <fstream>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -543,6 +546,53 @@ TEST(ReplayTest, SamplesNeverShowTheFutureAndTheLastKeepsWhatTheTraceHeld) {
   EXPECT_EQ(r->samples[10].allocated_bytes, 0);
   EXPECT_EQ(r->samples.back().time_s, 15.0);
   EXPECT_EQ(r->samples.back().allocated_bytes, static_cast<std::int64_t>(10 * kMiB)) << "never freed: still held";
+}
+
+// The address space this process has mapped now (VmSize), 0 when /proc does not say.
+std::size_t MappedBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  std::size_t kib = 0;
+  while (status >> key) {
+    if (key == "VmSize:" && status >> kib) return kib << 10;
+  }
+  return 0;
+}
+
+// Issue 27 item 7: a simulated device that cannot reserve its address space (as under `ulimit -v`)
+// made bucketalloc's replay count every request as an OOM and then abort (a StatusOr's value of
+// that error); pytorch-policy reported it. Every policy reports it now, the same way.
+TEST(ReplayTest, ADeviceThatCannotBeMadeIsAnErrorForEveryPolicyNotAnAbort) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's shadow memory needs more address space than the limit leaves";
+#else
+  const std::size_t mapped = MappedBytes();
+  if (mapped == 0) GTEST_SKIP() << "no /proc/self/status";
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &saved), 0);
+  // 2 GiB more than is mapped: a replay device of 1 TiB (it reserves several times that) cannot be made.
+  const rlim_t limit = mapped + (rlim_t{2} << 30);
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < limit) GTEST_SKIP() << "the hard limit is lower already";
+  rlimit lowered = saved;
+  lowered.rlim_cur = limit;
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &lowered), 0);
+  std::vector<std::pair<std::string, absl::Status>> got;
+  for (const char* allocator :
+       {"bucketalloc", "bucketalloc:backend:vmm", "pytorch-policy", "pytorch-expandable", "nocache"}) {
+    ReplayOptions o;
+    o.allocator = allocator;
+    o.capacity = std::size_t{1} << 40;
+    absl::StatusOr<ReplayResult> r = Replay(Abc(), o);
+    got.emplace_back(allocator, r.status());
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &saved), 0);
+  for (const auto& [allocator, status] : got) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(status)) << allocator << ": " << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), "the simulated replay device of 1024GiB cannot be made"))
+        << allocator << ": " << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), "accepted: a --capacity whose address space")) << status;
+  }
+#endif
 }
 
 }  // namespace
