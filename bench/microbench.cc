@@ -27,6 +27,10 @@
 //   BM_BucketAlloc_ScatteredFree/free:N/slabs:S
 //                                      One 512 B alloc + free pair with N free 512 B blocks scattered
 //                                      between live ones: packed (S=0, the default) or in slabs (1).
+//   BM_BucketAlloc_PairWhileScraped/free:N/scrape_us:U
+//                                      The same pair while another thread reads Metrics() every U us
+//                                      (0: none, the baseline): the pairs' worst and 99.99th
+//                                      percentile latency, and a scrape's time.
 // AllocFree and MixedSizes run on two allocators, backend:0 (plain) and backend:1 (stitching on).
 //
 // What is NOT measured:
@@ -46,6 +50,8 @@
 // One sim allocator (a function-local static: unbacked, 64 GiB card) serves every BucketAlloc
 // benchmark; each run starts from an emptied cache (EmptyCache in the Setup hook).
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +60,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -62,6 +69,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bucketalloc/allocator.h"
+#include "bucketalloc/metrics.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/stats.h"
 
@@ -379,6 +387,83 @@ void BM_BucketAlloc_ScatteredFree(benchmark::State& state) {
   allocator.EmptyCache().IgnoreError();
 }
 BENCHMARK(BM_BucketAlloc_ScatteredFree)->ArgsProduct({{16, 1024, 65536}, {0, 1}})->ArgNames({"free", "slabs"});
+
+// ---------------------------------------------------------------------------------------------
+// A scrape's cost to the allocation path: `free` free 512 B blocks scattered between live ones (as
+// in ScatteredFree, packed), and a thread that reads every device's metrics (what GET /metrics and
+// a timeline sample read: Allocator::Metrics, under each device's lock) every `scrape_us`
+// microseconds (0: no scraper, the baseline of the same run). The timed loop is the 512 B
+// alloc + free pair; each pair is also timed alone. Counters: pair_max_us and pair_p9999_us (the
+// pairs' worst and 99.99th percentile latency: a pair that waited for a scrape), scrapes (how many
+// ran during the loop) and scrape_us (a scrape's mean time, on the scraper's thread).
+
+void BM_BucketAlloc_PairWhileScraped(benchmark::State& state) {
+  const auto free_blocks = static_cast<std::size_t>(state.range(0));
+  const auto scrape_us = static_cast<int>(state.range(1));
+  static Allocator* const allocator = MakeOrDie("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB");
+  std::vector<void*> held;
+  std::vector<void*> freed;
+  for (std::size_t i = 0; i < 2 * free_blocks + 1; ++i) {
+    absl::StatusOr<void*> p = allocator->Allocate(512, kDevice, nullptr);
+    if (!p.ok()) {
+      SkipWithStatus(state, "Allocate", p.status());
+      return;
+    }
+    (i % 2 == 1 ? freed : held).push_back(*p);
+  }
+  for (void* p : freed) allocator->Free(p, kDevice).IgnoreError();
+  std::atomic<bool> stop{false};
+  std::atomic<std::int64_t> scrapes{0};
+  std::atomic<std::int64_t> scrape_ns{0};
+  std::thread scraper;
+  if (scrape_us > 0) {
+    scraper = std::thread([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        const auto t0 = std::chrono::steady_clock::now();
+        std::vector<bucketalloc::DeviceMetrics> m = allocator->Metrics();
+        benchmark::DoNotOptimize(m.data());
+        scrape_ns +=
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+        ++scrapes;
+        std::this_thread::sleep_for(std::chrono::microseconds(scrape_us));
+      }
+    });
+  }
+  std::vector<std::int64_t> pair_ns;
+  pair_ns.reserve(1 << 22);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<void*> p = allocator->Allocate(512, kDevice, nullptr);
+    if (!p.ok()) {
+      SkipWithStatus(state, "Allocate", p.status());
+      break;
+    }
+    Keep(*p);
+    allocator->Free(*p, kDevice).IgnoreError();
+    if (pair_ns.size() < pair_ns.capacity()) {
+      pair_ns.push_back(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  stop = true;
+  if (scraper.joinable()) scraper.join();
+  state.SetItemsProcessed(state.iterations());
+  if (!pair_ns.empty()) {
+    std::sort(pair_ns.begin(), pair_ns.end());
+    state.counters["pair_max_us"] = static_cast<double>(pair_ns.back()) / 1e3;
+    state.counters["pair_p9999_us"] = static_cast<double>(pair_ns[pair_ns.size() * 9999 / 10000]) / 1e3;
+  }
+  state.counters["scrapes"] = static_cast<double>(scrapes.load());
+  state.counters["scrape_us"] =
+      scrapes.load() == 0 ? 0.0 : static_cast<double>(scrape_ns.load()) / 1e3 / static_cast<double>(scrapes.load());
+  for (void* p : held) allocator->Free(p, kDevice).IgnoreError();
+  allocator->EmptyCache().IgnoreError();
+}
+BENCHMARK(BM_BucketAlloc_PairWhileScraped)
+    ->ArgsProduct({{200000}, {0, 50000, 1000}})
+    ->ArgNames({"free", "scrape_us"})
+    ->MinTime(2.0)
+    ->UseRealTime();
 
 // ---------------------------------------------------------------------------------------------
 // The slow path that serves a 12 MiB request after a fragmenting pattern (ten 4 MiB blocks in two

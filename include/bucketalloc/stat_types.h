@@ -82,6 +82,7 @@ using StatArray = std::array<Stat, kNumPoolIndices>;
   X(num_ooms_fragmentation, "out-of-memory failures whose cause was fragmentation: enough free, no piece fits")        \
   X(num_ooms_cache_held, "out-of-memory failures whose cause was memory held for unsynchronized stream events")        \
   X(num_ooms_device_exhausted, "out-of-memory failures the device refused under the cap (memory used outside)")        \
+  X(num_ooms_tenant_cap, "out-of-memory failures a tenant's own cap refused (the device's cap was not reached)")       \
   X(num_oom_rejections, "device allocations refused without asking the device: they would exceed the cap")             \
   X(num_device_alloc, "backend allocations (cudaMalloc calls that succeeded)")                                         \
   X(num_device_free, "backend frees (cudaFree calls)")                                                                 \

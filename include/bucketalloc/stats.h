@@ -46,22 +46,31 @@ enum class OomCause {
   kCacheHeld,
   // The cap allows the request but the device itself refused: memory is used outside this allocator.
   kDeviceExhausted,
+  // A tenant's own cap refused the growth, not the device's (tenants:[...]): the lever is that
+  // tenant's cap (or what is bound to it). The report's diagnosis says what held the tenant's
+  // memory (its live blocks, or its cache in pieces).
+  kTenantCap,
 };
 
-inline constexpr int kNumOomCauses = 4;
+inline constexpr int kNumOomCauses = 5;
 
 const char* OomCauseName(OomCause cause);
-// The cause as a key or label value: "capacity", "fragmentation", "cache_held", "device_exhausted".
+// The cause as a key or label value: "capacity", "fragmentation", "cache_held", "device_exhausted",
+// "tenant_cap".
 const char* OomCauseKey(OomCause cause);
 
 // One out-of-memory failure, as the timeline lists them: its number on the device (1, 2, ...),
 // when (seconds since the Unix epoch; in a replay, since the trace's first event), the bytes asked
-// and the cause.
+// and the cause. When a tenant's own cap refused the request (not the device's), `tenant` names
+// the tenant and `tenant_cap` is its cap: the cause is then the diagnosis within the tenant (its
+// cap as the capacity, its live blocks and cache), the same in a process and in a replay.
 struct OomEvent {
   std::uint64_t seq = 0;
   double time_s = 0.0;
   std::size_t size = 0;
   OomCause cause = OomCause::kCapacity;
+  std::string tenant;  // "" when the device's cap refused it
+  std::size_t tenant_cap = 0;
 };
 
 // One tenant's figures on one device (Options::tenants): the default tenant ("default": what no

@@ -11,11 +11,13 @@
 // Example:
 //   TimelineSample s = TimelineSampleOf(metrics, /*time_s=*/absl::ToUnixMicros(absl::Now()) / 1e6, last_seq);
 //   out << TimelineToJsonLine(s) << "\n";
-//   absl::StatusOr<std::vector<TimelineSample>> all = ReadTimeline(text, "run.jsonl");
+//   std::vector<std::string> warnings;  // lines skipped
+//   absl::StatusOr<std::vector<TimelineSample>> all = ReadTimeline(text, "run.jsonl", &warnings);
 #ifndef BUCKETALLOC_TIMELINE_H_
 #define BUCKETALLOC_TIMELINE_H_
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -58,7 +60,7 @@ struct TimelineSample {
 TimelineSample TimelineSampleOf(const DeviceMetrics& m, double time_s, std::uint64_t after_seq);
 
 // One line of JSON (no newline): {"time_s", "device", "capacity_bytes", ..., "ooms_total":
-// {"capacity", "fragmentation", "cache_held", "device_exhausted"}, "ooms": [{"seq", "time_s",
+// {"capacity", "fragmentation", "cache_held", "device_exhausted", "tenant_cap"}, "ooms": [{"seq", "time_s",
 // "size", "cause"}]}.
 std::string TimelineToJsonLine(const TimelineSample& s);
 
@@ -67,14 +69,24 @@ inline constexpr int kMaxTimelineIntervalMs = 3600 * 1000;
 
 // Parses "PATH[,interval_ms]" (BUCKETALLOC_TIMELINE's value, bucketalloc-bench replay --timeline):
 // interval_ms from 1 to kMaxTimelineIntervalMs, kDefaultTimelineIntervalMs when left out;
-// InvalidArgument naming what is accepted.
+// InvalidArgument naming what is accepted. The part after the last comma is always the interval,
+// so a PATH that contains a comma needs one: "a,b.jsonl" is refused (interval "b.jsonl", and the
+// error says so), "a,b.jsonl,1000" is the file a,b.jsonl.
 absl::Status ParseTimelineSpec(absl::string_view spec, std::string* path, int* interval_ms);
 
-// Reads a timeline (JSON lines; blank lines are skipped). InvalidArgument naming `source`, the line
-// and what is wrong for a line that is not a sample (a missing or mistyped key, a negative figure);
-// a last line cut off without its newline is left out, and a device's time that goes back (a wall
+// The most warnings ReadTimeline gives one per line; the rest are counted in one more.
+inline constexpr std::size_t kMaxTimelineWarnings = 10;
+
+// Reads a timeline (JSON lines; blank lines are skipped). A line that is not a sample (a missing or
+// mistyped key, a negative figure, a line cut by a full disk) is skipped: `warnings`, when given,
+// gets "SOURCE:LINE: not a timeline sample: WHY; skipped" for each of the first
+// kMaxTimelineWarnings and one line counting the rest. InvalidArgument naming `source`, the first
+// such line and what is wrong when no line is a sample though some are not blank (not a timeline);
+// empty text is no samples and no error. A last line cut off without its newline (a process killed
+// while writing it) is left out without a warning, and a device's time that goes back (a wall
 // clock stepped back) is kept at the previous line's.
-absl::StatusOr<std::vector<TimelineSample>> ReadTimeline(absl::string_view text, absl::string_view source);
+absl::StatusOr<std::vector<TimelineSample>> ReadTimeline(absl::string_view text, absl::string_view source,
+                                                         std::vector<std::string>* warnings = nullptr);
 
 }  // namespace bucketalloc
 

@@ -13,9 +13,8 @@
 // kMaxConnections are open a new one drops the oldest still waiting for its request. A process out
 // of file descriptors (EMFILE, ENFILE) gets its pending connections closed unanswered through a
 // spare descriptor, and the thread backs off (at most 10 tries a second; reported once on stderr).
-// The thread renders from copies taken under each device's lock (the fragmentation report walks
-// the device's blocks meanwhile, so an allocation may wait that long); nothing runs on the
-// allocation path itself.
+// The thread renders from copies taken under each device's lock (figures the pools keep as blocks
+// move: a copy of fixed size, no walk over the blocks); nothing runs on the allocation path itself.
 //
 // Addresses: a numeric host (127.0.0.1, 0.0.0.0, [::1], [::]) is bound by Start on the calling
 // thread, which does no name lookup and no network wait. A host name ("localhost", "gpu-17") is

@@ -3,9 +3,9 @@
 // bucketalloc_torch.start_timeline append one JSON line per device and interval to PATH
 // (bucketalloc/timeline.h has the line; docs/operations.md the format).
 //
-// Owns: `TimelineWriter`, a thread that samples the allocator's metrics every interval (copies taken
-// under each device's lock, while the fragmentation report walks its blocks: an allocation may wait
-// that long; nothing runs on the allocation path itself) and appends the lines to the file; and the
+// Owns: `TimelineWriter`, a thread that samples the allocator's metrics every interval (copies of
+// figures the pools keep as blocks move, taken under each device's lock: no walk over the blocks;
+// nothing runs on the allocation path itself) and appends the lines to the file; and the
 // process's one writer (StartTimeline, StopTimeline), which an atexit handler stops with a last line.
 // A device appears from its first use; each line lists the OOMs since the device's previous line
 // (at most the last 64 between two lines).

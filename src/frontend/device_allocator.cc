@@ -201,12 +201,14 @@ inline absl::StatusOr<void*> DeviceAllocator::AllocateIn(P& pool, StreamPools& s
 }
 
 template <typename P>
-void DeviceAllocator::CommitLive(const P& pool, std::uintptr_t ptr, typename P::Handle h, std::size_t size,
-                                 std::uint16_t private_pool) {
+inline void DeviceAllocator::CommitLive(const P& pool, std::uintptr_t ptr, typename P::Handle h, std::size_t size,
+                                        std::uint16_t private_pool) {
   stats_.Increase(&DeviceStats::requested_bytes, P::kIndex, static_cast<std::int64_t>(size));
   stats_.Increase(&DeviceStats::allocated_bytes, P::kIndex, static_cast<std::int64_t>(P::BlockSize(h)));
   stats_.Increase(&DeviceStats::allocation, P::kIndex, 1);
   if (pool.Oversize(h)) stats_.device(&DeviceStats::oversize_allocations).Increase(1);
+  if (has_tenants()) [[unlikely]]
+    StepUse(private_pool, P::kIndex, P::BlockSize(h), P::BlockSize(h), size, 1);
   live_.Emplace(ptr, h, size, private_pool);
 }
 
@@ -366,6 +368,14 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
     s.fragmentation = FragmentationOf(private_pool, use);
   }
   OomReport r = DiagnoseOom(s);
+  if (at_tenant_cap) {
+    // One cause for every reader (stats, metrics, the timeline, a replay's count): the tenant's cap;
+    // the diagnosis within the tenant stays in the text.
+    r.diagnosis =
+        absl::StrCat("tenant cap: the tenant's own cap refused the growth, not the device's; within the tenant, ",
+                     r.diagnosis, " (or raise the tenant's cap, or bind less to it)");
+    r.cause = OomCause::kTenantCap;
+  }
   if (has_tenants()) {
     r.tenant = TenantName(options_, tenant);
     r.tenant_cap = tenant_cap.value_or(registry_.cap());
@@ -386,12 +396,16 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
     case OomCause::kDeviceExhausted:
       stats_.Count(&DeviceStats::num_ooms_device_exhausted);
       break;
+    case OomCause::kTenantCap:
+      stats_.Count(&DeviceStats::num_ooms_tenant_cap);
+      break;
   }
   history_.Record(TraceAction::kOom, 0, size, registry_.slow_path_stream(), r.device_free);
   std::string message = r.ToString();
   if (recent_ooms_.size() == DeviceMetrics::kRecentOoms) recent_ooms_.pop_front();
   recent_ooms_.push_back(OomEvent{static_cast<std::uint64_t>(stats_.Snapshot().num_ooms),
-                                  absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), size, r.cause});
+                                  absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), size, r.cause,
+                                  r.at_tenant_cap ? r.tenant : std::string(), r.at_tenant_cap ? r.tenant_cap : 0});
   last_oom_ = std::move(r);
   MaybeCheckInvariants();
   return absl::ResourceExhaustedError(message);
@@ -439,18 +453,38 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
     FreeInUse(addr, entry);
   } else {
     PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      Release(pool, addr, h, entry.requested);
+      using P = PoolType<decltype(pool)>;
+      if (has_tenants()) [[unlikely]]  // no longer live, nor active
+        StepUse(entry.private_pool, P::kIndex, -P::BlockSize(h), -P::BlockSize(h), -entry.requested, -1);
+      Release(pool, addr, h, entry);
       Complete(pool, addr, h, entry);
     });
   }
   // Blocks awaiting stream events are polled on every free and every slow path, never on a hit, and
   // never during a capture (CUDA forbids event queries then).
   if (!pending_.empty() && !private_.routing()) RetirePending(PendingFrees::Mode::kPollUntilBusy);
+  if (entry.private_pool != 0) [[unlikely]]
+    TrimToOwnerCap(entry.private_pool);
   return absl::OkStatus();
 }
 
+void DeviceAllocator::TrimToOwnerCap(std::uint16_t tag) {
+  const std::optional<std::size_t> cap = registry_.OwnerCap(tag);
+  if (!cap.has_value() || registry_.OwnedNow(tag) <= *cap || private_.routing()) return;
+  const std::uint16_t owner = registry_.owner();
+  registry_.set_owner(tag);
+  private_.at(tag).pools->ForEach([&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    while (registry_.OwnedNow(tag) > *cap && pool.ReleaseOldest() > 0) {
+    }
+  });
+  registry_.set_owner(owner);
+  registry_.TrimAddressSpace();
+  MaybeCheckInvariants();
+}
+
 template <typename P>
-inline void DeviceAllocator::Release(const P& pool, std::uintptr_t ptr, typename P::Handle h, std::size_t requested) {
+inline void DeviceAllocator::Release(const P& pool, std::uintptr_t ptr, typename P::Handle h, const LiveEntry& entry) {
+  const std::size_t requested = entry.requested;
   stats_.Decrease(&DeviceStats::requested_bytes, P::kIndex, static_cast<std::int64_t>(requested));
   stats_.Decrease(&DeviceStats::allocated_bytes, P::kIndex, static_cast<std::int64_t>(P::BlockSize(h)));
   stats_.Decrease(&DeviceStats::allocation, P::kIndex, 1);
@@ -483,7 +517,11 @@ void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry) {
     }
   }
   PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    Release(pool, addr, h, entry.requested);
+    using P = PoolType<decltype(pool)>;
+    if (has_tenants()) [[unlikely]]  // no longer live; still active while it awaits its streams
+      StepUse(entry.private_pool, P::kIndex, uses.empty() ? -P::BlockSize(h) : 0, -P::BlockSize(h), -entry.requested,
+              -1);
+    Release(pool, addr, h, entry);
     if (!uses.empty()) {
       PoolType<decltype(pool)>::MarkPending(h);
       pending_.Hold(addr, entry, std::move(events), std::move(uses));
@@ -495,6 +533,9 @@ void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry) {
 
 void DeviceAllocator::ReturnEntry(std::uintptr_t ptr, const LiveEntry& entry) {
   PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    using P = PoolType<decltype(pool)>;
+    if (has_tenants()) [[unlikely]]  // its streams are done: no longer active
+      StepUse(entry.private_pool, P::kIndex, -P::BlockSize(h), 0, 0, 0);
     Complete(pool, ptr, h, entry);
   });
 }
@@ -795,15 +836,27 @@ void DeviceAllocator::AddUses(absl::FunctionRef<TenantUse*(std::uint16_t tag)> u
   pending_.ForEach([&](std::uintptr_t, const LiveEntry& e) { add(e, false); });
 }
 
+void DeviceAllocator::GrowTagUses(std::uint16_t tag) { tag_uses_.resize(std::size_t{tag} + 1); }
+
 DeviceAllocator::TenantUse DeviceAllocator::UseOf(std::uint16_t tag) const {
-  TenantUse use;
-  AddUses([&](std::uint16_t t) { return t == tag ? &use : nullptr; });
+  TenantUse use = tag < tag_uses_.size() ? tag_uses_[tag] : TenantUse{};
+  use.active[kAllPools] = use.allocated[kAllPools] = use.requested[kAllPools] = 0;
+  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
+    use.active[kAllPools] += use.active[p];
+    use.allocated[kAllPools] += use.allocated[p];
+    use.requested[kAllPools] += use.requested[p];
+  }
   return use;
 }
 
 FragmentationReport DeviceAllocator::FragmentationOf(std::uint16_t tag, const TenantUse& use) const {
   FragmentationReport r;
-  PoolsOf(tag).ForEach([&](const auto& pool) { pool.AddFragmentation(&r); });
+  if (tag == 0) {
+    pools_.AddFragmentation(streams_, &r);
+  } else {
+    const PrivatePools::Pool& p = private_.at(tag);
+    p.pools->AddFragmentation(p.streams, &r);
+  }
   const StatArray* owned = registry_.OwnedReserved(tag);
   for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
     r.pools[p].requested = static_cast<std::int64_t>(use.requested[p]);
@@ -817,13 +870,9 @@ FragmentationReport DeviceAllocator::FragmentationOf(std::uint16_t tag, const Te
 std::vector<TenantStats> DeviceAllocator::TenantStatsLocked() const {
   std::vector<TenantStats> out;
   if (!has_tenants()) return out;
-  // One walk over the live and pending blocks, each counted for its pool's tenant.
+  // What each tenant's blocks hold, kept as they move: no walk over the blocks.
   std::vector<TenantUse> uses(tenant_tags_.size());
-  AddUses([&](std::uint16_t tag) ABSL_NO_THREAD_SAFETY_ANALYSIS -> TenantUse* {
-    if (tag == 0) return &uses[0];
-    const int t = TenantOfTag(tag);
-    return t == 0 ? nullptr : &uses[static_cast<std::size_t>(t)];  // a graph pool's: no tenant's
-  });
+  for (std::size_t t = 0; t < tenant_tags_.size(); ++t) uses[t] = UseOf(tenant_tags_[t]);
   for (std::size_t t = 0; t < tenant_tags_.size(); ++t) {
     const std::uint16_t tag = tenant_tags_[t];
     TenantStats ts;
@@ -863,8 +912,8 @@ FragmentationReport DeviceAllocator::GetFragmentation() const {
 
 FragmentationReport DeviceAllocator::FragmentationLocked() const {
   FragmentationReport r;
-  ForEachPools(
-      [&](const Pools& pools, GraphPoolId) { pools.ForEach([&](const auto& pool) { pool.AddFragmentation(&r); }); });
+  pools_.AddFragmentation(streams_, &r);
+  private_.ForEach([&](std::uint16_t, const PrivatePools::Pool& p) { p.pools->AddFragmentation(p.streams, &r); });
   for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
     const auto pool = static_cast<PoolIndex>(p);
     r.pools[p].requested = stats_.Current(&DeviceStats::requested_bytes, pool);

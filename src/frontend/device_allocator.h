@@ -159,12 +159,13 @@ class DeviceAllocator final {
                                                   const typename P::Request& request, std::uint16_t private_pool)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   template <typename P>
-  void CommitLive(const P& pool, std::uintptr_t ptr, typename P::Handle h, std::size_t size, std::uint16_t private_pool)
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void CommitLive(const P& pool, std::uintptr_t ptr, typename P::Handle h,
+                                               std::size_t size, std::uint16_t private_pool)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The stats and history of a free of `h` (its pool's counts and the free_requested event).
   template <typename P>
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Release(const P& pool, std::uintptr_t ptr, typename P::Handle h,
-                                            std::size_t requested) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                            const LiveEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives freed `h` back to `pool` once nothing holds it: the free_completed event and the return
   // to its pool.
   // (Inlined: it is the end of every cache-hit free.)
@@ -222,7 +223,25 @@ class DeviceAllocator final {
     std::array<std::size_t, kNumPoolIndices> allocated{}, requested{}, active{};
     std::int64_t live = 0;
   };
+  // What pool tag `tag`'s blocks hold (kept: tag_uses_; all zero without tenants).
   TenantUse UseOf(std::uint16_t tag) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With tenants: adds to pool tag `tag`'s kept use (tag_uses_) as one of its blocks moves: in
+  // `pool`, `active` bytes held by a caller or awaiting stream events, `allocated` and `requested`
+  // bytes live, `live` allocations (unsigned: a step down wraps back exactly). The "all pools"
+  // figures are summed when read (UseOf). Inlined behind has_tenants() (CommitLive is inlined too).
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void StepUse(std::uint16_t tag, PoolIndex pool, std::size_t active,
+                                            std::size_t allocated, std::size_t requested, std::int64_t live)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (tag >= tag_uses_.size()) [[unlikely]]
+      GrowTagUses(tag);
+    TenantUse& use = tag_uses_[tag];
+    use.active[pool] += active;
+    use.allocated[pool] += allocated;
+    use.requested[pool] += requested;
+    use.live += live;
+  }
+  // Makes room in tag_uses_ for `tag` (a new private pool's first block).
+  ABSL_ATTRIBUTE_NOINLINE void GrowTagUses(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds each live and pending block to use_of(its pool's tag) (nullptr: not counted).
   void AddUses(absl::FunctionRef<TenantUse*(std::uint16_t tag)> use_of) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The fragmentation report of pool tag `tag` alone.
@@ -237,6 +256,11 @@ class DeviceAllocator final {
   // Releases the wholly free memory of private pool `tag` (a graph pool's or a tenant's), counted as
   // its own.
   void ReleasePoolCache(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a free into private pool `tag`: a tenant whose cap was lowered below what it reserves
+  // gives back its wholly free memory, oldest first, until it is within its cap again (its
+  // reserved bytes stay within its cap as its frees allow, not only at its next allocation).
+  // Nothing during a capture (CUDA forbids the frees then; the next free after it trims).
+  void TrimToOwnerCap(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the stream events of every pending free and returns those blocks to their pools.
   void SyncPendingFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DeviceStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -285,6 +309,10 @@ class DeviceAllocator final {
     std::int64_t at_cap = 0;  // refused by the tenant's own cap
   };
   std::vector<TenantOoms> tenant_ooms_ ABSL_GUARDED_BY(mu_);
+  // With tenants, per pool tag (0: the device's own, the default tenant's): what its live and
+  // pending blocks hold, kept as they move (StepUse) so that a scrape reads each tenant's figures
+  // without walking the blocks. Invariant: equal to AddUses's walk (CheckInvariants).
+  std::vector<TenantUse> tag_uses_ ABSL_GUARDED_BY(mu_);
   // In a child of fork whose backend cannot serve it: the reason, given for every request.
   absl::Status fork_child_error_ ABSL_GUARDED_BY(mu_);
 };

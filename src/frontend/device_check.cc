@@ -114,8 +114,17 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
           split[P::kIndex].bytes += is.bytes;
           split[P::kIndex].count += is.count;
           if (pools.ok()) pools = pool.CheckInvariants(active_by_tag[tag][Pools::SlotOf<P>()]);
+          std::size_t largest = 0;  // kept: each stream's lists'
           for (const auto& [stream, sp] : streams) {
             if (pools.ok()) pools = pool.CheckStreamState(sp->template of<P>());
+            largest = std::max(largest, pool.LargestFree(sp->template of<P>()));
+          }
+          FragmentationReport walked;
+          pool.WalkFragmentation(&walked);
+          if (pools.ok() && static_cast<std::int64_t>(largest) != walked.pools[P::kIndex].largest_free) {
+            pools = absl::InternalError(absl::StrCat(kPoolNames[P::kIndex].key,
+                                                     ": the largest free block of the streams' lists is ", largest,
+                                                     " bytes, a walk finds ", walked.pools[P::kIndex].largest_free));
           }
           pool.ForEachUnit([&](std::uintptr_t base, std::size_t bytes, std::size_t mapped, bool virtual_memory) {
             ++units;
@@ -162,6 +171,24 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
       pools = absl::InternalError(absl::StrCat("tenant ", t, " has no pool or no cap"));
     }
   }
+  // Each tenant's kept use (what a scrape reads) is what a walk over the blocks finds.
+  if (has_tenants() && pools.ok()) {
+    std::vector<TenantUse> walked(tenant_tags_.size());
+    AddUses([&](std::uint16_t tag) ABSL_NO_THREAD_SAFETY_ANALYSIS -> TenantUse* {
+      const int t = tag == 0 ? 0 : TenantOfTag(tag);
+      return tag != 0 && t == 0 ? nullptr : &walked[static_cast<std::size_t>(t)];  // a graph pool's: no tenant's
+    });
+    for (std::size_t t = 0; t < tenant_tags_.size() && pools.ok(); ++t) {
+      const TenantUse kept = UseOf(tenant_tags_[t]);
+      const TenantUse& w = walked[t];
+      if (kept.active != w.active || kept.allocated != w.allocated || kept.requested != w.requested ||
+          kept.live != w.live) {
+        pools = absl::InternalError(absl::StrCat("tenant ", t, "'s kept use (", kept.allocated[kAllPools],
+                                                 " bytes allocated, ", kept.live, " live) differs from a walk's (",
+                                                 w.allocated[kAllPools], ", ", w.live, ")"));
+      }
+    }
+  }
   for (const auto& [stream, t] : stream_tenants_) {
     if (pools.ok() && (t <= 0 || static_cast<std::size_t>(t) >= tenant_tags_.size())) {
       pools = absl::InternalError(absl::StrCat("a stream is bound to tenant ", t, ", which does not exist"));
@@ -204,8 +231,8 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
       now.oversize_allocations.current != oversize) {
     return fail("oversize_segments or oversize_allocations does not match the blocks");
   }
-  if (now.num_ooms !=
-      now.num_ooms_capacity + now.num_ooms_fragmentation + now.num_ooms_cache_held + now.num_ooms_device_exhausted) {
+  if (now.num_ooms != now.num_ooms_capacity + now.num_ooms_fragmentation + now.num_ooms_cache_held +
+                          now.num_ooms_device_exhausted + now.num_ooms_tenant_cap) {
     return fail(absl::StrCat("num_ooms is ", now.num_ooms, " but its causes add up to another count"));
   }
   return absl::OkStatus();

@@ -187,12 +187,13 @@ void AddDevice(const DeviceMetrics& m, Families* out) {
       {OomCauseKey(OomCause::kCapacity), s.num_ooms_capacity},
       {OomCauseKey(OomCause::kFragmentation), s.num_ooms_fragmentation},
       {OomCauseKey(OomCause::kCacheHeld), s.num_ooms_cache_held},
-      {OomCauseKey(OomCause::kDeviceExhausted), s.num_ooms_device_exhausted}};
+      {OomCauseKey(OomCause::kDeviceExhausted), s.num_ooms_device_exhausted},
+      {OomCauseKey(OomCause::kTenantCap), s.num_ooms_tenant_cap}};
   for (const auto& [cause, n] : causes) {
     out->Add("bucketalloc_ooms_total", "counter",
              "out-of-memory failures by cause: capacity (live memory plus the request exceed the cap), fragmentation "
              "(enough is free but no piece fits), cache_held (memory held for unsynchronized stream events), "
-             "device_exhausted (the device refused under the cap)",
+             "device_exhausted (the device refused under the cap), tenant_cap (a tenant's own cap refused it)",
              absl::StrCat(dev, ",cause=\"", cause, "\""), Int(n));
   }
 #define BUCKETALLOC_COUNTER(name, doc)                                                                            \

@@ -129,6 +129,20 @@ class Pools {
     });
     return holds;
   }
+  // Adds every pool's fragmentation figures (kept as blocks move) and the largest free block of the
+  // free lists of `streams` (a map of Stream to std::unique_ptr<StreamPools> of these pools): a
+  // scrape's cost is O(pools x streams x bins), whatever the number of blocks.
+  template <typename StreamMap>
+  void AddFragmentation(const StreamMap& streams, FragmentationReport* report) const {
+    ForEach([&](const auto& pool) {
+      using P = PoolType<decltype(pool)>;
+      pool.AddFragmentation(report);
+      std::int64_t& largest = report->pools[P::kIndex].largest_free;
+      for (const auto& entry : streams) {
+        largest = std::max(largest, static_cast<std::int64_t>(pool.LargestFree(entry.second->template of<P>())));
+      }
+    });
+  }
   std::unique_ptr<StreamPools> NewStreamPools() const {
     return std::make_unique<StreamPools>(small(), packed_, large());
   }

@@ -147,8 +147,9 @@ struct CauseNames {
 constexpr CauseNames kCauseNames[kNumOomCauses] = {{"capacity", "capacity"},
                                                    {"fragmentation", "fragmentation"},
                                                    {"cache_held", "cache held"},
-                                                   {"device_exhausted", "device exhausted"}};
-static_assert(static_cast<int>(OomCause::kDeviceExhausted) == kNumOomCauses - 1);
+                                                   {"device_exhausted", "device exhausted"},
+                                                   {"tenant_cap", "tenant cap"}};
+static_assert(static_cast<int>(OomCause::kTenantCap) == kNumOomCauses - 1);
 
 }  // namespace
 

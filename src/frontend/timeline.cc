@@ -19,7 +19,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr OomCause kCauses[kNumOomCauses] = {OomCause::kCapacity, OomCause::kFragmentation, OomCause::kCacheHeld,
-                                             OomCause::kDeviceExhausted};
+                                             OomCause::kDeviceExhausted, OomCause::kTenantCap};
 
 // The figures of a line, in its order: key and member.
 struct IntField {
@@ -53,8 +53,8 @@ absl::StatusOr<OomCause> CauseOf(const std::string& key) {
   for (OomCause c : kCauses) {
     if (key == OomCauseKey(c)) return c;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("an OOM cause \"", key, "\"; accepted: capacity, fragmentation, cache_held, device_exhausted"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "an OOM cause \"", key, "\"; accepted: capacity, fragmentation, cache_held, device_exhausted, tenant_cap"));
 }
 
 // The non-negative integer `j[key]`, or an error naming it.
@@ -97,6 +97,8 @@ absl::StatusOr<TimelineSample> ParseLine(absl::string_view line) {
     return absl::InvalidArgumentError("\"ooms_total\" is missing or not an object of counts by cause");
   }
   for (OomCause c : kCauses) {
+    // tenant_cap came later: a timeline written before it has none (0).
+    if (c == OomCause::kTenantCap && !j["ooms_total"].contains(OomCauseKey(c))) continue;
     absl::StatusOr<std::int64_t> v = Count(j["ooms_total"], OomCauseKey(c));
     if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("ooms_total: ", v.status().message()));
     s.ooms_total[static_cast<int>(c)] = *v;
@@ -117,7 +119,16 @@ absl::StatusOr<TimelineSample> ParseLine(absl::string_view line) {
     o.time_s = *t;
     o.size = static_cast<std::size_t>(*size);
     o.cause = *cause;
-    s.ooms.push_back(o);
+    if (e.contains("tenant")) {
+      absl::StatusOr<std::int64_t> cap = Count(e, "tenant_cap_bytes");
+      if (!e["tenant"].is_string() || e["tenant"].get<std::string>().empty() || !cap.ok()) {
+        return absl::InvalidArgumentError(
+            "an entry of \"ooms\" has a \"tenant\" that is not a name, or no integer \"tenant_cap_bytes\"");
+      }
+      o.tenant = e["tenant"].get<std::string>();
+      o.tenant_cap = static_cast<std::size_t>(*cap);
+    }
+    s.ooms.push_back(std::move(o));
   }
   return s;
 }
@@ -144,8 +155,8 @@ TimelineSample TimelineSampleOf(const DeviceMetrics& m, double time_s, std::uint
   s.frees_total = st.allocation[kAllPools].freed;
   s.cache_hits_total = st.num_cache_hits;
   s.alloc_retries_total = st.num_alloc_retries;
-  s.ooms_total = {st.num_ooms_capacity, st.num_ooms_fragmentation, st.num_ooms_cache_held,
-                  st.num_ooms_device_exhausted};
+  s.ooms_total = {st.num_ooms_capacity, st.num_ooms_fragmentation, st.num_ooms_cache_held, st.num_ooms_device_exhausted,
+                  st.num_ooms_tenant_cap};
   for (const OomEvent& e : m.recent_ooms) {
     if (e.seq > after_seq) s.ooms.push_back(e);
   }
@@ -161,7 +172,12 @@ std::string TimelineToJsonLine(const TimelineSample& s) {
   j["ooms_total"] = by_cause;
   Json ooms = Json::array();
   for (const OomEvent& e : s.ooms) {
-    ooms.push_back({{"seq", e.seq}, {"time_s", e.time_s}, {"size", e.size}, {"cause", OomCauseKey(e.cause)}});
+    Json o = {{"seq", e.seq}, {"time_s", e.time_s}, {"size", e.size}, {"cause", OomCauseKey(e.cause)}};
+    if (!e.tenant.empty()) {
+      o["tenant"] = e.tenant;
+      o["tenant_cap_bytes"] = e.tenant_cap;
+    }
+    ooms.push_back(std::move(o));
   }
   j["ooms"] = ooms;
   return j.dump();
@@ -174,11 +190,20 @@ absl::Status ParseTimelineSpec(absl::string_view spec, std::string* path, int* i
     p = spec.substr(0, comma);
     const absl::string_view ms = spec.substr(comma + 1);
     if (!absl::SimpleAtoi(ms, interval_ms) || *interval_ms < 1 || *interval_ms > kMaxTimelineIntervalMs) {
+      // Not a number at all: most likely the end of a path that has a comma in it.
+      int number = 0;
+      const std::string comma_note =
+          absl::SimpleAtoi(ms, &number)
+              ? ""
+              : absl::StrCat(
+                    "; the part after the last comma is always the interval, so a PATH that contains a comma "
+                    "needs \",interval_ms\" after it (e.g. \"",
+                    spec, ",", kDefaultTimelineIntervalMs, "\")");
       return absl::InvalidArgumentError(absl::StrCat("bucketalloc: timeline \"", spec, "\": interval \"", ms,
                                                      "\" is invalid; accepted: PATH[,interval_ms] with interval_ms an "
                                                      "integer from 1 to ",
                                                      kMaxTimelineIntervalMs, " (default ", kDefaultTimelineIntervalMs,
-                                                     ")"));
+                                                     ")", comma_note));
     }
   }
   if (p.empty()) {
@@ -189,29 +214,43 @@ absl::Status ParseTimelineSpec(absl::string_view spec, std::string* path, int* i
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<TimelineSample>> ReadTimeline(absl::string_view text, absl::string_view source) {
+absl::StatusOr<std::vector<TimelineSample>> ReadTimeline(absl::string_view text, absl::string_view source,
+                                                         std::vector<std::string>* warnings) {
   std::vector<TimelineSample> samples;
   std::map<int, double> last_time;  // per device
+  std::size_t skipped = 0;
+  std::string first_error;  // the first line that is not a sample, and why
   const std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
   for (std::size_t i = 0; i < lines.size(); ++i) {
-    const int number = static_cast<int>(i) + 1;
+    const std::size_t number = i + 1;
     const absl::string_view line = lines[i];
     if (line.find_first_not_of(" \t\r") == absl::string_view::npos) continue;
     absl::StatusOr<TimelineSample> s = ParseLine(line);
     // A last line without its newline that does not parse was cut off (the process was killed
     // while writing it): the lines before it are the timeline.
     if (!s.ok() && i + 1 == lines.size()) break;
-    if (s.ok()) {
-      // A wall clock stepped back (NTP) keeps the device's time where it was.
-      auto [it, first] = last_time.emplace(s->device, s->time_s);
-      if (!first) s->time_s = std::max(s->time_s, it->second);
-      it->second = s->time_s;
-    }
     if (!s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ":", number, ": not a timeline sample: ",
-                                                     s.status().message(), " (docs/operations.md has the format)"));
+      // A damaged line (cut by a full disk and ended by the writer's next line, or garbled): skipped.
+      const std::string why = absl::StrCat(source, ":", number, ": not a timeline sample: ", s.status().message());
+      if (first_error.empty()) first_error = why;
+      if (warnings != nullptr && skipped < kMaxTimelineWarnings) warnings->push_back(absl::StrCat(why, "; skipped"));
+      ++skipped;
+      continue;
     }
+    // A wall clock stepped back (NTP) keeps the device's time where it was.
+    auto [it, first] = last_time.emplace(s->device, s->time_s);
+    if (!first) s->time_s = std::max(s->time_s, it->second);
+    it->second = s->time_s;
     samples.push_back(std::move(*s));
+  }
+  if (samples.empty() && skipped > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(first_error, " (docs/operations.md has the format); none of the ",
+                                                   skipped, " lines of ", source, " is a sample"));
+  }
+  if (warnings != nullptr && skipped > kMaxTimelineWarnings) {
+    warnings->push_back(absl::StrCat(source, ": ", skipped - kMaxTimelineWarnings,
+                                     " more lines that are not timeline samples skipped (", skipped, " in all, of ",
+                                     skipped + samples.size(), ")"));
   }
   return samples;
 }

@@ -69,6 +69,13 @@ class BlockTree {
     return best;
   }
 
+  // The largest block (the highest address among equals); nullptr if the tree is empty.
+  Block* Last() const {
+    Block* b = root_;
+    while (b != nullptr && b->tree_node.right != nullptr) b = b->tree_node.right;
+    return b;
+  }
+
   // Calls f(block) in key order.
   template <typename F>
   void ForEach(F&& f) const {

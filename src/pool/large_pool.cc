@@ -27,6 +27,11 @@ LargePool::LargePool(const PoolContext& ctx, LargePoolConfig config)
       config_(std::move(config)),
       granule_shift_(config_.stitching ? std::countr_zero(config_.granularity) : 0) {
   BA_CHECK(!config_.stitching || config_.index == kLargePool, "only the large pool stitches");
+  tier_use_.resize(config_.tiers.size());
+  tier_segments_.assign(config_.tiers.size(), 0);
+  for (std::size_t t = 0; t < config_.tiers.size(); ++t) {
+    tier_use_[t].tier_bytes = static_cast<std::int64_t>(config_.tiers[t]);
+  }
   if (config_.stitching) {
     auto backing = std::make_unique<VirtualBacking>(ctx_, config_.granularity);
     stitcher_ = std::make_unique<Stitcher>(ctx_, backing.get());
@@ -66,8 +71,10 @@ inline void LargePool::InsertFree(Block* block) {
   block->state = BlockState::kFree;
   seg->free_blocks += 1;
   seg->free_bytes += block->size;
+  free_.Add(block->size);
   if (config_.stitching) free_granules_ += WholeGranules(block);
   if (seg->tier >= 0) {
+    tier_use_[seg->tier].cached += 1;
     ss.tier_free[seg->tier].PushFront(block);
     return;
   }
@@ -77,12 +84,14 @@ inline void LargePool::InsertFree(Block* block) {
 inline void LargePool::RemoveFree(Block* block) {
   Segment* seg = block->segment;
   if (seg->tier >= 0) {
+    tier_use_[seg->tier].cached -= 1;
     FreeList::Unlink(block);
   } else {
     StateOf(seg).tree.Erase(block);
   }
   seg->free_blocks -= 1;
   seg->free_bytes -= block->size;
+  free_.Remove(block->size);
   if (config_.stitching) free_granules_ -= WholeGranules(block);
 }
 
@@ -172,6 +181,7 @@ Segment* LargePool::AddSegment(StreamState& ss, Stream stream, std::uintptr_t ba
   seg->stream = stream;
   seg->owner = &ss;
   seg->tier = tier;
+  if (tier >= 0) tier_segments_[tier] += 1;
   Block* block = blocks_.New();
   block->ptr = base;
   block->size = mapped;
@@ -198,6 +208,7 @@ Segment* LargePool::AddSegment(StreamState& ss, Stream stream, std::uintptr_t ba
 void LargePool::DropSegment(Segment* seg) {
   BA_DCHECK(seg->active_blocks == 0 && seg->free_blocks == 0, "dropping a segment that holds blocks");
   decltype(release_order_)::Remove(seg);
+  if (seg->tier >= 0) tier_segments_[seg->tier] -= 1;
   if (seg->size > config_.max_split_size) ctx_.stats->device(&DeviceStats::oversize_segments).Decrease(1);
   for (Block* b = seg->first; b != nullptr;) {
     Block* next = b->next;
@@ -219,6 +230,7 @@ void LargePool::MakeHole(Block* block, std::uintptr_t lo, std::uintptr_t hi) {
   Segment* seg = block->segment;
   const InactiveSplit before = InactiveOf(seg);
   RemoveFree(block);
+  if (seg->tier >= 0) tier_segments_[seg->tier] -= 1;
   seg->tier = -1;
   if (block->ptr < lo) {
     Block* mid = SplitBlock(block, lo - block->ptr, blocks_);
@@ -293,7 +305,42 @@ std::size_t LargePool::largest_free_block() const {
   return largest;
 }
 
+// The device's large pool and every private pool's share the tiers: the first sizes the report's
+// list, each adds its counts (a pool without tiers, the packed small pool, leaves it alone).
+static void AddTierUse(const std::vector<TierUsage>& use, FragmentationReport* report) {
+  if (use.empty()) return;
+  std::vector<TierUsage>& tiers = report->tiers;
+  if (tiers.size() != use.size()) {
+    tiers.assign(use.size(), TierUsage{});
+    for (std::size_t t = 0; t < use.size(); ++t) tiers[t].tier_bytes = use[t].tier_bytes;
+  }
+  for (std::size_t t = 0; t < use.size(); ++t) {
+    tiers[t].in_use += use[t].in_use;
+    tiers[t].cached += use[t].cached;
+  }
+}
+
 void LargePool::AddFragmentation(FragmentationReport* report) const {
+  free_.AddTo(&report->pools[config_.index]);
+  AddTierUse(TierUse(), report);
+}
+
+std::vector<TierUsage> LargePool::TierUse() const {
+  std::vector<TierUsage> use = tier_use_;  // the cached blocks, kept by Insert/RemoveFree
+  for (std::size_t t = 0; t < use.size(); ++t) use[t].in_use = tier_segments_[t] - use[t].cached;
+  return use;
+}
+
+std::size_t LargePool::LargestFree(const StreamState& ss) const {
+  const Block* last = ss.tree.Last();
+  std::size_t largest = last == nullptr ? 0 : last->size;
+  for (std::size_t t = 0; t < num_tiers(); ++t) {
+    if (const Block* b = ss.tier_free[t].front()) largest = std::max(largest, b->size);
+  }
+  return largest;
+}
+
+void LargePool::WalkFragmentation(FragmentationReport* report) const {
   PoolFragmentation& out = report->pools[config_.index];
   std::vector<TierUsage>& tiers = report->tiers;
   // The device's large pool and every private pool's share the tiers: the first sizes the list,
@@ -408,6 +455,21 @@ absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
   }
   if (segments_.size() != segment_meta_.live()) {
     return absl::InternalError("large pool: segment metadata is held that belongs to no segment");
+  }
+  FragmentationReport walked;
+  WalkFragmentation(&walked);
+  if (!free_.Matches(walked.pools[config_.index])) {
+    return absl::InternalError(absl::StrCat("large pool: the kept free-block histogram (", free_.total(),
+                                            " bytes) differs from a walk's (", walked.pools[config_.index].total_free,
+                                            " bytes)"));
+  }
+  const std::vector<TierUsage> kept = TierUse();
+  for (std::size_t t = 0; t < kept.size(); ++t) {
+    if (walked.tiers[t].in_use != kept[t].in_use || walked.tiers[t].cached != kept[t].cached) {
+      return absl::InternalError(absl::StrCat("large pool: tier ", t, " counts ", kept[t].in_use, " in use and ",
+                                              kept[t].cached, " cached, a walk ", walked.tiers[t].in_use, " and ",
+                                              walked.tiers[t].cached));
+    }
   }
   return absl::OkStatus();
 }

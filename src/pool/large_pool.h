@@ -162,7 +162,15 @@ class LargePool {
   // the whole granules of the free blocks of partly used segments.
   void ReleaseAll();
 
+  // Adds the free-block histogram and the tiers' use, kept as blocks move (no walk).
   void AddFragmentation(FragmentationReport* report) const;
+  // Each tier's blocks in use and cached (kept, no walk).
+  std::vector<TierUsage> TierUse() const;
+  // The largest free block of one stream's lists: its size tree's last block or a tier block.
+  std::size_t LargestFree(const StreamState& ss) const;
+  // The same figures (and the largest free block) from a walk over every block: the invariant
+  // check compares them with the kept ones.
+  void WalkFragmentation(FragmentationReport* report) const;
   void ForEachUnit(UnitFn f) const {
     for (const Segment* s : segments_) f(s->base, s->size, MappedBytes(*s), config_.stitching);
   }
@@ -245,6 +253,13 @@ class LargePool {
   ReleaseOrder<Segment, &Segment::release_node, &Segment::free_since> release_order_;  // wholly free, oldest first
   absl::flat_hash_set<Segment*> segments_;  // all segments; changes only on slow paths
   std::size_t free_granules_ = 0;           // sum of WholeGranules over free blocks (kept by Insert/RemoveFree)
+  // The free blocks by size (kept by Insert/RemoveFree), per tier the free blocks of its segments
+  // (kept by Insert/RemoveFree) and its segments (kept by Add/DropSegment and MakeHole: slow paths
+  // only); a tier segment is one block, so the blocks in use are segments - cached (TierUse).
+  // Invariant: equal to a walk's (WalkFragmentation).
+  FreeHistogram free_;
+  std::vector<TierUsage> tier_use_;
+  std::vector<std::int64_t> tier_segments_;
   std::unique_ptr<SegmentBacking> backing_;
   std::unique_ptr<Stitcher> stitcher_;  // with stitching only
 };

@@ -74,6 +74,8 @@ class PackedPool {
   void ReleaseAll() { pool_.ReleaseAll(); }
 
   void AddFragmentation(FragmentationReport* report) const { pool_.AddFragmentation(report); }
+  std::size_t LargestFree(const StreamState& ss) const { return pool_.LargestFree(ss.lists); }
+  void WalkFragmentation(FragmentationReport* report) const { pool_.WalkFragmentation(report); }
   void Describe(std::vector<SpanView>* spans) const { pool_.Describe(spans); }
   InactiveSplit inactive_split() const { return pool_.inactive_split(); }
   std::size_t spare_bytes() const { return 0; }

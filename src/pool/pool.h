@@ -16,6 +16,8 @@
 #ifndef BUCKETALLOC_POOL_POOL_H_
 #define BUCKETALLOC_POOL_POOL_H_
 
+#include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -24,11 +26,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/stat_types.h"
+#include "internal/bits.h"
 #include "internal/intrusive_list.h"
 
 namespace bucketalloc::internal {
@@ -133,7 +137,10 @@ concept Pool = requires(P& pool, const P& cpool, typename P::StreamState& ss, co
   { pool.ReleaseOldest() } -> std::same_as<std::size_t>;
   {pool.ReleaseAll()};
   // Reports and checks.
+  // The histogram of free blocks and tier use, kept as blocks move (no walk), and the largest free
+  // block of one stream's lists.
   {cpool.AddFragmentation(report)};
+  { cpool.LargestFree(css) } -> std::same_as<std::size_t>;
   {cpool.Describe(spans)};
   { cpool.inactive_split() } -> std::same_as<InactiveSplit>;
   // Reserved bytes the pool holds in no unit (a virtual-memory pool's spare pieces).
@@ -143,6 +150,61 @@ concept Pool = requires(P& pool, const P& cpool, typename P::StreamState& ss, co
   { cpool.CheckStreamState(css) } -> std::same_as<absl::Status>;
   // Checks a handle the front end holds for a live (or, live == false, pending) block.
   { cpool.CheckHandle(h, live) } -> std::same_as<absl::Status>;
+};
+
+// The free blocks of a pool by size (the fragmentation histogram's counts and bytes), kept as
+// blocks move so that a metrics scrape or a timeline sample reads O(bins) figures under the device
+// lock instead of walking every block. A step is two adds at the size's floor(log2) (no clamp, no
+// multiply: on the fast path); the report's last bin gathers the sizes above it when read.
+// Invariant: equal to the histogram of a walk over the pool's free blocks (each pool's
+// CheckInvariants compares them).
+struct FreeHistogram {
+  static constexpr int kBins = 64;  // one per floor(log2(size)) of a 64-bit size
+  std::array<std::int64_t, kBins> count{};
+  std::array<std::int64_t, kBins> bytes{};
+
+  // One more (Add) or one fewer (Remove) free block of `size` bytes (size > 0: no test for 0, which
+  // std::countl_zero would add).
+  static int BinOf(std::size_t size) { return 63 - __builtin_clzll(static_cast<unsigned long long>(size)); }
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void Add(std::size_t size) {
+    const int bin = BinOf(size);
+    count[bin] += 1;
+    bytes[bin] += static_cast<std::int64_t>(size);
+  }
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void Remove(std::size_t size) {
+    const int bin = BinOf(size);
+    count[bin] -= 1;
+    bytes[bin] -= static_cast<std::int64_t>(size);
+  }
+  // `n` free blocks of `size` bytes more (n < 0: fewer); for the slabs' slot counts.
+  void Step(std::size_t size, std::int64_t n) {
+    const int bin = BinOf(size);
+    count[bin] += n;
+    bytes[bin] += n * static_cast<std::int64_t>(size);
+  }
+  // Adds the counts to `out`'s histogram (bins at or above kHistogramBins - 1 in its last) and
+  // total (not its largest block: the pool knows that from its free lists).
+  void AddTo(PoolFragmentation* out) const {
+    for (int i = 0; i < kBins; ++i) {
+      const int to = std::min(i, kHistogramBins - 1);
+      out->free_count[to] += count[i];
+      out->free_bytes[to] += bytes[i];
+      out->total_free += bytes[i];
+    }
+  }
+  // True when `walked` (a walk's report of the same blocks, alone in its pool) has these counts.
+  bool Matches(const PoolFragmentation& walked) const {
+    PoolFragmentation kept;
+    AddTo(&kept);
+    return walked.free_count == kept.free_count && walked.free_bytes == kept.free_bytes &&
+           walked.total_free == kept.total_free;
+  }
+  // The bytes of every free block (a sum over the bins).
+  std::int64_t total() const {
+    std::int64_t t = 0;
+    for (std::int64_t b : bytes) t += b;
+    return t;
+  }
 };
 
 // Releases `pool`'s wholly free units, oldest first, until `target` bytes are released or none is

@@ -29,6 +29,7 @@ absl::StatusOr<SmallPool::Handle> SmallPool::Serve(StreamState& ss, Stream strea
     slab->stream = stream;
     slab->owner = &ss;
     all_.insert(slab);
+    free_.Add(kSlabBytes);
     ctx_.stats->Increase(&DeviceStats::cached_bytes, kSmallPool, kSlabBytes);
   }
   if (slab->cls != r.cls) {
@@ -46,6 +47,7 @@ bool SmallPool::ReleaseSlab(Slab* slab) {
   EmptyList::Unlink(slab);
   decltype(release_order_)::Remove(slab);
   ctx_.stats->Decrease(&DeviceStats::cached_bytes, kSmallPool, kSlabBytes);
+  free_.Remove(kSlabBytes);
   all_.erase(slab);
   slab_meta_.Delete(slab);
   return true;
@@ -57,7 +59,15 @@ std::size_t SmallPool::ReleaseOldest() {
   return ReleaseSlab(slab) ? kSlabBytes : 0;
 }
 
-void SmallPool::AddFragmentation(FragmentationReport* report) const {
+std::size_t SmallPool::LargestFree(const StreamState& ss) const {
+  if (!ss.empty.empty()) return kSlabBytes;
+  for (int cls = SmallSizeClasses::kNumClasses - 1; cls >= 0; --cls) {
+    if (const Slab* slab = ss.partial[cls].front()) return slab->slot_size;
+  }
+  return 0;
+}
+
+void SmallPool::WalkFragmentation(FragmentationReport* report) const {
   PoolFragmentation& out = report->pools[kSmallPool];
   for (const Slab* slab : all_) {
     if (slab->live == 0) {
@@ -132,6 +142,13 @@ absl::Status SmallPool::CheckInvariants(std::int64_t active_slots) const {
   }
   if (static_cast<std::size_t>(all_.size()) != slab_meta_.live()) {
     return absl::InternalError("small pool: slab metadata is held that belongs to no slab");
+  }
+  FragmentationReport walked;
+  WalkFragmentation(&walked);
+  if (!free_.Matches(walked.pools[kSmallPool])) {
+    return absl::InternalError(absl::StrCat("small pool: the kept free-block histogram (", free_.total(),
+                                            " bytes) differs from a walk's (", walked.pools[kSmallPool].total_free,
+                                            " bytes)"));
   }
   return absl::OkStatus();
 }

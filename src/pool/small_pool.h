@@ -108,7 +108,13 @@ class SmallPool {
   std::size_t ReleaseOldest();
   void ReleaseAll() { ReleaseOldestUntil(*this, ~std::size_t{0}); }
 
-  void AddFragmentation(FragmentationReport* report) const;
+  // Adds the free-block histogram, kept as slots move (no walk): a slab with live slots counts its
+  // free slots, an empty one counts as one free block of kSlabBytes (it serves any class).
+  void AddFragmentation(FragmentationReport* report) const { free_.AddTo(&report->pools[kSmallPool]); }
+  // The largest free block of one stream's slabs: an empty slab, else the largest class with a free slot.
+  std::size_t LargestFree(const StreamState& ss) const;
+  // The same histogram (and the largest free block) from a walk over every slab, for the checks.
+  void WalkFragmentation(FragmentationReport* report) const;
   void ForEachUnit(UnitFn f) const {
     for (const Slab* s : all_) f(s->base, kSlabBytes, kSlabBytes, false);
   }
@@ -138,6 +144,7 @@ class SmallPool {
   }
   // inactive_split counts the free slots of slabs that also hold active slots: when `slab`'s live
   // count is about to change by `step` (+1 or -1), it changes by this much.
+  // The free-block histogram changes with it: an empty slab counts as one block of kSlabBytes.
   ABSL_ATTRIBUTE_ALWAYS_INLINE void StepInactive(const Slab* slab, int step) {
     const std::uint32_t before = slab->live;
     const std::uint32_t after = before + step;
@@ -145,6 +152,17 @@ class SmallPool {
                                (before == 0 ? 0 : std::int64_t{slab->capacity} - before);
     ctx_.stats->Add(&DeviceStats::inactive_split_bytes, kSmallPool, slots * slab->slot_size);
     ctx_.stats->Add(&DeviceStats::inactive_split, kSmallPool, slots);
+    if (before == 0) {
+      free_.Remove(kSlabBytes);
+      free_.Step(slab->slot_size, std::int64_t{slab->capacity} - after);
+    } else if (after == 0) {
+      free_.Step(slab->slot_size, -(std::int64_t{slab->capacity} - before));
+      free_.Add(kSlabBytes);
+    } else if (step > 0) {
+      free_.Remove(slab->slot_size);
+    } else {
+      free_.Add(slab->slot_size);
+    }
   }
   bool ReleaseSlab(Slab* slab);  // false (nothing changed) when the source refused
 
@@ -153,6 +171,7 @@ class SmallPool {
   ReleaseOrder<Slab, &Slab::release_node, &Slab::free_since> release_order_;  // empty slabs, oldest first
   // Every slab, for reports and invariant checks; changes only on slow paths.
   absl::flat_hash_set<Slab*> all_;
+  FreeHistogram free_;  // kept by StepInactive and new and released slabs; equal to a walk's
 };
 
 }  // namespace bucketalloc::internal

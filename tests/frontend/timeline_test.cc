@@ -1,6 +1,7 @@
 // The memory timeline's line and reader (src/frontend/timeline.cc): a sample survives its line,
-// the reader refuses what is not a sample naming the line, a device's time never goes back, the
-// spec PATH[,interval_ms], and a sample of metrics lists the OOMs after the last one seen.
+// the reader skips what is not a sample with a warning naming the line (and refuses a text with no
+// sample), a device's time never goes back, the spec PATH[,interval_ms], and a sample of metrics
+// lists the OOMs after the last one seen.
 #include "bucketalloc/timeline.h"
 
 #include <gtest/gtest.h>
@@ -33,7 +34,7 @@ TimelineSample Sample(double t, int device) {
   s.frees_total = 7;
   s.cache_hits_total = 6;
   s.alloc_retries_total = 1;
-  s.ooms_total = {1, 2, 0, 0};
+  s.ooms_total = {1, 2, 0, 0, 0};
   s.ooms.push_back(OomEvent{3, t - 0.5, 4096, OomCause::kFragmentation});
   return s;
 }
@@ -59,11 +60,47 @@ TEST(TimelineTest, ASampleSurvivesItsLine) {
   EXPECT_EQ(r.ooms[0].cause, OomCause::kFragmentation);
   EXPECT_TRUE(absl::StrContains(line,
                                 "\"ooms_total\":{\"capacity\":1,\"fragmentation\":2,\"cache_held\":0,"
-                                "\"device_exhausted\":0}"))
+                                "\"device_exhausted\":0,\"tenant_cap\":0}"))
       << line;
 }
 
-TEST(TimelineTest, WhatIsNotASampleIsRefusedNamingTheLine) {
+// Issue 27 (10): an OOM a tenant's own cap refused is cause tenant_cap with the tenant and its cap,
+// and survives its line; a line written before tenant_cap existed (no such count) reads as 0.
+TEST(TimelineTest, ATenantCapOomNamesTheTenantAndOldLinesReadWithoutIt) {
+  TimelineSample s = Sample(3.0, 0);
+  s.ooms_total = {0, 0, 0, 0, 2};
+  s.ooms = {OomEvent{4, 2.5, 1 << 20, OomCause::kTenantCap, "long", std::size_t{12} << 30}};
+  const std::string line = TimelineToJsonLine(s);
+  EXPECT_TRUE(absl::StrContains(line, "\"cause\":\"tenant_cap\",\"tenant\":\"long\",\"tenant_cap_bytes\":12884901888"))
+      << line;
+  absl::StatusOr<std::vector<TimelineSample>> read = ReadTimeline(absl::StrCat(line, "\n"), "t.jsonl");
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->size(), 1u);
+  EXPECT_EQ((*read)[0].ooms_total, s.ooms_total);
+  ASSERT_EQ((*read)[0].ooms.size(), 1u);
+  EXPECT_EQ((*read)[0].ooms[0].cause, OomCause::kTenantCap);
+  EXPECT_EQ((*read)[0].ooms[0].tenant, "long");
+  EXPECT_EQ((*read)[0].ooms[0].tenant_cap, std::size_t{12} << 30);
+  const std::string old = absl::StrReplaceAll(TimelineToJsonLine(Sample(4.0, 0)), {{",\"tenant_cap\":0", ""}});
+  ASSERT_FALSE(absl::StrContains(old, "tenant_cap")) << old;
+  absl::StatusOr<std::vector<TimelineSample>> old_read = ReadTimeline(absl::StrCat(old, "\n"), "old.jsonl");
+  ASSERT_TRUE(old_read.ok()) << old_read.status();
+  ASSERT_EQ(old_read->size(), 1u);
+  EXPECT_EQ((*old_read)[0].ooms_total[static_cast<int>(OomCause::kTenantCap)], 0);
+  // A tenant that is not a name is a damaged line.
+  const std::string bad = absl::StrReplaceAll(line, {{"\"tenant\":\"long\"", "\"tenant\":7"}});
+  std::vector<std::string> warnings;
+  absl::StatusOr<std::vector<TimelineSample>> bad_read =
+      ReadTimeline(absl::StrCat(old, "\n", bad, "\n"), "bad.jsonl", &warnings);
+  ASSERT_TRUE(bad_read.ok()) << bad_read.status();
+  EXPECT_EQ(bad_read->size(), 1u);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(warnings[0], "tenant")) << warnings[0];
+}
+
+// Issue 27 (6): a damaged line (a sample cut by a full disk, ended by the writer's next line) made
+// the reader, and so the doctor, refuse the whole file. It is skipped with a warning naming it.
+TEST(TimelineTest, WhatIsNotASampleIsSkippedWithAWarningNamingTheLine) {
   const std::string good = TimelineToJsonLine(Sample(1.0, 0));
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"not json", "not a JSON object"},
@@ -74,19 +111,46 @@ TEST(TimelineTest, WhatIsNotASampleIsRefusedNamingTheLine) {
       {absl::StrReplaceAll(good, {{"\"cause\":\"fragmentation\"", "\"cause\":\"bad luck\""}}), "bad luck"},
       {absl::StrReplaceAll(good, {{"\"ooms\":[", "\"ooms\":{\"x\":["}, {"]}", "]}}"}}), "ooms"},
       {absl::StrReplaceAll(good, {{"\"time_s\":1.0", "\"time_s\":\"soon\""}}), "time_s"},
+      {good.substr(0, 40), "not a JSON object"},  // a line cut by a failed write
   };
   for (const auto& [line, what] : bad) {
-    absl::StatusOr<std::vector<TimelineSample>> r = ReadTimeline(absl::StrCat(good, "\n", line, "\n"), "x.jsonl");
-    ASSERT_FALSE(r.ok()) << line;
-    EXPECT_TRUE(absl::StartsWith(r.status().message(), "x.jsonl:2: not a timeline sample")) << r.status();
-    EXPECT_TRUE(absl::StrContains(r.status().message(), what)) << r.status();
+    std::vector<std::string> warnings;
+    absl::StatusOr<std::vector<TimelineSample>> r =
+        ReadTimeline(absl::StrCat(good, "\n", line, "\n", good, "\n"), "x.jsonl", &warnings);
+    ASSERT_TRUE(r.ok()) << line << ": " << r.status();
+    EXPECT_EQ(r->size(), 2u) << line;
+    ASSERT_EQ(warnings.size(), 1u) << line;
+    EXPECT_TRUE(absl::StartsWith(warnings[0], "x.jsonl:2: not a timeline sample: ")) << warnings[0];
+    EXPECT_TRUE(absl::StrContains(warnings[0], what)) << warnings[0];
+    EXPECT_TRUE(absl::EndsWith(warnings[0], "; skipped")) << warnings[0];
+    EXPECT_TRUE(ReadTimeline(absl::StrCat(good, "\n", line, "\n"), "x.jsonl").ok()) << "without warnings asked";
+    // Nothing but such lines is not a timeline: refused, naming the first.
+    absl::StatusOr<std::vector<TimelineSample>> none = ReadTimeline(absl::StrCat(line, "\n", line, "\n"), "x.jsonl");
+    ASSERT_FALSE(none.ok()) << line;
+    EXPECT_TRUE(absl::IsInvalidArgument(none.status()));
+    EXPECT_TRUE(absl::StartsWith(none.status().message(), "x.jsonl:1: not a timeline sample")) << none.status();
+    EXPECT_TRUE(absl::StrContains(none.status().message(), "none of the 2 lines of x.jsonl is a sample"))
+        << none.status();
     // The same line last and without its newline was cut off while it was written: left out.
-    absl::StatusOr<std::vector<TimelineSample>> cut = ReadTimeline(absl::StrCat(good, "\n", line), "x.jsonl");
+    warnings.clear();
+    absl::StatusOr<std::vector<TimelineSample>> cut =
+        ReadTimeline(absl::StrCat(good, "\n", line), "x.jsonl", &warnings);
     ASSERT_TRUE(cut.ok()) << cut.status();
     EXPECT_EQ(cut->size(), 1u);
+    EXPECT_TRUE(warnings.empty());
   }
-  // A line cut off in the middle of the file is not a sample.
-  EXPECT_FALSE(ReadTimeline(absl::StrCat(good.substr(0, 40), "\n", good, "\n"), "x.jsonl").ok());
+  // Empty text is no samples, no error (the doctor says there is nothing to read).
+  absl::StatusOr<std::vector<TimelineSample>> empty = ReadTimeline("\n\n", "x.jsonl");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->empty());
+  // At most kMaxTimelineWarnings warnings, then one that counts the rest.
+  std::string many = absl::StrCat(good, "\n");
+  for (int i = 0; i < 15; ++i) absl::StrAppend(&many, "garbage\n");
+  std::vector<std::string> warnings;
+  absl::StatusOr<std::vector<TimelineSample>> r = ReadTimeline(many, "x.jsonl", &warnings);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(warnings.size(), kMaxTimelineWarnings + 1);
+  EXPECT_EQ(warnings.back(), "x.jsonl: 5 more lines that are not timeline samples skipped (15 in all, of 16)");
   // A device's time that goes back (a wall clock stepped back) stays at its previous line's;
   // another device's time is its own.
   absl::StatusOr<std::vector<TimelineSample>> back =
@@ -114,6 +178,15 @@ TEST(TimelineTest, TheSpecIsAPathAndAnOptionalInterval) {
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << spec;
     EXPECT_TRUE(absl::StrContains(s.message(), "accepted: PATH[,interval_ms]")) << s;
   }
+  // Issue 27 (14): a path with a comma needs the interval, and the error says so.
+  absl::Status comma = ParseTimelineSpec("a,b.jsonl", &path, &ms);
+  EXPECT_TRUE(absl::IsInvalidArgument(comma));
+  EXPECT_TRUE(absl::StrContains(comma.message(),
+                                "the part after the last comma is always the interval, so a PATH that contains a comma "
+                                "needs \",interval_ms\" after it (e.g. \"a,b.jsonl,1000\")"))
+      << comma;
+  EXPECT_FALSE(absl::StrContains(ParseTimelineSpec("t.jsonl,0", &path, &ms).message(), "contains a comma"))
+      << "a number out of range is only that";
 }
 
 TEST(TimelineTest, ASampleOfMetricsListsTheOomsAfterTheLastOneSeen) {

@@ -191,6 +191,15 @@ assert split['tenants'][0]['ooms'] == 0 and split['tenants'][1]['ooms_at_cap'] =
 " || fail "the two-tenant replay"
   out=$("$bench" min-capacity "$work/burst_trace.csv" --allocator "bucketalloc:$tiers,tenants:[long:3GiB]") ||
     fail "min-capacity with tenants: $out"
+  # Issue 27 (10): the OOMs at the long tenant's cap are cause tenant_cap in the replay's count, its
+  # timeline and the doctor's verdict, whose lever names the tenant's cap (not tiers or stitching).
+  grep -q "tenant cap [0-9]*: a tenant's own cap refused them" <<<"$("$bench" replay "$work/burst_trace.csv" \
+    --capacity 24GiB --allocator "bucketalloc:$tiers,tenants:[long:3GiB]" --timeline "$work/split.jsonl,1000")" ||
+    fail "replay split: no tenant cap count"
+  out=$("$bench" doctor "$work/split.jsonl") || fail "doctor on the two-tenant timeline: $out"
+  grep -q "^device 0: tenant_cap" <<<"$out" && grep -q "raise tenant 'long' (cap 3.00 GiB)'s cap" <<<"$out" ||
+    fail "doctor on the two-tenant timeline names no tenant cap: $out"
+  ! grep -q "^device 0: fragmentation" <<<"$out" || fail "doctor calls tenant-cap OOMs fragmentation: $out"
   err=$("$bench" generate serving --requests "$work/burst.csv" --model "$model" --kv-layout paged --tenant-split 4096 \
         -o "$work/x.csv" 2>&1) && fail "--tenant-split with the paged layout was accepted"
   grep -q "tiered or growth layout" <<<"$err" || fail "--tenant-split paged: $err"
@@ -246,4 +255,76 @@ echo '{"segments": [], "device_traces": [[
   {"action": "free_completed", "addr": 4096, "size": 1048576, "time_us": 10, "stream": 0}]]}' >"$work/hist.json"
 out=$("$bench" doctor "$work/hist.json" --capacity 64MiB) || fail "doctor SNAPSHOT with history: $out"
 grep -q "(snapshot, .* samples)" <<<"$out" || fail "doctor SNAPSHOT with history: $out"
+# Issue 27: a replay device that cannot be made is an error for every policy, never an abort (7);
+# a doctor input with nothing readable, or figures no sample shows, is not "healthy" (8); many
+# devices take one pass (9); a byte-order mark, a directory, an empty --timeline (14).
+if (ulimit -v 4194304 && "$bench" replay "$work/t.csv" --allocator nocache --capacity 64MiB >/dev/null 2>&1); then
+  for a in bucketalloc bucketalloc:backend:vmm pytorch-policy; do
+    err=$(ulimit -v 4194304; "$bench" replay "$work/t.csv" --allocator "$a" --capacity 80GiB 2>&1)
+    rc=$?
+    [[ $rc == 1 ]] || fail "replay --allocator $a under ulimit -v: exit $rc (not 1): $err"
+    grep -q "the simulated replay device of 80GiB cannot be made: .*; accepted: a --capacity whose address space" \
+      <<<"$err" || fail "replay --allocator $a under ulimit -v: $err"
+  done
+  err=$(ulimit -v 4194304; "$bench" doctor "$work/t.csv" --capacity 80GiB 2>&1)
+  rc=$?
+  [[ $rc == 1 ]] && grep -q "replay device of 80GiB cannot be made" <<<"$err" ||
+    fail "doctor TRACE under ulimit -v: exit $rc: $err"
+else
+  echo "check_bench_cli: the bench does not run under ulimit -v 4194304 (a sanitizer build?): its checks skipped"
+fi
+expect_error '--timeline "": timeline "" names no file; accepted: PATH[,interval_ms]' \
+  replay "$work/t.csv" --capacity 64MiB --timeline ""
+expect_error '--timeline ",500": timeline ",500" names no file' replay "$work/t.csv" --capacity 64MiB --timeline ",500"
+line=$(head -1 "$work/spike.jsonl")
+expect_doctor_error() {  # expect_doctor_error NEEDLE FILE: doctor FILE fails naming FILE and NEEDLE
+  local needle=$1 file=$2 err
+  err=$("$bench" doctor "$file" 2>&1) && fail "doctor accepted $file: $err"
+  grep -qF -- "$file" <<<"$err" && grep -qF -- "$needle" <<<"$err" || fail "doctor $file: expected \"$needle\": $err"
+  grep -q "healthy" <<<"$err" && fail "doctor $file: called healthy: $err"
+  return 0
+}
+printf '%s' "${line:0:120}" >"$work/cut.jsonl"
+expect_doctor_error "holds no timeline sample (its only line is cut off or not a sample" "$work/cut.jsonl"
+printf '{garbage' >"$work/garbage.json"
+expect_doctor_error "holds no timeline sample" "$work/garbage.json"
+printf '{"allocated_bytes.all.current": 0, "num_ooms": 0}' >"$work/stats.json"  # bucketalloc_stats_json
+expect_doctor_error "expected a file: a timeline (JSON lines" "$work/stats.json"
+: >"$work/empty.jsonl"
+expect_doctor_error "is empty; expected a file" "$work/empty.jsonl"
+mkdir "$work/dir"
+expect_doctor_error "is a directory; expected a file" "$work/dir"
+sed 's/"device":0,/"device":65536,/' "$work/spike.jsonl" >"$work/d65536.jsonl"
+expect_doctor_error "is of device 65536; accepted: devices 0 to 65535" "$work/d65536.jsonl"
+printf '\xef\xbb\xbf' | cat - "$work/spike.jsonl" >"$work/bom.jsonl"
+out=$("$bench" doctor "$work/bom.jsonl") || fail "doctor with a byte-order mark: $out"
+grep -q "device 0: spike_long_request" <<<"$out" || fail "doctor with a byte-order mark: $out"
+sed '5s/.*/{"time_s": 2.0, "dev/' "$work/spike.jsonl" >"$work/damaged.jsonl"  # a line cut, then the next one
+out=$("$bench" doctor "$work/damaged.jsonl" 2>"$work/damaged.err") || fail "doctor with a damaged line: $out"
+grep -q "device 0: spike_long_request" <<<"$out" || fail "doctor with a damaged line: $out"
+grep -q "damaged.jsonl:5: not a timeline sample: .*; skipped" "$work/damaged.err" ||
+  fail "doctor with a damaged line: no warning: $(cat "$work/damaged.err")"
+# 1 TiB reserved under a 1 MiB cap was "healthy, 104857600% of the cap".
+sed 's/"capacity_bytes":[0-9]*/"capacity_bytes":1048576/; s/"reserved_bytes":[0-9]*/"reserved_bytes":1099511627776/' \
+  "$work/spike.jsonl" >"$work/impossible.jsonl"
+out=$("$bench" doctor "$work/impossible.jsonl" --json "$work/i.json" 2>"$work/i.err") && fail "impossible figures: $out"
+grep -q "device 0: inconsistent" <<<"$out" && grep -q "samples contradict themselves" <<<"$out" ||
+  fail "impossible figures: $out"
+grep -q "healthy" <<<"$out" && fail "impossible figures called healthy: $out"
+grep -q "not a bucketalloc timeline, or a corrupted one" "$work/i.err" || fail "impossible figures: $(cat "$work/i.err")"
+grep -q '"verdict": "inconsistent"' "$work/i.json" || fail "impossible figures --json: $(cat "$work/i.json")"
+# 80,000 lines over 40,000 devices: about a second with one pass; quadratic (each device over every
+# line), it took over 30 s.
+/usr/bin/python3 - "$line" "$work/many.jsonl" <<'PY'
+import json, sys
+sample = json.loads(sys.argv[1])
+with open(sys.argv[2], "w") as f:
+    for i in range(80000):
+        sample["time_s"], sample["device"] = float(i // 40000), i % 40000
+        f.write(json.dumps(sample, separators=(",", ":")) + "\n")
+PY
+start=$SECONDS
+out=$(timeout 10 "$bench" doctor "$work/many.jsonl" --html "$work/many.html") || fail "doctor on 40,000 devices: exit $?"
+[[ $(grep -c "^device [0-9]*: " <<<"$out") == 40000 ]] || fail "doctor on 40,000 devices: not one verdict each"
+echo "doctor on 80,000 lines over 40,000 devices: $((SECONDS - start)) s"
 echo "check_bench_cli: PASS"

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/units.h"
+#include "harness/doctor.h"
 #include "harness/replay.h"
 
 namespace bucketalloc::harness {
@@ -242,7 +243,9 @@ TEST(ServingTest, SchedulerLimitsChunkingAndRejections) {
   EXPECT_TRUE(absl::StrContains(GenerateServingTrace(r, m, o).status().message(), "ascending"));
   o = ServingOptions{};
   o.step_base_ms = std::numeric_limits<double>::infinity();
-  EXPECT_TRUE(absl::StrContains(GenerateServingTrace(r, m, o).status().message(), "numbers >= 0"));
+  EXPECT_TRUE(absl::StrContains(GenerateServingTrace(r, m, o).status().message(), "--step-base-ms inf: accepted 0"));
+  o.step_base_ms = 1e300;  // finite, but the clock would overflow: refused
+  EXPECT_TRUE(absl::StrContains(GenerateServingTrace(r, m, o).status().message(), "--step-base-ms 1e+300"));
   o = ServingOptions{};
   o.max_kv_tokens = 500;  // the 300-token prompt fits; the 990 + 20 one never could
   o.max_model_len = 2000;
@@ -378,6 +381,44 @@ TEST(ServingTest, SplitPoolsKeepShortRequestsServedThroughALongBurstThatBreaksTh
   const std::string json = split.ToJson();
   EXPECT_TRUE(absl::StrContains(json, "\"ooms_by_stream\"")) << json;
   EXPECT_TRUE(absl::StrContains(json, "\"tenant\": \"long\"")) << json;
+
+  // Issue 27 (10): the OOMs the long tenant's cap refused are cause tenant_cap, in the replay's
+  // counts and its timeline as in a process's (they were "fragmentation" against the card), and the
+  // doctor's lever names the tenant's cap, not tiers or stitching.
+  EXPECT_EQ(split.tenant_cap_ooms, split.ooms);
+  EXPECT_EQ(split.capacity_ooms + split.fragmentation_ooms + split.tenant_cap_ooms, split.ooms);
+  EXPECT_EQ(shared.capacity_ooms + shared.fragmentation_ooms, shared.ooms);
+  ReplayOptions timed;
+  timed.allocator = absl::StrCat("bucketalloc:", tiers, ",tenants:[long:4GiB]");
+  timed.capacity = 28 * kGiB;
+  timed.sample_interval_s = 1.0;
+  absl::StatusOr<ReplayResult> sampled = Replay(t->trace, timed);
+  ASSERT_TRUE(sampled.ok()) << sampled.status();
+  ASSERT_FALSE(sampled->samples.empty());
+  const TimelineSample& last = sampled->samples.back();
+  EXPECT_EQ(static_cast<std::uint64_t>(last.ooms_total[static_cast<int>(OomCause::kTenantCap)]), split.tenant_cap_ooms);
+  EXPECT_EQ(last.ooms_total[static_cast<int>(OomCause::kFragmentation)], 0);
+  bool listed = false;
+  for (const TimelineSample& x : sampled->samples) {
+    for (const OomEvent& e : x.ooms) {
+      EXPECT_EQ(e.cause, OomCause::kTenantCap);
+      EXPECT_EQ(e.tenant, "long");
+      EXPECT_EQ(e.tenant_cap, 4 * kGiB);
+      listed = true;
+    }
+  }
+  EXPECT_TRUE(listed);
+  const std::vector<Verdict> verdicts = Diagnose(sampled->samples, 0);
+  bool tenant_cap = false;
+  for (const Verdict& v : verdicts) {
+    EXPECT_NE(v.verdict, "fragmentation") << v.evidence;
+    if (v.verdict == "tenant_cap") {
+      tenant_cap = true;
+      EXPECT_TRUE(absl::StrContains(v.evidence, "tenant 'long' (cap 4.00 GiB)")) << v.evidence;
+      EXPECT_TRUE(absl::StrContains(v.lever, "raise tenant 'long' (cap 4.00 GiB)'s cap")) << v.lever;
+    }
+  }
+  EXPECT_TRUE(tenant_cap) << VerdictsToText(verdicts);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <vector>
 
 #include "pool/large_pool_fixture.h"
@@ -98,6 +99,55 @@ TEST_F(LargePoolTest, TiersAreReusedExactlyAndNeverSplit) {
   tiers = frag.tiers;
   EXPECT_EQ(tiers[1].cached, 1);
   Check(0);
+}
+
+// The fragmentation figures a scrape reads are kept as blocks move (no walk): after every step of a
+// random churn of split, merged, tiered and oversize blocks, and releases, they equal a walk's.
+TEST_F(LargePoolTest, KeptFragmentationEqualsAWalkThroughChurn) {
+  LargePoolConfig config;
+  config.max_split_size = 40 * kMiB;
+  config.tiers = {32 * kMiB, 64 * kMiB};
+  Init(config, 2048 * kMiB);
+  std::mt19937_64 rng(27);
+  const std::size_t sizes[] = {kMiB + 512, 3 * kMiB, 7 * kMiB, 17 * kMiB, 30 * kMiB, 60 * kMiB, 90 * kMiB};
+  std::vector<Block*> live;
+  auto expect_kept_equals_walk = [&](int step) {
+    FragmentationReport kept;
+    FragmentationReport walked;
+    pool_->AddFragmentation(&kept);
+    pool_->WalkFragmentation(&walked);
+    const PoolFragmentation& k = kept.pools[kLargePool];
+    const PoolFragmentation& w = walked.pools[kLargePool];
+    ASSERT_EQ(k.free_count, w.free_count) << "step " << step;
+    ASSERT_EQ(k.free_bytes, w.free_bytes) << "step " << step;
+    ASSERT_EQ(k.total_free, w.total_free) << "step " << step;
+    ASSERT_EQ(static_cast<std::int64_t>(pool_->LargestFree(*ss_)), w.largest_free) << "step " << step;
+    ASSERT_EQ(kept.tiers.size(), walked.tiers.size());
+    for (std::size_t t = 0; t < kept.tiers.size(); ++t) {
+      ASSERT_EQ(kept.tiers[t].in_use, walked.tiers[t].in_use) << "step " << step << " tier " << t;
+      ASSERT_EQ(kept.tiers[t].cached, walked.tiers[t].cached) << "step " << step << " tier " << t;
+    }
+  };
+  for (int step = 0; step < 3000; ++step) {
+    const auto dice = rng() % 10;
+    if (dice < 5 || live.empty()) {
+      if (Block* b = Allocate(sizes[rng() % std::size(sizes)])) live.push_back(b);
+    } else if (dice < 9) {
+      const std::size_t i = rng() % live.size();
+      Return(live[i]);
+      live[i] = live.back();
+      live.pop_back();
+    } else {
+      pool_->ReleaseOldest();
+    }
+    expect_kept_equals_walk(step);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  EXPECT_GT(Stats().num_splits, 0);
+  EXPECT_GT(Stats().num_merges, 0);
+  Check(static_cast<std::int64_t>(live.size()));
+  for (Block* b : live) Return(b);
+  expect_kept_equals_walk(-1);
 }
 
 TEST_F(LargePoolTest, BestFitPrefersTheSmallestFittingBlock) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <vector>
 
 #include "test_util.h"
@@ -71,6 +72,45 @@ TEST_F(SmallPoolTest, ReleasesEmptySlabsOldestFirst) {
   EXPECT_EQ(ReleaseOldestUntil(pool_, ~std::size_t{0}), kSlabBytes);
   EXPECT_EQ(source_.used(), 0u);
   EXPECT_EQ(Stats().cached_bytes[kSmallPool].current, 0);
+}
+
+// The free-slot histogram a scrape reads is kept as slots move: through a churn of several classes
+// (slabs filling, emptying, re-assigned to another class, released) it equals a walk's, and the
+// largest free block is an empty slab's or the largest class with a free slot.
+TEST_F(SmallPoolTest, KeptFragmentationEqualsAWalkThroughChurn) {
+  std::mt19937_64 rng(27);
+  const std::size_t sizes[] = {512, 3000, 64 * kKiB, 300 * kKiB, kMiB};
+  std::vector<SmallPool::Handle> live;
+  for (int step = 0; step < 2000; ++step) {
+    const auto dice = rng() % 10;
+    if ((dice < 5 || live.empty())) {
+      const SmallPool::Request r = pool_.RequestFor(sizes[rng() % std::size(sizes)]);
+      std::optional<SmallPool::Handle> h = pool_.TryAllocate(ss_, r);
+      if (!h.has_value()) {
+        Served served;
+        absl::StatusOr<SmallPool::Handle> s = pool_.Serve(ss_, nullptr, r, &served);
+        if (s.ok()) h = *s;
+      }
+      if (h.has_value()) live.push_back(*h);
+    } else if (dice < 9) {
+      const std::size_t i = rng() % live.size();
+      pool_.Return(live[i]);
+      live[i] = live.back();
+      live.pop_back();
+    } else {
+      pool_.ReleaseOldest();
+    }
+    FragmentationReport kept;
+    FragmentationReport walked;
+    pool_.AddFragmentation(&kept);
+    pool_.WalkFragmentation(&walked);
+    ASSERT_EQ(kept.small_pool().free_count, walked.small_pool().free_count) << "step " << step;
+    ASSERT_EQ(kept.small_pool().free_bytes, walked.small_pool().free_bytes) << "step " << step;
+    ASSERT_EQ(kept.small_pool().total_free, walked.small_pool().total_free) << "step " << step;
+    ASSERT_EQ(static_cast<std::int64_t>(pool_.LargestFree(ss_)), walked.small_pool().largest_free) << "step " << step;
+  }
+  Check(static_cast<std::int64_t>(live.size()));
+  for (const auto& h : live) pool_.Return(h);
 }
 
 TEST_F(SmallPoolTest, ExhaustedSourceIsReported) {
