@@ -329,10 +329,21 @@ void MetricsServer::Serve() {
       const int fd = accept4(listen_fd_.load(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
         const int err = errno;
-        if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
+        // accept(2) passes on a pending connection's network error (Linux): that connection is
+        // gone, the next may be fine.
+        if (err == EINTR || err == ECONNABORTED || err == EPROTO || err == ENETDOWN || err == ENOPROTOOPT ||
+            err == EHOSTDOWN || err == ENONET || err == EHOSTUNREACH || err == EOPNOTSUPP || err == ENETUNREACH ||
+            err == EPERM) {
+          continue;
+        }
         if (err == EAGAIN || err == EWOULDBLOCK) break;  // nothing more pending
         if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) {
-          accept_resume = Clock::time_point::max();  // the socket is gone: nothing more to accept
+          // The socket itself is broken (EBADF, EINVAL, ENOTSOCK, EFAULT): nothing more to accept.
+          accept_resume = Clock::time_point::max();
+          std::fprintf(stderr,
+                       "bucketalloc: metrics server on %s (port %d): cannot accept connections: %s; metrics "
+                       "are no longer served\n",
+                       addr_.c_str(), port(), std::strerror(err));
           break;
         }
         // No descriptor for the connection: close the pending ones through the spare one (their
@@ -531,7 +542,10 @@ absl::StatusOr<int> ProcessMetricsPort() {
   }
   if (const MetricsServer* s = g_server.load()) {
     if (const int port = s->port(); port >= 0) return port;
-    return absl::FailedPreconditionError(s->status().message());
+    const absl::Status status = s->status();
+    // The bind may have completed between the two reads: its port, then.
+    if (const int port = s->port(); port >= 0) return port;
+    return absl::FailedPreconditionError(status.message());
   }
   if (const std::string* failure = g_start_failure.load()) return absl::FailedPreconditionError(*failure);
   switch (g_env_state.load()) {

@@ -75,8 +75,13 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Start(const std:
 }
 
 TimelineWriter::TimelineWriter(std::string path, int fd, int interval_ms, const Allocator* allocator,
-                               std::map<int, std::uint64_t> listed)
-    : path_(std::move(path)), fd_(fd), interval_ms_(interval_ms), allocator_(allocator), last_oom_(std::move(listed)) {
+                               std::map<int, std::uint64_t> listed, std::string report_prefix)
+    : path_(std::move(path)),
+      report_prefix_(std::move(report_prefix)),
+      fd_(fd),
+      interval_ms_(interval_ms),
+      allocator_(allocator),
+      last_oom_(std::move(listed)) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -90,7 +95,7 @@ std::map<int, std::uint64_t> TimelineWriter::Stop() {
     }
     wake_.notify_all();
     thread_.join();  // after the last line, which waits at most kTimelineWriteWaitMs
-    close(fd_);
+    if (fd_ >= 0) close(fd_);
   }
   return last_oom_;
 }
@@ -103,19 +108,27 @@ void TimelineWriter::Run() {
   sigemptyset(&pipe);
   sigaddset(&pipe, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+  if (fd_ < 0) {  // started on an allocating thread: the file is opened here, not there
+    absl::StatusOr<int> fd = Open(path_);
+    if (!fd.ok()) {
+      std::fprintf(stderr, "%s%s; no timeline is written (nothing else changes)\n", report_prefix_.c_str(),
+                   std::string(absl::StripPrefix(fd.status().message(), "bucketalloc: ")).c_str());
+      return;
+    }
+    fd_ = *fd;
+  }
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     lock.unlock();
-    WriteSample();
+    WriteSample(/*last=*/false);
     lock.lock();
     wake_.wait_for(lock, std::chrono::milliseconds(interval_ms_), [this] { return stopping_; });
   }
   lock.unlock();
-  WriteSample();  // the last line
+  WriteSample(/*last=*/true);
 }
 
-void TimelineWriter::WriteSample() {
-  const bool last = stop_waiting_.load();
+void TimelineWriter::WriteSample(bool last) {
   const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   std::string lines;
   for (const DeviceMetrics& m : allocator_->Metrics()) {
@@ -126,11 +139,10 @@ void TimelineWriter::WriteSample() {
   }
   if (lines.empty()) return;
   const int wait_ms = last ? kTimelineWriteWaitMs : std::min(interval_ms_, kTimelineWriteWaitMs);
-  WriteLines(lines, Clock::now() + std::chrono::milliseconds(wait_ms));
+  WriteLines(lines, Clock::now() + std::chrono::milliseconds(wait_ms), last);
 }
 
-void TimelineWriter::WriteLines(const std::string& whole_lines, Clock::time_point deadline) {
-  const bool last = stop_waiting_.load();
+void TimelineWriter::WriteLines(const std::string& whole_lines, Clock::time_point deadline, bool last) {
   // A line cut by a failed write is ended first, so that it cannot run into this one.
   const std::string lines = mid_line_ ? absl::StrCat("\n", whole_lines) : whole_lines;
   std::size_t done = 0;
@@ -194,25 +206,37 @@ Slot& TheSlot() {
 
 }  // namespace
 
-absl::Status StartTimeline(const std::string& path, int interval_ms, const Allocator* allocator) {
+// StartTimeline, or with `report_prefix` (StartTimelineFromEnv) the file opened on the writer's
+// thread, which reports a failure after that prefix.
+absl::Status StartProcessTimeline(const std::string& path, int interval_ms, const Allocator* allocator,
+                                  const std::string* report_prefix) {
   static const int registered = std::atexit(&StopTimeline);  // the last line at exit
   (void)registered;
   Slot& slot = TheSlot();
   std::lock_guard<std::mutex> lock(*slot.mu);
   if (interval_ms < 1 || interval_ms > kMaxTimelineIntervalMs) return BadInterval(interval_ms);
   // The new file must open before the old one stops; opening it does not wait (see the header).
-  absl::StatusOr<int> fd = TimelineWriter::Open(path);
-  if (!fd.ok()) return fd.status();
+  int fd = -1;
+  if (report_prefix == nullptr) {
+    absl::StatusOr<int> opened = TimelineWriter::Open(path);
+    if (!opened.ok()) return opened.status();
+    fd = *opened;
+  }
   // The running one writes its last line; the new one lists only the OOMs after those it listed.
   std::map<int, std::uint64_t> listed = slot.writer != nullptr ? slot.writer->Stop() : std::map<int, std::uint64_t>{};
   slot.writer.reset();
   try {
-    slot.writer.reset(new TimelineWriter(path, *fd, interval_ms, allocator, std::move(listed)));
+    slot.writer.reset(new TimelineWriter(path, fd, interval_ms, allocator, std::move(listed),
+                                         report_prefix != nullptr ? *report_prefix : std::string()));
   } catch (...) {
-    close(*fd);
+    if (fd >= 0) close(fd);
     throw;
   }
   return absl::OkStatus();
+}
+
+absl::Status StartTimeline(const std::string& path, int interval_ms, const Allocator* allocator) {
+  return StartProcessTimeline(path, interval_ms, allocator, nullptr);
 }
 
 void StopTimeline() {
@@ -229,8 +253,9 @@ void StartTimelineFromEnv(const Allocator* allocator, const char* who) {
     std::string path;
     int interval_ms = 0;
     absl::Status s = ParseTimelineSpec(spec, &path, &interval_ms);
+    const std::string prefix = absl::StrCat(who, ": BUCKETALLOC_TIMELINE=", spec, ": ");
     try {
-      if (s.ok()) s = StartTimeline(path, interval_ms, allocator);
+      if (s.ok()) s = StartProcessTimeline(path, interval_ms, allocator, &prefix);
     } catch (const std::exception& e) {  // no thread or no memory for it
       s = absl::ResourceExhaustedError(e.what());
     }

@@ -69,18 +69,24 @@ class TimelineWriter {
   std::map<int, std::uint64_t> Stop();
 
  private:
-  friend absl::Status StartTimeline(const std::string& path, int interval_ms, const Allocator* allocator);
+  friend absl::Status StartProcessTimeline(const std::string& path, int interval_ms, const Allocator* allocator,
+                                           const std::string* report_prefix);
   // The file, opened without waiting: its descriptor, or FailedPrecondition naming why not.
   static absl::StatusOr<int> Open(const std::string& path);
+  // `fd` -1: the thread opens `path` first, and prints `report_prefix` and why on stderr if it
+  // cannot (then it writes nothing).
   TimelineWriter(std::string path, int fd, int interval_ms, const Allocator* allocator,
-                 std::map<int, std::uint64_t> listed);
+                 std::map<int, std::uint64_t> listed, std::string report_prefix = "");
   void Run();
-  void WriteSample();  // on the writer's thread
-  // Writes `lines` (whole lines) with write(2), waiting for room until `deadline` unless stopping.
-  void WriteLines(const std::string& lines, std::chrono::steady_clock::time_point deadline);
+  // On the writer's thread; `last`: the line at stop (its wait for a reader is not cut short).
+  void WriteSample(bool last);
+  // Writes `lines` (whole lines) with write(2), waiting for room until `deadline` unless stopping
+  // (and not `last`).
+  void WriteLines(const std::string& lines, std::chrono::steady_clock::time_point deadline, bool last);
 
   const std::string path_;
-  const int fd_;
+  const std::string report_prefix_;
+  int fd_;  // -1 until the thread opened it (when it opens it); read by Stop after the join
   const int interval_ms_;
   const Allocator* const allocator_;
   // The writer thread's (then Stop's, after the join):
@@ -102,7 +108,9 @@ absl::Status StartTimeline(const std::string& path, int interval_ms, const Alloc
 void StopTimeline();
 // When BUCKETALLOC_TIMELINE is set, starts (once per process) the process's timeline for
 // `allocator`; `who` names the library in the one line printed when it cannot start (a bad value,
-// a file that cannot be opened, no thread); nothing else changes then.
+// a file that cannot be opened, no thread); nothing else changes then. Called on the allocating
+// thread (the first allocation), it opens nothing there: the writer's thread opens the file, and
+// reports from there if it cannot.
 void StartTimelineFromEnv(const Allocator* allocator, const char* who);
 
 }  // namespace bucketalloc::plugins

@@ -196,7 +196,11 @@ inline absl::StatusOr<void*> DeviceAllocator::AllocateIn(P& pool, StreamPools& s
   const std::uintptr_t ptr = P::Address(*h);
   CommitLive(pool, ptr, *h, size, private_pool);
   history_.Record(TraceAction::kAlloc, ptr, size, stream);
-  if (!hit) MaybeCheckInvariants();
+  if (!hit) {
+    if (trim_due_) [[unlikely]]
+      TrimTenantsToCaps();  // pending frees of a tenant over its cap came back on this slow path
+    MaybeCheckInvariants();
+  }
   return reinterpret_cast<void*>(ptr);
 }
 
@@ -463,21 +467,30 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   // Blocks awaiting stream events are polled on every free and every slow path, never on a hit, and
   // never during a capture (CUDA forbids event queries then).
   if (!pending_.empty() && !private_.routing()) RetirePending(PendingFrees::Mode::kPollUntilBusy);
-  if (entry.private_pool != 0) [[unlikely]]
-    TrimToOwnerCap(entry.private_pool);
+  if (entry.private_pool != 0 || trim_due_) [[unlikely]]
+    TrimTenantsToCaps();
   return absl::OkStatus();
 }
 
-void DeviceAllocator::TrimToOwnerCap(std::uint16_t tag) {
-  const std::optional<std::size_t> cap = registry_.OwnerCap(tag);
-  if (!cap.has_value() || registry_.OwnedNow(tag) <= *cap || private_.routing()) return;
-  const std::uint16_t owner = registry_.owner();
-  registry_.set_owner(tag);
-  private_.at(tag).pools->ForEach([&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    while (registry_.OwnedNow(tag) > *cap && pool.ReleaseOldest() > 0) {
-    }
-  });
-  registry_.set_owner(owner);
+void DeviceAllocator::TrimTenantsToCaps() {
+  if (private_.routing()) {
+    trim_due_ = true;
+    return;
+  }
+  trim_due_ = false;
+  bool released = false;
+  for (std::size_t t = 1; t < tenant_tags_.size(); ++t) {
+    const std::uint16_t tag = tenant_tags_[t];
+    const std::optional<std::size_t> cap = registry_.OwnerCap(tag);
+    if (!cap.has_value() || registry_.OwnedNow(tag) <= *cap) continue;
+    const std::uint16_t owner = registry_.owner();
+    registry_.set_owner(tag);
+    private_.at(tag).pools->ForEach([&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      while (registry_.OwnedNow(tag) > *cap && pool.ReleaseOldest() > 0) released = true;
+    });
+    registry_.set_owner(owner);
+  }
+  if (!released) return;
   registry_.TrimAddressSpace();
   MaybeCheckInvariants();
 }
@@ -534,8 +547,10 @@ void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry) {
 void DeviceAllocator::ReturnEntry(std::uintptr_t ptr, const LiveEntry& entry) {
   PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     using P = PoolType<decltype(pool)>;
-    if (has_tenants()) [[unlikely]]  // its streams are done: no longer active
+    if (has_tenants()) [[unlikely]] {  // its streams are done: no longer active
       StepUse(entry.private_pool, P::kIndex, -P::BlockSize(h), 0, 0, 0);
+      if (entry.private_pool != 0) trim_due_ = true;  // trimmed after the call that retired it
+    }
     Complete(pool, ptr, h, entry);
   });
 }

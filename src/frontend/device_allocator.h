@@ -256,11 +256,14 @@ class DeviceAllocator final {
   // Releases the wholly free memory of private pool `tag` (a graph pool's or a tenant's), counted as
   // its own.
   void ReleasePoolCache(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a free into private pool `tag`: a tenant whose cap was lowered below what it reserves
-  // gives back its wholly free memory, oldest first, until it is within its cap again (its
-  // reserved bytes stay within its cap as its frees allow, not only at its next allocation).
-  // Nothing during a capture (CUDA forbids the frees then; the next free after it trims).
-  void TrimToOwnerCap(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After blocks of tenants' pools came back (a free, or pending frees retired on any call): each
+  // tenant whose cap was lowered below what it reserves gives back its wholly free memory, oldest
+  // first, until it is within its cap again (its reserved bytes stay within its cap as its frees
+  // allow, not only at its next allocation). Nothing during a registered capture (CUDA forbids the
+  // frees then): trim_due_ stays set, and the next free or slow path after it trims.
+  void TrimTenantsToCaps() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Set when a tenant's block came back (ReturnEntry) and no trim ran since.
+  bool trim_due_ ABSL_GUARDED_BY(mu_) = false;
   // Waits for the stream events of every pending free and returns those blocks to their pools.
   void SyncPendingFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DeviceStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -62,15 +62,17 @@ struct Series {
   std::size_t contradictions = 0;
   std::string first_contradiction;
   double first_contradiction_at = 0.0;
+  // Samples with reserved memory above the cap (OverCap), the first one's, and the largest excess.
+  std::size_t over_cap = 0;
+  std::string first_over_cap;
+  double first_over_cap_at = 0.0, last_over_cap_at = 0.0;
   std::size_t size() const { return t.size(); }
   double Position(double at) const { return duration > 0 ? (at - t0) / duration : 0.0; }
 };
 
 // What no bucketalloc sample shows, or "": a figure of memory held within reserved memory that is
-// above it (live, active, cached, requested, the largest free block), or reserved memory above a
-// cap that was never as high in the device's timeline (`highest_cap`, this sample's included;
-// only a cap lowered below what was already reserved leaves reserved memory above it).
-std::string Contradiction(const TimelineSample& x, std::int64_t highest_cap) {
+// above it (live, active, cached, requested, the largest free block).
+std::string Contradiction(const TimelineSample& x) {
   const std::pair<const char*, std::int64_t> within[] = {{"allocated (live)", x.allocated_bytes},
                                                          {"active", x.active_bytes},
                                                          {"cached", x.cached_bytes},
@@ -82,12 +84,18 @@ std::string Contradiction(const TimelineSample& x, std::int64_t highest_cap) {
                           Bytes(static_cast<double>(x.reserved_bytes)), ", which holds it");
     }
   }
-  if (x.capacity_bytes > 0 && x.reserved_bytes > highest_cap) {
-    return absl::StrCat("reserved ", Bytes(static_cast<double>(x.reserved_bytes)), " is ",
-                        Pct(static_cast<double>(x.reserved_bytes), static_cast<double>(x.capacity_bytes)), " of the ",
-                        Bytes(static_cast<double>(x.capacity_bytes)), " cap, which was never higher in the timeline");
-  }
   return "";
+}
+
+// Reserved memory above the cap, or "": a state a process reaches only when its cap is lowered
+// below what it holds (set_per_process_memory_fraction, bucketalloc_set_memory_fraction: the cache
+// above the cap stays until released), which a timeline that starts after the change shows from
+// its first line; or figures that are not a bucketalloc timeline's. Either way it is said.
+std::string OverCap(const TimelineSample& x) {
+  if (x.capacity_bytes <= 0 || x.reserved_bytes <= x.capacity_bytes) return "";
+  return absl::StrCat("reserved ", Bytes(static_cast<double>(x.reserved_bytes)), " is ",
+                      Pct(static_cast<double>(x.reserved_bytes), static_cast<double>(x.capacity_bytes)), " of the ",
+                      Bytes(static_cast<double>(x.capacity_bytes)), " cap");
 }
 
 // The series of the samples at `indices` (one device's, in time order).
@@ -99,7 +107,6 @@ Series SeriesOf(absl::Span<const TimelineSample> samples, absl::Span<const std::
   s.cached.reserve(indices.size());
   const TimelineSample* first = nullptr;
   const TimelineSample* last = nullptr;
-  std::int64_t highest_cap = 0;
   for (std::size_t i : indices) {
     const TimelineSample& x = samples[i];
     if (first == nullptr) first = &x;
@@ -110,12 +117,18 @@ Series SeriesOf(absl::Span<const TimelineSample> samples, absl::Span<const std::
     s.cached.push_back(static_cast<double>(std::max<std::int64_t>(0, x.reserved_bytes - x.allocated_bytes)));
     s.cap = std::max(s.cap, static_cast<double>(x.capacity_bytes));
     s.ooms.insert(s.ooms.end(), x.ooms.begin(), x.ooms.end());
-    highest_cap = std::max(highest_cap, x.capacity_bytes);
-    if (std::string c = Contradiction(x, highest_cap); !c.empty()) {
+    if (std::string c = Contradiction(x); !c.empty()) {
       if (s.contradictions++ == 0) {
         s.first_contradiction = std::move(c);
         s.first_contradiction_at = x.time_s;
       }
+    }
+    if (std::string c = OverCap(x); !c.empty()) {
+      if (s.over_cap++ == 0) {
+        s.first_over_cap = std::move(c);
+        s.first_over_cap_at = x.time_s;
+      }
+      s.last_over_cap_at = x.time_s;
     }
   }
   if (s.size() > 0) {
@@ -192,6 +205,16 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
         "corrupted or edited; no other verdict is given, since its figures cannot be trusted",
         s.first_contradiction_at, s.first_contradiction_at, device});
     return out;
+  }
+  if (s.over_cap > 0) {
+    Add(&out, device, "over_cap",
+        absl::StrCat(s.over_cap, " of device ", device, "'s ", s.size(), " samples reserve more than the cap, from ",
+                     At(s.first_over_cap_at), " (", s.first_over_cap,
+                     "): a cap lowered below what was reserved, whose cache above it stays until released; no "
+                     "growth is possible meanwhile"),
+        "release the cache above the cap (empty_cache) after lowering it, or raise the cap back; if the cap was "
+        "never lowered, check the input: a bucketalloc process never reserves above its cap otherwise",
+        s.first_over_cap_at, s.last_over_cap_at);
   }
   const std::size_t n = s.size();
   const double peak_r = Max(s.reserved, 0, n);

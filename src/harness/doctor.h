@@ -47,7 +47,7 @@ namespace bucketalloc::harness {
 
 struct Verdict {
   std::string verdict;   // full_at_start, climbs_capacity, leak, spike_long_request, fragmentation, cache_held,
-                         // tenant_cap, healthy, inconsistent
+                         // tenant_cap, over_cap, healthy, inconsistent
   std::string evidence;  // the numbers and the span they come from
   std::string lever;     // the runbook's first lever
   double from_s = 0.0;   // the span of the timeline the evidence comes from

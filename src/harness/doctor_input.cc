@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "bucketalloc/units.h"
 #include "harness/doctor.h"
 #include "harness/replay.h"
@@ -131,6 +132,13 @@ absl::StatusOr<DoctorInput> FromSnapshot(const Json& j, const DoctorOptions& o) 
   return in;
 }
 
+// `in`, or its error naming `path` (a snapshot's or a replay's own errors do not).
+absl::StatusOr<DoctorInput> NamingThePath(absl::StatusOr<DoctorInput> in, const std::string& path) {
+  if (in.ok() || absl::StrContains(in.status().message(), path)) return in;
+  return absl::Status(in.status().code(),
+                      absl::StrCat("doctor: ", path, ": ", absl::StripPrefix(in.status().message(), "doctor: ")));
+}
+
 }  // namespace
 
 absl::StatusOr<DoctorInput> ReadDoctorInput(const std::string& path, const DoctorOptions& o) {
@@ -149,7 +157,7 @@ absl::StatusOr<DoctorInput> ReadDoctorInput(const std::string& path, const Docto
   if (text[first] == '{') {
     // A snapshot is one JSON object; a timeline one object per line.
     Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("segments")) return FromSnapshot(j, o);
+    if (j.is_object() && j.contains("segments")) return NamingThePath(FromSnapshot(j, o), path);
     std::vector<std::string> warnings;  // damaged lines, skipped
     absl::StatusOr<std::vector<TimelineSample>> samples = ReadTimeline(text, path, &warnings);
     if (!samples.ok()) return samples.status();
@@ -182,7 +190,7 @@ absl::StatusOr<DoctorInput> ReadDoctorInput(const std::string& path, const Docto
                                                    "trace (RMM CSV): ",
                                                    trace.status().message()));
   }
-  return Replayed(*trace, o, "trace");
+  return NamingThePath(Replayed(*trace, o, "trace"), path);
 }
 
 }  // namespace bucketalloc::harness

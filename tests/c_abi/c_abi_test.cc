@@ -371,12 +371,22 @@ TEST_F(CAbiTest, ALineCutByAFailedWriteNeverRunsIntoTheNext) {
     const rlim_t unlimited = limit.rlim_cur;
     limit.rlim_cur = kLimit;
     setrlimit(RLIMIT_FSIZE, &limit);
+    // Waits (at most 2 s: a loaded or sanitized run is slow) until the file holds more than
+    // `bytes`; false when it never does.
+    auto grows_past = [&](std::size_t bytes) {
+      for (int i = 0; i < 400; ++i) {
+        struct stat st {};
+        if (stat(path.c_str(), &st) == 0 && static_cast<std::size_t>(st.st_size) > bytes) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      return false;
+    };
     if (bucketalloc_timeline_start(path.c_str(), 5) != 0) return 2;
     void* p = bucketalloc_malloc(1000, 0, nullptr);
-    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    if (!grows_past(kLimit - 1)) return 3;  // a line was cut at the limit
     limit.rlim_cur = unlimited;
     setrlimit(RLIMIT_FSIZE, &limit);
-    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    if (!grows_past(kLimit + 2 * 700)) return 4;  // whole lines again after it
     bucketalloc_timeline_stop();
     bucketalloc_free(p, 1000, 0, nullptr);
     return 0;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/metrics.h"
+#include "bucketalloc/testing/sim_backend.h"
 #include "bucketalloc/timeline.h"
 #include "test_util.h"
 
@@ -305,6 +306,35 @@ TEST_P(TenantsTest, FreesBelowALoweredCapGiveTheCacheBack) {
   const TenantStats t = Tenants()["long"];
   EXPECT_LE(t.reserved, 4 * kMiB) << "reserved " << t.reserved << " against a cap of " << t.cap;
   EXPECT_EQ(t.allocated, 0u);
+  ExpectTenantsAddUp();
+}
+
+// The same when the frees wait for another stream's work (record_stream) and that work completes
+// later: the pending blocks come back during another tenant's free, which trims the tenant too.
+TEST_P(TenantsTest, PendingFreesRetiredLaterGiveTheCacheBackToo) {
+  SimBackend* sim = AsSim(*allocator_->backend(0));
+  ASSERT_NE(sim, nullptr) << "every configuration runs on the sim backend";
+  ASSERT_TRUE(allocator_->SetTenantCap("long", 48 * kMiB).ok());
+  ASSERT_TRUE(allocator_->SetThreadTenant("long").ok());
+  const Stream other = TestStream(5);
+  std::vector<void*> held;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<void*> p = allocator_->Allocate(12 * kMiB, 0, TestStream(1));
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(allocator_->RecordStream(*p, 0, other).ok());
+    held.push_back(*p);
+  }
+  sim->EnqueueWork(other);  // a kernel on `other` still reads them
+  ASSERT_TRUE(allocator_->SetTenantCap("long", 4 * kMiB).ok());
+  for (void* p : held) ASSERT_TRUE(allocator_->Free(p).ok());  // pending: still active
+  EXPECT_GT(Tenants()["long"].reserved, 4 * kMiB);
+  sim->CompleteWork(other);
+  ASSERT_TRUE(allocator_->SetThreadTenant("default").ok());
+  absl::StatusOr<void*> d = allocator_->Allocate(4096, 0, TestStream(1));
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(allocator_->Free(*d).ok());  // polls the pending frees: the long tenant's come back
+  const TenantStats t = Tenants()["long"];
+  EXPECT_LE(t.reserved, 4 * kMiB) << "reserved " << t.reserved << " against a cap of " << t.cap;
   ExpectTenantsAddUp();
 }
 

@@ -304,9 +304,16 @@ out=$("$bench" doctor "$work/damaged.jsonl" 2>"$work/damaged.err") || fail "doct
 grep -q "device 0: spike_long_request" <<<"$out" || fail "doctor with a damaged line: $out"
 grep -q "damaged.jsonl:5: not a timeline sample: .*; skipped" "$work/damaged.err" ||
   fail "doctor with a damaged line: no warning: $(cat "$work/damaged.err")"
-# 1 TiB reserved under a 1 MiB cap was "healthy, 104857600% of the cap".
+# 1 TiB reserved under a 1 MiB cap was "healthy, 104857600% of the cap": now said (over_cap), not
+# healthy; a cap lowered below what was reserved shows it too, so it is no contradiction.
 sed 's/"capacity_bytes":[0-9]*/"capacity_bytes":1048576/; s/"reserved_bytes":[0-9]*/"reserved_bytes":1099511627776/' \
-  "$work/spike.jsonl" >"$work/impossible.jsonl"
+  "$work/spike.jsonl" >"$work/overcap.jsonl"
+out=$("$bench" doctor "$work/overcap.jsonl") || fail "reserved above the cap: $out"
+grep -q "device 0: over_cap" <<<"$out" && grep -q "104857600% of the 1.00 MiB cap" <<<"$out" ||
+  fail "reserved above the cap: $out"
+grep -q "healthy" <<<"$out" && fail "reserved above the cap called healthy: $out"
+# Live memory above the reserved memory that holds it: no bucketalloc sample shows that.
+sed 's/"allocated_bytes":[0-9]*/"allocated_bytes":1099511627776/' "$work/spike.jsonl" >"$work/impossible.jsonl"
 out=$("$bench" doctor "$work/impossible.jsonl" --json "$work/i.json" 2>"$work/i.err") && fail "impossible figures: $out"
 grep -q "device 0: inconsistent" <<<"$out" && grep -q "samples contradict themselves" <<<"$out" ||
   fail "impossible figures: $out"
