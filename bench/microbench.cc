@@ -31,6 +31,7 @@
 //                                      The same pair while another thread reads Metrics() every U us
 //                                      (0: none, the baseline): the pairs' worst and 99.99th
 //                                      percentile latency, and a scrape's time.
+//   BM_BucketAlloc_Metrics/free:N      One Allocator::Metrics() call alone with N free blocks.
 // AllocFree and MixedSizes run on two allocators, backend:0 (plain) and backend:1 (stitching on).
 //
 // What is NOT measured:
@@ -459,6 +460,32 @@ void BM_BucketAlloc_PairWhileScraped(benchmark::State& state) {
   for (void* p : held) allocator->Free(p, kDevice).IgnoreError();
   allocator->EmptyCache().IgnoreError();
 }
+// One scrape alone (Allocator::Metrics: every device's figures, copied under its lock, with the
+// vectors it returns), with `free` free 512 B blocks scattered between live ones: what a metrics
+// scrape or a timeline sample costs its thread, an upper bound on how long it holds the lock.
+void BM_BucketAlloc_Metrics(benchmark::State& state) {
+  const auto free_blocks = static_cast<std::size_t>(state.range(0));
+  static Allocator* const allocator = MakeOrDie("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB");
+  std::vector<void*> held;
+  std::vector<void*> freed;
+  for (std::size_t i = 0; i < 2 * free_blocks + 1; ++i) {
+    absl::StatusOr<void*> p = allocator->Allocate(512, kDevice, nullptr);
+    if (!p.ok()) {
+      SkipWithStatus(state, "Allocate", p.status());
+      return;
+    }
+    (i % 2 == 1 ? freed : held).push_back(*p);
+  }
+  for (void* p : freed) allocator->Free(p, kDevice).IgnoreError();
+  for (auto _ : state) {
+    std::vector<bucketalloc::DeviceMetrics> m = allocator->Metrics();
+    benchmark::DoNotOptimize(m.data());
+  }
+  for (void* p : held) allocator->Free(p, kDevice).IgnoreError();
+  allocator->EmptyCache().IgnoreError();
+}
+BENCHMARK(BM_BucketAlloc_Metrics)->Arg(16)->Arg(200000)->ArgName("free");
+
 BENCHMARK(BM_BucketAlloc_PairWhileScraped)
     ->ArgsProduct({{200000}, {0, 50000, 1000}})
     ->ArgNames({"free", "scrape_us"})

@@ -4,8 +4,12 @@
 // must not overlap and keep the bytes written into them, and at the end (everything freed, the
 // pools released, the cache emptied) no byte is still allocated or reserved. The invariants are
 // checked every 16 operations and at the end (checking after every slow-path event, as the debug
-// option does, made a run 20 times slower). The configuration is BUCKETALLOC_FUZZ_CONF (CI runs the default and
-// stitching).
+// option does, made a run 20 times slower). The configuration is BUCKETALLOC_FUZZ_CONF (CI runs the
+// default, stitching, and tenants). With tenants ("tenants:[...]" in it) three more operations run:
+// the thread's tenant (a configured one, "default", or an unknown name, which must be refused), a
+// tenant's cap raised or lowered (below what it holds live too; a cap out of range must be refused),
+// and a stream bound to a tenant; the invariants then include each tenant's (its blocks in its own
+// pools, its bytes adding up to the device's).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -74,12 +78,25 @@ void CheckInvariants(const char* when) {
   if (bucketalloc_check_invariants(0) != 0) Broken(when, bucketalloc_last_error());
 }
 
+// The configured tenants' names (empty without tenants), from the configuration's text.
+std::vector<std::string> g_tenants;
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const char* conf = std::getenv("BUCKETALLOC_FUZZ_CONF");
   if (conf == nullptr) conf = "backend:sim,capacity:96MiB,sim_total_memory:256MiB";
   if (bucketalloc_configure(conf) != 0) Broken("configure", bucketalloc_last_error());
+  // tenants:[NAME:SIZE,...]: the names, for the tenant operations.
+  if (const char* list = std::strstr(conf, "tenants:[")) {
+    const std::string inside(list + 9, std::strcspn(list + 9, "]"));
+    for (std::size_t at = 0; at < inside.size();) {
+      const std::size_t comma = std::min(inside.find(',', at), inside.size());
+      const std::string item = inside.substr(at, comma - at);
+      g_tenants.push_back(item.substr(0, item.find(':')));
+      at = comma + 1;
+    }
+  }
   return 0;
 }
 
@@ -93,7 +110,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int kCaptureStream = 7;
   for (int ops = 0; r.more() && ops < 2000; ++ops) {
     if (ops % 16 == 15) CheckInvariants("the invariants after 16 operations");
-    switch (r.byte() % 9) {
+    switch (r.byte() % (g_tenants.empty() ? 9 : 12)) {
       case 0:
       case 1: {  // malloc
         const ssize_t n = SizeOf(r);
@@ -158,6 +175,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           capturing_pool = 0;
         }
         break;
+      case 9: {  // the thread's tenant: a configured one, "default", or an unknown name (refused)
+        const std::size_t pick = r.byte() % (g_tenants.size() + 2);
+        const std::string name = pick < g_tenants.size() ? g_tenants[pick] : pick == g_tenants.size() ? "default" : "x";
+        const int rc = bucketalloc_set_thread_tenant(name.c_str());
+        if ((rc == 0) != (name != "x")) Broken("set_thread_tenant accepts exactly the tenants", name);
+        break;
+      }
+      case 10: {  // a tenant's cap: 2 MiB to 64 MiB (below what it holds, too), or 0 (refused)
+        const std::string& name = g_tenants[r.byte() % g_tenants.size()];
+        const std::size_t mib = r.byte() % 33;
+        const int rc = bucketalloc_set_tenant_cap(name.c_str(), mib * 2 * (std::size_t{1} << 20));
+        if (mib == 0 && rc == 0) Broken("a cap of 0 bytes is refused", name);
+        // During a capture, lowering below what the tenant reserves is refused: not a failure.
+        if (mib != 0 && rc != 0 && capturing_pool == 0) Broken("set_tenant_cap", bucketalloc_last_error());
+        break;
+      }
+      case 11: {  // a stream bound to a tenant, or unbound ("default")
+        const std::size_t pick = r.byte() % (g_tenants.size() + 1);
+        const std::string name = pick < g_tenants.size() ? g_tenants[pick] : "default";
+        if (bucketalloc_bind_stream(StreamOf(r.byte() % 4), name.c_str()) != 0) {
+          Broken("bind_stream", bucketalloc_last_error());
+        }
+        break;
+      }
       default:  // a graph is reset: its pool released
         if (!pools.empty() && capturing_pool == 0) {
           const std::size_t i = r.byte() % pools.size();

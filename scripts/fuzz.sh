@@ -2,7 +2,8 @@
 # scripts/fuzz.sh [SECONDS] — builds the libFuzzer targets of fuzz/ (clang, AddressSanitizer and
 # UndefinedBehaviorSanitizer, invariant checks on) in build/fuzz and runs each for SECONDS (default
 # 20) from its seed corpus (fuzz/corpus/<target>/, copied: the repository's seeds stay as they are);
-# ops_fuzz runs twice, on the default configuration and with stitching (expandable segments).
+# ops_fuzz runs three times: on the default configuration, with stitching (expandable segments), and
+# with tenants (their binding and caps among the operations).
 # Prints each run's executions; a crash, a leak or a broken property fails (its input is kept
 # under build/fuzz/findings/<run>/). Environment: JOBS (default 2), FUZZ_JOBS (parallel fuzz
 # processes per target, default 1).
@@ -15,7 +16,7 @@ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_CO
   -DBUCKETALLOC_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
   -DBUCKETALLOC_BUILD_FUZZERS=ON -DBUCKETALLOC_BUILD_TESTS=OFF -DBUCKETALLOC_BUILD_BENCH=OFF \
   -DBUCKETALLOC_BUILD_TOOLS=OFF >/dev/null || exit 1
-ninja -C build/fuzz -j"$jobs" conf_fuzz trace_fuzz kineto_fuzz workload_fuzz ops_fuzz || exit 1
+ninja -C build/fuzz -j"$jobs" conf_fuzz trace_fuzz kineto_fuzz workload_fuzz doctor_fuzz ops_fuzz || exit 1
 
 export ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -41,7 +42,10 @@ run conf conf_fuzz
 run trace trace_fuzz
 run kineto kineto_fuzz
 run workload workload_fuzz
+run doctor doctor_fuzz -max_len=8192
 run ops ops_fuzz -max_len=1024
 run ops_stitching ops_fuzz -max_len=1024 \
   BUCKETALLOC_FUZZ_CONF="backend:sim,capacity:96MiB,sim_total_memory:256MiB,expandable_segments:true,tiers_tokens:[16,32,64,128],bytes_per_token:128KiB"
+run ops_tenants ops_fuzz -max_len=1024 \
+  BUCKETALLOC_FUZZ_CONF="backend:sim,capacity:96MiB,sim_total_memory:256MiB,tenants:[a:32MiB,b:48MiB]"
 [[ $failed -eq 0 ]]
