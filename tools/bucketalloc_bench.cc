@@ -80,7 +80,7 @@ void PrintResult(const ReplayResult& r) {
     std::printf("%-28s %s\n", "OOMs by trace stream", by_stream.c_str());
   }
   if (!r.tenants.empty()) {
-    std::printf("%-28s %s\n", "", "(OOM causes above are against the card; each tenant's below are against its cap)");
+    std::printf("%-28s %s\n", "", "(each tenant's OOMs below are its own: against its cap, or the card's)");
   }
   for (const bucketalloc::TenantStats& t : r.tenants) {
     std::printf("%-28s peak reserved %s of its cap %s, %lld OOMs\n", absl::StrCat("tenant ", t.name).c_str(),
