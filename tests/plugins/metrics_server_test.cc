@@ -265,7 +265,8 @@ TEST(MetricsServerTest, OutOfFileDescriptorsTheServerBacksOffAndRecovers) {
   const int pending = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a = Loopback(port);
   ASSERT_EQ(connect(pending, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  send(pending, "GET /metrics HTTP/1.1\r\n\r\n", 27, MSG_NOSIGNAL);
+  constexpr absl::string_view kRequest = "GET /metrics HTTP/1.1\r\n\r\n";
+  send(pending, kRequest.data(), kRequest.size(), MSG_NOSIGNAL);
   ASSERT_EQ(write(to_child[1], "g", 1), 1);
   int cpu_ms = -1;
   ASSERT_EQ(read(to_parent[0], &cpu_ms, sizeof cpu_ms), static_cast<ssize_t>(sizeof cpu_ms));
