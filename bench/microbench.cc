@@ -358,22 +358,31 @@ BENCHMARK(BM_Mimalloc_MixedSizes);
 // slot; packed (the default, conf 0) it reads every free block of that size class's bin for the
 // lowest address, so the time grows with `free`.
 
+// Scattered free blocks: `free_blocks` free 512 B blocks of `allocator` on the default stream,
+// each between two live ones (returned in `held`, which the caller frees). False, with the
+// benchmark skipped naming why, when an allocation fails.
+bool ScatterFreeBlocks(benchmark::State& state, Allocator& allocator, std::size_t free_blocks,
+                       std::vector<void*>* held) {
+  std::vector<void*> freed;
+  for (std::size_t i = 0; i < 2 * free_blocks + 1; ++i) {
+    absl::StatusOr<void*> p = allocator.Allocate(512, kDevice, nullptr);
+    if (!p.ok()) {
+      SkipWithStatus(state, "Allocate", p.status());
+      return false;
+    }
+    (i % 2 == 1 ? freed : *held).push_back(*p);
+  }
+  for (void* p : freed) allocator.Free(p, kDevice).IgnoreError();
+  return true;
+}
+
 void BM_BucketAlloc_ScatteredFree(benchmark::State& state) {
   const auto free_blocks = static_cast<std::size_t>(state.range(0));
   static Allocator* const packed = MakeOrDie("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB");
   static Allocator* const slabs = MakeOrDie("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB,slab_limit:1MiB");
   Allocator& allocator = state.range(1) == 0 ? *packed : *slabs;
   std::vector<void*> held;
-  std::vector<void*> freed;
-  for (std::size_t i = 0; i < 2 * free_blocks + 1; ++i) {
-    absl::StatusOr<void*> p = allocator.Allocate(512, kDevice, nullptr);
-    if (!p.ok()) {
-      SkipWithStatus(state, "Allocate", p.status());
-      return;
-    }
-    (i % 2 == 1 ? freed : held).push_back(*p);
-  }
-  for (void* p : freed) allocator.Free(p, kDevice).IgnoreError();
+  if (!ScatterFreeBlocks(state, allocator, free_blocks, &held)) return;
   for (auto _ : state) {
     absl::StatusOr<void*> p = allocator.Allocate(512, kDevice, nullptr);
     if (!p.ok()) {
@@ -403,16 +412,7 @@ void BM_BucketAlloc_PairWhileScraped(benchmark::State& state) {
   const auto scrape_us = static_cast<int>(state.range(1));
   static Allocator* const allocator = MakeOrDie("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB");
   std::vector<void*> held;
-  std::vector<void*> freed;
-  for (std::size_t i = 0; i < 2 * free_blocks + 1; ++i) {
-    absl::StatusOr<void*> p = allocator->Allocate(512, kDevice, nullptr);
-    if (!p.ok()) {
-      SkipWithStatus(state, "Allocate", p.status());
-      return;
-    }
-    (i % 2 == 1 ? freed : held).push_back(*p);
-  }
-  for (void* p : freed) allocator->Free(p, kDevice).IgnoreError();
+  if (!ScatterFreeBlocks(state, *allocator, free_blocks, &held)) return;
   std::atomic<bool> stop{false};
   std::atomic<std::int64_t> scrapes{0};
   std::atomic<std::int64_t> scrape_ns{0};
@@ -467,16 +467,7 @@ void BM_BucketAlloc_Metrics(benchmark::State& state) {
   const auto free_blocks = static_cast<std::size_t>(state.range(0));
   static Allocator* const allocator = MakeOrDie("backend:sim,sim_memory:unbacked,sim_total_memory:64GiB");
   std::vector<void*> held;
-  std::vector<void*> freed;
-  for (std::size_t i = 0; i < 2 * free_blocks + 1; ++i) {
-    absl::StatusOr<void*> p = allocator->Allocate(512, kDevice, nullptr);
-    if (!p.ok()) {
-      SkipWithStatus(state, "Allocate", p.status());
-      return;
-    }
-    (i % 2 == 1 ? freed : held).push_back(*p);
-  }
-  for (void* p : freed) allocator->Free(p, kDevice).IgnoreError();
+  if (!ScatterFreeBlocks(state, *allocator, free_blocks, &held)) return;
   for (auto _ : state) {
     std::vector<bucketalloc::DeviceMetrics> m = allocator->Metrics();
     benchmark::DoNotOptimize(m.data());

@@ -197,8 +197,8 @@ inline absl::StatusOr<void*> DeviceAllocator::AllocateIn(P& pool, StreamPools& s
   CommitLive(pool, ptr, *h, size, private_pool);
   history_.Record(TraceAction::kAlloc, ptr, size, stream);
   if (!hit) {
-    if (trim_due_) [[unlikely]]
-      TrimTenantsToCaps();  // pending frees of a tenant over its cap came back on this slow path
+    if (over_cap_) [[unlikely]]
+      TrimTenantsToCaps();  // pending frees of a tenant over its cap may have come back on this slow path
     MaybeCheckInvariants();
   }
   return reinterpret_cast<void*>(ptr);
@@ -467,18 +467,15 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   // Blocks awaiting stream events are polled on every free and every slow path, never on a hit, and
   // never during a capture (CUDA forbids event queries then).
   if (!pending_.empty() && !private_.routing()) RetirePending(PendingFrees::Mode::kPollUntilBusy);
-  if (entry.private_pool != 0 || trim_due_) [[unlikely]]
+  if (over_cap_) [[unlikely]]
     TrimTenantsToCaps();
   return absl::OkStatus();
 }
 
 void DeviceAllocator::TrimTenantsToCaps() {
-  if (private_.routing()) {
-    trim_due_ = true;
-    return;
-  }
-  trim_due_ = false;
+  if (private_.routing()) return;
   bool released = false;
+  over_cap_ = false;
   for (std::size_t t = 1; t < tenant_tags_.size(); ++t) {
     const std::uint16_t tag = tenant_tags_[t];
     const std::optional<std::size_t> cap = registry_.OwnerCap(tag);
@@ -489,6 +486,7 @@ void DeviceAllocator::TrimTenantsToCaps() {
       while (registry_.OwnedNow(tag) > *cap && pool.ReleaseOldest() > 0) released = true;
     });
     registry_.set_owner(owner);
+    over_cap_ = over_cap_ || registry_.OwnedNow(tag) > *cap;  // live memory above it: later frees
   }
   if (!released) return;
   registry_.TrimAddressSpace();
@@ -547,10 +545,8 @@ void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry) {
 void DeviceAllocator::ReturnEntry(std::uintptr_t ptr, const LiveEntry& entry) {
   PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     using P = PoolType<decltype(pool)>;
-    if (has_tenants()) [[unlikely]] {  // its streams are done: no longer active
+    if (has_tenants()) [[unlikely]]  // its streams are done: no longer active
       StepUse(entry.private_pool, P::kIndex, -P::BlockSize(h), 0, 0, 0);
-      if (entry.private_pool != 0) trim_due_ = true;  // trimmed after the call that retired it
-    }
     Complete(pool, ptr, h, entry);
   });
 }
@@ -821,6 +817,7 @@ absl::Status DeviceAllocator::SetTenantCap(int index, std::size_t cap) {
   SyncPendingFrees();
   ReleasePoolCache(tag);
   registry_.TrimAddressSpace();
+  if (registry_.OwnedNow(tag) > cap) over_cap_ = true;  // live memory above it: its frees give it back
   MaybeCheckInvariants();
   return absl::OkStatus();
 }

@@ -256,14 +256,16 @@ class DeviceAllocator final {
   // Releases the wholly free memory of private pool `tag` (a graph pool's or a tenant's), counted as
   // its own.
   void ReleasePoolCache(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After blocks of tenants' pools came back (a free, or pending frees retired on any call): each
-  // tenant whose cap was lowered below what it reserves gives back its wholly free memory, oldest
-  // first, until it is within its cap again (its reserved bytes stay within its cap as its frees
-  // allow, not only at its next allocation). Nothing during a registered capture (CUDA forbids the
-  // frees then): trim_due_ stays set, and the next free or slow path after it trims.
+  // While a tenant is over its cap (over_cap_), after every free and slow path (its own frees, or
+  // its pending frees retired on any call): each such tenant gives back its wholly free memory,
+  // oldest first, until it is within its cap again (its reserved bytes come down to its cap as its
+  // frees allow, not only at its next allocation). Nothing during a registered capture (CUDA
+  // forbids the frees then): the next free or slow path after it trims.
   void TrimTenantsToCaps() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Set when a tenant's block came back (ReturnEntry) and no trim ran since.
-  bool trim_due_ ABSL_GUARDED_BY(mu_) = false;
+  // True while some tenant may reserve more than its cap: only SetTenantCap, lowering a cap below
+  // what the tenant holds live, makes it so (growth past a cap is refused); TrimTenantsToCaps clears
+  // it once every tenant fits. Without it the free path pays one test.
+  bool over_cap_ ABSL_GUARDED_BY(mu_) = false;
   // Waits for the stream events of every pending free and returns those blocks to their pools.
   void SyncPendingFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DeviceStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
