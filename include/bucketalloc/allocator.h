@@ -137,6 +137,32 @@ class Allocator {
   absl::Status EndCapture(int device, GraphPoolId pool);
   absl::Status ReleasePool(int device, GraphPoolId pool);
 
+  // PyTorch's allocator interface beyond allocation and captures (what its native CUDAAllocator
+  // serves; docs/pytorch.md):
+  // MemPool: one more use of private pool `pool` with nothing routed to it (createOrIncrefPool;
+  // created when missing); ReleasePool drops it. InvalidArgument for {0, 0} or a tenant's id.
+  absl::Status IncrefPool(int device, GraphPoolId pool);
+  // MemPool(use_on_oom=True): a request of the device's own pools that would fail with an OOM takes
+  // a cached block of `pool` instead (while the pool is in use), as PyTorch's fallback does.
+  absl::Status SetUseOnOom(int device, GraphPoolId pool, bool use_on_oom);
+  // The use count of `pool` on `device` (0 when the device holds no such pool).
+  absl::StatusOr<int> PoolUseCount(int device, GraphPoolId pool) const;
+  // emptyCache(mempool_id): releases the wholly free memory of `pool` after synchronizing the
+  // device when the pool is freeable (no graph or MemPool uses it: ReleasePool dropped its last
+  // use); a pool in use keeps its memory, as in PyTorch. {0, 0}: EmptyCache.
+  // FailedPrecondition during a capture or a MemPool context (nothing released).
+  absl::Status EmptyPoolCache(int device, GraphPoolId pool);
+  // cacheInfo: the largest block a request could get without a release: the largest free cached
+  // block of any pool and, with `with_headroom`, what the device could still give under the cap.
+  absl::StatusOr<std::size_t> CacheInfo(int device, bool with_headroom) const;
+  // The memory fraction of `device` (SetMemoryFraction's, else Options::memory_fraction).
+  absl::StatusOr<double> MemoryFraction(int device) const;
+  // Resets every gauge's accumulated totals (allocated, freed) and every counter of `device`.
+  absl::Status ResetAccumulatedStats(int device);
+  // Gives every history event of every device, present and future, to `hook` as it is recorded
+  // while recording is on (hook.fn nullptr: none); see TraceHookFn.
+  void SetTraceHook(TraceHook hook);
+
   // The segments and blocks of `device` (or every device created so far when device == -1) and
   // their histories, in the layout of torch.cuda.memory._snapshot() (see bucketalloc/snapshot.h).
   absl::StatusOr<MemorySnapshot> Snapshot(int device = -1) const;

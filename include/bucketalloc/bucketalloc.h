@@ -30,7 +30,10 @@
 #define BUCKETALLOC_BUCKETALLOC_H_
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h> /* ssize_t */
+
+#include "bucketalloc/stat_list.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,6 +45,13 @@ struct CUstream_st;
 typedef struct CUstream_st* cudaStream_t;
 
 #define BUCKETALLOC_API __attribute__((visibility("default")))
+
+/* A private pool's id: PyTorch's MempoolId_t (CUDA graph pools and MemPools). {0, 0} names the
+ * device's own pools. */
+typedef struct bucketalloc_pool_id {
+  unsigned long long first;
+  unsigned long long second;
+} bucketalloc_pool_id;
 
 /* ---- Allocation: PyTorch's CUDAPluggableAllocator signatures ------------------------------- */
 
@@ -66,6 +76,10 @@ BUCKETALLOC_API void bucketalloc_free(void* ptr, ssize_t size, int device, cudaS
  * compiled against a host's exception types (bucketalloc_torch builds one that throws PyTorch's
  * c10::OutOfMemoryError). */
 BUCKETALLOC_API int bucketalloc_try_malloc(ssize_t size, int device, cudaStream_t stream, void** out);
+/* Frees `ptr` (NULL: nothing) on whichever device holds it, without its size or device (PyTorch's
+ * raw_delete and DataPtr deleter). Returns 0, or -1 with the last error set (not a live allocation
+ * of bucketalloc: nothing changes). */
+BUCKETALLOC_API int bucketalloc_raw_delete(void* ptr);
 
 #ifdef __cplusplus
 /* C++ hosts only (PyTorch): the same as bucketalloc_malloc, but a failure with size > 0 throws
@@ -134,7 +148,153 @@ BUCKETALLOC_API void bucketalloc_torch_begin_allocate_to_pool(int device, bucket
                                                               std::function<bool(cudaStream_t)> filter);
 BUCKETALLOC_API void bucketalloc_torch_end_allocate_to_pool(int device, bucketalloc_mempool_id pool);
 BUCKETALLOC_API void bucketalloc_torch_release_pool(int device, bucketalloc_mempool_id pool);
+/* The same three with their errors returned (0, or -1 with the last error set), not printed: for a
+ * host that raises them (bucketalloc_torch's native allocator). */
+BUCKETALLOC_API int bucketalloc_begin_allocate_to_pool(int device, bucketalloc_pool_id pool,
+                                                       std::function<bool(cudaStream_t)> filter);
+BUCKETALLOC_API int bucketalloc_end_allocate_to_pool(int device, bucketalloc_pool_id pool);
+BUCKETALLOC_API int bucketalloc_release_pool_id(int device, bucketalloc_pool_id pool);
 #endif
+
+/* ---- Structured inspection and pools -------------------------------------------------------
+ * What a host's own allocator interface needs as data, not text: PyTorch's native
+ * c10::cuda::CUDACachingAllocator::CUDAAllocator, which bucketalloc_torch compiles against the
+ * installed torch (python/torch_plugin/bucketalloc_torch/csrc/native_allocator.cc), is served from
+ * these. Each returns 0 (or the value named) on success and -1 on error, with the last error set.
+ * A struct passed with its size (`size`: sizeof the caller's struct) must have this header's size:
+ * another is refused, naming both (a host compiled against another version of this header). */
+
+/* A gauge or count as PyTorch keeps it: the current value, its peak since the last reset, and the
+ * totals added and taken away since the last reset of accumulated stats. */
+typedef struct bucketalloc_stat {
+  int64_t current;
+  int64_t peak;
+  int64_t allocated;
+  int64_t freed;
+} bucketalloc_stat;
+
+/* The stats of one device, generated from the lists of bucketalloc/stat_list.h: every per-pool
+ * gauge as [0] all pools, [1] small pool, [2] large pool; every counter; every device-wide gauge. */
+#define BUCKETALLOC_C_POOL_STAT(name, doc) bucketalloc_stat name[3];
+#define BUCKETALLOC_C_COUNTER(name, doc) int64_t name;
+#define BUCKETALLOC_C_DEVICE_STAT(name, doc) bucketalloc_stat name;
+typedef struct bucketalloc_device_stats {
+  BUCKETALLOC_POOL_STATS(BUCKETALLOC_C_POOL_STAT)
+  BUCKETALLOC_COUNTERS(BUCKETALLOC_C_COUNTER)
+  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_C_DEVICE_STAT)
+  int64_t max_split_size; /* -1: unlimited, as PyTorch reports it */
+  int64_t capacity_bytes; /* the effective cap */
+} bucketalloc_device_stats;
+#undef BUCKETALLOC_C_POOL_STAT
+#undef BUCKETALLOC_C_COUNTER
+#undef BUCKETALLOC_C_DEVICE_STAT
+
+/* Fills *out with the stats of `device`. */
+BUCKETALLOC_API int bucketalloc_get_device_stats(int device, bucketalloc_device_stats* out, size_t size);
+/* Calls fn(pool, reserved[3], ctx) for each private pool of `device` that holds or held memory:
+ * its reserved bytes per pool index, as PyTorch's reserved_bytes_by_private_pools. */
+typedef void (*bucketalloc_pool_stat_fn)(bucketalloc_pool_id pool, const bucketalloc_stat* reserved, void* ctx);
+BUCKETALLOC_API int bucketalloc_visit_private_pool_stats(int device, bucketalloc_pool_stat_fn fn, void* ctx);
+/* Resets the accumulated stats of `device` (PyTorch's resetAccumulatedStats): every gauge's
+ * allocated and freed totals and every counter to 0; currents and peaks stay. */
+BUCKETALLOC_API int bucketalloc_reset_accumulated_stats(int device);
+
+/* A block's state (PyTorch's names): held by a caller, freed but awaiting stream events, free. */
+enum {
+  BUCKETALLOC_BLOCK_ACTIVE_ALLOCATED = 0,
+  BUCKETALLOC_BLOCK_ACTIVE_PENDING_FREE = 1,
+  BUCKETALLOC_BLOCK_INACTIVE = 2
+};
+typedef struct bucketalloc_block_info {
+  uintptr_t address;
+  size_t size;
+  size_t requested_size; /* 0 when inactive */
+  int state;             /* BUCKETALLOC_BLOCK_* */
+} bucketalloc_block_info;
+/* One backend allocation (a large-pool segment, or a small-pool slab or segment) with its blocks in
+ * address order, which tile it. */
+typedef struct bucketalloc_segment_info {
+  int device;
+  uintptr_t address;
+  size_t total_size;
+  size_t allocated_size; /* active_allocated blocks */
+  size_t active_size;    /* active_allocated and active_pending_free blocks */
+  size_t requested_size; /* the requests of the active blocks */
+  uintptr_t stream;
+  int is_small;
+  int is_expandable; /* a mapped run of a stitched (vmm) range */
+  bucketalloc_pool_id pool;
+  const bucketalloc_block_info* blocks; /* valid during the call only */
+  size_t num_blocks;
+} bucketalloc_segment_info;
+typedef void (*bucketalloc_segment_fn)(const bucketalloc_segment_info* segment, void* ctx);
+/* Calls fn(segment, ctx) for each segment of `device` (-1: every device created so far), in device
+ * then address order, from a copy taken under the device's lock (fn may call bucketalloc). */
+BUCKETALLOC_API int bucketalloc_visit_segments(int device, bucketalloc_segment_fn fn, void* ctx);
+
+/* The history's actions, in the order of PyTorch's TraceEntry::Action. */
+enum {
+  BUCKETALLOC_TRACE_ALLOC = 0,
+  BUCKETALLOC_TRACE_FREE_REQUESTED = 1,
+  BUCKETALLOC_TRACE_FREE_COMPLETED = 2,
+  BUCKETALLOC_TRACE_SEGMENT_ALLOC = 3,
+  BUCKETALLOC_TRACE_SEGMENT_FREE = 4,
+  BUCKETALLOC_TRACE_SEGMENT_MAP = 5,
+  BUCKETALLOC_TRACE_SEGMENT_UNMAP = 6,
+  BUCKETALLOC_TRACE_OOM = 8
+};
+typedef struct bucketalloc_trace_event {
+  int device;
+  int action; /* BUCKETALLOC_TRACE_* */
+  uintptr_t addr;
+  size_t size; /* the request for alloc and free_requested, the block or segment otherwise */
+  uintptr_t stream;
+  int64_t time_us;    /* microseconds since the Unix epoch */
+  size_t device_free; /* oom: the device's free bytes */
+} bucketalloc_trace_event;
+typedef void (*bucketalloc_trace_fn)(const bucketalloc_trace_event* event, void* ctx);
+/* While history recording is on (bucketalloc_record_history), calls fn(event, ctx) for every event
+ * as it is recorded, on the thread that caused it and under its device's lock: fn must not call
+ * bucketalloc, and must be quick (a PyTorch AllocatorTraceTracker has the same rule). NULL removes
+ * the hook. Returns 0. */
+BUCKETALLOC_API int bucketalloc_set_trace_hook(bucketalloc_trace_fn fn, void* ctx);
+
+/* PyTorch's cacheInfo (cuDNN's workspace search asks it): *largest_block becomes the largest block
+ * a request on `device` could get now without a release: the largest free cached block of any pool,
+ * and, when *largest_block is 0 on entry, at least what the device could still give under the cap
+ * (the smaller of its free memory and the cap less what is reserved). */
+BUCKETALLOC_API int bucketalloc_cache_info(int device, size_t* largest_block);
+/* The memory fraction of `device` (bucketalloc_set_memory_fraction, else memory_fraction), or -1. */
+BUCKETALLOC_API double bucketalloc_memory_fraction(int device);
+
+/* Private pools beyond CUDA graph captures (PyTorch's MemPool): */
+/* One more use of private pool `pool` without routing anything to it (createOrIncrefPool: a MemPool
+ * is created); the pool is created when it does not exist. bucketalloc_torch_release_pool drops it. */
+BUCKETALLOC_API int bucketalloc_pool_incref(int device, bucketalloc_pool_id pool);
+/* MemPool(use_on_oom=True) (setUseOnOOM): while `pool` is in use, a request of the device's own
+ * pools that would fail with an OOM takes a cached block of `pool` instead, as PyTorch's fallback. */
+BUCKETALLOC_API int bucketalloc_pool_set_use_on_oom(int device, bucketalloc_pool_id pool, int use_on_oom);
+/* The use count of `pool` on `device` (0 for a pool it does not hold), or -1. */
+BUCKETALLOC_API int bucketalloc_pool_use_count(int device, bucketalloc_pool_id pool);
+/* emptyCache(mempool_id): releases the wholly free memory of `pool` on `device` after a device
+ * synchronization, when no graph or MemPool uses the pool any more (its use count is 0; a pool in
+ * use keeps its memory, as in PyTorch); {0, 0}: bucketalloc_empty_cache's release on this device.
+ * -1 during a capture or MemPool context (nothing released). */
+BUCKETALLOC_API int bucketalloc_pool_empty_cache(int device, bucketalloc_pool_id pool);
+
+/* The last out-of-memory failure of `device`, as numbers (the text: bucketalloc_last_oom_report). */
+typedef struct bucketalloc_oom_info {
+  int present;         /* 1 when the device has had an OOM; 0: none (the rest is 0) */
+  size_t requested;    /* the request that failed */
+  size_t segment;      /* the backend allocation it needed (PyTorch's "Tried to allocate") */
+  size_t allocated;    /* live bytes then */
+  size_t reserved;     /* reserved bytes then */
+  size_t capacity;     /* the cap then (the tenant's when its cap refused it) */
+  size_t device_total; /* the device's memory */
+  size_t device_free;  /* the device's free memory, as the backend reported it */
+  int cause;           /* 0 capacity, 1 fragmentation, 2 cache held, 3 device exhausted, 4 tenant cap */
+} bucketalloc_oom_info;
+BUCKETALLOC_API int bucketalloc_last_oom_info(int device, bucketalloc_oom_info* out, size_t size);
 
 /* ---- Inspection ------------------------------------------------------------------------------
  * Each writes NUL-terminated text into buf[0..len) (truncated when it does not fit; buf may be NULL

@@ -1,13 +1,17 @@
 // bucketalloc/options.h — runtime options (BUCKETALLOC_CONF and the C++ API).
 //
 // Owns: the `Options` struct, its parser for the `key:value,key:value` syntax of PyTorch's
-// PYTORCH_CUDA_ALLOC_CONF, and the one option table (src/frontend/options.cc) whose rows each
-// carry their key, accepted values, meaning, parsing, validation and formatting, from which
-// parsing, validation, docs/configuration.md and the debug dump are generated. The keys a backend
-// owns (the simulated device's sim_*) are rows of that backend's registry entry
-// (src/backend/registry.h), read into `backend_settings`.
+// PYTORCH_ALLOC_CONF, and the one option table (src/frontend/options.cc) whose rows each carry
+// their key, accepted values, meaning, parsing, validation and formatting, from which parsing,
+// validation, docs/configuration.md and the debug dump are generated. The keys a backend owns (the
+// simulated device's sim_*) are rows of that backend's registry entry (src/backend/registry.h),
+// read into `backend_settings`. Beside it, the table of PyTorch 2.15's allocator keys that are not
+// options (each refused by name with the reason, or accepted only at PyTorch's default), and the
+// environment: BUCKETALLOC_CONF, else PyTorch's own variables (docs/configuration.md, "PyTorch's
+// variables").
 // Layer: L4 (front end); plain data, no allocation decisions.
-// Thread-safety: Options is a value type; the functions are pure.
+// Thread-safety: Options is a value type; the functions are pure, except that OptionsFromEnv
+// prints its notice (stderr) once per process.
 //
 // Example:
 //   absl::StatusOr<bucketalloc::Options> o = bucketalloc::ParseOptions(
@@ -49,8 +53,10 @@ struct Options {
 
   // Capacity: the cap is the smaller of `capacity` (0 = none) and memory_fraction x device memory.
   std::size_t capacity = 0;
-  double memory_fraction = 1.0;
+  double memory_fraction = 1.0;               // also PyTorch's per_process_memory_fraction
   double garbage_collection_threshold = 0.0;  // 0 = off; else in (0, 1)
+  // PyTorch's key, read and kept (its row in options.cc says what each value does here).
+  bool throw_on_cudamalloc_oom = false;
 
   // Pools.
   std::size_t small_pool_limit = kMiB;
@@ -99,10 +105,40 @@ struct Options {
 
 // Parses `conf` ("key:value,key:value", lists as "[a,b,c]") on top of `base`. An unknown key, a
 // bad value or an inconsistent combination is InvalidArgumentError naming the key, the value and
-// what is accepted. Empty `conf` returns `base`.
+// what is accepted; a key of PyTorch 2.15 that is not an option is refused by name with the reason
+// (one bucketalloc does at PyTorch's default is accepted at that value). Empty `conf` returns
+// `base`.
 absl::StatusOr<Options> ParseOptions(absl::string_view conf, const Options& base = Options());
 
-// Parses the BUCKETALLOC_CONF environment variable (unset = defaults).
+// The environment variables OptionsFromEnv reads, first set first: bucketalloc's own, then
+// PyTorch 2.15's in the order torch itself reads them (PYTORCH_CUDA_ALLOC_CONF wins over
+// PYTORCH_ALLOC_CONF when both are set, although torch documents the other order).
+inline constexpr const char* kConfVariable = "BUCKETALLOC_CONF";
+inline constexpr const char* kPyTorchConfVariables[] = {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"};
+
+// Where OptionsFromEnv takes its options from.
+struct OptionsSource {
+  // The variable read: the first of BUCKETALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF
+  // that is set (an empty value counts: BUCKETALLOC_CONF= asks for the defaults and ignores
+  // PyTorch's); empty when none is (the defaults apply).
+  std::string variable;
+  std::string text;  // its value
+  // The later ones of the three that are set too, which OptionsFromEnv ignores.
+  std::vector<std::string> ignored;
+  // True when `variable` is one of PyTorch's (its CONF is read as PyTorch's: see OptionsFromEnv).
+  bool FromPyTorch() const { return !variable.empty() && variable != kConfVariable; }
+};
+
+// Returns which variable OptionsFromEnv reads and its text (for hosts that say where the
+// configuration came from). Reads the environment only.
+OptionsSource OptionsSourceFromEnv();
+
+// Parses the variable OptionsSourceFromEnv names (none set = defaults). A PyTorch variable is read
+// as PyTorch's CONF: bucketalloc's keys and PyTorch 2.15's are accepted as in BUCKETALLOC_CONF,
+// except the pinned_* keys (torch's pinned host-memory allocator), which are skipped there and
+// refused in BUCKETALLOC_CONF. When a set variable is ignored or pinned keys are skipped, prints
+// one line saying so on stderr, once per process. An error names the key, the value and what is
+// accepted, and for a PyTorch variable the variable.
 absl::StatusOr<Options> OptionsFromEnv();
 
 // Checks every field against its row's accepted values, and the combinations; ParseOptions calls it.
@@ -114,6 +150,12 @@ std::string FormatOptions(const Options& options);
 // Returns the Markdown table of all options (name, accepted values, default, meaning) that
 // docs/configuration.md embeds; a test keeps the two equal.
 std::string OptionsMarkdownTable();
+
+// Returns the Markdown table of PyTorch 2.15's allocator keys (c10/core/AllocatorConfig.cpp,
+// c10/cuda/CUDAAllocatorConfig.cpp), each with what bucketalloc does with it (honoured with
+// PyTorch's meaning, accepted at PyTorch's default only, or refused, and why), that
+// docs/configuration.md embeds; a test keeps the two equal.
+std::string PyTorchKeysMarkdownTable();
 
 // Splits a list at the commas outside brackets ("a:[1,2],b:3" -> "a:[1,2]", "b:3"), each piece
 // stripped of spaces, empty pieces dropped: how ParseOptions splits a CONF. InvalidArgument names
@@ -130,7 +172,8 @@ struct OptionSetting {
 absl::StatusOr<std::vector<OptionSetting>> SplitOptions(absl::string_view conf);
 
 // True when `key` chooses or sizes the device rather than the allocator's policy: backend,
-// capacity, memory_fraction, and every key a backend owns. (The harness sets these itself.)
+// capacity, memory_fraction (and its PyTorch name per_process_memory_fraction), and every key a
+// backend owns. (The harness sets these itself.)
 bool IsDeviceOption(absl::string_view key);
 
 }  // namespace bucketalloc

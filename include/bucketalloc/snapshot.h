@@ -79,6 +79,14 @@ struct TraceEntry {
   std::size_t device_free = 0;  // kOom only
 };
 
+// Called with every history event of a device as it is recorded (Allocator::SetTraceHook), on the
+// thread that caused it, under the device's lock: it must not call the allocator.
+using TraceHookFn = void (*)(int device, const TraceEntry& entry, void* ctx);
+struct TraceHook {
+  TraceHookFn fn = nullptr;
+  void* ctx = nullptr;
+};
+
 // The most history entries a device keeps (48 bytes each: 768 MiB at the limit).
 inline constexpr std::size_t kMaxHistoryEntries = std::size_t{1} << 24;
 

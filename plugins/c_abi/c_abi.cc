@@ -9,6 +9,7 @@
 #include "bucketalloc/bucketalloc.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -184,6 +185,73 @@ int SimCall(int device, F&& f) {
   });
 }
 
+// Refuses a struct of another size than this header's (a host built against another version).
+absl::Status CheckStructSize(const char* function, const char* type, std::size_t given, std::size_t expected) {
+  if (given == expected) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("bucketalloc: ", function, ": struct ", type, " of ", given, " bytes; accepted: ", expected,
+                   " bytes (this library's bucketalloc.h; rebuild the caller against it)"));
+}
+
+bucketalloc_stat ToC(const Stat& s) { return bucketalloc_stat{s.current, s.peak, s.allocated, s.freed}; }
+
+bucketalloc_device_stats ToC(const DeviceStats& s) {
+  bucketalloc_device_stats out{};
+#define BUCKETALLOC_COPY_POOL_STAT(name, doc) \
+  for (int p = 0; p < kNumPoolIndices; ++p) out.name[p] = ToC(s.name[p]);
+  BUCKETALLOC_POOL_STATS(BUCKETALLOC_COPY_POOL_STAT)
+#undef BUCKETALLOC_COPY_POOL_STAT
+#define BUCKETALLOC_COPY_COUNTER(name, doc) out.name = s.name;
+  BUCKETALLOC_COUNTERS(BUCKETALLOC_COPY_COUNTER)
+#undef BUCKETALLOC_COPY_COUNTER
+#define BUCKETALLOC_COPY_DEVICE_STAT(name, doc) out.name = ToC(s.name);
+  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_COPY_DEVICE_STAT)
+#undef BUCKETALLOC_COPY_DEVICE_STAT
+  out.max_split_size = s.max_split_size;
+  out.capacity_bytes = s.capacity_bytes;
+  return out;
+}
+
+// The C ABI's action number of a history entry: PyTorch's TraceEntry::Action.
+int TraceActionNumber(TraceAction action) {
+  switch (action) {
+    case TraceAction::kAlloc:
+      return BUCKETALLOC_TRACE_ALLOC;
+    case TraceAction::kFreeRequested:
+      return BUCKETALLOC_TRACE_FREE_REQUESTED;
+    case TraceAction::kFreeCompleted:
+      return BUCKETALLOC_TRACE_FREE_COMPLETED;
+    case TraceAction::kSegmentAlloc:
+      return BUCKETALLOC_TRACE_SEGMENT_ALLOC;
+    case TraceAction::kSegmentFree:
+      return BUCKETALLOC_TRACE_SEGMENT_FREE;
+    case TraceAction::kSegmentMap:
+      return BUCKETALLOC_TRACE_SEGMENT_MAP;
+    case TraceAction::kSegmentUnmap:
+      return BUCKETALLOC_TRACE_SEGMENT_UNMAP;
+    case TraceAction::kOom:
+      return BUCKETALLOC_TRACE_OOM;
+  }
+  return -1;
+}
+
+// The C hook bucketalloc_set_trace_hook installed (read under the device locks that call it).
+struct CTraceHook {
+  std::atomic<bucketalloc_trace_fn> fn{nullptr};
+  std::atomic<void*> ctx{nullptr};
+};
+CTraceHook g_trace_hook;
+
+void CallCTraceHook(int device, const TraceEntry& e, void*) {
+  bucketalloc_trace_fn fn = g_trace_hook.fn.load(std::memory_order_acquire);
+  if (fn == nullptr) return;
+  const bucketalloc_trace_event event{device,       TraceActionNumber(e.action), e.addr, e.size, e.stream, e.time_us,
+                                      e.device_free};
+  fn(&event, g_trace_hook.ctx.load(std::memory_order_acquire));
+}
+
+GraphPoolId ToPool(bucketalloc_pool_id id) { return GraphPoolId{id.first, id.second}; }
+
 // Thrown by bucketalloc_malloc_or_throw: a std::bad_alloc that carries the allocator's message.
 class AllocationError final : public std::bad_alloc {
  public:
@@ -270,6 +338,17 @@ void bucketalloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream) 
   });
 }
 
+int bucketalloc_raw_delete(void* ptr) {
+  if (ptr == nullptr) return 0;
+  return bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    if (a.device_count() == 1) [[likely]]
+      return a.Free(ptr, 0);
+    absl::StatusOr<int> device = a.DeviceOf(ptr);
+    if (!device.ok()) return device.status();
+    return a.Free(ptr, *device);
+  });
+}
+
 void bucketalloc_init(int device_count) {
   Guarded<int>(0, [&]() -> int {
     Allocator* a = Get();
@@ -341,25 +420,180 @@ int bucketalloc_release_pool(int device, unsigned long long pool) {
   });
 }
 
-void bucketalloc_torch_begin_allocate_to_pool(int device, bucketalloc_mempool_id pool,
-                                              std::function<bool(cudaStream_t)> filter) {
-  bucketalloc::ReportIfFailed(bucketalloc::StatusCall([&](Allocator& a) {
+int bucketalloc_begin_allocate_to_pool(int device, bucketalloc_pool_id pool, std::function<bool(cudaStream_t)> filter) {
+  return bucketalloc::StatusCall([&](Allocator& a) {
     return a.BeginCapture(
         device, bucketalloc::GraphPoolId{pool.first, pool.second},
         [filter = std::move(filter)](bucketalloc::Stream s) { return filter(static_cast<cudaStream_t>(s)); });
-  }));
+  });
+}
+
+int bucketalloc_end_allocate_to_pool(int device, bucketalloc_pool_id pool) {
+  return bucketalloc::StatusCall([&](Allocator& a) {
+    return a.EndCapture(device, bucketalloc::GraphPoolId{pool.first, pool.second});
+  });
+}
+
+int bucketalloc_release_pool_id(int device, bucketalloc_pool_id pool) {
+  return bucketalloc::StatusCall([&](Allocator& a) {
+    return a.ReleasePool(device, bucketalloc::GraphPoolId{pool.first, pool.second});
+  });
+}
+
+void bucketalloc_torch_begin_allocate_to_pool(int device, bucketalloc_mempool_id pool,
+                                              std::function<bool(cudaStream_t)> filter) {
+  bucketalloc::ReportIfFailed(bucketalloc_begin_allocate_to_pool(device, {pool.first, pool.second}, std::move(filter)));
 }
 
 void bucketalloc_torch_end_allocate_to_pool(int device, bucketalloc_mempool_id pool) {
-  bucketalloc::ReportIfFailed(bucketalloc::StatusCall([&](Allocator& a) {
-    return a.EndCapture(device, bucketalloc::GraphPoolId{pool.first, pool.second});
-  }));
+  bucketalloc::ReportIfFailed(bucketalloc_end_allocate_to_pool(device, {pool.first, pool.second}));
 }
 
 void bucketalloc_torch_release_pool(int device, bucketalloc_mempool_id pool) {
-  bucketalloc::ReportIfFailed(bucketalloc::StatusCall([&](Allocator& a) {
-    return a.ReleasePool(device, bucketalloc::GraphPoolId{pool.first, pool.second});
-  }));
+  bucketalloc::ReportIfFailed(bucketalloc_release_pool_id(device, {pool.first, pool.second}));
+}
+
+int bucketalloc_get_device_stats(int device, bucketalloc_device_stats* out, size_t size) {
+  return bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    if (out == nullptr)
+      return absl::InvalidArgumentError("bucketalloc_get_device_stats: out is NULL; accepted: a struct");
+    if (absl::Status s =
+            bucketalloc::CheckStructSize(__func__, "bucketalloc_device_stats", size, sizeof(bucketalloc_device_stats));
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<bucketalloc::DeviceStats> stats = a.GetStats(device);
+    if (!stats.ok()) return stats.status();
+    *out = bucketalloc::ToC(*stats);
+    return absl::OkStatus();
+  });
+}
+
+int bucketalloc_visit_private_pool_stats(int device, bucketalloc_pool_stat_fn fn, void* ctx) {
+  return bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    if (fn == nullptr) return absl::InvalidArgumentError("bucketalloc_visit_private_pool_stats: fn is NULL");
+    absl::StatusOr<bucketalloc::DeviceStats> stats = a.GetStats(device);
+    if (!stats.ok()) return stats.status();
+    for (const bucketalloc::PrivatePoolStats& pool : stats->reserved_bytes_by_private_pools) {
+      bucketalloc_stat reserved[bucketalloc::kNumPoolIndices];
+      for (int p = 0; p < bucketalloc::kNumPoolIndices; ++p) reserved[p] = bucketalloc::ToC(pool.reserved_bytes[p]);
+      fn(bucketalloc_pool_id{pool.id_first, pool.id_second}, reserved, ctx);
+    }
+    return absl::OkStatus();
+  });
+}
+
+int bucketalloc_reset_accumulated_stats(int device) {
+  return bucketalloc::StatusCall([&](Allocator& a) { return a.ResetAccumulatedStats(device); });
+}
+
+int bucketalloc_visit_segments(int device, bucketalloc_segment_fn fn, void* ctx) {
+  return bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    if (fn == nullptr) return absl::InvalidArgumentError("bucketalloc_visit_segments: fn is NULL");
+    absl::StatusOr<bucketalloc::MemorySnapshot> snapshot = a.Snapshot(device);
+    if (!snapshot.ok()) return snapshot.status();
+    std::vector<bucketalloc_block_info> blocks;
+    for (const bucketalloc::SegmentSnapshot& s : snapshot->segments) {
+      blocks.clear();
+      for (const bucketalloc::BlockSnapshot& b : s.blocks) {
+        blocks.push_back(bucketalloc_block_info{b.address, b.size, b.requested_size, static_cast<int>(b.state)});
+      }
+      const bucketalloc_segment_info info{s.device,
+                                          s.address,
+                                          s.total_size,
+                                          s.allocated_size,
+                                          s.active_size,
+                                          s.requested_size,
+                                          s.stream,
+                                          s.small ? 1 : 0,
+                                          s.expandable ? 1 : 0,
+                                          bucketalloc_pool_id{s.pool_id.first, s.pool_id.second},
+                                          blocks.data(),
+                                          blocks.size()};
+      fn(&info, ctx);
+    }
+    return absl::OkStatus();
+  });
+}
+
+int bucketalloc_set_trace_hook(bucketalloc_trace_fn fn, void* ctx) {
+  return bucketalloc::StatusCall([&](Allocator& a) {
+    bucketalloc::g_trace_hook.ctx.store(ctx, std::memory_order_release);
+    bucketalloc::g_trace_hook.fn.store(fn, std::memory_order_release);
+    a.SetTraceHook(bucketalloc::TraceHook{fn == nullptr ? nullptr : &bucketalloc::CallCTraceHook, nullptr});
+    return absl::OkStatus();
+  });
+}
+
+int bucketalloc_cache_info(int device, size_t* largest_block) {
+  return bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    if (largest_block == nullptr) return absl::InvalidArgumentError("bucketalloc_cache_info: largest_block is NULL");
+    absl::StatusOr<std::size_t> largest = a.CacheInfo(device, /*with_headroom=*/*largest_block == 0);
+    if (!largest.ok()) return largest.status();
+    *largest_block = std::max<std::size_t>(*largest_block, *largest);
+    return absl::OkStatus();
+  });
+}
+
+double bucketalloc_memory_fraction(int device) {
+  double fraction = -1.0;
+  const int rc = bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    absl::StatusOr<double> f = a.MemoryFraction(device);
+    if (!f.ok()) return f.status();
+    fraction = *f;
+    return absl::OkStatus();
+  });
+  return rc == 0 ? fraction : -1.0;
+}
+
+int bucketalloc_pool_incref(int device, bucketalloc_pool_id pool) {
+  return bucketalloc::StatusCall([&](Allocator& a) { return a.IncrefPool(device, bucketalloc::ToPool(pool)); });
+}
+
+int bucketalloc_pool_set_use_on_oom(int device, bucketalloc_pool_id pool, int use_on_oom) {
+  return bucketalloc::StatusCall(
+      [&](Allocator& a) { return a.SetUseOnOom(device, bucketalloc::ToPool(pool), use_on_oom != 0); });
+}
+
+int bucketalloc_pool_use_count(int device, bucketalloc_pool_id pool) {
+  int count = -1;
+  const int rc = bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    absl::StatusOr<int> c = a.PoolUseCount(device, bucketalloc::ToPool(pool));
+    if (!c.ok()) return c.status();
+    count = *c;
+    return absl::OkStatus();
+  });
+  return rc == 0 ? count : -1;
+}
+
+int bucketalloc_pool_empty_cache(int device, bucketalloc_pool_id pool) {
+  return bucketalloc::StatusCall([&](Allocator& a) { return a.EmptyPoolCache(device, bucketalloc::ToPool(pool)); });
+}
+
+int bucketalloc_last_oom_info(int device, bucketalloc_oom_info* out, size_t size) {
+  return bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    if (out == nullptr) return absl::InvalidArgumentError("bucketalloc_last_oom_info: out is NULL; accepted: a struct");
+    if (absl::Status s =
+            bucketalloc::CheckStructSize(__func__, "bucketalloc_oom_info", size, sizeof(bucketalloc_oom_info));
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<std::optional<bucketalloc::OomReport>> report = a.LastOomReport(device);
+    if (!report.ok()) return report.status();
+    *out = bucketalloc_oom_info{};
+    if (!report->has_value()) return absl::OkStatus();
+    const bucketalloc::OomReport& r = **report;
+    out->present = 1;
+    out->requested = r.requested;
+    out->segment = r.segment;
+    out->allocated = r.allocated;
+    out->reserved = r.reserved;
+    out->capacity = r.at_tenant_cap ? r.tenant_cap : r.capacity;
+    out->device_total = r.device_total;
+    out->device_free = r.device_free;
+    out->cause = static_cast<int>(r.cause);
+    return absl::OkStatus();
+  });
 }
 
 ssize_t bucketalloc_stats_json(int device, char* buf, size_t len) {

@@ -55,6 +55,7 @@ struct Allocator::Devices final : internal::ForkParticipant {
   // History recording, applied to each device when it is created (guarded by create_mu).
   bool history = false;
   std::size_t history_entries = 0;
+  TraceHook trace_hook;  // SetTraceHook's, given to each device when it is created
   // Tenants: the stream bindings and the caps changed at run time, applied to each device when it
   // is created (guarded by create_mu).
   absl::flat_hash_map<Stream, int> stream_tenants;
@@ -132,6 +133,7 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
   if (devices_->history) {
     if (absl::Status s = (*created)->SetHistory(true, devices_->history_entries); !s.ok()) return s;
   }
+  if (devices_->trace_hook.fn != nullptr) (*created)->SetTraceHook(devices_->trace_hook);
   devices_->owned[device] = std::move(*created);
   d = devices_->owned[device].get();
   devices_->ptrs[device].store(d, std::memory_order_release);
@@ -266,6 +268,58 @@ absl::Status Allocator::RecordHistory(bool enabled, std::size_t max_entries) {
     if (absl::Status s = d->SetHistory(enabled, max_entries); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+void Allocator::SetTraceHook(TraceHook hook) {
+  std::lock_guard<std::mutex> lock(devices_->create_mu);
+  devices_->trace_hook = hook;
+  for (int device = 0; device < device_count(); ++device) {
+    if (DeviceAllocator* d = Published(devices_->ptrs, device)) d->SetTraceHook(hook);
+  }
+}
+
+absl::Status Allocator::ResetAccumulatedStats(int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  (*d)->ResetAccumulatedStats();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::size_t> Allocator::CacheInfo(int device, bool with_headroom) const {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->CacheInfo(with_headroom);
+}
+
+absl::StatusOr<double> Allocator::MemoryFraction(int device) const {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->memory_fraction();
+}
+
+absl::Status Allocator::IncrefPool(int device, GraphPoolId pool) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->IncrefPool(pool);
+}
+
+absl::Status Allocator::SetUseOnOom(int device, GraphPoolId pool, bool use_on_oom) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  (*d)->SetUseOnOom(pool, use_on_oom);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Allocator::PoolUseCount(int device, GraphPoolId pool) const {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->PoolUseCount(pool);
+}
+
+absl::Status Allocator::EmptyPoolCache(int device, GraphPoolId pool) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->EmptyPoolCache(pool);
 }
 
 absl::Status Allocator::BindStream(Stream stream, absl::string_view tenant) {

@@ -62,6 +62,7 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
     : options_(options),
       device_(device),
       backend_(std::move(backend)),
+      memory_fraction_(options.memory_fraction),
       registry_(backend_.get(), &stats_, &history_),
       large_config_(MakeLargeConfig(options, backend_->Granularity())),
       pools_(PoolContext{&stats_, &registry_, &clock_}, options.slab_limit, options.small_pool_limit, large_config_),
@@ -219,7 +220,7 @@ inline void DeviceAllocator::CommitLive(const P& pool, std::uintptr_t ptr, typen
 template <typename P>
 absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typename P::StreamState& ss, Stream stream,
                                                                  std::size_t size, const typename P::Request& request,
-                                                                 std::uint16_t private_pool) {
+                                                                 std::uint16_t& private_pool) {
   registry_.BeginSlowPath(stream);
   registry_.set_owner(private_pool);  // what a private pool grows is counted as its own
   absl::Cleanup no_owner = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { registry_.set_owner(0); };
@@ -266,6 +267,12 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
     if (std::optional<typename P::Request> smaller = fallback(&h); smaller.has_value()) needed = *smaller;
   }
   registry_.set_capturing(false);
+  if (absl::IsResourceExhausted(h.status()) && private_pool == 0 && !use_on_oom_.empty()) {
+    if (std::optional<typename P::Handle> lent = BorrowFromUseOnOomPools<P>(stream, request, &private_pool)) {
+      stats_.Count(&DeviceStats::num_cache_hits);
+      return *lent;
+    }
+  }
   if (!absl::IsResourceExhausted(h.status())) {
     // A backend that cannot allocate during a capture refused (FailedPrecondition).
     if (capturing && absl::IsFailedPrecondition(h.status())) return CaptureMiss(size, stream);
@@ -273,6 +280,24 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
   }
   const auto [rounded, segment] = pool.OomSizes(needed);
   return OutOfMemory(P::kIndex, size, rounded, segment, h.status(), private_pool);
+}
+
+template <typename P>
+std::optional<typename P::Handle> DeviceAllocator::BorrowFromUseOnOomPools(Stream stream,
+                                                                           const typename P::Request& request,
+                                                                           std::uint16_t* tag) {
+  for (const GraphPoolId& id : use_on_oom_) {
+    const std::uint16_t lender = private_.TagOf(id);
+    if (lender == 0 || private_.at(lender).freeable()) continue;
+    P& pool = PoolsOf(lender).template Get<P>();
+    std::optional<typename P::Handle> h =
+        pool.TryAllocate(private_.StreamPoolsFor(lender, stream).template of<P>(), request);
+    if (h.has_value()) {
+      *tag = lender;
+      return h;
+    }
+  }
+  return std::nullopt;
 }
 
 bool DeviceAllocator::StreamCaptures(Stream stream, bool if_unknown) {
@@ -742,7 +767,91 @@ absl::Status DeviceAllocator::SetMemoryFraction(double fraction) {
   MutexLock lock(mu_);
   registry_.set_cap(*cap);
   stats_.SetCapacity(static_cast<std::int64_t>(registry_.cap()));
+  memory_fraction_ = fraction;
   return absl::OkStatus();
+}
+
+double DeviceAllocator::memory_fraction() const {
+  MutexLock lock(mu_);
+  return memory_fraction_;
+}
+
+// ---- PyTorch's pool, cache and stats calls (MemPool, emptyCache(pool), cacheInfo) ------------
+
+absl::Status DeviceAllocator::IncrefPool(GraphPoolId pool) {
+  MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
+  absl::Status s = private_.Incref(pool, device_);
+  MaybeCheckInvariants();
+  return s;
+}
+
+void DeviceAllocator::SetUseOnOom(GraphPoolId pool, bool use_on_oom) {
+  MutexLock lock(mu_);
+  auto it = std::find(use_on_oom_.begin(), use_on_oom_.end(), pool);
+  if (use_on_oom && it == use_on_oom_.end()) use_on_oom_.push_back(pool);
+  if (!use_on_oom && it != use_on_oom_.end()) use_on_oom_.erase(it);
+}
+
+int DeviceAllocator::PoolUseCount(GraphPoolId pool) const {
+  MutexLock lock(mu_);
+  return private_.UseCount(pool);
+}
+
+absl::Status DeviceAllocator::EmptyPoolCache(GraphPoolId pool) {
+  if (pool == GraphPoolId{}) return EmptyCache();
+  MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
+  EndAbandonedCaptures();
+  if (private_.routing()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucketalloc: empty_cache of private pool (", pool.first, ", ", pool.second, ") on device ", device_,
+        " during CUDA graph capture or a MemPool context: CUDA forbids the synchronization and cudaFree it needs; "
+        "nothing was released. Call it after the capture or context ends"));
+  }
+  const std::uint16_t tag = private_.TagOf(pool);
+  // As PyTorch: only a freeable pool (no graph or MemPool uses it any more) gives memory back; a
+  // pool in use keeps its free blocks, which a replay of its graph may still write.
+  if (tag == 0 || !private_.at(tag).freeable()) return absl::OkStatus();
+  SyncPendingFrees();
+  // A replay of the pool's graph may still run on any stream: wait for the device, as PyTorch's
+  // cudaFree does, before giving the memory back.
+  if (absl::Status s = backend_->SynchronizeDevice(); !s.ok()) return s;
+  stats_.Count(&DeviceStats::num_sync_all_streams);
+  ReleasePoolCache(tag);
+  ForgetPrivatePoolIfEmpty(tag);
+  registry_.TrimAddressSpace();
+  MaybeCheckInvariants();
+  return absl::OkStatus();
+}
+
+std::size_t DeviceAllocator::CacheInfo(bool with_headroom) {
+  std::size_t largest = 0;
+  std::size_t headroom = 0;
+  {
+    MutexLock lock(mu_);
+    largest = static_cast<std::size_t>(FragmentationLocked().all().largest_free);
+    headroom = registry_.Headroom();
+  }
+  if (with_headroom && headroom > largest) {
+    // What the device could still give under the cap: its free memory, asked outside the lock.
+    absl::StatusOr<DeviceMemInfo> info = backend_->GetMemInfo();
+    if (info.ok()) largest = std::max(largest, std::min(headroom, info->free_bytes));
+  }
+  return largest;
+}
+
+void DeviceAllocator::ResetAccumulatedStats() {
+  MutexLock lock(mu_);
+  stats_.ResetAccumulated();
+  registry_.ResetOwnedAccumulated();
+}
+
+void DeviceAllocator::SetTraceHook(TraceHook hook) {
+  MutexLock lock(mu_);
+  history_.SetHook(hook, device_);
 }
 
 // ---------------------------------------------------------------------------------------------

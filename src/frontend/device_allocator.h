@@ -83,6 +83,17 @@ class DeviceAllocator final {
   absl::Status EndCapture(GraphPoolId pool);
   absl::Status ReleasePool(GraphPoolId pool);
   absl::Status SetMemoryFraction(double fraction);
+  // The fraction last set (SetMemoryFraction, else Options::memory_fraction).
+  double memory_fraction() const;
+
+  // PyTorch's allocator interface beyond captures (Allocator's methods of the same names).
+  absl::Status IncrefPool(GraphPoolId pool);
+  void SetUseOnOom(GraphPoolId pool, bool use_on_oom);
+  int PoolUseCount(GraphPoolId pool) const;
+  absl::Status EmptyPoolCache(GraphPoolId pool);
+  std::size_t CacheInfo(bool with_headroom);
+  void ResetAccumulatedStats();
+  void SetTraceHook(TraceHook hook);
 
   // Tenants (Options::tenants; index 1 up, 0 the default tenant). Binds `stream` (a pool key) to
   // tenant `index` (0: unbinds it); a request on a bound stream goes to its tenant, on any other
@@ -154,10 +165,17 @@ class DeviceAllocator final {
   // fallback, then the OOM report. During a capture: serve (growing in relaxed capture mode, as
   // PyTorch does), a fallback, the OOM report; no event query, release or stitching.
   // What it grows is counted as private pool `private_pool`'s (0: the device's own pools).
+  // A request of the device's own pools that would fail takes a cached block of a use_on_oom
+  // private pool (PyTorch's MemPool(use_on_oom=True)) when one has it: `private_pool` becomes that
+  // pool's tag.
   template <typename P>
   absl::StatusOr<typename P::Handle> AllocateSlow(P& pool, typename P::StreamState& ss, Stream stream, std::size_t size,
-                                                  const typename P::Request& request, std::uint16_t private_pool)
+                                                  const typename P::Request& request, std::uint16_t& private_pool)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A cached block of a use_on_oom pool for `request` (its tag in *tag), if one has it.
+  template <typename P>
+  std::optional<typename P::Handle> BorrowFromUseOnOomPools(Stream stream, const typename P::Request& request,
+                                                            std::uint16_t* tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   template <typename P>
   ABSL_ATTRIBUTE_ALWAYS_INLINE void CommitLive(const P& pool, std::uintptr_t ptr, typename P::Handle h,
                                                std::size_t size, std::uint16_t private_pool)
@@ -284,6 +302,9 @@ class DeviceAllocator final {
   const int device_;
   const std::unique_ptr<Backend> backend_;
   std::size_t device_total_ = 0;
+  double memory_fraction_ ABSL_GUARDED_BY(mu_);
+  // The private pools that lend their cached blocks to the device's own requests before an OOM.
+  std::vector<GraphPoolId> use_on_oom_ ABSL_GUARDED_BY(mu_);
 
   mutable Mutex mu_;
   StatLedger stats_ ABSL_GUARDED_BY(mu_);

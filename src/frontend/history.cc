@@ -14,6 +14,7 @@ absl::Status HistoryRing::Reset(std::size_t capacity) {
   max_ = 0;
   next_ = 0;
   count_ = 0;
+  on_ = hook_.fn != nullptr;
   if (capacity == 0) return absl::OkStatus();
   try {
     ring_.reserve(std::min(capacity, kFirstEntries));
@@ -22,6 +23,7 @@ absl::Status HistoryRing::Reset(std::size_t capacity) {
                                                      std::min(capacity, kFirstEntries), " entries"));
   }
   max_ = capacity;
+  on_ = true;
   return absl::OkStatus();
 }
 
@@ -41,16 +43,15 @@ bool HistoryRing::Grow() {
 
 void HistoryRing::Append(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream,
                          std::size_t device_free) {
-  if (next_ == ring_.size() && !Grow()) next_ = 0;  // still growing, and it could not: the oldest goes
-  TraceEntry& e = ring_[next_];
-  e.action = action;
-  e.addr = addr;
-  e.size = size;
-  e.stream = reinterpret_cast<std::uintptr_t>(stream);
-  e.time_us = absl::GetCurrentTimeNanos() / 1000;
-  e.device_free = device_free;
-  next_ = next_ + 1 == max_ ? 0 : next_ + 1;
-  count_ = std::min(count_ + 1, ring_.size());
+  TraceEntry event{action,     addr, size, reinterpret_cast<std::uintptr_t>(stream), absl::GetCurrentTimeNanos() / 1000,
+                   device_free};
+  if (max_ != 0) {
+    if (next_ == ring_.size() && !Grow()) next_ = 0;  // still growing, and it could not: the oldest goes
+    ring_[next_] = event;
+    next_ = next_ + 1 == max_ ? 0 : next_ + 1;
+    count_ = std::min(count_ + 1, ring_.size());
+  }
+  if (hook_.fn != nullptr) hook_.fn(device_, event, hook_.ctx);
 }
 
 std::vector<TraceEntry> HistoryRing::Entries() const {

@@ -35,9 +35,16 @@ class HistoryRing {
   // even the first 1024 entries cannot be allocated.
   absl::Status Reset(std::size_t capacity);
   bool enabled() const { return max_ != 0; }
+  // The hook given every event from now on, whether the ring records or not (fn nullptr: none), as
+  // device `device`'s.
+  void SetHook(TraceHook hook, int device) {
+    hook_ = hook;
+    device_ = device;
+    on_ = max_ != 0 || hook_.fn != nullptr;
+  }
   // Appends an event while recording.
   void Record(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream, std::size_t device_free = 0) {
-    if (max_ != 0) [[unlikely]]
+    if (on_) [[unlikely]]
       Append(action, addr, size, stream, device_free);
   }
   // The entries the ring has memory for now (it grows to its capacity as events come).
@@ -58,6 +65,9 @@ class HistoryRing {
   std::size_t max_ = 0;           // the capacity; 0 while recording is off
   std::size_t next_ = 0;          // the slot written next
   std::size_t count_ = 0;         // entries held, <= ring_.size()
+  TraceHook hook_;                // called with each event
+  bool on_ = false;               // max_ != 0 || hook_.fn: Record has something to do
+  int device_ = 0;                // the device the hook is told
 };
 
 }  // namespace bucketalloc::internal

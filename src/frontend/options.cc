@@ -1,14 +1,21 @@
 // src/frontend/options.cc — the one option table: parsing, validation, the docs table and the
 // debug dump all come from the rows of Table() below, each written once. The backends' own keys
-// are rows too, taken from the backend registry.
+// are rows too, taken from the backend registry. PyTorch 2.15's allocator keys are listed once in
+// PyTorchKeys(): the rows that honour them, and why each of the others is refused. The environment
+// (BUCKETALLOC_CONF, else PyTorch's variables) is read at the end.
 #include "bucketalloc/options.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <optional>
 
+#include "absl/base/attributes.h"
+#include "absl/base/const_init.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -16,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "backend/registry.h"
 #include "internal/bits.h"
 
@@ -46,6 +54,13 @@ struct OptionRow {
   // Empty: every value parse accepts is valid.
   std::function<std::optional<Problem>(const Options& o)> check;
   std::string doc_default;  // the docs' default when it is not format(Options())
+  // PyTorch's name of another row (alias_of), writing that row's field: not in the dump, and not
+  // given together with that row's key.
+  std::string alias_of;
+  // When a CONF sets row `follows` and not this one, `follow` sets this row's field from it (PyTorch
+  // 2.15: max_non_split_rounding_mb follows large_segment_size_mb).
+  std::string follows;
+  std::function<void(Options& o)> follow;
 };
 
 absl::Status BadValue(absl::string_view key, absl::string_view value, absl::string_view accepted,
@@ -106,43 +121,54 @@ std::string JoinList(const std::vector<T>& v, std::string (*fmt)(T)) {
   return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
 }
 
-// PyTorch's roundup_power2_divisions: "N" for every interval, or "[256:1,512:2,>:8]" where each
-// key is the start of a power-of-two interval in MB and ">" covers the intervals after the last.
+// The largest division roundup_power2_divisions takes (PyTorch takes any power of two; one above
+// an interval's size in 512-byte units rounds like it).
+constexpr std::int64_t kMaxDivisions = std::int64_t{1} << 31;
+
+// PyTorch's roundup_power2_divisions, read as torch 2.15 reads it: "N" for every interval, or a
+// list "[256:1,512:2,>:8]" whose keys are interval starts in MB (powers of two: the interval
+// log2(key), the last one covering everything above) or '>'. A key sets its own interval, the
+// first key also every interval below it, and '>' every interval after the last key read before
+// it; intervals no key reaches keep 0 (so "[1:2,64:4]" leaves 2 MB to 32 MB unrounded, as torch
+// does). Keys need not ascend; a later key overrides an earlier one.
 absl::Status ParseDivisions(absl::string_view v, Options& o) {
   auto division = [&](absl::string_view text) -> absl::StatusOr<std::uint32_t> {
     absl::StatusOr<std::int64_t> d = ParseInt(text);
-    if (!d.ok() || *d < 0 || *d > 1024 || (*d != 0 && !IsPowerOfTwo(static_cast<std::size_t>(*d)))) return Why();
+    if (!d.ok() || *d < 0 || *d > kMaxDivisions || (*d != 0 && !IsPowerOfTwo(static_cast<std::size_t>(*d)))) {
+      return Why(absl::StrCat("bad division '", text, "'"));
+    }
     return static_cast<std::uint32_t>(*d);
   };
   std::vector<std::uint32_t> divs(16, 0);
   if (!absl::StartsWith(v, "[")) {
     absl::StatusOr<std::uint32_t> d = division(v);
-    if (!d.ok()) return d.status();
+    if (!d.ok()) return Why();
     std::fill(divs.begin(), divs.end(), *d);
     o.roundup_power2_divisions = divs;
     return absl::OkStatus();
   }
   std::vector<absl::string_view> items = ListItems(v);
-  if (items.empty()) return Why();
-  int next = 0;  // first interval not yet set
+  if (items.empty() && v != "[]") return Why();
+  bool first = true;
+  int last = 0;  // the interval of the last key read
   for (absl::string_view item : items) {
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
     absl::StatusOr<std::uint32_t> d = division(absl::StripAsciiWhitespace(kv.second));
     if (!d.ok()) return d.status();
     const absl::string_view key = absl::StripAsciiWhitespace(kv.first);
-    int last;
     if (key == ">") {
-      last = 15;
-    } else {
-      absl::StatusOr<std::int64_t> mb = ParseInt(key);
-      if (!mb.ok() || *mb <= 0 || !IsPowerOfTwo(static_cast<std::size_t>(*mb))) {
-        return Why(absl::StrCat("bad interval '", key, "'"));
-      }
-      last = std::min(internal::Log2Floor(static_cast<std::size_t>(*mb)), 15);
-      if (last < next) return Why("interval keys must ascend");
+      std::fill(divs.begin() + last + 1, divs.end(), *d);
+      continue;
     }
-    for (int i = next; i <= last; ++i) divs[i] = *d;
-    next = last + 1;
+    absl::StatusOr<std::int64_t> mb = ParseInt(key);
+    if (!mb.ok() || *mb <= 0 || !IsPowerOfTwo(static_cast<std::size_t>(*mb))) {
+      return Why(absl::StrCat("bad interval '", key, "'"));
+    }
+    const int index = std::min(internal::Log2Floor(static_cast<std::size_t>(*mb)), 15);
+    if (first) std::fill(divs.begin(), divs.begin() + index, *d);
+    first = false;
+    divs[index] = *d;
+    last = index;
   }
   o.roundup_power2_divisions = divs;
   return absl::OkStatus();
@@ -223,7 +249,8 @@ using CheckFn = std::function<std::optional<Problem>(const Options&)>;
 OptionRow Row(std::string name, std::string accepted, std::string meaning, bool device, ParseFn parse, FormatFn format,
               CheckFn check = nullptr, std::string doc_default = "") {
   return OptionRow{std::move(name),  std::move(accepted), std::move(meaning), device,
-                   std::move(parse), std::move(format),   std::move(check),   std::move(doc_default)};
+                   std::move(parse), std::move(format),   std::move(check),   std::move(doc_default),
+                   /*alias_of=*/"",  /*follows=*/"",      /*follow=*/nullptr};
 }
 
 // The row of a key a backend owns: the value lives in backend_settings, canonical.
@@ -253,15 +280,23 @@ OptionRow BackendRow(const internal::BackendOptionSpec& spec) {
   return row;
 }
 
+// Why backend:cudaMallocAsync is refused (the backend row's error and PyTorch's key table).
+constexpr const char* kCudaMallocAsyncWhy =
+    "PyTorch's cudaMallocAsync backend hands every allocation to CUDA's stream-ordered pool instead of a caching "
+    "allocator, and bucketalloc is the caching allocator: use native (cuda), or remove the key";
+
 // The option table. Order is the order of the docs, the dump and validation.
 std::vector<OptionRow> MakeTable() {
   std::vector<OptionRow> t;
   t.push_back(Row(
-      "backend", internal::BackendNamesText(),
+      "backend", absl::StrCat(internal::BackendNamesText(), " (PyTorch's native: cuda)"),
       "where memory comes from: the simulated device (CPU), cudaMalloc, or CUDA virtual memory with "
-      "stitching (docs/vmm.md)",
+      "stitching (docs/vmm.md); PyTorch's cudaMallocAsync is refused (docs/configuration.md, \"PyTorch's "
+      "variables\")",
       true,
       [](absl::string_view v, Options& o) -> absl::Status {
+        if (v == "native") v = "cuda";  // PyTorch's caching allocator: bucketalloc's default backend
+        if (v == "cudaMallocAsync") return Why(kCudaMallocAsyncWhy);
         if (internal::FindBackend(v) == nullptr) return Why();
         o.backend = std::string(v);
         return absl::OkStatus();
@@ -283,7 +318,20 @@ std::vector<OptionRow> MakeTable() {
                   "per-device cap as a fraction of the device's memory (the smaller cap wins); "
                   "PyTorch's set_per_process_memory_fraction",
                   true, DoubleField<&Options::memory_fraction>, FormatDoubleField<&Options::memory_fraction>,
-                  Require<double, &Options::memory_fraction>([](double f) { return f > 0.0 && f <= 1.0; })));
+                  [](const Options& o) -> std::optional<Problem> {
+                    if (o.memory_fraction > 0.0 && o.memory_fraction <= 1.0) return std::nullopt;
+                    return Problem(o.memory_fraction == 0.0 ? "a cap of 0 would refuse every allocation" : "");
+                  }));
+  t.push_back(Row("per_process_memory_fraction", "a number in (0, 1]; not with memory_fraction",
+                  "PyTorch's name of memory_fraction: the cap of every device as a fraction of its memory", true,
+                  DoubleField<&Options::memory_fraction>, FormatDoubleField<&Options::memory_fraction>));
+  t.back().alias_of = "memory_fraction";
+  t.push_back(Row("throw_on_cudamalloc_oom", "True or False (also true, false, 1, 0)",
+                  "PyTorch's key, kept; with either value bucketalloc refuses growth past the cap before asking "
+                  "the device (each refusal counted in num_oom_rejections), then releases its cache and retries "
+                  "once before a catchable OOM: the release and retry PyTorch's True skips",
+                  false, BoolField<&Options::throw_on_cudamalloc_oom>,
+                  FormatBoolField<&Options::throw_on_cudamalloc_oom>));
   t.push_back(Row("garbage_collection_threshold", "0 (off) or a number in (0, 1)",
                   "when reserved memory exceeds threshold x cap, release cached segments, oldest first, before "
                   "growing (PyTorch's key)",
@@ -307,34 +355,37 @@ std::vector<OptionRow> MakeTable() {
           false, SizeField<&Options::slab_limit>, FormatSizeField<&Options::slab_limit>,
           Require<std::size_t, &Options::slab_limit>([](std::size_t s) { return s == 0 || (s >= 512 && s <= kMiB); },
                                                      "slabs serve sizes from 512 B to 1 MiB")));
-  t.push_back(
-      Row("max_split_size_mb", "a whole number of MiB >= 20, or unlimited",
-          "free blocks larger than this are never split and serve only requests within "
-          "max_non_split_rounding_mb of their size (PyTorch's key)",
-          false, MiBField<&Options::max_split_size>, FormatMiBField<&Options::max_split_size>,
-          Require<std::size_t, &Options::max_split_size>([](std::size_t s) { return s >= 20 * kMiB; },
-                                                         "blocks of large segments (20 MiB) must stay splittable")));
+  t.push_back(Row("max_split_size_mb", "a whole number of MiB >= large_segment_size_mb (20 by default), or unlimited",
+                  "free blocks larger than this are never split and serve only requests within "
+                  "max_non_split_rounding_mb of their size (PyTorch's key)",
+                  false, MiBField<&Options::max_split_size>, FormatMiBField<&Options::max_split_size>,
+                  [](const Options& o) -> std::optional<Problem> {
+                    if (o.max_split_size >= o.large_segment_size) return std::nullopt;
+                    return Problem("segments shared by requests under 10 MiB must stay splittable");
+                  }));
   t.push_back(
       Row("max_non_split_rounding_mb", "a whole number of MiB",
-          "how much larger than a request an unsplittable block may be, inclusive (PyTorch's key)", false,
-          MiBField<&Options::max_non_split_rounding>, FormatMiBField<&Options::max_non_split_rounding>,
+          "how much larger than a request an unsplittable block may be, inclusive (PyTorch's key; a CONF "
+          "that sets large_segment_size_mb and not this key sets it to large_segment_size_mb, as PyTorch "
+          "2.15 does)",
+          false, MiBField<&Options::max_non_split_rounding>, FormatMiBField<&Options::max_non_split_rounding>,
           Require<std::size_t, &Options::max_non_split_rounding>([](std::size_t s) { return s != kUnlimited; })));
-  t.push_back(Row("large_segment_size_mb", "an even whole number of MiB >= 2, at most max_split_size_mb",
+  t.back().follows = "large_segment_size_mb";
+  t.back().follow = [](Options& o) { o.max_non_split_rounding = o.large_segment_size; };
+  t.push_back(Row("large_segment_size_mb", "an even whole number of MiB >= 2",
                   "segment size for large requests under 10 MiB, which share it by splitting (PyTorch's key)", false,
                   MiBField<&Options::large_segment_size>, FormatMiBField<&Options::large_segment_size>,
                   [](const Options& o) -> std::optional<Problem> {
                     const std::size_t s = o.large_segment_size;
-                    if (s > o.max_split_size) {
-                      return Problem("segments shared by requests under 10 MiB must stay splittable");
-                    }
                     if (s < 2 * kMiB || s % (2 * kMiB) != 0 || s == kUnlimited) return Problem();
                     return std::nullopt;
                   }));
   t.push_back(Row("roundup_power2_divisions",
-                  "N, or [256:1,512:2,1024:4,>:8], where N and the values are 0 or powers "
-                  "of two up to 1024 and the keys power-of-two MB interval starts (ascending) or '>'",
-                  "round large requests to 1/N steps of their power-of-two interval; per interval (MB) in the "
-                  "list form (PyTorch's key)",
+                  "N, or [256:1,512:2,1024:4,>:8]: N and the divisions 0 or powers of two up to 2^31, the keys "
+                  "interval starts in MB (powers of two) or '>'",
+                  "round large requests to 1/N steps of their power-of-two interval; in the list form a key sets "
+                  "its interval, the first key also those below it, '>' those after the last key (PyTorch's key, "
+                  "read as torch reads it)",
                   false, ParseDivisions, FormatDivisions, [](const Options& o) -> std::optional<Problem> {
                     if (o.roundup_power2_divisions.size() == 16) return std::nullopt;
                     return Problem("16 intervals");
@@ -471,6 +522,223 @@ std::string AcceptedKeys() {
   return absl::StrJoin(names, ", ");
 }
 
+// What bucketalloc does with one of PyTorch 2.15's allocator keys.
+enum class PyTorchKeyUse {
+  kOption,      // a row of the option table (the same name): parsed and validated there
+  kFalseOnly,   // not an option: False (PyTorch's default) is what bucketalloc does; True is refused
+  kRefused,     // refused by name with the reason
+  kHostMemory,  // torch's pinned host-memory allocator's: skipped in a PyTorch variable (torch reads it
+                // there), refused in bucketalloc's own CONF
+};
+
+// One of PyTorch 2.15's allocator keys: what bucketalloc does with it (`status`, for the docs) and
+// `why`: for an option, where bucketalloc's values or meaning differ from PyTorch's; for the
+// others, the reason of the refusal (of True, for kFalseOnly).
+struct PyTorchKey {
+  const char* name;
+  PyTorchKeyUse use;
+  const char* status;
+  const char* why;
+};
+
+constexpr const char* kHostMemoryWhy =
+    "a setting of torch's pinned (page-locked host) memory allocator; bucketalloc manages device memory only: set "
+    "it in PYTORCH_ALLOC_CONF, where torch reads it (bucketalloc skips it there)";
+constexpr const char* kReserveWhy =
+    "bucketalloc reserves no address space per segment or per stream: its virtual-memory ranges are carved from a "
+    "few reservations of the cap's size that every stream shares (docs/vmm.md, \"Address space\"), so there is no "
+    "per-segment reserve to size: remove the key";
+constexpr const char* kReleaseLockWhy =
+    "bucketalloc holds its device lock while the backend allocates (PyTorch's False); releasing it around the call "
+    "is not implemented";
+
+// PyTorch 2.15's keys, in torch's order: the common ones (c10/core/AllocatorConfig.cpp), then the
+// CUDA ones (c10/cuda/CUDAAllocatorConfig.cpp; torch also takes the ROCm spellings there).
+const std::vector<PyTorchKey>& PyTorchKeys() {
+  using enum PyTorchKeyUse;
+  static const std::vector<PyTorchKey>* const keys = new std::vector<PyTorchKey>{
+      {"large_segment_size_mb", kOption, "honoured",
+       "PyTorch takes a whole number above 10; bucketalloc an even one of at least 2 (segments are whole 2 MiB "
+       "granules): an odd size is refused, 2 to 10 are bucketalloc's own"},
+      {"max_split_size_mb", kOption, "honoured; admits more cached blocks",
+       "the same limit (at least large_segment_size_mb); unlimited is bucketalloc's own spelling of the default. "
+       "bucketalloc admits more cached blocks (src/pool/large_pool.h): a block of exactly this size serves smaller "
+       "requests, split, and a larger one serves any request within max_non_split_rounding_mb of its size, where "
+       "PyTorch serves only requests of at least this size"},
+      {"max_non_split_rounding_mb", kOption, "honoured; inclusive",
+       "the same default (20, or large_segment_size_mb when a CONF sets that and not this); PyTorch takes at least "
+       "large_segment_size_mb, bucketalloc also smaller values (0: exact fits only). Inclusive here: a block exactly "
+       "this much larger serves, in PyTorch it does not"},
+      {"garbage_collection_threshold", kOption, "honoured; also without a fraction",
+       "the same range, (0, 1); 0 (off, the default) is bucketalloc's own spelling. PyTorch collects only when a "
+       "memory fraction is set; bucketalloc collects against its cap, the device's memory when none is"},
+      {"roundup_power2_divisions", kOption, "honoured",
+       "the same syntax and reading (a list key sets its own interval, the first key also those below it, '>' "
+       "those after the last key); bucketalloc also takes N = 0 (off) and refuses divisions above 2^31"},
+      {"expandable_segments", kOption, "honoured by stitching",
+       "True turns on virtual-memory stitching (docs/vmm.md), bucketalloc's answer to the fragmentation PyTorch's "
+       "growing segments address; PyTorch takes only True and False, bucketalloc also true, false, 1 and 0"},
+      {"pinned_use_background_threads", kHostMemory, "left to torch (host memory)", kHostMemoryWhy},
+      {"pinned_max_round_threshold_mb", kHostMemory, "left to torch (host memory)", kHostMemoryWhy},
+      {"pinned_max_cached_size_mb", kHostMemory, "left to torch (host memory)", kHostMemoryWhy},
+      {"backend", kOption, "native honoured, cudaMallocAsync refused",
+       "native is bucketalloc's default backend (cuda; vmm with expandable_segments:True). cudaMallocAsync: "
+       "refused, since PyTorch's cudaMallocAsync backend hands every allocation to CUDA's stream-ordered pool "
+       "instead of a caching allocator, and bucketalloc is the caching allocator"},
+      {"release_lock_on_cudamalloc", kFalseOnly, "False only", kReleaseLockWhy},
+      {"release_lock_on_hipmalloc", kFalseOnly, "False only", kReleaseLockWhy},
+      {"pinned_use_cuda_host_register", kHostMemory, "left to torch (host memory)", kHostMemoryWhy},
+      {"pinned_use_hip_host_register", kHostMemory, "left to torch (host memory)", kHostMemoryWhy},
+      {"pinned_num_register_threads", kHostMemory, "left to torch (host memory)", kHostMemoryWhy},
+      {"pinned_reserve_segment_size_mb", kHostMemory, "left to torch (host memory)", kHostMemoryWhy},
+      {"pinned_free_catch_all", kHostMemory, "left to torch (host memory)", kHostMemoryWhy},
+      {"graph_capture_record_stream_reuse", kFalseOnly, "False only",
+       "a block used on other streams and freed during a capture waits, without events, until the capture ends "
+       "(PyTorch's False; docs/architecture.md, \"CUDA graph capture\"); reuse decided by the graph's topology is "
+       "not implemented"},
+      {"per_process_memory_fraction", kOption, "honoured",
+       "the cap memory_fraction sets (give one of the two); PyTorch's 0 is refused, since it would refuse every "
+       "allocation"},
+      {"throw_on_cudamalloc_oom", kOption, "accepted, not honoured",
+       "with either value bucketalloc refuses growth past its cap before the device is asked (num_oom_rejections "
+       "counts each refusal) but then releases its cache and retries once, which PyTorch's True skips"},
+      {"expandable_segments_reserve", kRefused, "refused", kReserveWhy},
+      {"expandable_segments_reserve_by_class", kRefused, "refused", kReserveWhy},
+  };
+  return *keys;
+}
+
+// PyTorch's key `key`, or nullptr. A pinned_* key PyTorch 2.15 does not have is taken as a host
+// setting too (torch's naming rule: "pinned_" belongs to the host allocator).
+const PyTorchKey* FindPyTorchKey(absl::string_view key) {
+  for (const PyTorchKey& k : PyTorchKeys()) {
+    if (key == k.name) return &k;
+  }
+  static const PyTorchKey kOtherPinned{"pinned_*", PyTorchKeyUse::kHostMemory, "", kHostMemoryWhy};
+  return absl::StartsWith(key, "pinned_") ? &kOtherPinned : nullptr;
+}
+
+// Which CONF is read: bucketalloc's own (BUCKETALLOC_CONF, bucketalloc_configure, ParseOptions),
+// or one of PyTorch's variables.
+enum class ConfKind { kBucketalloc, kPyTorch };
+
+// Takes setting `s` of PyTorch's key `k` that is not an option: OK for a False-only key at False
+// and for a host setting in a PyTorch variable (named in `skipped`); else the refusal.
+absl::Status TakePyTorchKey(const PyTorchKey& k, const OptionSetting& s, ConfKind kind,
+                            std::vector<std::string>* skipped) {
+  switch (k.use) {
+    case PyTorchKeyUse::kHostMemory:
+      if (kind == ConfKind::kPyTorch) {
+        if (skipped != nullptr) skipped->push_back(s.key);
+        return absl::OkStatus();
+      }
+      break;
+    case PyTorchKeyUse::kFalseOnly: {
+      absl::StatusOr<bool> on = ParseBool(s.value);
+      if (on.ok() && !*on) return absl::OkStatus();
+      return BadValue(s.key, s.value, "False (PyTorch's default; also false or 0)", on.ok() ? k.why : "");
+    }
+    case PyTorchKeyUse::kRefused:
+      break;
+    case PyTorchKeyUse::kOption:  // a row: ParseOptions found it first
+      return absl::InternalError(absl::StrCat("bucketalloc option '", s.key, "' has no row"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("bucketalloc option '", s.key, "' (value '", s.value, "') is refused: ", k.why));
+}
+
+// The row name and value an error names: for a row given under its alias (row name -> the alias's
+// setting), the alias and the value given.
+using Spellings = absl::flat_hash_map<std::string, OptionSetting>;
+
+absl::Status Validate(const Options& o, const Spellings& spelled) {
+  for (const auto& [key, value] : o.backend_settings) {
+    if (internal::FindBackendOption(key) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucketalloc option '", key, "' (value '", value,
+                       "') in backend_settings is unknown; accepted keys: ", AcceptedKeys()));
+    }
+  }
+  for (const OptionRow& row : Table()) {
+    if (!row.check) continue;
+    if (std::optional<Problem> p = row.check(o); p.has_value()) {
+      auto alias = spelled.find(row.name);
+      const bool given_as_alias = alias != spelled.end();
+      const std::string value = p->value.has_value() ? *p->value : given_as_alias ? alias->second.value : row.format(o);
+      return BadValue(given_as_alias ? alias->second.key : row.name, value, row.accepted, p->why);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ParseOptions for a CONF of `kind`; in a PyTorch variable the host settings skipped are named in
+// `skipped`.
+absl::StatusOr<Options> Parse(absl::string_view conf, const Options& base, ConfKind kind,
+                              std::vector<std::string>* skipped) {
+  Options o = base;
+  absl::StatusOr<std::vector<OptionSetting>> settings = SplitOptions(conf);
+  if (!settings.ok()) return settings.status();
+  Spellings spelled;
+  absl::flat_hash_map<std::string, OptionSetting> given;  // row name (an alias's target) -> its setting
+  for (const OptionSetting& s : *settings) {
+    const OptionRow* row = FindRow(s.key);
+    if (row == nullptr) {
+      if (const PyTorchKey* k = FindPyTorchKey(s.key); k != nullptr) {
+        if (absl::Status taken = TakePyTorchKey(*k, s, kind, skipped); !taken.ok()) return taken;
+        continue;
+      }
+      return absl::InvalidArgumentError(absl::StrCat("bucketalloc option '", s.key, "' (value '", s.value,
+                                                     "') is unknown; accepted keys: ", AcceptedKeys()));
+    }
+    const std::string& target = row->alias_of.empty() ? row->name : row->alias_of;
+    if (auto it = given.find(target); it != given.end() && it->second.key != s.key) {
+      return absl::InvalidArgumentError(absl::StrCat("bucketalloc option '", s.key, "' (value '", s.value,
+                                                     "') sets what '", it->second.key, "' (value '", it->second.value,
+                                                     "') sets: give one of them"));
+    }
+    given[target] = s;
+    if (absl::Status why = row->parse(s.value, o); !why.ok()) {
+      return BadValue(row->name, s.value, row->accepted, why.message());
+    }
+    if (row->alias_of.empty()) {
+      spelled.erase(row->name);
+    } else {
+      spelled[row->alias_of] = s;
+    }
+  }
+  for (const OptionRow& row : Table()) {
+    if (!row.follows.empty() && given.contains(row.follows) && !given.contains(row.name)) row.follow(o);
+  }
+  if (absl::Status s = Validate(o, spelled); !s.ok()) return s;
+  return o;
+}
+
+// The line OptionsFromEnv prints for `source` (empty: nothing to say).
+std::string EnvNotice(const OptionsSource& source, const std::vector<std::string>& skipped) {
+  std::vector<std::string> parts;
+  if (!source.ignored.empty()) {
+    parts.push_back(absl::StrCat(absl::StrJoin(source.ignored, " and "), " ignored (",
+                                 source.FromPyTorch() ? "torch 2.15 reads PYTORCH_CUDA_ALLOC_CONF first too"
+                                                      : "BUCKETALLOC_CONF wins over PyTorch's variables",
+                                 ")"));
+  }
+  if (!skipped.empty()) {
+    parts.push_back(absl::StrCat(absl::StrJoin(skipped, ", "),
+                                 " skipped: torch's pinned host-memory allocator reads them, bucketalloc manages "
+                                 "device memory only"));
+  }
+  if (parts.empty()) return "";
+  return absl::StrCat("bucketalloc: options from ", source.variable, "; ", absl::StrJoin(parts, "; "));
+}
+
+// Prints `line` on stderr unless this process printed it already.
+void PrintOnce(const std::string& line) {
+  ABSL_CONST_INIT static absl::Mutex mu(absl::kConstInit);
+  static auto* const printed = new absl::flat_hash_set<std::string>();
+  absl::MutexLock lock(&mu);
+  if (printed->insert(line).second) std::fprintf(stderr, "%s\n", line.c_str());
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> SplitOptionList(absl::string_view text) {
@@ -545,49 +813,49 @@ std::string Options::DeviceBackend() const {
   return backend;
 }
 
-absl::Status ValidateOptions(const Options& o) {
-  for (const auto& [key, value] : o.backend_settings) {
-    if (internal::FindBackendOption(key) == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bucketalloc option '", key, "' (value '", value,
-                       "') in backend_settings is unknown; accepted keys: ", AcceptedKeys()));
-    }
-  }
-  for (const OptionRow& row : Table()) {
-    if (!row.check) continue;
-    if (std::optional<Problem> p = row.check(o); p.has_value()) {
-      return BadValue(row.name, p->value.has_value() ? *p->value : row.format(o), row.accepted, p->why);
-    }
-  }
-  return absl::OkStatus();
-}
+absl::Status ValidateOptions(const Options& o) { return Validate(o, Spellings()); }
 
 absl::StatusOr<Options> ParseOptions(absl::string_view conf, const Options& base) {
-  Options o = base;
-  absl::StatusOr<std::vector<OptionSetting>> settings = SplitOptions(conf);
-  if (!settings.ok()) return settings.status();
-  for (const OptionSetting& s : *settings) {
-    const OptionRow* row = FindRow(s.key);
-    if (row == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("bucketalloc option '", s.key, "' (value '", s.value,
-                                                     "') is unknown; accepted keys: ", AcceptedKeys()));
+  return Parse(conf, base, ConfKind::kBucketalloc, nullptr);
+}
+
+OptionsSource OptionsSourceFromEnv() {
+  OptionsSource source;
+  auto read = [&](const char* name) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) return;
+    if (source.variable.empty()) {
+      source.variable = name;
+      source.text = value;
+    } else {
+      source.ignored.push_back(name);
     }
-    if (absl::Status why = row->parse(s.value, o); !why.ok()) {
-      return BadValue(row->name, s.value, row->accepted, why.message());
-    }
-  }
-  if (absl::Status s = ValidateOptions(o); !s.ok()) return s;
-  return o;
+  };
+  read(kConfVariable);
+  for (const char* name : kPyTorchConfVariables) read(name);
+  return source;
 }
 
 absl::StatusOr<Options> OptionsFromEnv() {
-  const char* conf = std::getenv("BUCKETALLOC_CONF");
-  return ParseOptions(conf == nullptr ? "" : conf);
+  const OptionsSource source = OptionsSourceFromEnv();
+  std::vector<std::string> skipped;
+  absl::StatusOr<Options> o =
+      Parse(source.text, Options(), source.FromPyTorch() ? ConfKind::kPyTorch : ConfKind::kBucketalloc, &skipped);
+  if (const std::string notice = EnvNotice(source, skipped); !notice.empty()) PrintOnce(notice);
+  if (!o.ok() && source.FromPyTorch()) {
+    return absl::Status(o.status().code(),
+                        absl::StrCat(o.status().message(), " (in ", source.variable,
+                                     ", which bucketalloc reads when BUCKETALLOC_CONF is not set; set BUCKETALLOC_CONF "
+                                     "to configure bucketalloc apart from torch)"));
+  }
+  return o;
 }
 
 std::string FormatOptions(const Options& o) {
   std::vector<std::string> parts;
-  for (const OptionRow& row : Table()) parts.push_back(absl::StrCat(row.name, ":", row.format(o)));
+  for (const OptionRow& row : Table()) {
+    if (row.alias_of.empty()) parts.push_back(absl::StrCat(row.name, ":", row.format(o)));
+  }
   return absl::StrJoin(parts, ",");
 }
 
@@ -597,6 +865,14 @@ std::string OptionsMarkdownTable() {
   for (const OptionRow& row : Table()) {
     const std::string def = row.doc_default.empty() ? row.format(defaults) : row.doc_default;
     absl::StrAppend(&out, "| `", row.name, "` | ", row.accepted, " | `", def, "` | ", row.meaning, " |\n");
+  }
+  return out;
+}
+
+std::string PyTorchKeysMarkdownTable() {
+  std::string out = "| PyTorch's key | in bucketalloc | why, or how it differs |\n|---|---|---|\n";
+  for (const PyTorchKey& k : PyTorchKeys()) {
+    absl::StrAppend(&out, "| `", k.name, "` | ", k.status, " | ", k.why, " |\n");
   }
   return out;
 }

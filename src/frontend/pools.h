@@ -143,6 +143,17 @@ class Pools {
       }
     });
   }
+  // The pool of type P.
+  template <typename P>
+  P& Get() {
+    if constexpr (std::is_same_v<P, SmallPool>) {
+      return small_;
+    } else if constexpr (std::is_same_v<P, PackedPool>) {
+      return packed_;
+    } else {
+      return large_;
+    }
+  }
   std::unique_ptr<StreamPools> NewStreamPools() const {
     return std::make_unique<StreamPools>(small(), packed_, large());
   }

@@ -73,6 +73,23 @@ absl::Status PrivatePools::Begin(GraphPoolId id, CaptureFilter filter, int devic
   return absl::OkStatus();
 }
 
+absl::Status PrivatePools::Incref(GraphPoolId id, int device) {
+  if (id.first == kTenantIdFirst || id == GraphPoolId{}) {
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: a use of private pool ", PoolName(id), " on device ",
+                                                   device,
+                                                   ": {0, 0} is the device's own pools and ids with this first half "
+                                                   "are tenants'; accepted: any other id (PyTorch's MemPool ids)"));
+  }
+  std::uint16_t tag = Find(id);
+  if (tag == 0) {
+    absl::StatusOr<std::uint16_t> stored = Store(id, device);
+    if (!stored.ok()) return stored.status();
+    tag = *stored;
+  }
+  ++pools_[tag]->use_count;
+  return absl::OkStatus();
+}
+
 absl::Status PrivatePools::End(GraphPoolId id, int device) {
   const std::uint16_t tag = Find(id);
   if (tag == 0 || pools_[tag]->freeable()) return NotInUse(id, "end allocating to", device);

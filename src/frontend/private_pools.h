@@ -93,6 +93,17 @@ class PrivatePools {
   // InvalidArgument without a filter; FailedPrecondition while a routing into `id` already runs (as
   // PyTorch refuses); ResourceExhausted past 65535 pools.
   absl::Status Begin(GraphPoolId id, CaptureFilter filter, int device);
+  // One more use of pool `id` with no routing into it (PyTorch's createOrIncrefPool: a MemPool is
+  // made); creates the pool when it is not stored. InvalidArgument for a tenant's id;
+  // ResourceExhausted past 65535 pools.
+  absl::Status Incref(GraphPoolId id, int device);
+  // The use count of pool `id` (0 when it is not stored).
+  int UseCount(GraphPoolId id) const {
+    const std::uint16_t tag = Find(id);
+    return tag == 0 ? 0 : pools_[tag]->use_count;
+  }
+  // The tag of pool `id` (stored, in use or freeable), or 0.
+  std::uint16_t TagOf(GraphPoolId id) const { return Find(id); }
   // Creates tenant `index`'s pool (use count 1 for good: never freeable, never forgotten) and
   // returns its tag. ResourceExhausted past 65535 pools.
   absl::StatusOr<std::uint16_t> AddTenant(int index, int device);

@@ -179,6 +179,11 @@ void SegmentRegistry::ResetOwnedPeaks() {
     for (Stat& s : a) s.ResetPeak();
 }
 
+void SegmentRegistry::ResetOwnedAccumulated() {
+  for (auto& [tag, a] : owned_)
+    for (Stat& s : a) s.allocated = s.freed = 0;
+}
+
 std::optional<SegmentRegistry::Range> SegmentRegistry::Holding(std::uintptr_t addr, std::size_t size) const {
   auto it = ranges_.upper_bound(addr);
   if (it == ranges_.begin()) return std::nullopt;

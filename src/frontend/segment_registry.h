@@ -101,6 +101,7 @@ class SegmentRegistry final : public MemorySource {
   // Forgets the counts of private pool `tag` (the pool is gone), and resets every count's peak.
   void ForgetOwner(std::uint16_t tag) { owned_.erase(tag); }
   void ResetOwnedPeaks();
+  void ResetOwnedAccumulated();
   bool Capturing() const override { return capturing_; }
 
   // MemorySource.

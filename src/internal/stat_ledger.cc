@@ -30,6 +30,24 @@ DeviceStats StatLedger::Snapshot() const {
   return out;
 }
 
+void StatLedger::ResetAccumulated() {
+  // Each gauge's current value becomes its base: current == base + allocated - freed still holds.
+  const auto reset = [](Stat& s, Stat& base) {
+    base.current = s.current;
+    s.allocated = s.freed = 0;
+  };
+#define BUCKETALLOC_RESET_TOTALS(name, doc) \
+  for (int p = 0; p < kNumPoolIndices; ++p) reset(stats_.name[p], base_.name[p]);
+  BUCKETALLOC_POOL_STATS(BUCKETALLOC_RESET_TOTALS)
+#undef BUCKETALLOC_RESET_TOTALS
+#define BUCKETALLOC_RESET_COUNTER(name, doc) stats_.name = 0;
+  BUCKETALLOC_COUNTERS(BUCKETALLOC_RESET_COUNTER)
+#undef BUCKETALLOC_RESET_COUNTER
+#define BUCKETALLOC_RESET_DEVICE_TOTALS(name, doc) reset(stats_.name, base_.name);
+  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_RESET_DEVICE_TOTALS)
+#undef BUCKETALLOC_RESET_DEVICE_TOTALS
+}
+
 void StatLedger::ResetPeaks() {
 #define BUCKETALLOC_RESET_PEAK(name, doc)                   \
   {                                                         \
@@ -48,15 +66,15 @@ void StatLedger::ResetPeaks() {
 }
 
 absl::Status StatLedger::CheckInvariants() const {
-  auto consistent = [](const Stat& s) {
-    return s.current == s.allocated - s.freed && s.peak >= s.current && s.current >= 0;
+  auto consistent = [](const Stat& s, const Stat& base) {
+    return s.current == base.current + s.allocated - s.freed && s.peak >= s.current && s.current >= 0;
   };
 #define BUCKETALLOC_CHECK_GAUGE(name, doc)                                                                  \
   {                                                                                                         \
     std::int64_t sum = 0;                                                                                   \
     for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {                                                 \
       const Stat& s = stats_.name[p];                                                                       \
-      if (!consistent(s)) {                                                                                 \
+      if (!consistent(s, base_.name[p])) {                                                                  \
         return absl::InternalError(absl::StrCat("stats: ", #name, ".", kPoolNames[p].key,                   \
                                                 " is inconsistent: current ", s.current, ", peak ", s.peak, \
                                                 ", allocated ", s.allocated, ", freed ", s.freed));         \
@@ -71,7 +89,7 @@ absl::Status StatLedger::CheckInvariants() const {
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_CHECK_GAUGE)
 #undef BUCKETALLOC_CHECK_GAUGE
 #define BUCKETALLOC_CHECK_DEVICE_GAUGE(name, doc)                                                                  \
-  if (!consistent(stats_.name)) {                                                                                  \
+  if (!consistent(stats_.name, base_.name)) {                                                                      \
     return absl::InternalError(absl::StrCat("stats: ", #name, " is inconsistent: current ", stats_.name.current)); \
   }
   BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_CHECK_DEVICE_GAUGE)

@@ -63,10 +63,16 @@ class StatLedger {
   DeviceStats Snapshot() const;
   // Resets every peak to its current value (the all-peaks to the sums).
   void ResetPeaks();
+  // Resets the accumulated stats (PyTorch's resetAccumulatedStats): every gauge's allocated and
+  // freed totals and every counter to 0; currents and peaks stay.
+  void ResetAccumulated();
   absl::Status CheckInvariants() const;
 
  private:
   DeviceStats stats_;  // the "all" entries hold only the peak
+  // Each gauge's current value at the last ResetAccumulated (zero before one): invariant, per
+  // gauge, current == base_.current + allocated - freed.
+  DeviceStats base_;
 };
 
 }  // namespace bucketalloc::internal

@@ -2,10 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace bucketalloc {
 namespace {
@@ -126,9 +131,12 @@ TEST(OptionsTest, BadInputIsAClearError) {
   ExpectError("max_split_size_mb:abc", "max_split_size_mb", "abc");
   ExpectError("small_pool_limit:4MiB", "small_pool_limit", "4MiB");
   ExpectError("large_segment_size_mb:3", "large_segment_size_mb", "3");
-  ExpectError("max_split_size_mb:32,large_segment_size_mb:64", "large_segment_size_mb", "64");
+  ExpectError("max_split_size_mb:32,large_segment_size_mb:64", "max_split_size_mb", "32");
   ExpectError("roundup_power2_divisions:3", "roundup_power2_divisions", "3");
-  ExpectError("roundup_power2_divisions:[512:2,256:1]", "roundup_power2_divisions", "[512:2,256:1]");
+  ExpectError("roundup_power2_divisions:[3:2]", "roundup_power2_divisions", "bad interval '3'");
+  ExpectError("roundup_power2_divisions:[256:3]", "roundup_power2_divisions", "bad division '3'");
+  ExpectError("roundup_power2_divisions:[256]", "roundup_power2_divisions", "[256]");
+  ExpectError("roundup_power2_divisions:4294967296", "roundup_power2_divisions", "4294967296");
   ExpectError("tiers:[64MiB,x]", "tiers", "x");
   ExpectError("tiers_tokens:[512,-1]", "tiers_tokens", "-1");
   ExpectError("tiers_tokens:[512]", "bytes_per_token", "0");
@@ -206,8 +214,9 @@ TEST(OptionsTest, ValidateChecksHandSetFields) {
   o.large_segment_size = 64 * kMiB;
   s = ValidateOptions(o);
   EXPECT_TRUE(absl::StrContains(s.message(),
-                                "'large_segment_size_mb': bad value '64' (segments shared by requests "
-                                "under 10 MiB must stay splittable); accepted: an even whole number"))
+                                "'max_split_size_mb': bad value '32' (segments shared by requests "
+                                "under 10 MiB must stay splittable); accepted: a whole number of MiB >= "
+                                "large_segment_size_mb"))
       << s;
   // Parse errors and validation errors of a key name the same accepted values.
   absl::StatusOr<Options> p = ParseOptions("small_pool_limit:lots");
@@ -238,7 +247,37 @@ TEST(OptionsTest, SplitsSettingsAndNamesDeviceKeys) {
   EXPECT_EQ(*SplitOptionList("a,b:[1,2], ,c"), (std::vector<std::string>{"a", "b:[1,2]", "c"}));
 }
 
+// Sets the three variables OptionsFromEnv reads (nullopt: unset) for one test, and restores them.
+class ConfEnvironment {
+ public:
+  ConfEnvironment(std::optional<std::string> bucketalloc, std::optional<std::string> pytorch_cuda,
+                  std::optional<std::string> pytorch) {
+    for (const char* name : kNames) {
+      const char* v = std::getenv(name);
+      saved_.push_back(v == nullptr ? std::nullopt : std::optional<std::string>(v));
+    }
+    Set(kNames[0], bucketalloc);
+    Set(kNames[1], pytorch_cuda);
+    Set(kNames[2], pytorch);
+  }
+  ~ConfEnvironment() {
+    for (int i = 0; i < 3; ++i) Set(kNames[i], saved_[i]);
+  }
+
+ private:
+  static constexpr const char* kNames[3] = {"BUCKETALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"};
+  static void Set(const char* name, const std::optional<std::string>& value) {
+    if (value.has_value()) {
+      setenv(name, value->c_str(), 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  std::vector<std::optional<std::string>> saved_;
+};
+
 TEST(OptionsTest, EnvironmentVariable) {
+  ConfEnvironment env(std::nullopt, std::nullopt, std::nullopt);
   setenv("BUCKETALLOC_CONF", "backend:sim,capacity:1GiB", 1);
   absl::StatusOr<Options> o = OptionsFromEnv();
   ASSERT_TRUE(o.ok());
@@ -249,6 +288,270 @@ TEST(OptionsTest, EnvironmentVariable) {
   EXPECT_TRUE(OptionsFromEnv().ok());
 }
 
+// BUCKETALLOC_CONF when set (even empty), else PyTorch's variables in torch 2.15's own order:
+// PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF (c10's AcceleratorAllocatorConfig::instance()).
+TEST(OptionsTest, EnvironmentPrecedenceFollowsTorch) {
+  {
+    ConfEnvironment env(std::nullopt, std::nullopt, "backend:sim,max_split_size_mb:100");
+    const OptionsSource source = OptionsSourceFromEnv();
+    EXPECT_EQ(source.variable, "PYTORCH_ALLOC_CONF");
+    EXPECT_EQ(source.text, "backend:sim,max_split_size_mb:100");
+    EXPECT_TRUE(source.ignored.empty());
+    EXPECT_TRUE(source.FromPyTorch());
+    absl::StatusOr<Options> o = OptionsFromEnv();
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->max_split_size, 100 * kMiB);
+  }
+  {
+    ConfEnvironment env(std::nullopt, "backend:sim,max_split_size_mb:200", "backend:sim,max_split_size_mb:100");
+    const OptionsSource source = OptionsSourceFromEnv();
+    EXPECT_EQ(source.variable, "PYTORCH_CUDA_ALLOC_CONF");
+    EXPECT_EQ(source.ignored, (std::vector<std::string>{"PYTORCH_ALLOC_CONF"}));
+    testing::internal::CaptureStderr();
+    absl::StatusOr<Options> o = OptionsFromEnv();
+    const std::string err = testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->max_split_size, 200 * kMiB);
+    EXPECT_TRUE(absl::StrContains(err, "bucketalloc: options from PYTORCH_CUDA_ALLOC_CONF; PYTORCH_ALLOC_CONF ignored"))
+        << err;
+  }
+  {
+    ConfEnvironment env("backend:sim,capacity:1GiB", "max_split_size_mb:200", "max_split_size_mb:100");
+    const OptionsSource source = OptionsSourceFromEnv();
+    EXPECT_EQ(source.variable, "BUCKETALLOC_CONF");
+    EXPECT_FALSE(source.FromPyTorch());
+    EXPECT_EQ(source.ignored, (std::vector<std::string>{"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"}));
+    testing::internal::CaptureStderr();
+    absl::StatusOr<Options> o = OptionsFromEnv();
+    absl::StatusOr<Options> again = OptionsFromEnv();
+    const std::string err = testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->capacity, kGiB);
+    EXPECT_EQ(o->max_split_size, kUnlimited);  // the PyTorch variables are not read at all
+    const std::string notice =
+        "bucketalloc: options from BUCKETALLOC_CONF; PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF ignored "
+        "(BUCKETALLOC_CONF wins over PyTorch's variables)\n";
+    EXPECT_EQ(err, notice);  // once per process, however often the options are read
+  }
+  {
+    // An empty BUCKETALLOC_CONF is set: the defaults, and PyTorch's variable stays torch's alone.
+    ConfEnvironment env("", std::nullopt, "no_such_key:1");
+    EXPECT_EQ(OptionsSourceFromEnv().variable, "BUCKETALLOC_CONF");
+    testing::internal::CaptureStderr();
+    absl::StatusOr<Options> o = OptionsFromEnv();
+    testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(FormatOptions(*o), FormatOptions(Options()));
+  }
+  {
+    ConfEnvironment env(std::nullopt, std::nullopt, std::nullopt);
+    const OptionsSource source = OptionsSourceFromEnv();
+    EXPECT_TRUE(source.variable.empty());
+    EXPECT_FALSE(source.FromPyTorch());
+    EXPECT_TRUE(OptionsFromEnv().ok());
+  }
+}
+
+// In PyTorch's variables the pinned_* keys are torch's pinned host-memory allocator's: skipped, with
+// a notice; bucketalloc's own keys are accepted too; an error names the variable.
+TEST(OptionsTest, PyTorchVariableIsReadAsTorchReadsIt) {
+  {
+    ConfEnvironment env(std::nullopt, std::nullopt,
+                        "expandable_segments:True,pinned_use_background_threads:True,per_process_memory_fraction:0.5,"
+                        "pinned_num_register_threads:8,backend:native,capacity:4GiB");
+    testing::internal::CaptureStderr();
+    absl::StatusOr<Options> o = OptionsFromEnv();
+    const std::string err = testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_TRUE(o->expandable_segments);
+    EXPECT_EQ(o->DeviceBackend(), "vmm");
+    EXPECT_DOUBLE_EQ(o->memory_fraction, 0.5);
+    EXPECT_EQ(o->capacity, 4 * kGiB);
+    EXPECT_TRUE(absl::StrContains(err,
+                                  "bucketalloc: options from PYTORCH_ALLOC_CONF; pinned_use_background_threads, "
+                                  "pinned_num_register_threads skipped: torch's pinned host-memory allocator"))
+        << err;
+  }
+  {
+    ConfEnvironment env(std::nullopt, "backend:cudaMallocAsync", std::nullopt);
+    absl::StatusOr<Options> o = OptionsFromEnv();
+    ASSERT_FALSE(o.ok());
+    const std::string msg(o.status().message());
+    EXPECT_TRUE(absl::StrContains(msg, "option 'backend': bad value 'cudaMallocAsync' (PyTorch's cudaMallocAsync"))
+        << msg;
+    EXPECT_TRUE(absl::StrContains(msg, "(in PYTORCH_CUDA_ALLOC_CONF, which bucketalloc reads when BUCKETALLOC_CONF"))
+        << msg;
+  }
+  {
+    // In bucketalloc's own variable a pinned key is refused by name, with the reason.
+    ConfEnvironment env("pinned_use_background_threads:True", std::nullopt, std::nullopt);
+    absl::StatusOr<Options> o = OptionsFromEnv();
+    ASSERT_FALSE(o.ok());
+    EXPECT_TRUE(absl::StrContains(o.status().message(),
+                                  "option 'pinned_use_background_threads' (value 'True') is refused: a setting of "
+                                  "torch's pinned (page-locked host) memory allocator"))
+        << o.status();
+  }
+}
+
+// PyTorch 2.15's keys (c10/core/AllocatorConfig.cpp, c10/cuda/CUDAAllocatorConfig.cpp), each with a
+// value torch accepts: honoured, or refused by name with the reason (never "unknown").
+TEST(OptionsTest, EveryPyTorch215KeyIsHonouredOrRefusedByName) {
+  struct Case {
+    const char* key;
+    const char* value;  // a value torch 2.15 accepts
+    bool accepted;      // in BUCKETALLOC_CONF
+    const char* why;    // the refusal says (accepted: empty)
+  };
+  const Case cases[] = {
+      {"large_segment_size_mb", "32", true, ""},
+      {"max_split_size_mb", "64", true, ""},
+      {"max_non_split_rounding_mb", "64", true, ""},
+      {"garbage_collection_threshold", "0.8", true, ""},
+      {"roundup_power2_divisions", "[256:1,512:2,1024:4,>:8]", true, ""},
+      {"expandable_segments", "True", true, ""},
+      {"pinned_use_background_threads", "True", false, "pinned (page-locked host) memory"},
+      {"pinned_max_round_threshold_mb", "64", false, "pinned (page-locked host) memory"},
+      {"pinned_max_cached_size_mb", "64", false, "pinned (page-locked host) memory"},
+      {"backend", "native", true, ""},
+      {"backend", "cudaMallocAsync", false, "stream-ordered pool"},
+      {"release_lock_on_cudamalloc", "False", true, ""},
+      {"release_lock_on_cudamalloc", "True", false, "holds its device lock while the backend allocates"},
+      {"release_lock_on_hipmalloc", "True", false, "holds its device lock while the backend allocates"},
+      {"pinned_use_cuda_host_register", "True", false, "pinned (page-locked host) memory"},
+      {"pinned_use_hip_host_register", "True", false, "pinned (page-locked host) memory"},
+      {"pinned_num_register_threads", "8", false, "pinned (page-locked host) memory"},
+      {"pinned_reserve_segment_size_mb", "8", false, "pinned (page-locked host) memory"},
+      {"pinned_free_catch_all", "True", false, "pinned (page-locked host) memory"},
+      {"graph_capture_record_stream_reuse", "False", true, ""},
+      {"graph_capture_record_stream_reuse", "True", false, "reuse decided by the graph's topology is not implemented"},
+      {"per_process_memory_fraction", "0.5", true, ""},
+      {"per_process_memory_fraction", "0", false, "a cap of 0 would refuse every allocation"},
+      {"throw_on_cudamalloc_oom", "True", true, ""},
+      {"throw_on_cudamalloc_oom", "False", true, ""},
+      {"expandable_segments_reserve", "0.5", false, "reserves no address space per segment or per stream"},
+      {"expandable_segments_reserve", "40G", false, "reserves no address space per segment or per stream"},
+      {"expandable_segments_reserve_by_class", "[capture:0.25,workspace:40G]", false,
+       "reserves no address space per segment or per stream"},
+  };
+  const std::string table = PyTorchKeysMarkdownTable();
+  for (const Case& c : cases) {
+    const std::string conf = absl::StrCat(c.key, ":", c.value);
+    absl::StatusOr<Options> o = ParseOptions(conf);
+    EXPECT_EQ(o.ok(), c.accepted) << conf << ": " << o.status();
+    EXPECT_TRUE(absl::StrContains(table, absl::StrCat("| `", c.key, "` |"))) << c.key << " is not in the table";
+    if (c.accepted) continue;
+    const std::string msg(o.status().message());
+    EXPECT_TRUE(absl::StrContains(msg, absl::StrCat("option '", c.key, "'"))) << msg;
+    EXPECT_TRUE(absl::StrContains(msg, c.value)) << msg;
+    EXPECT_TRUE(absl::StrContains(msg, c.why)) << msg;
+    EXPECT_FALSE(absl::StrContains(msg, "is unknown")) << msg;
+  }
+  // A pinned_* key torch 2.15 does not have yet is a host setting too; any other key stays unknown.
+  EXPECT_TRUE(absl::StrContains(ParseOptions("pinned_future_knob:1").status().message(), "is refused: a setting of"));
+  absl::StatusOr<Options> unknown = ParseOptions("expandable_segments_handle_type:posix_fd");
+  EXPECT_TRUE(absl::StrContains(unknown.status().message(), "is unknown; accepted keys: backend, "))
+      << unknown.status();
+}
+
+TEST(OptionsTest, PyTorchKeysOfTheCap) {
+  absl::StatusOr<Options> o = ParseOptions("per_process_memory_fraction:0.25");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_DOUBLE_EQ(o->memory_fraction, 0.25);
+  EXPECT_TRUE(IsDeviceOption("per_process_memory_fraction"));
+  // The dump names the cap once, as memory_fraction, and reads back the same.
+  EXPECT_FALSE(absl::StrContains(FormatOptions(*o), "per_process_memory_fraction"));
+  EXPECT_DOUBLE_EQ(ParseOptions(FormatOptions(*o))->memory_fraction, 0.25);
+  // Both names of the one cap: refused, naming both.
+  absl::StatusOr<Options> both = ParseOptions("memory_fraction:0.5,per_process_memory_fraction:0.5");
+  ASSERT_FALSE(both.ok());
+  EXPECT_TRUE(absl::StrContains(both.status().message(),
+                                "option 'per_process_memory_fraction' (value '0.5') sets what 'memory_fraction' "
+                                "(value '0.5') sets: give one of them"))
+      << both.status();
+  EXPECT_FALSE(ParseOptions("per_process_memory_fraction:0.5,memory_fraction:0.7").ok());
+  EXPECT_TRUE(ParseOptions("memory_fraction:0.5,memory_fraction:0.7").ok());  // one key given twice: the last
+  // A range error names the key as given.
+  ExpectError("per_process_memory_fraction:1.5", "per_process_memory_fraction", "1.5");
+  ExpectError("memory_fraction:0", "memory_fraction", "a cap of 0 would refuse every allocation");
+
+  for (const char* v : {"True", "true", "1"}) {
+    absl::StatusOr<Options> t = ParseOptions(absl::StrCat("throw_on_cudamalloc_oom:", v));
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(t->throw_on_cudamalloc_oom);
+    EXPECT_TRUE(ParseOptions(FormatOptions(*t))->throw_on_cudamalloc_oom);
+  }
+  EXPECT_FALSE(ParseOptions("throw_on_cudamalloc_oom:False")->throw_on_cudamalloc_oom);
+  EXPECT_FALSE(Options().throw_on_cudamalloc_oom);
+  ExpectError("throw_on_cudamalloc_oom:maybe", "throw_on_cudamalloc_oom", "maybe");
+}
+
+TEST(OptionsTest, PyTorchKeysAtTheirDefaultOnlyAndBackends) {
+  for (const char* conf : {"graph_capture_record_stream_reuse:False", "graph_capture_record_stream_reuse:false",
+                           "release_lock_on_cudamalloc:0", "release_lock_on_hipmalloc:False"}) {
+    absl::StatusOr<Options> o = ParseOptions(conf);
+    ASSERT_TRUE(o.ok()) << conf << ": " << o.status();
+    EXPECT_EQ(FormatOptions(*o), FormatOptions(Options())) << conf;  // nothing changes
+  }
+  ExpectError("graph_capture_record_stream_reuse:True", "graph_capture_record_stream_reuse", "True");
+  ExpectError("release_lock_on_cudamalloc:maybe", "release_lock_on_cudamalloc", "maybe");
+  absl::StatusOr<Options> native = ParseOptions("backend:native");
+  ASSERT_TRUE(native.ok()) << native.status();
+  EXPECT_EQ(native->backend, "cuda");
+  EXPECT_EQ(ParseOptions("backend:native,expandable_segments:True")->DeviceBackend(), "vmm");
+  ExpectError("backend:cudaMallocAsync", "backend", "cudaMallocAsync");
+}
+
+// roundup_power2_divisions as torch 2.15 reads it (AcceleratorAllocatorConfig::parseRoundUpPower2Divisions).
+TEST(OptionsTest, RoundupDivisionsReadAsTorchReadsThem) {
+  using Divisions = std::vector<std::uint32_t>;
+  auto divisions = [](const char* value) -> std::optional<Divisions> {
+    absl::StatusOr<Options> o = ParseOptions(absl::StrCat("roundup_power2_divisions:", value));
+    if (!o.ok()) return std::nullopt;
+    return o->roundup_power2_divisions;
+  };
+  // A key sets its own interval, the first key also every interval below it; '>' every interval
+  // after the last key; the rest keep 0.
+  EXPECT_EQ(divisions("[1:2,64:4]"), (Divisions{2, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(divisions("[4:2,>:8]"), (Divisions{2, 2, 2, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8}));
+  EXPECT_EQ(divisions("[>:8]"), (Divisions{0, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8}));
+  // Keys need not ascend: a later key overrides its interval only.
+  EXPECT_EQ(divisions("[512:2,256:1]"), (Divisions{2, 2, 2, 2, 2, 2, 2, 2, 1, 2, 0, 0, 0, 0, 0, 0}));
+  // Keys past 32 GiB are the last interval; divisions above 1024 are taken, as torch takes them.
+  EXPECT_EQ(divisions("[65536:4096]")->back(), 4096u);
+  EXPECT_EQ(divisions("2048"), Divisions(16, 2048));
+  EXPECT_EQ(divisions("[]"), Divisions(16, 0));
+  // Whatever the list, the dump reads back the same intervals.
+  for (const char* value : {"[1:2,64:4]", "[>:8]", "[512:2,256:1]", "[65536:4096]", "[2:0,>:1]"}) {
+    absl::StatusOr<Options> o = ParseOptions(absl::StrCat("roundup_power2_divisions:", value));
+    ASSERT_TRUE(o.ok()) << value << ": " << o.status();
+    EXPECT_EQ(ParseOptions(FormatOptions(*o))->roundup_power2_divisions, o->roundup_power2_divisions) << value;
+  }
+}
+
+// max_split_size_mb's limit is torch's: at least large_segment_size_mb, not a fixed 20.
+TEST(OptionsTest, MaxSplitSizeAtLeastTheLargeSegment) {
+  absl::StatusOr<Options> o = ParseOptions("large_segment_size_mb:12,max_split_size_mb:12");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_split_size, 12 * kMiB);
+  ExpectError("max_split_size_mb:16", "max_split_size_mb", "16");
+  ExpectError("large_segment_size_mb:11", "large_segment_size_mb", "11");  // torch takes it; granules do not
+}
+
+// As in torch 2.15, a CONF that sets large_segment_size_mb and not max_non_split_rounding_mb sets
+// the rounding to the segment size; given, the rounding is kept, in either order.
+TEST(OptionsTest, NonSplitRoundingFollowsTheLargeSegment) {
+  EXPECT_EQ(ParseOptions("large_segment_size_mb:12,max_split_size_mb:12")->max_non_split_rounding, 12 * kMiB);
+  EXPECT_EQ(ParseOptions("large_segment_size_mb:64")->max_non_split_rounding, 64 * kMiB);
+  EXPECT_EQ(ParseOptions("large_segment_size_mb:64,max_non_split_rounding_mb:100")->max_non_split_rounding, 100 * kMiB);
+  EXPECT_EQ(ParseOptions("max_non_split_rounding_mb:4,large_segment_size_mb:64")->max_non_split_rounding, 4 * kMiB);
+  EXPECT_EQ(ParseOptions("max_split_size_mb:64")->max_non_split_rounding, 20 * kMiB);
+  // The dump names both, so it reads back the same whatever the rule.
+  absl::StatusOr<Options> o = ParseOptions("large_segment_size_mb:64,max_non_split_rounding_mb:8");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(ParseOptions(FormatOptions(*o))->max_non_split_rounding, 8 * kMiB);
+}
+
 TEST(OptionsTest, DocsEmbedTheGeneratedTable) {
   std::ifstream in(std::string(BUCKETALLOC_SOURCE_DIR) + "/docs/configuration.md");
   ASSERT_TRUE(in.good()) << "docs/configuration.md is missing";
@@ -257,6 +560,9 @@ TEST(OptionsTest, DocsEmbedTheGeneratedTable) {
   EXPECT_TRUE(absl::StrContains(doc.str(), OptionsMarkdownTable()))
       << "docs/configuration.md is out of date; regenerate the table with bucketalloc_options_doc:\n"
       << OptionsMarkdownTable();
+  EXPECT_TRUE(absl::StrContains(doc.str(), PyTorchKeysMarkdownTable()))
+      << "docs/configuration.md's table of PyTorch's keys is out of date; it is:\n"
+      << PyTorchKeysMarkdownTable();
 }
 
 }  // namespace

@@ -73,6 +73,7 @@ __all__ = [
     "tenant",
     "tenant_stats",
     "unpatch_torch",
+    "allocator_path",
 ]
 
 CONF_ENV = "BUCKETALLOC_CONF"
@@ -476,7 +477,8 @@ _HOOKS = (
 
 class _Enabled(NamedTuple):
     raise_on_oom: bool
-    allocator: Any  # the torch.cuda.memory.CUDAPluggableAllocator
+    allocator: Any  # torch's allocator object: the native one's _CUDAAllocator, or the CUDAPluggableAllocator
+    path: str  # "native" or "pluggable"
 
 
 _enable_lock = threading.Lock()
@@ -530,14 +532,41 @@ def _check_device() -> None:
         raise BucketallocError(_lib.last_error() or "bucketalloc: the allocator cannot be created")
 
 
-def _install(raise_on_oom: bool) -> Any:
-    """Creates the CUDAPluggableAllocator with every hook this torch has and makes it current."""
+# What the pluggable fallback does not serve, for the warning that names it.
+_PLUGGABLE_LIMITS = (
+    "torch's own memory_stats/memory_summary/_snapshot/_record_memory_history (use patch_torch=True or "
+    "bucketalloc_torch's functions), cacheInfo (cudnn.benchmark), torch.compile(mode='reduce-overhead') "
+    "(cudagraph trees), CUDA IPC (torch.multiprocessing), MemPool use counts and OOM observers"
+)
+
+
+def _import_torch() -> Any:
     try:
         import torch
     except ImportError as e:
         raise ImportError(
             f"bucketalloc_torch.enable() needs PyTorch ({e}); the stats and snapshot functions work without it"
         ) from e
+    return torch
+
+
+def _install_native(torch: Any) -> Any:
+    """Makes the native allocator (``csrc/native_allocator.cc``) torch's CUDA allocator; returns torch's
+    object for it. Raises _torch_ext.Unavailable when it cannot be built here."""
+    _refuse_if_native_allocator_used(torch)
+    try:
+        _torch_ext.load_native(torch, _lib.library_path())
+    except RuntimeError as e:
+        if isinstance(e, _torch_ext.Unavailable):
+            raise
+        if "already initialized" in str(e):
+            raise _too_late(f"PyTorch says: {e}") from e
+        raise BucketallocError(f"bucketalloc: torch refused the native allocator: {e}") from e
+    return torch.cuda.memory._get_current_allocator()
+
+
+def _install(raise_on_oom: bool, torch: Any) -> Any:
+    """Creates the CUDAPluggableAllocator with every hook this torch has and makes it current."""
     _refuse_if_native_allocator_used(torch)
     path, malloc_name, free_name = _alloc_functions(torch, raise_on_oom)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(path, malloc_name, free_name)
@@ -554,16 +583,33 @@ def _install(raise_on_oom: bool) -> Any:
     return allocator
 
 
-def enable(conf: Optional[str] = None, *, patch_torch: bool = False, raise_on_oom: bool = True, **options: Any) -> Any:
+def enable(
+    conf: Optional[str] = None,
+    *,
+    patch_torch: bool = False,
+    raise_on_oom: bool = True,
+    native: Optional[bool] = None,
+    **options: Any,
+) -> Any:
     """Makes bucketalloc PyTorch's CUDA allocator; call it before the first CUDA allocation.
 
-    Configures the library (see configure()), creates
-    ``torch.cuda.memory.CUDAPluggableAllocator(libbucketalloc.so, malloc, "bucketalloc_free")``,
-    registers the hooks this torch version has (set_init_fn, set_reset_fn for empty_cache,
-    set_memory_fraction_fn, set_record_stream_fn, set_base_alloc_fn) and calls
-    ``torch.cuda.memory.change_current_allocator``. A second call with the same raise_on_oom swaps
-    nothing again: it applies `patch_torch`, and a configuration only as configure() would (the
-    same one is accepted; another one only while the allocator has not been created yet).
+    Configures the library (see configure()), then installs bucketalloc by one of two paths
+    (``allocator_path()`` says which is active):
+
+    - native (the default when it can be built): a ``c10::cuda::CUDACachingAllocator::CUDAAllocator``
+      compiled against the installed torch (``csrc/native_allocator.cc``, cached per torch build)
+      becomes the allocator torch holds, as its own ``change_current_allocator`` makes one current.
+      torch's own memory functions, cuDNN's benchmark, torch.compile's cudagraph trees, MemPool,
+      CUDA IPC and OOM observers then work unpatched (docs/pytorch.md, "Compatibility").
+    - pluggable (the fallback): ``torch.cuda.memory.CUDAPluggableAllocator(libbucketalloc.so, malloc,
+      "bucketalloc_free")`` with the hooks this torch version has; torch treats it as a guest. Used
+      when the native allocator cannot be built (no C++ compiler, no torch or CUDA runtime headers:
+      a warning names what is missing and what then does not work), with ``native=False``, or with
+      ``raise_on_oom=False``.
+
+    A second call with the same path and raise_on_oom swaps nothing again: it applies
+    `patch_torch`, and a configuration only as configure() would (the same one is accepted;
+    another one only while the allocator has not been created yet).
 
     Args:
         conf: options in BUCKETALLOC_CONF syntax; None: the BUCKETALLOC_CONF environment variable.
@@ -579,13 +625,16 @@ def enable(conf: Optional[str] = None, *, patch_torch: bool = False, raise_on_oo
             C++ compiler or torch's headers it is a RuntimeError carrying the report, with a
             warning saying what is missing. False uses ``bucketalloc_malloc``, which returns NULL,
             and PyTorch does not check that pointer: keep the default.
+        native: True: the native path or an error saying why it cannot be built; False: the
+            pluggable path; None (default): native when it can be built, else pluggable with a warning.
         **options: more options, appended to `conf` (e.g. ``capacity="40GiB"``).
 
     When prometheus_client is installed, bucketalloc's metrics are registered in its default
     registry (register_metrics()), so a server that exposes /metrics with it shows them.
 
     Returns:
-        The torch.cuda.memory.CUDAPluggableAllocator (e.g. for torch.cuda.MemPool).
+        torch's object for the allocator: ``torch.cuda.memory._get_current_allocator()`` on the native
+        path, the ``torch.cuda.memory.CUDAPluggableAllocator`` on the pluggable one.
 
     Raises:
         BucketallocError: a bad option, no usable device (the message says which case: no NVIDIA
@@ -596,20 +645,53 @@ def enable(conf: Optional[str] = None, *, patch_torch: bool = False, raise_on_oo
     """
     global _enabled
     requested = _compose_conf(conf, options)
+    if native is not None and not isinstance(native, bool):
+        raise TypeError(f"native={native!r}; accepted: None, True or False")
+    if native and not raise_on_oom:
+        raise BucketallocError("native=True and raise_on_oom=False: the native allocator always raises "
+                               "torch.cuda.OutOfMemoryError; raise_on_oom=False needs native=False or None")
     with _enable_lock:
         if _enabled is not None and _enabled.raise_on_oom != raise_on_oom:
             raise BucketallocError(
                 f"bucketalloc is already PyTorch's allocator with raise_on_oom={not raise_on_oom}; "
                 "PyTorch cannot swap an allocator in use, so it cannot change"
             )
+        if _enabled is not None and native is not None and (_enabled.path == "native") != native:
+            raise BucketallocError(
+                f"bucketalloc is already PyTorch's allocator through the {_enabled.path} path; PyTorch cannot swap "
+                "an allocator in use, so it cannot change"
+            )
         _apply_conf(requested)  # the library accepts the configuration it already has
         if _enabled is None:
             _check_device()
-            _enabled = _Enabled(raise_on_oom, _install(raise_on_oom))
+            torch = _import_torch()
+            allocator, path = None, "pluggable"
+            if native is not False and raise_on_oom:
+                try:
+                    allocator, path = _install_native(torch), "native"
+                except _torch_ext.Unavailable as e:
+                    if native:
+                        raise BucketallocError(f"bucketalloc: the native allocator cannot be built: {e}") from e
+                    warnings.warn(
+                        f"bucketalloc: PyTorch's allocator interface is served through CUDAPluggableAllocator, "
+                        f"because the native allocator cannot be built: {e}. Then these do not work: "
+                        f"{_PLUGGABLE_LIMITS}",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+            if allocator is None:
+                allocator = _install(raise_on_oom, torch)
+            _enabled = _Enabled(raise_on_oom, allocator, path)
             _metrics.register_if_available()
-        if patch_torch:
-            _patch_torch()
+        if patch_torch and _enabled.path == "pluggable":
+            _patch_torch()  # torch's own functions serve the native path unpatched
         return _enabled.allocator
+
+
+def allocator_path() -> Optional[str]:
+    """The path enable() installed bucketalloc by: "native" (the allocator torch holds is
+    bucketalloc's own CUDAAllocator), "pluggable" (CUDAPluggableAllocator), or None before enable()."""
+    return None if _enabled is None else _enabled.path
 
 
 # Stand-ins for torch functions whose signatures differ from this module's.

@@ -1,4 +1,6 @@
-"""bucketalloc inside the real torch (the PyPI CUDA wheel), on the simulated device, without a driver.
+"""bucketalloc inside the real torch (the PyPI CUDA wheel), on the simulated device, without a driver:
+the pluggable path (enable(native=False), the fallback when the native allocator cannot be built;
+tests/test_native_allocator.py has the native path).
 
 torch's own CUDAPluggableAllocator object is driven from C++ (tests/torch_probe.cpp, built with
 torch.utils.cpp_extension) the way torch's CUDA code drives it: allocations through
@@ -66,7 +68,7 @@ def test_oom_is_torch_out_of_memory_error_with_torchs_message_and_accelerate_see
         + """
 import torch, accelerate.utils.memory as acc_memory
 import bucketalloc_torch as ba
-ba.enable()
+ba.enable(native=False)
 stream = 0x1000
 p = probe.malloc(64 << 20, 0, stream)
 assert p != 0
@@ -94,7 +96,7 @@ def test_graphs_sharing_a_pool_through_torchs_allocator_object_in_both_reset_ord
         PROBE
         + """
 import bucketalloc_torch as ba
-ba.enable()
+ba.enable(native=False)
 s = 0x1000
 sizes = [4096, 300000, 3 << 20, 5 << 20]
 def capture(pool):
@@ -133,7 +135,7 @@ def test_n_captures_sharing_a_pool_cost_about_one_capture():
         PROBE
         + """
 import bucketalloc_torch as ba
-ba.enable()
+ba.enable(native=False)
 s, pool, n = 0x1000, (2, 0), 16
 held = []
 for g in range(n):
@@ -164,7 +166,7 @@ def test_a_failed_capture_then_normal_allocation():
         PROBE
         + """
 import bucketalloc_torch as ba
-ba.enable()
+ba.enable(native=False)
 s = 0x1000
 ba._lib.lib().bucketalloc_sim_set_capturing(0, s, 1)
 probe.begin_allocate_to_pool(0, 3, 0, s)
@@ -188,7 +190,7 @@ def test_mempool_is_refused_by_torchs_pluggable_path():
         PROBE
         + """
 import bucketalloc_torch as ba
-ba.enable()
+ba.enable(native=False)
 try:
     probe.create_or_incref_pool(0, 0, 1)                     # what torch.cuda.MemPool() calls first
 except RuntimeError as e:
@@ -206,7 +208,7 @@ def test_memory_summary_is_torchs_own_rendering_then_bucketallocs_rows():
         + """
 import torch.cuda.memory as torch_memory
 import bucketalloc_torch as ba
-ba.enable()
+ba.enable(native=False)
 s = 0x1000
 # Sizes that make torch's formatter scale (KiB, MiB, GiB) and counts in the thousands.
 blocks = [probe.malloc(n, 0, s) for n in [700] * 2000 + [3 << 20, 900 << 20, 5 << 20]]
@@ -234,7 +236,7 @@ def test_torchs_memory_viz_reads_a_snapshot_with_stacks_and_the_no_stack_frame(t
 import pickle
 import torch.cuda._memory_viz as viz
 import bucketalloc_torch as ba
-ba.enable(patch_torch=True)
+ba.enable(native=False, patch_torch=True)
 import torch
 s = 0x1000
 early = probe.malloc(1 << 20, 0, s)  # before recording: no stack
@@ -272,7 +274,7 @@ def test_accelerate_shrinks_the_batch_until_it_fits_under_the_cap():
         + """
 from accelerate.utils import find_executable_batch_size
 import bucketalloc_torch as ba
-ba.enable()
+ba.enable(native=False)
 tried = []
 
 @find_executable_batch_size(starting_batch_size=64)
@@ -299,7 +301,7 @@ def test_record_memory_history_with_python_stacks_gives_blocks_their_stacks():
         + """
 import torch
 import bucketalloc_torch as ba
-ba.enable(patch_torch=True)
+ba.enable(native=False, patch_torch=True)
 s = 0x1000
 
 def allocate_in_a_named_function():

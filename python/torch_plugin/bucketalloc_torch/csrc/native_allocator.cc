@@ -1,0 +1,1089 @@
+// bucketalloc_torch/csrc/native_allocator.cc — bucketalloc as PyTorch's own CUDA allocator: a
+// c10::cuda::CUDACachingAllocator::CUDAAllocator over libbucketalloc.so, compiled against the
+// installed torch (bucketalloc_torch/_torch_ext.py builds and caches it per torch build) and made
+// current by bucketalloc_torch_native_install(), as torch.cuda.memory.change_current_allocator does.
+//
+// Every virtual function of the interface is served, so torch's own entry points work unpatched:
+// allocation, raw_alloc/raw_delete, stats (memory_stats, reset_*), cacheInfo (cuDNN's workspace
+// search), snapshots and history with torch's context recorder, OOM observers and trace trackers,
+// CUDA graph and MemPool pools (use counts, liveness checks, per-pool empty_cache), checkpoint
+// state (cudagraph trees), CUDA IPC (torch.multiprocessing) and the memory fraction.
+//
+// What it keeps itself (torch's C++ objects, which libbucketalloc's C ABI cannot hold): the history
+// ring with torch's TraceEntry (contexts, mempool ids, user metadata), fed by bucketalloc's trace
+// hook; the context of each live block; the observers; MemPools with an allocator of their own
+// (their requests go to that allocator). libbucketalloc is reached through the process's one loaded
+// copy (dlopen RTLD_NOLOAD of the path it is given), never linked.
+//
+// Thread-safety: every function may be called from any thread; state_mu_ guards the adapter's own
+// state and is never held while calling bucketalloc, except from the trace hook, which bucketalloc
+// calls under its device lock (lock order: device lock, then state_mu_).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/ApproximateClock.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include "bucketalloc/bucketalloc.h"
+
+namespace bucketalloc_torch {
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+namespace cda = c10::CachingDeviceAllocator;
+using c10::MempoolId_t;
+
+// ---- libbucketalloc, through the loaded copy -------------------------------------------------
+
+#define BUCKETALLOC_TORCH_API_FUNCTIONS(X) \
+  X(bucketalloc_try_malloc)                \
+  X(bucketalloc_raw_delete)                \
+  X(bucketalloc_init)                      \
+  X(bucketalloc_last_error)                \
+  X(bucketalloc_record_stream)             \
+  X(bucketalloc_base_alloc)                \
+  X(bucketalloc_set_memory_fraction)       \
+  X(bucketalloc_memory_fraction)           \
+  X(bucketalloc_get_device_stats)          \
+  X(bucketalloc_visit_private_pool_stats)  \
+  X(bucketalloc_reset_accumulated_stats)   \
+  X(bucketalloc_reset_peak_stats)          \
+  X(bucketalloc_visit_segments)            \
+  X(bucketalloc_set_trace_hook)            \
+  X(bucketalloc_cache_info)                \
+  X(bucketalloc_pool_incref)               \
+  X(bucketalloc_pool_use_count)            \
+  X(bucketalloc_pool_empty_cache)          \
+  X(bucketalloc_last_oom_info)             \
+  X(bucketalloc_begin_allocate_to_pool)    \
+  X(bucketalloc_end_allocate_to_pool)      \
+  X(bucketalloc_release_pool_id)           \
+  X(bucketalloc_config_string)             \
+  X(bucketalloc_device_count)              \
+  X(bucketalloc_pool_set_use_on_oom)
+
+struct Api {
+#define BUCKETALLOC_TORCH_API_FIELD(name) decltype(&::name) name = nullptr;
+  BUCKETALLOC_TORCH_API_FUNCTIONS(BUCKETALLOC_TORCH_API_FIELD)
+#undef BUCKETALLOC_TORCH_API_FIELD
+};
+
+// Resolves every function from the loaded library at `path`; an empty string, or what is missing.
+std::string LoadApi(const char* path, Api* api) {
+  void* handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) {
+    return std::string("libbucketalloc is not loaded in this process from ") + path + " (" + dlerror() + ")";
+  }
+#define BUCKETALLOC_TORCH_API_RESOLVE(name)                                             \
+  api->name = reinterpret_cast<decltype(&::name)>(dlsym(handle, #name));                \
+  if (api->name == nullptr) {                                                           \
+    return std::string(path) + " has no " #name " (a library older than this package)"; \
+  }
+  BUCKETALLOC_TORCH_API_FUNCTIONS(BUCKETALLOC_TORCH_API_RESOLVE)
+#undef BUCKETALLOC_TORCH_API_RESOLVE
+  return "";
+}
+
+Api g_api;
+
+std::string LastError() {
+  const char* e = g_api.bucketalloc_last_error();
+  return e == nullptr ? std::string() : std::string(e);
+}
+
+// Raises the last error of a failed call as torch's c10::Error.
+void Check(int rc, const char* what) {
+  if (rc >= 0) return;
+  TORCH_CHECK(false, "bucketalloc: ", what, ": ", LastError());
+}
+
+bucketalloc_pool_id ToC(MempoolId_t id) { return bucketalloc_pool_id{id.first, id.second}; }
+bool IsDefaultPool(MempoolId_t id) { return id.first == 0 && id.second == 0; }
+
+// ---- history: torch's trace entries, fed by bucketalloc's trace hook --------------------------
+
+// The context recorded for the calling thread's current allocator call (set before the call into
+// bucketalloc, taken by the trace hook, which bucketalloc calls on this thread).
+thread_local std::shared_ptr<c10::GatheredContext> t_context;
+thread_local MempoolId_t t_mempool{0, 0};
+
+cda::TraceEntry::Action ToTorchAction(int action) {
+  switch (action) {
+    case BUCKETALLOC_TRACE_ALLOC:
+      return cda::TraceEntry::ALLOC;
+    case BUCKETALLOC_TRACE_FREE_REQUESTED:
+      return cda::TraceEntry::FREE_REQUESTED;
+    case BUCKETALLOC_TRACE_FREE_COMPLETED:
+      return cda::TraceEntry::FREE_COMPLETED;
+    case BUCKETALLOC_TRACE_SEGMENT_ALLOC:
+      return cda::TraceEntry::SEGMENT_ALLOC;
+    case BUCKETALLOC_TRACE_SEGMENT_FREE:
+      return cda::TraceEntry::SEGMENT_FREE;
+    case BUCKETALLOC_TRACE_SEGMENT_MAP:
+      return cda::TraceEntry::SEGMENT_MAP;
+    case BUCKETALLOC_TRACE_SEGMENT_UNMAP:
+      return cda::TraceEntry::SEGMENT_UNMAP;
+    default:
+      return cda::TraceEntry::OOM;
+  }
+}
+
+const char* ActionName(cda::TraceEntry::Action a) {
+  switch (a) {
+    case cda::TraceEntry::ALLOC:
+      return "alloc";
+    case cda::TraceEntry::FREE_REQUESTED:
+      return "free_requested";
+    case cda::TraceEntry::FREE_COMPLETED:
+      return "free_completed";
+    case cda::TraceEntry::SEGMENT_ALLOC:
+      return "segment_alloc";
+    case cda::TraceEntry::SEGMENT_FREE:
+      return "segment_free";
+    case cda::TraceEntry::SEGMENT_MAP:
+      return "segment_map";
+    case cda::TraceEntry::SEGMENT_UNMAP:
+      return "segment_unmap";
+    case cda::TraceEntry::SNAPSHOT:
+      return "snapshot";
+    case cda::TraceEntry::OOM:
+      return "oom";
+    case cda::TraceEntry::ANNOTATE:
+      return "annotate";
+  }
+  return "";
+}
+
+// A trace entry whose time is already in microseconds since the epoch (what a snapshot holds).
+cda::TraceEntry MakeEntry(cda::TraceEntry::Action action, c10::DeviceIndex device, std::size_t addr, std::size_t size,
+                          void* stream, MempoolId_t mempool, std::int64_t time_us,
+                          std::shared_ptr<c10::GatheredContext> context, std::string compile_context,
+                          std::string user_metadata) {
+  cda::TraceEntry e(action, device, addr, size, stream, mempool, 0, std::move(context), std::move(compile_context),
+                    std::move(user_metadata));
+  e.time_.t_ = static_cast<time_t>(time_us);
+  return e;
+}
+
+std::int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A MemPool created with an allocator of its own (torch.cuda.MemPool(allocator), as vLLM's sleep
+// mode builds one): its requests go to that allocator, and bucketalloc does not cache them.
+struct ExternalPool {
+  std::shared_ptr<cca::CUDAAllocator> allocator;
+  int use_count = 0;
+};
+
+// What getCheckpointState returns: the pool's live blocks then.
+struct PoolCheckpoint final : cca::AllocatorState {
+  c10::DeviceIndex device = 0;
+  MempoolId_t pool{0, 0};
+  std::vector<std::pair<std::uintptr_t, std::size_t>> live;  // address, block size
+};
+
+// The segments of a device, copied with their blocks (what bucketalloc_visit_segments gives).
+struct SegmentCopy {
+  std::vector<bucketalloc_segment_info> segments;
+  std::vector<std::vector<bucketalloc_block_info>> blocks;
+  std::vector<bucketalloc_segment_info>::const_iterator begin() const { return segments.begin(); }
+  std::vector<bucketalloc_segment_info>::const_iterator end() const { return segments.end(); }
+};
+
+class BucketallocAllocator final : public cca::CUDAAllocator {
+ public:
+  BucketallocAllocator() { have_cuda_ = c10::cuda::device_count() > 0; }
+
+  // ---- allocation ----------------------------------------------------------------------------
+
+  c10::DataPtr allocate(size_t size) override {
+    const c10::DeviceIndex device = CurrentDevice();
+    void* ptr = Malloc(size, device, CurrentStream(device));
+    return {ptr, ptr, &RawDelete, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &RawDelete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const final {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+  }
+  void* raw_alloc(size_t nbytes) override {
+    const c10::DeviceIndex device = CurrentDevice();
+    return Malloc(nbytes, device, CurrentStream(device));
+  }
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+    return Malloc(nbytes, CurrentDevice(), stream);
+  }
+  void raw_delete(void* ptr) override { Free(ptr); }
+
+  void init(int device_count) override {
+    g_api.bucketalloc_init(device_count);
+    initialized_.store(true);
+  }
+  bool initialized() override { return initialized_.load(); }
+
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    const double f = g_api.bucketalloc_memory_fraction(device);
+    Check(f < 0 ? -1 : 0, "getMemoryFraction");
+    return f;
+  }
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    TORCH_CHECK(fraction >= 0 && fraction <= 1, "bucketalloc: invalid memory fraction ", fraction,
+                "; accepted: a number in [0, 1]");
+    // torch's 0 means "nothing may be allocated"; bucketalloc's cap needs at least one granule.
+    g_api.bucketalloc_set_memory_fraction(std::max(fraction, 1e-9), device);
+  }
+
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override {
+    std::vector<cca::StreamSegmentSize> sizes;
+    for (const bucketalloc_segment_info& s : Segments(device)) {
+      if (s.is_expandable) sizes.emplace_back(reinterpret_cast<cudaStream_t>(s.stream), s.is_small != 0, s.total_size);
+    }
+    return sizes;
+  }
+
+  void emptyCache(MempoolId_t mempool_id) override {
+    if (!IsDefaultPool(mempool_id)) {
+      if (EmptyExternalPool(mempool_id)) return;
+    }
+    const int count = std::max(DeviceCount(), 1);
+    for (int d = 0; d < count; ++d) {
+      if (!IsDefaultPool(mempool_id) && g_api.bucketalloc_pool_use_count(d, ToC(mempool_id)) < 0) continue;
+      if (g_api.bucketalloc_pool_empty_cache(d, ToC(mempool_id)) != 0) {
+        // torch's empty_cache is a silent no-op while a capture or MemPool context runs (PR #158152).
+        TORCH_WARN_ONCE("bucketalloc: ", LastError());
+      }
+    }
+  }
+  void enable(bool value) override { enabled_.store(value); }
+  bool isEnabled() const override { return enabled_.load(); }
+
+  void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
+    Check(g_api.bucketalloc_cache_info(device, largestBlock), "cacheInfo");
+  }
+  void* getBaseAllocation(void* ptr, size_t* size) override {
+    void* base = g_api.bucketalloc_base_alloc(ptr, size);
+    TORCH_CHECK(base != nullptr, "bucketalloc: getBaseAllocation: ", LastError());
+    return base;
+  }
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (ptr.get() == nullptr) return;
+    g_api.bucketalloc_record_stream(ptr.get(), stream.stream());
+  }
+
+  // ---- stats -----------------------------------------------------------------------------------
+
+  cda::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    bucketalloc_device_stats s{};
+    Check(g_api.bucketalloc_get_device_stats(device, &s, sizeof s), "getDeviceStats");
+    cda::DeviceStats out;
+    const auto copy = [](const bucketalloc_stat& from, c10::CachingAllocator::Stat& to) {
+      to.current = from.current;
+      to.peak = from.peak;
+      to.allocated = from.allocated;
+      to.freed = from.freed;
+    };
+    const auto copy_array = [&](const bucketalloc_stat* from, c10::CachingAllocator::StatArray& to) {
+      for (std::size_t i = 0; i < to.size(); ++i) copy(from[i], to[i]);
+    };
+    copy_array(s.allocation, out.allocation);
+    copy_array(s.segment, out.segment);
+    copy_array(s.active, out.active);
+    copy_array(s.inactive_split, out.inactive_split);
+    copy_array(s.allocated_bytes, out.allocated_bytes);
+    copy_array(s.reserved_bytes, out.reserved_bytes);
+    copy_array(s.active_bytes, out.active_bytes);
+    copy_array(s.inactive_split_bytes, out.inactive_split_bytes);
+    copy_array(s.requested_bytes, out.requested_bytes);
+    out.num_alloc_retries = s.num_alloc_retries;
+    out.num_ooms = s.num_ooms;
+    copy(s.oversize_allocations, out.oversize_allocations);
+    copy(s.oversize_segments, out.oversize_segments);
+    out.num_sync_all_streams = s.num_sync_all_streams;
+    out.num_device_alloc = s.num_device_alloc;
+    out.num_device_free = s.num_device_free;
+    out.num_oom_rejections = s.num_oom_rejections;
+    out.max_split_size = s.max_split_size;
+    Check(g_api.bucketalloc_visit_private_pool_stats(
+              device,
+              [](bucketalloc_pool_id pool, const bucketalloc_stat* reserved, void* c) {
+                c10::CachingAllocator::StatArray& to =
+                    static_cast<cda::DeviceStats*>(c)->reserved_bytes_by_private_pools[{pool.first, pool.second}];
+                for (std::size_t i = 0; i < to.size(); ++i) {
+                  to[i].current = reserved[i].current;
+                  to[i].peak = reserved[i].peak;
+                  to[i].allocated = reserved[i].allocated;
+                  to[i].freed = reserved[i].freed;
+                }
+              },
+              &out),
+          "getDeviceStats");
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    Check(g_api.bucketalloc_reset_accumulated_stats(device), "resetAccumulatedStats");
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    Check(g_api.bucketalloc_reset_peak_stats(device), "resetPeakStats");
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    if (have_cuda_) return cca::CUDAAllocator::getMemoryInfo(device);
+    // The simulated device: its cap and what is left under it.
+    bucketalloc_device_stats s{};
+    Check(g_api.bucketalloc_get_device_stats(device, &s, sizeof s), "getMemoryInfo");
+    const auto total = static_cast<size_t>(s.capacity_bytes);
+    const auto reserved = static_cast<size_t>(s.reserved_bytes[0].current);
+    return {total > reserved ? total - reserved : 0, total};
+  }
+
+  // ---- snapshots and history -------------------------------------------------------------------
+
+  cca::SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override {
+    cca::SnapshotInfo info;
+    const SegmentCopy segments = Segments(-1);  // before any lock of ours (the trace hook's order)
+    std::unique_lock<std::mutex> blocks_lock(block_mu_);
+    for (const bucketalloc_segment_info& s : segments) {
+      const MempoolId_t pool{s.pool.first, s.pool.second};
+      if (!IsDefaultPool(mempool_id) && pool != mempool_id) continue;
+      cda::SegmentInfo seg;
+      seg.device = static_cast<c10::DeviceIndex>(s.device);
+      seg.address = s.address;
+      seg.total_size = s.total_size;
+      seg.requested_size = s.requested_size;
+      seg.allocated_size = s.allocated_size;
+      seg.active_size = s.active_size;
+      seg.stream = reinterpret_cast<void*>(s.stream);
+      seg.is_large = s.is_small == 0;
+      seg.is_expandable = s.is_expandable != 0;
+      seg.owner_private_pool_id = pool;
+      for (std::size_t i = 0; i < s.num_blocks; ++i) {
+        const bucketalloc_block_info& b = s.blocks[i];
+        cda::BlockInfo block;
+        block.size = b.size;
+        block.requested_size = b.requested_size;
+        block.allocated = b.state == BUCKETALLOC_BLOCK_ACTIVE_ALLOCATED;
+        block.active = b.state != BUCKETALLOC_BLOCK_INACTIVE;
+        if (block.active) {
+          auto it = block_contexts_.find(b.address);
+          if (it != block_contexts_.end()) block.context_when_allocated = it->second;
+        }
+        if (i == 0 && block.active) seg.context_when_allocated = block.context_when_allocated;
+        seg.blocks.push_back(std::move(block));
+      }
+      info.segments.push_back(std::move(seg));
+    }
+    blocks_lock.unlock();
+    const int devices = std::max(DeviceCount(), 1);
+    info.device_traces.resize(static_cast<std::size_t>(devices));
+    if (include_traces) {
+      std::vector<std::size_t> active(static_cast<std::size_t>(devices), 0);
+      for (const cda::SegmentInfo& seg : info.segments) {
+        if (seg.device >= 0 && seg.device < devices) active[static_cast<std::size_t>(seg.device)] += seg.active_size;
+      }
+      std::lock_guard<std::mutex> state(state_mu_);
+      for (const cda::TraceEntry& e : trace_) {
+        if (e.device_ >= 0 && e.device_ < devices) info.device_traces[static_cast<std::size_t>(e.device_)].push_back(e);
+      }
+      if (recording_) {
+        // As torch: each snapshot is marked in the history (seen by the next snapshot), its size the
+        // active bytes.
+        for (int d = 0; d < devices; ++d)
+          Push(MakeEntry(cda::TraceEntry::SNAPSHOT, static_cast<c10::DeviceIndex>(d), 0,
+                         active[static_cast<std::size_t>(d)], nullptr, mempool_id, NowUs(), nullptr, "", ""));
+      }
+    }
+    FillConfig(&info.config_metadata);
+    return info;
+  }
+
+  bool isHistoryEnabled() override {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    return recording_;
+  }
+  std::shared_ptr<c10::GatheredContext> getContextForPointer(const void* ptr) override {
+    std::lock_guard<std::mutex> lock(block_mu_);
+    auto it = block_contexts_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    return it == block_contexts_.end() ? nullptr : it->second;
+  }
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder, size_t alloc_trace_max_entries,
+                     cca::RecordContext when, bool clearHistory,
+                     const std::vector<std::string>& skip_actions) override {
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      recording_ = enabled;
+      recorder_ = enabled ? context_recorder : nullptr;
+      when_ = enabled ? when : cca::RecordContext::NEVER;
+      max_entries_ = std::max<size_t>(alloc_trace_max_entries, 1);
+      skip_.clear();
+      for (const std::string& name : skip_actions) skip_.insert(name);
+      if (clearHistory || !enabled) trace_.clear();
+      while (trace_.size() > max_entries_) trace_.pop_front();
+      recording_flag_.store(enabled && when_ != cca::RecordContext::NEVER ? 2 : (enabled ? 1 : 0));
+    }
+    if (!enabled || when == cca::RecordContext::NEVER) {
+      std::lock_guard<std::mutex> lock(block_mu_);
+      block_contexts_.clear();
+    }
+    UpdateHook();
+  }
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
+    // torch keeps record_function annotations in the snapshot's external_annotations; they are
+    // recorded only with global_record_annotations, which needs torch's own allocator lock order.
+    (void)md;
+  }
+  void pushCompileContext(std::string& md) override {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    compile_contexts_.push_back(md);
+  }
+  void popCompileContext() override {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!compile_contexts_.empty()) compile_contexts_.pop_back();
+  }
+  bool supportsUserMetadata() override { return true; }
+  void setUserMetadata(const std::string& metadata) override {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    user_metadata_ = metadata;
+  }
+  std::string getUserMetadata() override {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    return user_metadata_;
+  }
+  void annotateMemory(const void* ptr, const std::string& metadata) override {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!recording_) return;
+    Push(MakeEntry(cda::TraceEntry::ANNOTATE, CurrentDevice(), reinterpret_cast<std::size_t>(ptr), 0, nullptr, {0, 0},
+                   NowUs(), nullptr, "", metadata));
+  }
+
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    oom_observers_.push_back(std::move(observer));
+  }
+  void attachOomRejectionObserver(cca::OomRejectionObserver observer) override {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    oom_rejection_observers_.push_back(std::move(observer));
+  }
+  void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override {
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      trackers_.push_back(std::move(tracker));
+    }
+    UpdateHook();
+  }
+
+  // ---- pools -----------------------------------------------------------------------------------
+
+  void beginAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      auto it = external_.find(mempool_id);
+      if (it != external_.end()) {
+        ++it->second.use_count;
+        external_routings_.push_back({mempool_id, std::move(filter)});
+        num_external_routings_.store(static_cast<int>(external_routings_.size()));
+        return;
+      }
+    }
+    Check(g_api.bucketalloc_begin_allocate_to_pool(device, {mempool_id.first, mempool_id.second}, std::move(filter)),
+          "beginAllocateToPool");
+  }
+  void endAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      if (external_.count(mempool_id) != 0) {
+        for (auto it = external_routings_.rbegin(); it != external_routings_.rend(); ++it) {
+          if (it->first == mempool_id) {
+            external_routings_.erase(std::next(it).base());
+            break;
+          }
+        }
+        num_external_routings_.store(static_cast<int>(external_routings_.size()));
+        return;
+      }
+    }
+    Check(g_api.bucketalloc_end_allocate_to_pool(device, {mempool_id.first, mempool_id.second}), "endAllocateToPool");
+  }
+  void releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      auto it = external_.find(mempool_id);
+      if (it != external_.end()) {
+        if (--it->second.use_count <= 0 && ExternalLiveLocked(mempool_id) == 0) external_.erase(it);
+        return;
+      }
+    }
+    Check(g_api.bucketalloc_release_pool_id(device, {mempool_id.first, mempool_id.second}), "releasePool");
+  }
+  int getPoolUseCount(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      auto it = external_.find(mempool_id);
+      if (it != external_.end()) return it->second.use_count;
+    }
+    const int count = g_api.bucketalloc_pool_use_count(device, ToC(mempool_id));
+    Check(count, "getPoolUseCount");
+    return count;
+  }
+  void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t mempool_id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    if (allocator != nullptr && allocator.get() != this) {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      ExternalPool& pool = external_[mempool_id];
+      TORCH_CHECK(pool.allocator == nullptr || pool.allocator == allocator, "bucketalloc: MemPool (", mempool_id.first,
+                  ", ", mempool_id.second, ") already has another allocator");
+      pool.allocator = std::move(allocator);
+      ++pool.use_count;
+      return;
+    }
+    Check(g_api.bucketalloc_pool_incref(device, ToC(mempool_id)), "createOrIncrefPool");
+  }
+  void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
+    Check(g_api.bucketalloc_pool_set_use_on_oom(device, ToC(mempool_id), use_on_oom ? 1 : 0), "setUseOnOOM");
+  }
+  void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    no_split_.insert({device, mempool_id});
+  }
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId_t mempool_id,
+                                const std::unordered_set<void*>& expected_live_allocations) override {
+    std::size_t live = 0;
+    for (const bucketalloc_segment_info& s : Segments(device)) {
+      if (MempoolId_t{s.pool.first, s.pool.second} != mempool_id) continue;
+      for (std::size_t i = 0; i < s.num_blocks; ++i) {
+        const bucketalloc_block_info& b = s.blocks[i];
+        if (b.state != BUCKETALLOC_BLOCK_ACTIVE_ALLOCATED) continue;
+        if (expected_live_allocations.count(reinterpret_cast<void*>(b.address)) == 0) return false;
+        ++live;
+      }
+    }
+    return live == expected_live_allocations.size();
+  }
+
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override {
+    const int uses = g_api.bucketalloc_pool_use_count(device, ToC(id));
+    Check(uses, "getCheckpointState");
+    TORCH_CHECK(uses > 0, "bucketalloc: getCheckpointState: no graph or MemPool uses pool (", id.first, ", ", id.second,
+                ") on device ", device, " (a pool is checkpointed while in use)");
+    auto state = std::make_shared<PoolCheckpoint>();
+    state->device = device;
+    state->pool = id;
+    for (const bucketalloc_segment_info& s : Segments(device)) {
+      if (MempoolId_t{s.pool.first, s.pool.second} != id) continue;
+      for (std::size_t i = 0; i < s.num_blocks; ++i) {
+        if (s.blocks[i].state == BUCKETALLOC_BLOCK_ACTIVE_ALLOCATED) {
+          state->live.emplace_back(s.blocks[i].address, s.blocks[i].size);
+        }
+      }
+    }
+    return state;
+  }
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<cca::AllocatorState> pps) override {
+    auto* state = dynamic_cast<PoolCheckpoint*>(pps.get());
+    TORCH_CHECK(state != nullptr,
+                "bucketalloc: setCheckpointPoolState: the state is not one bucketalloc's "
+                "getCheckpointState returned");
+    TORCH_CHECK(state->device == device, "bucketalloc: setCheckpointPoolState: the state is device ", state->device,
+                "'s, not device ", device, "'s");
+    // The live blocks of the pool now against the checkpoint's: a block live in both, at the same
+    // address and size, stays; the checkpoint's pool must hold exactly its blocks again.
+    std::unordered_map<std::uintptr_t, std::size_t> now;
+    for (const bucketalloc_segment_info& s : Segments(device)) {
+      if (MempoolId_t{s.pool.first, s.pool.second} != state->pool) continue;
+      for (std::size_t i = 0; i < s.num_blocks; ++i) {
+        if (s.blocks[i].state == BUCKETALLOC_BLOCK_ACTIVE_ALLOCATED) now[s.blocks[i].address] = s.blocks[i].size;
+      }
+    }
+    cca::CheckpointDelta delta;
+    std::vector<std::pair<std::uintptr_t, std::size_t>> missing;
+    for (const auto& [address, size] : state->live) {
+      auto it = now.find(address);
+      if (it != now.end() && it->second == size) {
+        now.erase(it);
+      } else {
+        missing.emplace_back(address, size);
+      }
+    }
+    TORCH_CHECK(missing.empty(), "bucketalloc: setCheckpointPoolState: ", missing.size(),
+                " block(s) of the checkpoint of pool (", state->pool.first, ", ", state->pool.second,
+                ") are no longer live at their addresses (the first at 0x", std::hex, missing.front().first,
+                "); bucketalloc restores a checkpoint only while its blocks are live (it cannot yet allocate at a "
+                "given address)");
+    // torch frees every allocation of the pool and allocates the checkpoint's again at the same
+    // addresses: each block live in both is reported freed and allocated (its new DataPtr owns it,
+    // as the caller's storages take them over); the others are freed.
+    for (const auto& [address, size] : state->live) {
+      (void)size;
+      void* ptr = reinterpret_cast<void*>(address);
+      delta.ptrs_freed.push_back(ptr);
+      delta.dataptrs_allocd.emplace_back(ptr, ptr, &RawDelete, c10::Device(c10::DeviceType::CUDA, device));
+    }
+    for (const auto& [address, size] : now) {
+      (void)size;
+      void* ptr = reinterpret_cast<void*>(address);
+      Free(ptr);
+      delta.ptrs_freed.push_back(ptr);
+    }
+    return delta;
+  }
+
+  // ---- IPC -------------------------------------------------------------------------------------
+
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    size_t base_size = 0;
+    void* base = getBaseAllocation(ptr, &base_size);
+    TORCH_CHECK(have_cuda_,
+                "bucketalloc: shareIpcHandle: the simulated device (backend:sim) has no memory another "
+                "process can open; CUDA IPC needs backend:cuda on a GPU");
+    cudaIpcMemHandle_t handle;
+    const cudaError_t err = cudaIpcGetMemHandle(&handle, base);
+    TORCH_CHECK(err == cudaSuccess, "bucketalloc: shareIpcHandle: cudaIpcGetMemHandle of the segment at ", base,
+                " failed: ", cudaGetErrorString(err),
+                " (segments of the vmm backend, expandable_segments:True, cannot be shared through CUDA IPC yet; "
+                "use backend:cuda)");
+    (void)cudaGetLastError();
+    // torch's layout (c10/cuda/CUDACachingAllocator.cpp): a version byte, the handle type, the
+    // cudaIpcMemHandle_t; the offset of `ptr` in its segment beside it.
+    std::string text;
+    text.push_back(kShareableHandleVersion);
+    text.push_back(kShareableCudaMalloc);
+    text.append(reinterpret_cast<const char*>(&handle), CUDA_IPC_HANDLE_SIZE);
+    return cca::ShareableHandle{static_cast<char*>(ptr) - static_cast<char*>(base), text};
+  }
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    TORCH_CHECK(have_cuda_,
+                "bucketalloc: getIpcDevPtr: the simulated device (backend:sim) cannot open CUDA IPC "
+                "handles; it needs backend:cuda on a GPU");
+    // torch's layouts: a bare cudaIpcMemHandle_t (older torch), or version (<= 3), type, handle.
+    const bool legacy = handle.size() == CUDA_IPC_HANDLE_SIZE;
+    TORCH_CHECK(legacy || (handle.size() == 2 + CUDA_IPC_HANDLE_SIZE && handle[0] >= 1 &&
+                           handle[0] <= kShareableHandleVersion && handle[1] == kShareableCudaMalloc),
+                "bucketalloc: getIpcDevPtr: not a cudaMalloc IPC handle of torch's layout (", handle.size(),
+                " bytes; accepted: ", CUDA_IPC_HANDLE_SIZE, " handle bytes, or a version byte up to ",
+                static_cast<int>(kShareableHandleVersion),
+                ", the type 'c' and the handle; an expandable segment's "
+                "('e') is not opened by bucketalloc yet)");
+    const c10::DeviceIndex device = CurrentDevice();
+    std::lock_guard<std::mutex> lock(ipc_mu_);
+    auto it = ipc_open_.find(handle);  // one opening per handle in the process, as torch keeps it
+    if (it != ipc_open_.end()) {
+      if (std::shared_ptr<void> open = it->second.lock()) return open;
+    }
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data() + (legacy ? 0 : 2), CUDA_IPC_HANDLE_SIZE);
+    void* dev = nullptr;
+    c10::cuda::CUDAGuard guard(device);
+    C10_CUDA_CHECK(cudaIpcOpenMemHandle(&dev, h, cudaIpcMemLazyEnablePeerAccess));
+    std::shared_ptr<void> open(dev, [device](void* p) {
+      c10::cuda::CUDAGuard g(device);
+      (void)cudaIpcCloseMemHandle(p);
+      (void)cudaGetLastError();
+    });
+    ipc_open_[handle] = open;
+    return open;
+  }
+
+  // ---- devices and copies ----------------------------------------------------------------------
+
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    c10::cuda::CUDAGuard guard(dev);
+    const cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();
+      return;
+    }
+    C10_CUDA_CHECK(err);
+  }
+  cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count, cudaStream_t stream,
+                          bool p2p_enabled) override {
+    if (p2p_enabled || dstDevice == srcDevice) {
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    }
+    return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+  }
+  std::string name() override { return "bucketalloc"; }
+
+  // The trace hook bucketalloc calls (under its device lock) while this adapter records.
+  void OnEvent(const bucketalloc_trace_event& event) {
+    const cda::TraceEntry::Action action = ToTorchAction(event.action);
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!recording_ && trackers_.empty()) return;
+    // As torch: a trace entry keeps a context at ALLOC or ALL; a free's is the one gathered at the
+    // free (ALL), else the block's from its allocation.
+    std::shared_ptr<c10::GatheredContext> context;
+    if (when_ == cca::RecordContext::ALLOC || when_ == cca::RecordContext::ALL) {
+      context = t_context;
+      const bool is_free = action == cda::TraceEntry::FREE_REQUESTED || action == cda::TraceEntry::FREE_COMPLETED;
+      if (context == nullptr && is_free) {
+        std::lock_guard<std::mutex> blocks(block_mu_);  // lock order: device, state_mu_, block_mu_
+        auto it = block_contexts_.find(event.addr);
+        if (it != block_contexts_.end()) context = it->second;
+      }
+    }
+    const std::size_t addr = action == cda::TraceEntry::OOM ? event.device_free : event.addr;
+    cda::TraceEntry e = MakeEntry(action, static_cast<c10::DeviceIndex>(event.device), addr, event.size,
+                                  reinterpret_cast<void*>(event.stream), t_mempool, event.time_us, std::move(context),
+                                  compile_contexts_.empty() ? std::string() : compile_contexts_.back(), user_metadata_);
+    for (const cca::AllocatorTraceTracker& tracker : trackers_) tracker(e);
+    if (recording_ && skip_.count(ActionName(action)) == 0) Push(std::move(e));
+  }
+
+  static BucketallocAllocator* instance;
+
+ private:
+  static constexpr char kShareableHandleVersion = 3;  // torch 2.15's SHAREABLE_HANDLE_VERSION
+  static constexpr char kShareableCudaMalloc = 'c';
+
+  static void RawDelete(void* ptr) { instance->Free(ptr); }
+
+  c10::DeviceIndex CurrentDevice() const {
+    if (!have_cuda_) return 0;  // the simulated device (no CUDA device is visible to torch)
+    return c10::cuda::current_device();
+  }
+  cudaStream_t CurrentStream(c10::DeviceIndex device) const {
+    if (!have_cuda_) return nullptr;
+    return c10::cuda::getCurrentCUDAStream(device).stream();
+  }
+  int DeviceCount() const { return g_api.bucketalloc_device_count(); }
+
+  void* Malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    if (size == 0) return nullptr;
+    if (num_external_routings_.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+      if (void* p = MallocExternal(size, stream)) return p;
+    }
+    const int recording = recording_flag_.load(std::memory_order_relaxed);
+    if (recording != 0) [[unlikely]] {
+      return MallocRecorded(size, device, stream, recording == 2);
+    }
+    return MallocPlain(size, device, stream);
+  }
+
+  void* MallocPlain(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    void* p = nullptr;
+    int rc = g_api.bucketalloc_try_malloc(static_cast<ssize_t>(size), device, stream, &p);
+    if (rc == 0) [[likely]]
+      return p;
+    std::string message = LastError();
+    if (rc == 1 && RunFreeMemoryCallbacks()) {
+      rc = g_api.bucketalloc_try_malloc(static_cast<ssize_t>(size), device, stream, &p);
+      if (rc == 0) return p;
+      message = LastError();
+    }
+    if (rc == 1) OutOfMemory(size, device, message);
+    TORCH_CHECK(false, message);
+  }
+
+  void* MallocRecorded(size_t size, c10::DeviceIndex device, cudaStream_t stream, bool with_context) {
+    cca::CreateContextFn recorder = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      recorder = recorder_;
+    }
+    // The context is gathered before the call, outside every lock, as torch does.
+    t_context = with_context && recorder != nullptr ? recorder() : nullptr;
+    struct Reset {
+      ~Reset() { t_context.reset(); }
+    } reset;
+    void* p = MallocPlain(size, device, stream);
+    if (p != nullptr && t_context != nullptr) {
+      std::lock_guard<std::mutex> lock(block_mu_);
+      block_contexts_[reinterpret_cast<std::uintptr_t>(p)] = t_context;
+    }
+    return p;
+  }
+
+  [[noreturn]] void OutOfMemory(size_t size, c10::DeviceIndex device, const std::string& message) {
+    bucketalloc_oom_info oom{};
+    if (g_api.bucketalloc_last_oom_info(device, &oom, sizeof oom) != 0) oom = bucketalloc_oom_info{};
+    std::vector<cca::OutOfMemoryObserver> observers;
+    std::vector<cca::OomRejectionObserver> rejections;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      observers = oom_observers_;
+      rejections = oom_rejection_observers_;
+    }
+    // As torch's: the device, the allocation it needed (the segment), the allowed maximum (the cap)
+    // and the device's free memory.
+    const size_t needed = oom.segment != 0 ? oom.segment : size;
+    for (const auto& observer : observers) observer(device, needed, oom.capacity, oom.device_free);
+    // A request the cap refused without asking the device (capacity or a tenant's cap): torch's
+    // throw_on_cudamalloc_oom rejection.
+    if (oom.present && (oom.cause == 0 || oom.cause == 4)) {
+      for (const auto& observer : rejections) observer(device, size, oom.allocated, oom.capacity);
+    }
+    throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message);
+  }
+
+  // torch's FreeCudaMemoryCallbacksRegistry (e.g. cuda_ipc_collect, which frees tensors other
+  // processes released): true when one freed something (the request is tried once more).
+  static bool RunFreeMemoryCallbacks() {
+    bool freed = false;
+    for (const std::string& key : c10::FreeCudaMemoryCallbacksRegistry()->Keys()) {
+      const std::unique_ptr<c10::FreeMemoryCallback> callback = c10::FreeCudaMemoryCallbacksRegistry()->Create(key);
+      if (callback != nullptr) freed |= callback->Execute();
+    }
+    return freed;
+  }
+
+  void Free(void* ptr) {
+    if (ptr == nullptr) return;
+    if (num_external_live_.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+      if (FreeExternal(ptr)) return;
+    }
+    const int recording = recording_flag_.load(std::memory_order_relaxed);
+    if (recording == 2) [[unlikely]] {
+      cca::CreateContextFn recorder = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(state_mu_);
+        if (when_ == cca::RecordContext::ALL) recorder = recorder_;
+      }
+      t_context = recorder != nullptr ? recorder() : nullptr;
+    }
+    const int rc = g_api.bucketalloc_raw_delete(ptr);
+    t_context.reset();
+    TORCH_CHECK(rc == 0, "bucketalloc: ", LastError());
+    if (recording != 0) [[unlikely]] {
+      std::lock_guard<std::mutex> lock(block_mu_);
+      block_contexts_.erase(reinterpret_cast<std::uintptr_t>(ptr));
+    }
+  }
+
+  // ---- MemPools with an allocator of their own ---------------------------------------------------
+
+  void* MallocExternal(size_t size, cudaStream_t stream) {
+    std::shared_ptr<cca::CUDAAllocator> allocator;
+    MempoolId_t pool{0, 0};
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      for (auto it = external_routings_.rbegin(); it != external_routings_.rend(); ++it) {
+        if (it->second && it->second(stream)) {
+          pool = it->first;
+          allocator = external_.at(pool).allocator;
+          break;
+        }
+      }
+    }
+    if (allocator == nullptr) return nullptr;
+    void* p = allocator->raw_alloc_with_stream(size, stream);
+    if (p == nullptr) {
+      throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                  "CUDA out of memory: the allocator of MemPool (" + std::to_string(pool.first) + ", " +
+                                      std::to_string(pool.second) + ") returned no memory for " + std::to_string(size) +
+                                      " bytes");
+    }
+    std::lock_guard<std::mutex> lock(state_mu_);
+    external_live_[p] = pool;
+    num_external_live_.store(static_cast<int>(external_live_.size()));
+    return p;
+  }
+  bool FreeExternal(void* ptr) {
+    std::shared_ptr<cca::CUDAAllocator> allocator;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      auto it = external_live_.find(ptr);
+      if (it == external_live_.end()) return false;
+      const MempoolId_t pool = it->second;
+      external_live_.erase(it);
+      num_external_live_.store(static_cast<int>(external_live_.size()));
+      auto p = external_.find(pool);
+      if (p == external_.end()) return true;  // cannot happen: a pool is kept while it has live blocks
+      allocator = p->second.allocator;
+      if (p->second.use_count <= 0 && ExternalLiveLocked(pool) == 0) external_.erase(p);
+    }
+    allocator->raw_delete(ptr);
+    return true;
+  }
+  std::size_t ExternalLiveLocked(MempoolId_t pool) const {
+    return static_cast<std::size_t>(
+        std::count_if(external_live_.begin(), external_live_.end(), [&](const auto& e) { return e.second == pool; }));
+  }
+  // An external pool caches nothing: its memory goes back at each free. True when `pool` is one.
+  bool EmptyExternalPool(MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    return external_.count(pool) != 0;
+  }
+
+  // ---- helpers -------------------------------------------------------------------------------------
+
+  // Every segment of `device` (-1: all), copied with its blocks.
+  SegmentCopy Segments(int device) const {
+    SegmentCopy copy;
+    Check(g_api.bucketalloc_visit_segments(
+              device,
+              [](const bucketalloc_segment_info* s, void* ctx) {
+                auto* c = static_cast<SegmentCopy*>(ctx);
+                c->blocks.emplace_back(s->blocks, s->blocks + s->num_blocks);
+                c->segments.push_back(*s);
+              },
+              &copy),
+          "visit segments");
+    for (std::size_t i = 0; i < copy.segments.size(); ++i) {
+      copy.segments[i].blocks = copy.blocks[i].data();
+      copy.segments[i].num_blocks = copy.blocks[i].size();
+    }
+    return copy;
+  }
+
+  void Push(cda::TraceEntry e) {  // state_mu_ held
+    trace_.push_back(std::move(e));
+    while (trace_.size() > max_entries_) trace_.pop_front();
+  }
+
+  void UpdateHook() {
+    bool want = false;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      want = recording_ || !trackers_.empty();
+    }
+    bucketalloc_trace_fn hook = nullptr;
+    if (want) {
+      hook = [](const bucketalloc_trace_event* e, void* self) {
+        static_cast<BucketallocAllocator*>(self)->OnEvent(*e);
+      };
+    }
+    g_api.bucketalloc_set_trace_hook(hook, this);
+  }
+
+  // torch's config metadata, from bucketalloc's effective configuration.
+  void FillConfig(cca::AllocatorConfigInfo* config) const {
+    std::string text(static_cast<std::size_t>(std::max<ssize_t>(g_api.bucketalloc_config_string(nullptr, 0), 0)), '\0');
+    g_api.bucketalloc_config_string(text.data(), text.size() + 1);
+    config->last_allocator_settings = text;
+    config->garbage_collection_threshold = 0;
+    config->max_split_size = std::numeric_limits<size_t>::max();
+    config->expandable_segments = false;
+    config->release_lock_on_malloc = false;
+    config->pinned_use_host_register = false;
+    config->pinned_num_register_threads = 0;
+    config->graph_capture_record_stream_reuse = false;
+    config->max_round_threshold = 0;
+    config->max_cached_size = 0;
+    std::stringstream parts(text);
+    std::string part;
+    while (std::getline(parts, part, ',')) {
+      const auto colon = part.find(':');
+      if (colon == std::string::npos) continue;
+      const std::string key = part.substr(0, colon), value = part.substr(colon + 1);
+      if (key == "garbage_collection_threshold") {
+        config->garbage_collection_threshold = std::strtod(value.c_str(), nullptr);
+      } else if (key == "max_split_size_mb" && value != "unlimited") {
+        config->max_split_size = std::strtoull(value.c_str(), nullptr, 10) << 20;
+      } else if (key == "expandable_segments" || key == "backend") {
+        config->expandable_segments |= value == "True" || value == "true" || value == "vmm";
+      }
+    }
+  }
+
+  bool have_cuda_ = false;
+  std::atomic<bool> initialized_{false};
+  std::atomic<bool> enabled_{true};
+
+  std::mutex state_mu_;
+  // 0: no history; 1: history without contexts; 2: with contexts (read without state_mu_).
+  std::atomic<int> recording_flag_{0};
+  bool recording_ = false;
+  cca::CreateContextFn recorder_ = nullptr;
+  cca::RecordContext when_ = cca::RecordContext::NEVER;
+  size_t max_entries_ = 1;
+  std::unordered_set<std::string> skip_;
+  std::deque<cda::TraceEntry> trace_;
+  std::vector<std::string> compile_contexts_;
+  std::string user_metadata_;
+  std::vector<cca::OutOfMemoryObserver> oom_observers_;
+  std::vector<cca::OomRejectionObserver> oom_rejection_observers_;
+  std::vector<cca::AllocatorTraceTracker> trackers_;
+  std::unordered_map<MempoolId_t, ExternalPool, c10::MempoolIdHash> external_;
+  std::vector<std::pair<MempoolId_t, std::function<bool(cudaStream_t)>>> external_routings_;
+  std::unordered_map<void*, MempoolId_t> external_live_;
+  std::atomic<int> num_external_routings_{0};
+  std::atomic<int> num_external_live_{0};
+  struct PairHash {
+    std::size_t operator()(const std::pair<c10::DeviceIndex, MempoolId_t>& p) const {
+      return c10::MempoolIdHash()(p.second) * 31 + static_cast<std::size_t>(p.first);
+    }
+  };
+  std::unordered_set<std::pair<c10::DeviceIndex, MempoolId_t>, PairHash> no_split_;
+
+  mutable std::mutex block_mu_;
+  std::unordered_map<std::uintptr_t, std::shared_ptr<c10::GatheredContext>> block_contexts_;
+
+  std::mutex ipc_mu_;
+  std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
+};
+
+BucketallocAllocator* BucketallocAllocator::instance = nullptr;
+
+}  // namespace
+}  // namespace bucketalloc_torch
+
+extern "C" {
+
+// Makes bucketalloc torch's CUDA allocator: resolves libbucketalloc at `library_path` (already loaded
+// in this process), creates the allocator and calls torch's changeCurrentAllocator. Returns 0, or -1
+// with the reason in error[0..len) (torch's own message when it refuses the swap).
+__attribute__((visibility("default"))) int bucketalloc_torch_native_install(const char* library_path, char* error,
+                                                                            size_t len) {
+  using bucketalloc_torch::BucketallocAllocator;
+  auto fail = [&](const std::string& why) {
+    if (error != nullptr && len > 0) {
+      const std::size_t n = std::min(why.size(), len - 1);
+      std::memcpy(error, why.data(), n);
+      error[n] = '\0';
+    }
+    return -1;
+  };
+  try {
+    if (BucketallocAllocator::instance != nullptr) return 0;
+    const std::string missing = bucketalloc_torch::LoadApi(library_path, &bucketalloc_torch::g_api);
+    if (!missing.empty()) return fail(missing);
+    auto allocator = std::make_shared<BucketallocAllocator>();
+    BucketallocAllocator::instance = allocator.get();
+    try {
+      torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+    } catch (...) {
+      BucketallocAllocator::instance = nullptr;
+      throw;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}
+
+// The name of the allocator torch holds now ("" when none).
+__attribute__((visibility("default"))) int bucketalloc_torch_current_allocator_name(char* out, size_t len) {
+  try {
+    c10::cuda::CUDACachingAllocator::CUDAAllocator* a = c10::cuda::CUDACachingAllocator::get();
+    const std::string name = a == nullptr ? std::string() : a->name();
+    if (out != nullptr && len > 0) {
+      const std::size_t n = std::min(name.size(), len - 1);
+      std::memcpy(out, name.data(), n);
+      out[n] = '\0';
+    }
+    return static_cast<int>(name.size());
+  } catch (...) {
+    return -1;
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,324 @@
+// The C ABI's structured inspection and pools (bucketalloc.h, "Structured inspection and pools"):
+// what bucketalloc_torch's native c10 allocator is served from. In process, on the simulated device;
+// ctest runs every test in its own process.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "bucketalloc/bucketalloc.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+cudaStream_t StreamOf(int i) { return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(0x1000 + i)); }
+
+nlohmann::json Stats(int device = 0) {
+  std::vector<char> buf(1 << 16);
+  const ssize_t n = bucketalloc_stats_json(device, buf.data(), buf.size());
+  EXPECT_GE(n, 0) << bucketalloc_last_error();
+  EXPECT_LT(n, static_cast<ssize_t>(buf.size()));
+  return nlohmann::json::parse(buf.data());
+}
+
+bucketalloc_device_stats StatsStruct(int device = 0) {
+  bucketalloc_device_stats s{};
+  EXPECT_EQ(bucketalloc_get_device_stats(device, &s, sizeof s), 0) << bucketalloc_last_error();
+  return s;
+}
+
+struct Segment {
+  bucketalloc_segment_info info;
+  std::vector<bucketalloc_block_info> blocks;
+};
+std::vector<Segment> Segments(int device = 0) {
+  std::vector<Segment> out;
+  EXPECT_EQ(bucketalloc_visit_segments(
+                device,
+                [](const bucketalloc_segment_info* s, void* ctx) {
+                  static_cast<std::vector<Segment>*>(ctx)->push_back(
+                      Segment{*s, std::vector<bucketalloc_block_info>(s->blocks, s->blocks + s->num_blocks)});
+                },
+                &out),
+            0)
+      << bucketalloc_last_error();
+  return out;
+}
+
+const bucketalloc_block_info* BlockAt(const std::vector<Segment>& segments, void* p) {
+  for (const Segment& s : segments)
+    for (const bucketalloc_block_info& b : s.blocks)
+      if (b.address == reinterpret_cast<std::uintptr_t>(p)) return &b;
+  return nullptr;
+}
+
+class CAbiStructuredTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(bucketalloc_is_initialized(), 0) << "each test runs in a fresh process";
+    ASSERT_EQ(bucketalloc_configure("backend:sim,capacity:256MiB,sim_total_memory:1GiB,debug_check_invariants:true"), 0)
+        << bucketalloc_last_error();
+  }
+  void TearDown() override { EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error(); }
+};
+
+TEST_F(CAbiStructuredTest, DeviceStatsAreTheJsonStatsFieldForField) {
+  void* a = bucketalloc_malloc(3 * kMiB, 0, StreamOf(0));
+  void* b = bucketalloc_malloc(4096, 0, StreamOf(0));
+  ASSERT_NE(a, nullptr);
+  bucketalloc_free(b, 4096, 0, StreamOf(0));
+  const bucketalloc_device_stats s = StatsStruct();
+  const nlohmann::json j = Stats();
+  const char* pools[3] = {"all", "small_pool", "large_pool"};
+  int compared = 0;
+#define CHECK_POOL_STAT(name, doc)                                                      \
+  for (int p = 0; p < 3; ++p) {                                                         \
+    const std::string key = std::string(#name ".") + pools[p] + ".";                    \
+    EXPECT_EQ(s.name[p].current, j.at(key + "current").get<std::int64_t>()) << key;     \
+    EXPECT_EQ(s.name[p].peak, j.at(key + "peak").get<std::int64_t>()) << key;           \
+    EXPECT_EQ(s.name[p].allocated, j.at(key + "allocated").get<std::int64_t>()) << key; \
+    EXPECT_EQ(s.name[p].freed, j.at(key + "freed").get<std::int64_t>()) << key;         \
+    ++compared;                                                                         \
+  }
+  BUCKETALLOC_POOL_STATS(CHECK_POOL_STAT)
+#undef CHECK_POOL_STAT
+#define CHECK_COUNTER(name, doc)                               \
+  EXPECT_EQ(s.name, j.at(#name).get<std::int64_t>()) << #name; \
+  ++compared;
+  BUCKETALLOC_COUNTERS(CHECK_COUNTER)
+#undef CHECK_COUNTER
+  EXPECT_GT(compared, 40);
+  EXPECT_EQ(s.allocated_bytes[0].current, static_cast<std::int64_t>(3 * kMiB));
+  EXPECT_EQ(s.max_split_size, -1);
+  EXPECT_EQ(s.capacity_bytes, static_cast<std::int64_t>(256 * kMiB));
+  bucketalloc_free(a, 3 * kMiB, 0, StreamOf(0));
+}
+
+TEST_F(CAbiStructuredTest, AStructOfAnotherSizeIsRefusedNamingBoth) {
+  bucketalloc_device_stats s{};
+  EXPECT_EQ(bucketalloc_get_device_stats(0, &s, sizeof s - 8), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "struct bucketalloc_device_stats of"))
+      << bucketalloc_last_error();
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), std::to_string(sizeof s))) << bucketalloc_last_error();
+  bucketalloc_oom_info o{};
+  EXPECT_EQ(bucketalloc_last_oom_info(0, &o, 3), -1);
+  EXPECT_EQ(bucketalloc_get_device_stats(0, nullptr, sizeof s), -1);
+  EXPECT_EQ(bucketalloc_get_device_stats(7, &s, sizeof s), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "device 7 is invalid")) << bucketalloc_last_error();
+}
+
+TEST_F(CAbiStructuredTest, ResetAccumulatedStatsZeroesTotalsAndCountersButKeepsCurrentAndPeak) {
+  void* a = bucketalloc_malloc(3 * kMiB, 0, StreamOf(0));
+  void* b = bucketalloc_malloc(5 * kMiB, 0, StreamOf(0));
+  bucketalloc_free(b, 5 * kMiB, 0, StreamOf(0));
+  ASSERT_GT(StatsStruct().num_device_alloc, 0);
+  ASSERT_EQ(bucketalloc_reset_accumulated_stats(0), 0) << bucketalloc_last_error();
+  bucketalloc_device_stats s = StatsStruct();
+  EXPECT_EQ(s.allocated_bytes[0].current, static_cast<std::int64_t>(3 * kMiB));
+  EXPECT_EQ(s.allocated_bytes[0].peak, static_cast<std::int64_t>(8 * kMiB));
+  EXPECT_EQ(s.allocated_bytes[0].allocated, 0);
+  EXPECT_EQ(s.allocated_bytes[0].freed, 0);
+  EXPECT_EQ(s.num_device_alloc, 0);
+  EXPECT_EQ(s.num_cache_hits, 0);
+  EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error();  // current == base + allocated - freed
+  bucketalloc_free(a, 3 * kMiB, 0, StreamOf(0));
+  s = StatsStruct();
+  EXPECT_EQ(s.allocated_bytes[0].current, 0);
+  EXPECT_EQ(s.allocated_bytes[0].freed, static_cast<std::int64_t>(3 * kMiB));  // counted from the reset
+  EXPECT_EQ(s.allocation[0].freed, 1);
+}
+
+TEST_F(CAbiStructuredTest, SegmentsTileWithTheirBlocksAndNameTheirPool) {
+  void* a = bucketalloc_malloc(3 * kMiB, 0, StreamOf(0));
+  ASSERT_EQ(bucketalloc_pool_incref(0, {0, 9}), 0) << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_begin_allocate_to_pool(0, {0, 9}, [](cudaStream_t s) { return s == StreamOf(1); }), 0)
+      << bucketalloc_last_error();
+  void* in_pool = bucketalloc_malloc(1 * kMiB, 0, StreamOf(1));
+  ASSERT_EQ(bucketalloc_end_allocate_to_pool(0, {0, 9}), 0) << bucketalloc_last_error();
+  const std::vector<Segment> segments = Segments();
+  ASSERT_GE(segments.size(), 2u);
+  for (const Segment& s : segments) {
+    std::uintptr_t at = s.info.address;
+    for (const bucketalloc_block_info& b : s.blocks) {
+      EXPECT_EQ(b.address, at);
+      at += b.size;
+    }
+    EXPECT_EQ(at, s.info.address + s.info.total_size);
+    EXPECT_EQ(s.info.num_blocks, s.blocks.size());
+  }
+  const bucketalloc_block_info* block = BlockAt(segments, a);
+  ASSERT_NE(block, nullptr);
+  EXPECT_EQ(block->state, BUCKETALLOC_BLOCK_ACTIVE_ALLOCATED);
+  EXPECT_EQ(block->requested_size, 3 * kMiB);
+  bool found_pool = false;
+  for (const Segment& s : segments) {
+    if (BlockAt({s}, in_pool) != nullptr) {
+      found_pool = true;
+      EXPECT_EQ(s.info.pool.first, 0u);
+      EXPECT_EQ(s.info.pool.second, 9u);
+    } else {
+      EXPECT_EQ(s.info.pool.second, 0u);
+    }
+  }
+  EXPECT_TRUE(found_pool);
+  std::vector<std::pair<bucketalloc_pool_id, std::int64_t>> pools;
+  ASSERT_EQ(bucketalloc_visit_private_pool_stats(
+                0,
+                [](bucketalloc_pool_id id, const bucketalloc_stat* reserved, void* ctx) {
+                  static_cast<decltype(pools)*>(ctx)->emplace_back(id, reserved[0].current);
+                },
+                &pools),
+            0);
+  ASSERT_EQ(pools.size(), 1u);
+  EXPECT_EQ(pools[0].first.second, 9u);
+  EXPECT_GT(pools[0].second, 0);
+  bucketalloc_free(in_pool, -1, 0, StreamOf(1));
+  bucketalloc_free(a, -1, 0, StreamOf(0));
+  ASSERT_EQ(bucketalloc_release_pool_id(0, {0, 9}), 0);
+  ASSERT_EQ(bucketalloc_release_pool_id(0, {0, 9}), 0);
+}
+
+TEST_F(CAbiStructuredTest, TheTraceHookSeesEveryEventWhileSetAndNothingAfter) {
+  std::vector<bucketalloc_trace_event> events;
+  ASSERT_EQ(bucketalloc_set_trace_hook(
+                [](const bucketalloc_trace_event* e, void* ctx) {
+                  static_cast<std::vector<bucketalloc_trace_event>*>(ctx)->push_back(*e);
+                },
+                &events),
+            0);
+  void* a = bucketalloc_malloc(3 * kMiB, 0, StreamOf(0));
+  bucketalloc_free(a, 3 * kMiB, 0, StreamOf(0));
+  ASSERT_EQ(events.size(), 4u);  // history recording is off: the hook is called all the same
+  EXPECT_EQ(events[0].action, BUCKETALLOC_TRACE_SEGMENT_ALLOC);
+  EXPECT_EQ(events[1].action, BUCKETALLOC_TRACE_ALLOC);
+  EXPECT_EQ(events[1].addr, reinterpret_cast<std::uintptr_t>(a));
+  EXPECT_EQ(events[1].size, 3 * kMiB);
+  EXPECT_EQ(events[1].stream, reinterpret_cast<std::uintptr_t>(StreamOf(0)));
+  EXPECT_EQ(events[2].action, BUCKETALLOC_TRACE_FREE_REQUESTED);
+  EXPECT_EQ(events[3].action, BUCKETALLOC_TRACE_FREE_COMPLETED);
+  EXPECT_GT(events[1].time_us, 1'600'000'000'000'000);  // microseconds since the epoch
+  void* big = bucketalloc_malloc(300 * kMiB, 0, StreamOf(0));
+  EXPECT_EQ(big, nullptr);
+  EXPECT_EQ(events.back().action, BUCKETALLOC_TRACE_OOM);
+  EXPECT_GT(events.back().device_free, 0u);
+  ASSERT_EQ(bucketalloc_set_trace_hook(nullptr, nullptr), 0);
+  const std::size_t seen = events.size();
+  bucketalloc_free(bucketalloc_malloc(kMiB, 0, StreamOf(0)), kMiB, 0, StreamOf(0));
+  EXPECT_EQ(events.size(), seen);
+  // Recording and the hook together: the ring keeps its own history.
+  ASSERT_EQ(bucketalloc_record_history(1, 100), 0);
+  bucketalloc_free(bucketalloc_malloc(kMiB, 0, StreamOf(0)), kMiB, 0, StreamOf(0));
+  EXPECT_EQ(events.size(), seen);
+}
+
+TEST_F(CAbiStructuredTest, CacheInfoIsTheLargestFreeBlockAndWithZeroAlsoTheHeadroom) {
+  void* a = bucketalloc_malloc(30 * kMiB, 0, StreamOf(0));
+  void* b = bucketalloc_malloc(50 * kMiB, 0, StreamOf(0));
+  bucketalloc_free(a, 30 * kMiB, 0, StreamOf(0));
+  std::size_t largest = 1;
+  ASSERT_EQ(bucketalloc_cache_info(0, &largest), 0) << bucketalloc_last_error();
+  EXPECT_EQ(largest, 30 * kMiB);  // the cached block
+  largest = 0;                    // cuDNN's call: also what the device can still give under the cap
+  ASSERT_EQ(bucketalloc_cache_info(0, &largest), 0);
+  EXPECT_EQ(largest, 256 * kMiB - 80 * kMiB);
+  largest = 200 * kMiB;  // a larger guess stays
+  ASSERT_EQ(bucketalloc_cache_info(0, &largest), 0);
+  EXPECT_EQ(largest, 200 * kMiB);
+  EXPECT_EQ(bucketalloc_cache_info(0, nullptr), -1);
+  bucketalloc_free(b, 50 * kMiB, 0, StreamOf(0));
+}
+
+TEST_F(CAbiStructuredTest, AMemPoolsUseCountAndItsCacheGoBackOnlyOnceFreeable) {
+  const bucketalloc_pool_id pool{0, 3};
+  EXPECT_EQ(bucketalloc_pool_use_count(0, pool), 0);
+  ASSERT_EQ(bucketalloc_pool_incref(0, pool), 0) << bucketalloc_last_error();  // MemPool()
+  EXPECT_EQ(bucketalloc_pool_use_count(0, pool), 1);
+  ASSERT_EQ(bucketalloc_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return true; }), 0);  // use_mem_pool
+  EXPECT_EQ(bucketalloc_pool_use_count(0, pool), 2);
+  void* p = bucketalloc_malloc(8 * kMiB, 0, StreamOf(0));
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(bucketalloc_pool_empty_cache(0, pool), -1);  // refused while the context routes
+  ASSERT_EQ(bucketalloc_end_allocate_to_pool(0, pool), 0);
+  ASSERT_EQ(bucketalloc_release_pool_id(0, pool), 0);
+  EXPECT_EQ(bucketalloc_pool_use_count(0, pool), 1);
+  bucketalloc_free(p, -1, 0, StreamOf(0));
+  const std::int64_t reserved = StatsStruct().reserved_bytes[0].current;
+  ASSERT_GT(reserved, 0);
+  ASSERT_EQ(bucketalloc_pool_empty_cache(0, pool), 0) << bucketalloc_last_error();
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, reserved);  // in use: its free blocks stay
+  ASSERT_EQ(bucketalloc_release_pool_id(0, pool), 0);            // ~MemPool
+  EXPECT_EQ(bucketalloc_pool_use_count(0, pool), 0);
+  ASSERT_EQ(bucketalloc_pool_empty_cache(0, pool), 0);
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, 0);
+  EXPECT_EQ(bucketalloc_pool_incref(0, {0, 0}), -1);  // the device's own pools are not a MemPool
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "accepted: any other id")) << bucketalloc_last_error();
+}
+
+TEST_F(CAbiStructuredTest, AUseOnOomPoolLendsItsCachedBlockInsteadOfAnOom) {
+  const bucketalloc_pool_id lender{0, 6};
+  ASSERT_EQ(bucketalloc_pool_incref(0, lender), 0);
+  ASSERT_EQ(bucketalloc_begin_allocate_to_pool(0, lender, [](cudaStream_t) { return true; }), 0);
+  void* x = bucketalloc_malloc(200 * kMiB, 0, StreamOf(0));
+  ASSERT_EQ(bucketalloc_end_allocate_to_pool(0, lender), 0);
+  bucketalloc_free(x, -1, 0, StreamOf(0));
+  EXPECT_EQ(bucketalloc_malloc(150 * kMiB, 0, StreamOf(0)), nullptr);  // not a lender yet: an OOM
+  EXPECT_EQ(StatsStruct().num_ooms, 1);
+  ASSERT_EQ(bucketalloc_pool_set_use_on_oom(0, lender, 1), 0);
+  void* y = bucketalloc_malloc(150 * kMiB, 0, StreamOf(0));
+  ASSERT_NE(y, nullptr) << bucketalloc_last_error();
+  EXPECT_EQ(StatsStruct().num_ooms, 1);
+  const std::vector<Segment> segments = Segments();
+  for (const Segment& s : segments) {
+    if (BlockAt({s}, y) != nullptr) EXPECT_EQ(s.info.pool.second, 6u);  // the lender's block
+  }
+  bucketalloc_free(y, -1, 0, StreamOf(0));  // back to the lender
+  EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_pool_set_use_on_oom(0, lender, 0), 0);
+  EXPECT_EQ(bucketalloc_malloc(150 * kMiB, 0, StreamOf(0)), nullptr);
+  ASSERT_EQ(bucketalloc_release_pool_id(0, lender), 0);
+}
+
+TEST_F(CAbiStructuredTest, TheLastOomAsNumbers) {
+  bucketalloc_oom_info o{};
+  ASSERT_EQ(bucketalloc_last_oom_info(0, &o, sizeof o), 0);
+  EXPECT_EQ(o.present, 0);
+  void* a = bucketalloc_malloc(100 * kMiB, 0, StreamOf(0));
+  EXPECT_EQ(bucketalloc_malloc(200 * kMiB, 0, StreamOf(0)), nullptr);
+  ASSERT_EQ(bucketalloc_last_oom_info(0, &o, sizeof o), 0);
+  EXPECT_EQ(o.present, 1);
+  EXPECT_EQ(o.requested, 200 * kMiB);
+  EXPECT_EQ(o.segment, 200 * kMiB);
+  EXPECT_EQ(o.allocated, 100 * kMiB);
+  EXPECT_EQ(o.capacity, 256 * kMiB);
+  EXPECT_EQ(o.device_total, 1024 * kMiB);
+  EXPECT_EQ(o.cause, 0);  // capacity
+  bucketalloc_free(a, -1, 0, StreamOf(0));
+}
+
+TEST_F(CAbiStructuredTest, RawDeleteFindsTheDeviceAndRefusesAnUnknownPointer) {
+  void* a = bucketalloc_malloc(kMiB, 0, StreamOf(0));
+  int x = 0;
+  EXPECT_EQ(bucketalloc_raw_delete(&x), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "was not allocated by bucketalloc"))
+      << bucketalloc_last_error();
+  EXPECT_EQ(StatsStruct().allocation[0].current, 1);
+  EXPECT_EQ(bucketalloc_raw_delete(a), 0) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_raw_delete(nullptr), 0);
+  EXPECT_EQ(StatsStruct().allocation[0].current, 0);
+}
+
+TEST_F(CAbiStructuredTest, TheMemoryFractionIsTheOneSet) {
+  EXPECT_EQ(bucketalloc_memory_fraction(0), 1.0);
+  bucketalloc_set_memory_fraction(0.125, 0);
+  EXPECT_EQ(bucketalloc_memory_fraction(0), 0.125);
+  EXPECT_EQ(StatsStruct().capacity_bytes, static_cast<std::int64_t>(128 * kMiB));
+  EXPECT_EQ(bucketalloc_memory_fraction(9), -1.0);
+}
+
+}  // namespace
