@@ -293,6 +293,7 @@ typedef struct bucketalloc_oom_info {
   size_t device_total; /* the device's memory */
   size_t device_free;  /* the device's free memory, as the backend reported it */
   int cause;           /* 0 capacity, 1 fragmentation, 2 cache held, 3 device exhausted, 4 tenant cap */
+  int rejected;        /* 1: throw_on_cudamalloc_oom refused it at the cap, with no release and retry */
 } bucketalloc_oom_info;
 BUCKETALLOC_API int bucketalloc_last_oom_info(int device, bucketalloc_oom_info* out, size_t size);
 

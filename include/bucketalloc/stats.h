@@ -110,6 +110,9 @@ struct OomReport {
   std::size_t segment = 0;       // the backend allocation the request needed (PyTorch's "Tried to allocate")
   std::size_t device_total = 0;  // the device's memory
   OomCause cause = OomCause::kCapacity;
+  // throw_on_cudamalloc_oom refused it at the cap, without releasing the cache and retrying
+  // (PyTorch's preemptive rejection).
+  bool rejected = false;
   std::string diagnosis;  // one line, names the cause and the numbers behind it
   FragmentationReport fragmentation;
 

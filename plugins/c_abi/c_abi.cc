@@ -592,6 +592,7 @@ int bucketalloc_last_oom_info(int device, bucketalloc_oom_info* out, size_t size
     out->device_total = r.device_total;
     out->device_free = r.device_free;
     out->cause = static_cast<int>(r.cause);
+    out->rejected = r.rejected ? 1 : 0;
     return absl::OkStatus();
   });
 }

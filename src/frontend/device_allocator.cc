@@ -244,9 +244,14 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
   const bool capturing = CaptureRestricts(stream);
   if (!capturing && !pending_.empty()) RetirePending(PendingFrees::Mode::kPollAll);
   registry_.set_capturing(capturing);
+  const std::int64_t rejections = stats_.counter(&DeviceStats::num_oom_rejections);
   absl::StatusOr<typename P::Handle> h = serve(request);
+  // throw_on_cudamalloc_oom (PyTorch's): growth the cap refused fails at once, without releasing
+  // the cache and retrying.
+  const bool rejected =
+      options_.throw_on_cudamalloc_oom && stats_.counter(&DeviceStats::num_oom_rejections) != rejections;
   const bool tenant = TenantOfTag(private_pool) != 0;
-  if (!capturing && absl::IsResourceExhausted(h.status()) && tenant) {
+  if (!capturing && !rejected && absl::IsResourceExhausted(h.status()) && tenant) {
     // A tenant gives back its own cache first (after synchronizing pending stream events): its cap
     // is usually what refused, and the other tenants' caches stay theirs.
     SyncPendingFrees();
@@ -255,7 +260,7 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
     h = serve(request);
   }
   // Releasing the other tenants' caches cannot help when the tenant's own cap refuses the growth.
-  if (!capturing && absl::IsResourceExhausted(h.status()) &&
+  if (!capturing && !rejected && absl::IsResourceExhausted(h.status()) &&
       !(tenant && registry_.OverOwnerCap(private_pool, pool.OomSizes(request).second))) {
     // Release the cache (after synchronizing pending stream events) and try once more.
     SyncAndReleaseAll();
@@ -279,7 +284,7 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
     return h;
   }
   const auto [rounded, segment] = pool.OomSizes(needed);
-  return OutOfMemory(P::kIndex, size, rounded, segment, h.status(), private_pool);
+  return OutOfMemory(P::kIndex, size, rounded, segment, h.status(), private_pool, rejected);
 }
 
 template <typename P>
@@ -360,7 +365,7 @@ void DeviceAllocator::CollectGarbage(std::size_t incoming) {
 }
 
 absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std::size_t rounded, std::size_t segment,
-                                          const absl::Status& cause, std::uint16_t private_pool) {
+                                          const absl::Status& cause, std::uint16_t private_pool, bool rejected) {
   stats_.Count(&DeviceStats::num_ooms);
   OomSituation s;
   s.device = device_;
@@ -405,6 +410,7 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
                      r.diagnosis, " (or raise the tenant's cap, or bind less to it)");
     r.cause = OomCause::kTenantCap;
   }
+  r.rejected = rejected;
   if (has_tenants()) {
     r.tenant = TenantName(options_, tenant);
     r.tenant_cap = tenant_cap.value_or(registry_.cap());

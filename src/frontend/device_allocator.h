@@ -220,7 +220,8 @@ class DeviceAllocator final {
   // Builds the OOM report of a `pool` request (frontend/oom_diagnosis.h) and returns it as
   // ResourceExhausted.
   absl::Status OutOfMemory(PoolIndex pool, std::size_t size, std::size_t rounded, std::size_t segment,
-                           const absl::Status& cause, std::uint16_t private_pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                           const absl::Status& cause, std::uint16_t private_pool, bool rejected)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The errors of Allocate and Free, out of line so that the fast paths keep a small frame.
   ABSL_ATTRIBUTE_NOINLINE absl::Status InvalidSize(std::size_t size) const;
   ABSL_ATTRIBUTE_NOINLINE absl::Status FreeOfNoLiveAllocation(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

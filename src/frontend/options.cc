@@ -327,9 +327,10 @@ std::vector<OptionRow> MakeTable() {
                   DoubleField<&Options::memory_fraction>, FormatDoubleField<&Options::memory_fraction>));
   t.back().alias_of = "memory_fraction";
   t.push_back(Row("throw_on_cudamalloc_oom", "True or False (also true, false, 1, 0)",
-                  "PyTorch's key, kept; with either value bucketalloc refuses growth past the cap before asking "
-                  "the device (each refusal counted in num_oom_rejections), then releases its cache and retries "
-                  "once before a catchable OOM: the release and retry PyTorch's True skips",
+                  "PyTorch's key: growth past the cap is always refused before the device is asked (each "
+                  "refusal counted in num_oom_rejections); with True such a refusal fails the request at once, "
+                  "without releasing the cache and retrying (an OOM with bucketalloc's report, counted in num_ooms "
+                  "too); with False the cache is released and the request retried once first",
                   false, BoolField<&Options::throw_on_cudamalloc_oom>,
                   FormatBoolField<&Options::throw_on_cudamalloc_oom>));
   t.push_back(Row("garbage_collection_threshold", "0 (off) or a number in (0, 1)",
@@ -599,9 +600,10 @@ const std::vector<PyTorchKey>& PyTorchKeys() {
       {"per_process_memory_fraction", kOption, "honoured",
        "the cap memory_fraction sets (give one of the two); PyTorch's 0 is refused, since it would refuse every "
        "allocation"},
-      {"throw_on_cudamalloc_oom", kOption, "accepted, not honoured",
-       "with either value bucketalloc refuses growth past its cap before the device is asked (num_oom_rejections "
-       "counts each refusal) but then releases its cache and retries once, which PyTorch's True skips"},
+      {"throw_on_cudamalloc_oom", kOption, "honoured",
+       "True: growth the cap refuses fails at once, without releasing the cache and retrying; bucketalloc counts "
+       "every refusal in num_oom_rejections (PyTorch only with True) and the failure in num_ooms too, with its OOM "
+       "report; the native allocator calls PyTorch's OOM-rejection observers"},
       {"expandable_segments_reserve", kRefused, "refused", kReserveWhy},
       {"expandable_segments_reserve_by_class", kRefused, "refused", kReserveWhy},
   };

@@ -298,6 +298,7 @@ TEST_F(CAbiStructuredTest, TheLastOomAsNumbers) {
   EXPECT_EQ(o.capacity, 256 * kMiB);
   EXPECT_EQ(o.device_total, 1024 * kMiB);
   EXPECT_EQ(o.cause, 0);  // capacity
+  EXPECT_EQ(o.rejected, 0);
   bucketalloc_free(a, -1, 0, StreamOf(0));
 }
 
@@ -320,5 +321,42 @@ TEST_F(CAbiStructuredTest, TheMemoryFractionIsTheOneSet) {
   EXPECT_EQ(StatsStruct().capacity_bytes, static_cast<std::int64_t>(128 * kMiB));
   EXPECT_EQ(bucketalloc_memory_fraction(9), -1.0);
 }
+
+}  // namespace
+
+namespace {
+
+// throw_on_cudamalloc_oom (PyTorch's key): with True, growth the cap refuses fails at once, without
+// releasing the cache and retrying; with False the cached 100 MiB are released and the request fits.
+void RunCapRefusal(bool throw_on_oom) {
+  ASSERT_EQ(bucketalloc_is_initialized(), 0) << "each test runs in a fresh process";
+  ASSERT_EQ(bucketalloc_configure(throw_on_oom ? "backend:sim,capacity:256MiB,throw_on_cudamalloc_oom:True"
+                                               : "backend:sim,capacity:256MiB,throw_on_cudamalloc_oom:False"),
+            0)
+      << bucketalloc_last_error();
+  void* cached = bucketalloc_malloc(100 * kMiB, 0, StreamOf(0));
+  bucketalloc_free(cached, -1, 0, StreamOf(0));  // 100 MiB cached, on stream 0's lists
+  void* p = bucketalloc_malloc(200 * kMiB, 0, StreamOf(1));
+  const bucketalloc_device_stats s = StatsStruct();
+  EXPECT_GE(s.num_oom_rejections, 1);
+  bucketalloc_oom_info o{};
+  ASSERT_EQ(bucketalloc_last_oom_info(0, &o, sizeof o), 0);
+  if (throw_on_oom) {
+    EXPECT_EQ(o.rejected, 1);
+    EXPECT_EQ(p, nullptr);
+    EXPECT_EQ(s.num_alloc_retries, 0);
+    EXPECT_EQ(s.num_ooms, 1);
+    EXPECT_EQ(s.reserved_bytes[0].current, static_cast<std::int64_t>(100 * kMiB));  // the cache stayed
+  } else {
+    EXPECT_NE(p, nullptr) << bucketalloc_last_error();
+    EXPECT_EQ(s.num_alloc_retries, 1);
+    EXPECT_EQ(s.num_ooms, 0);
+    bucketalloc_free(p, -1, 0, StreamOf(1));
+  }
+  EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error();
+}
+
+TEST(CAbiCapRefusalTest, ThrowOnCudaMallocOomFailsAtOnceWithoutReleasingTheCache) { RunCapRefusal(true); }
+TEST(CAbiCapRefusalTest, WithoutItTheCacheIsReleasedAndTheRequestRetried) { RunCapRefusal(false); }
 
 }  // namespace

@@ -426,3 +426,24 @@ assert torch._C._cuda_memoryStats(0)["num_ooms"] == len(tried) - 1
 """,
         conf=SIM,
     )
+
+
+def test_throw_on_cudamalloc_oom_fails_at_once_and_tells_the_rejection_observers():
+    run_python(
+        PRELUDE
+        + """
+probe.attach_oom_rejection_observer()
+cached = probe.malloc(100 * MiB, S)
+probe.free(cached)                                                 # 100 MiB cached
+try:
+    probe.malloc(200 * MiB, 0x2000)                                # the cap refuses the growth
+except torch.cuda.OutOfMemoryError:
+    pass
+else:
+    raise AssertionError("the cap did not refuse")
+stats = torch._C._cuda_memoryStats(0)
+assert probe.rejections() == 1 and stats["num_oom_rejections"] >= 1 and stats["num_alloc_retries"] == 0, stats
+assert ba.memory_reserved(0) == 100 * MiB                          # no release, no retry
+""",
+        conf=SIM + ",throw_on_cudamalloc_oom:True",
+    )

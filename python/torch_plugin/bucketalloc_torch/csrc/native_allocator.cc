@@ -826,9 +826,9 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     // and the device's free memory.
     const size_t needed = oom.segment != 0 ? oom.segment : size;
     for (const auto& observer : observers) observer(device, needed, oom.capacity, oom.device_free);
-    // A request the cap refused without asking the device (capacity or a tenant's cap): torch's
-    // throw_on_cudamalloc_oom rejection.
-    if (oom.present && (oom.cause == 0 || oom.cause == 4)) {
+    // With throw_on_cudamalloc_oom, a request the cap refused without asking the device is torch's
+    // preemptive rejection: its observers are told too.
+    if (oom.present && oom.rejected) {
       for (const auto& observer : rejections) observer(device, size, oom.allocated, oom.capacity);
     }
     throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message);
