@@ -7,7 +7,7 @@
 # needs the GPU was not run.
 # Order: what only a GPU machine can check first (PyTorch on the GPU, then the real CUDA tests and
 # the shim), the CPU-only core tests last (CI runs them anyway; they are cut first when the budget
-# runs out). The default budget (330 s) leaves room in the device time for a rerun.
+# runs out). The default budget (480 s) fits one 600 s device call.
 # Libraries: PyTorch's steps run with PyTorch's own CUDA libraries (nothing of the bundle on
 # LD_LIBRARY_PATH; libbucketalloc.so finds its Abseil beside itself through its RUNPATH and loads
 # the driver itself); only the bundle's test programs get bundle/lib on LD_LIBRARY_PATH.
@@ -17,7 +17,7 @@
 #
 # Usage, from the repo root on the GPU machine:
 #   bash scripts/gpu_check.sh
-# Environment: GPU_CHECK_BUDGET_S (overall budget, default 330 s), BUNDLE (default bundle),
+# Environment: GPU_CHECK_BUDGET_S (overall budget, default 480 s), BUNDLE (default bundle),
 # GPU_CHECK_LOG_DIR (where gpu_check.log, every step's output, and cuda_backend_test.xml go; default
 # $OUT/gpu_check when $OUT is set, so they come back from the device tool, else /tmp/gpu_check).
 #
@@ -26,7 +26,7 @@ set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2  # the repo root (also when run as bundle/gpu_check.sh)
 BUNDLE=${BUNDLE:-bundle}
-BUDGET_S=${GPU_CHECK_BUDGET_S:-330}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
 
 if [[ ! -d $BUNDLE/bin && -f $BUNDLE/bin.tar.xz ]]; then
   # Python's tarfile reads xz itself, so the GPU image needs no xz binary.
@@ -151,12 +151,14 @@ else
   FAILED=$((FAILED + 1))
 fi
 
-# 2. PyTorch: bucketalloc_torch.enable() on the GPU (workload vs a CPU reference, stats,
-#    record_stream, empty_cache, CUDA graphs, the OOM error) and the torch.empty/del latency loop
-#    against PyTorch's native allocator in the same run (scripts/gpu_torch_check.py), with torch's
-#    own CUDA libraries.
+# 2. PyTorch: bucketalloc_torch.enable() on the GPU, the native path (the allocator torch holds):
+#    torch.compile(mode="reduce-overhead"), cudnn.benchmark, a CUDA tensor shared with a child
+#    process, MemPool/use_mem_pool and torch's own memory_stats/_snapshot/_record_memory_history,
+#    each side by side with PyTorch's own allocator (peak reserved, time); then the workload vs a
+#    CPU reference, record_stream, empty_cache, CUDA graphs, the OOM error and the torch.empty/del
+#    latency loop (scripts/gpu_torch_check.py), with torch's own CUDA libraries.
 if ((HAVE_TORCH == 1)); then
-  run_step pytorch 100 "${TORCH_ENV[@]}" python3 scripts/gpu_torch_check.py
+  run_step pytorch 240 "${TORCH_ENV[@]}" python3 scripts/gpu_torch_check.py
 else
   STEP_LINES+=("step pytorch: FAIL (0s, python3 cannot import torch with CUDA here)")
   FAILED=$((FAILED + 1))

@@ -65,6 +65,22 @@ class Allocator {
   // each thread's is a pool of its own (PoolKey).
   absl::StatusOr<void*> Allocate(std::size_t size, int device = 0, Stream stream = nullptr);
 
+  // Allocates the block [addr, addr + block_size) in free memory of private pool `pool` of `device`
+  // ({0, 0}: the device's own pools) for use on `stream`, and returns addr; `requested` (at most
+  // block_size) is the size the caller asked for, as stats and Free(ptr, size) see it. The block
+  // is a live allocation like any other (Free returns it). PyTorch's cudagraph trees restore a
+  // checkpoint with it (setCheckpointPoolState), and allocateWithAddress: `block_size` is a block
+  // size bucketalloc handed out there before (a snapshot's or bucketalloc_visit_segments's), or 0
+  // for the block the pool holding addr rounds `requested` to; the range must lie wholly inside one
+  // free block of the segment or slab that holds addr (a slab:
+  // exactly one free slot of its slot size), which belongs to `stream`. No backend call: it may run
+  // during a capture. Errors (nothing changes): InvalidArgument for sizes out of range or a range
+  // the pool could not have handed out (misaligned, not a slot); FailedPrecondition for a pool that
+  // is unknown or freeable, a range not wholly in one free block (it overlaps a live or pending
+  // block), or memory of another stream; NotFound when no memory of the pool holds addr.
+  absl::StatusOr<void*> AllocateAt(int device, GraphPoolId pool, void* addr, std::size_t block_size,
+                                   std::size_t requested, Stream stream = nullptr);
+
   // The pool key of an allocation for `stream` made on this thread: the stream itself, except
   // cudaStreamPerThread, which is the calling thread's per-thread default stream (a pseudo key,
   // bucketalloc/backend.h). What a CaptureFilter is given.

@@ -282,6 +282,19 @@ BUCKETALLOC_API int bucketalloc_pool_use_count(int device, bucketalloc_pool_id p
  * -1 during a capture or MemPool context (nothing released). */
 BUCKETALLOC_API int bucketalloc_pool_empty_cache(int device, bucketalloc_pool_id pool);
 
+/* Allocates the block [addr, addr + block_size) in free memory of private pool `pool` of `device`
+ * ({0, 0}: the device's own pools) for use on `stream`, as a live allocation (bucketalloc_free
+ * returns it); `requested` (0 < requested <= block_size) is the size stats and history record.
+ * PyTorch's cudagraph trees restore a checkpoint with it (setCheckpointPoolState): `block_size` is
+ * a block size bucketalloc handed out (bucketalloc_visit_segments), or 0 for the block the pool
+ * holding addr rounds `requested` to (allocateWithAddress); the range must lie wholly
+ * inside one free block of the segment or slab holding addr (a slab: exactly one free slot), which
+ * belongs to `stream`. Returns 0, or -1 with the last error naming why (nothing changes): the pool
+ * is unknown or freeable, no memory of it holds addr, the range overlaps a block in use, is
+ * misaligned or not a slot, or the memory is another stream's. */
+BUCKETALLOC_API int bucketalloc_allocate_at(int device, bucketalloc_pool_id pool, void* addr, size_t block_size,
+                                            size_t requested, cudaStream_t stream);
+
 /* The last out-of-memory failure of `device`, as numbers (the text: bucketalloc_last_oom_report). */
 typedef struct bucketalloc_oom_info {
   int present;         /* 1 when the device has had an OOM; 0: none (the rest is 0) */
@@ -348,6 +361,11 @@ BUCKETALLOC_API ssize_t bucketalloc_summary(int device, char* buf, size_t len);
 BUCKETALLOC_API ssize_t bucketalloc_snapshot_json(int device, char* buf, size_t len);
 /* The last out-of-memory report of `device` (empty text when there has been none). */
 BUCKETALLOC_API ssize_t bucketalloc_last_oom_report(int device, char* buf, size_t len);
+/* The configuration the environment gives (BUCKETALLOC_CONF, else PyTorch's PYTORCH_CUDA_ALLOC_CONF,
+ * else PYTORCH_ALLOC_CONF, read as the allocator reads them; docs/configuration.md), every key, in
+ * BUCKETALLOC_CONF syntax: what a host extends with options of its own. Never creates the allocator;
+ * -1 with the error of a bad variable. */
+BUCKETALLOC_API ssize_t bucketalloc_env_config_string(char* buf, size_t len);
 /* The effective configuration, in BUCKETALLOC_CONF syntax. */
 BUCKETALLOC_API ssize_t bucketalloc_config_string(char* buf, size_t len);
 

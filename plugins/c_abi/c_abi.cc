@@ -570,6 +570,16 @@ int bucketalloc_pool_empty_cache(int device, bucketalloc_pool_id pool) {
   return bucketalloc::StatusCall([&](Allocator& a) { return a.EmptyPoolCache(device, bucketalloc::ToPool(pool)); });
 }
 
+int bucketalloc_allocate_at(int device, bucketalloc_pool_id pool, void* addr, size_t block_size, size_t requested,
+                            cudaStream_t stream) {
+  return bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    return a
+        .AllocateAt(device, bucketalloc::ToPool(pool), addr, block_size, requested,
+                    static_cast<bucketalloc::Stream>(stream))
+        .status();
+  });
+}
+
 int bucketalloc_last_oom_info(int device, bucketalloc_oom_info* out, size_t size) {
   return bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
     if (out == nullptr) return absl::InvalidArgumentError("bucketalloc_last_oom_info: out is NULL; accepted: a struct");
@@ -688,6 +698,17 @@ ssize_t bucketalloc_last_oom_report(int device, char* buf, size_t len) {
     absl::StatusOr<std::optional<bucketalloc::OomReport>> report = a.LastOomReport(device);
     if (!report.ok()) return report.status();
     return report->has_value() ? (*report)->ToString() : std::string();
+  });
+}
+
+ssize_t bucketalloc_env_config_string(char* buf, size_t len) {
+  return Guarded<ssize_t>(-1, [&]() -> ssize_t {
+    absl::StatusOr<bucketalloc::Options> options = bucketalloc::OptionsFromEnv();
+    if (!options.ok()) {
+      SetError(options.status());
+      return -1;
+    }
+    return bucketalloc::WriteText(bucketalloc::FormatOptions(*options), buf, len);
   });
 }
 

@@ -162,6 +162,13 @@ absl::StatusOr<void*> Allocator::AllocateOnNewDevice(std::size_t size, int devic
   return (*d)->Allocate(size, stream);
 }
 
+absl::StatusOr<void*> Allocator::AllocateAt(int device, GraphPoolId pool, void* addr, std::size_t block_size,
+                                            std::size_t requested, Stream stream) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->AllocateAt(pool, addr, block_size, requested, PoolKey(stream));  // cudaStreamPerThread: this thread's
+}
+
 absl::Status Allocator::Free(void* ptr, int device, std::optional<std::size_t> size) {
   DeviceAllocator* d = Published(devices_->ptrs, device);
   if (d == nullptr || ptr == nullptr) [[unlikely]]

@@ -163,6 +163,63 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
       size, [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, tag); });
 }
 
+absl::StatusOr<void*> DeviceAllocator::AllocateAt(GraphPoolId pool, void* addr, std::size_t block_size,
+                                                  std::size_t requested, Stream stream) {
+  const auto ptr = reinterpret_cast<std::uintptr_t>(addr);
+  auto what = [&] {
+    return absl::StrCat("bucketalloc: allocate ", block_size, " bytes (requested ", requested, ") at ", PtrStr(addr),
+                        " in ",
+                        pool == GraphPoolId{} ? std::string("the device's own pools")
+                                              : absl::StrCat("private pool (", pool.first, ", ", pool.second, ")"),
+                        " of device ", device_);
+  };
+  if (requested == 0 || requested > kMaxRequestBytes || block_size > kMaxRequestBytes ||
+      (block_size != 0 && requested > block_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), ": accepted: 0 < requested <= block_size <= ", kMaxRequestBytes,
+                     " (a block size bucketalloc handed out, e.g. from a snapshot or bucketalloc_visit_segments), "
+                     "or block_size 0 for the block the pool rounds the request to"));
+  }
+  MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
+  std::uint16_t tag = 0;
+  if (pool != GraphPoolId{}) {
+    tag = private_.TagOf(pool);
+    if (tag == 0 || private_.at(tag).freeable()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what(), ": the pool is ", tag == 0 ? "unknown on this device" : "freeable (no graph or MemPool uses it)",
+          "; accepted: a private pool in use (its use count above 0), or (0, 0) for the device's own pools"));
+    }
+  }
+  // The pool whose unit holds the address carves the range; the others answer NotFound.
+  absl::Status status = absl::NotFoundError("");
+  PoolsOf(tag).ForEach([&](auto& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    using P = PoolType<decltype(p)>;
+    if (!absl::IsNotFound(status)) return;
+    std::size_t bytes = block_size;
+    if (bytes == 0) {  // the pool's rounding of the request
+      if constexpr (std::is_same_v<P, SmallPool>) {
+        bytes = SmallSizeClasses::ClassSize(p.RequestFor(requested).cls);
+      } else {
+        bytes = p.RequestFor(requested).rounded;
+      }
+    }
+    absl::StatusOr<typename P::Handle> h = p.TakeAt(ptr, bytes, stream);
+    status = h.status();
+    if (!h.ok()) return;
+    P::SetRequested(*h, requested);
+    CommitLive(p, ptr, *h, requested, tag);
+    history_.Record(TraceAction::kAlloc, ptr, requested, stream);
+  });
+  if (absl::IsNotFound(status)) {
+    return absl::NotFoundError(absl::StrCat(what(), ": no segment or slab of that pool holds the address"));
+  }
+  if (!status.ok()) return absl::Status(status.code(), absl::StrCat(what(), ": ", status.message()));  // pool's why
+  MaybeCheckInvariants();
+  return addr;
+}
+
 StreamPools& DeviceAllocator::RoutedPoolsFor(Stream stream, std::uint16_t* tag) {
   *tag =
       private_.routing()

@@ -68,6 +68,9 @@ class DeviceAllocator final {
   ~DeviceAllocator();
 
   absl::StatusOr<void*> Allocate(std::size_t size, Stream stream);
+  // See Allocator::AllocateAt (`stream` is a pool key).
+  absl::StatusOr<void*> AllocateAt(GraphPoolId pool, void* addr, std::size_t block_size, std::size_t requested,
+                                   Stream stream);
   absl::Status Free(void* ptr, std::optional<std::size_t> size);
   // True when `ptr` is a live allocation of this device (for cross-device error messages).
   bool OwnsLive(void* ptr) const;

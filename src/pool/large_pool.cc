@@ -134,6 +134,74 @@ void LargePool::Take(Block* block, std::size_t rounded, int tier) {
   UpdateInactiveSplit(before, seg);
 }
 
+absl::StatusOr<LargePool::Handle> LargePool::TakeAt(std::uintptr_t addr, std::size_t size, Stream stream) {
+  const char* pool_name = config_.index == kLargePool ? "large pool" : "packed small pool";
+  auto refuse = [&](absl::string_view why) {
+    return absl::StrCat("cannot allocate ", size, " bytes at 0x", absl::Hex(addr), " in the ", pool_name, ": ", why);
+  };
+  Segment* seg = nullptr;
+  for (Segment* s : segments_) {
+    if (addr >= s->base && addr - s->base < s->size) {
+      seg = s;
+      break;
+    }
+  }
+  if (seg == nullptr) return absl::NotFoundError(refuse("no segment of this pool holds that address"));
+  if (size == 0 || size % kMinBlockSize != 0 || (addr - seg->base) % kMinBlockSize != 0) {
+    return absl::InvalidArgumentError(
+        refuse(absl::StrCat("accepted: a block size that is a positive multiple of ", kMinBlockSize,
+                            " bytes at an offset of a multiple of ", kMinBlockSize, " bytes in its segment (offset ",
+                            addr - seg->base, ")")));
+  }
+  if (seg->stream != stream) {
+    return absl::FailedPreconditionError(
+        refuse(absl::StrCat("its segment at 0x", absl::Hex(seg->base), " belongs to stream 0x",
+                            absl::Hex(reinterpret_cast<std::uintptr_t>(seg->stream)), ", not to stream 0x",
+                            absl::Hex(reinterpret_cast<std::uintptr_t>(stream)))));
+  }
+  Block* block = seg->first;
+  while (block != nullptr && block->ptr + block->size <= addr) block = block->next;
+  BA_DCHECK(block != nullptr && block->ptr <= addr, "a segment's blocks do not tile it");
+  if (block->state != BlockState::kFree) {
+    return absl::FailedPreconditionError(refuse(absl::StrCat(
+        "it lies in a block at 0x", absl::Hex(block->ptr), " of ", block->size, " bytes that is ",
+        block->state == BlockState::kUnmapped ? "a hole (unmapped)" : "in use (live or awaiting stream events)")));
+  }
+  const std::uintptr_t end = block->ptr + block->size;
+  if (size > end - addr) {
+    return absl::FailedPreconditionError(
+        refuse(absl::StrCat("the free block at 0x", absl::Hex(block->ptr), " of ", block->size, " bytes ends at 0x",
+                            absl::Hex(end), ", before the range does")));
+  }
+  const bool whole = addr == block->ptr && size == block->size;
+  if (!whole && seg->tier >= 0) {
+    return absl::FailedPreconditionError(
+        refuse(absl::StrCat("the free block at 0x", absl::Hex(block->ptr), " is a whole segment of tier ", seg->tier,
+                            " (", block->size, " bytes), which is never split")));
+  }
+  if (!whole && block->size > config_.max_split_size) {
+    return absl::FailedPreconditionError(
+        refuse(absl::StrCat("the free block at 0x", absl::Hex(block->ptr), " of ", block->size,
+                            " bytes is above max_split_size (", config_.max_split_size, "), so it is never split")));
+  }
+  // Carve it as Take does, with a remainder on either side.
+  const InactiveSplit before = InactiveOf(seg);
+  RemoveFree(block);
+  if (block->ptr < addr) {
+    Block* mid = SplitBlock(block, addr - block->ptr, blocks_);
+    InsertFree(block);
+    ctx_.stats->Count(&DeviceStats::num_splits);
+    block = mid;
+  }
+  if (block->size > size) {
+    InsertFree(SplitBlock(block, size, blocks_));
+    ctx_.stats->Count(&DeviceStats::num_splits);
+  }
+  Activate(block);
+  UpdateInactiveSplit(before, seg);
+  return Handle{block};
+}
+
 absl::StatusOr<Block*> LargePool::Grow(StreamState& ss, Stream stream, std::size_t bytes, std::size_t rounded,
                                        int tier) {
   BA_DCHECK(bytes >= rounded, "a segment smaller than its request");

@@ -147,6 +147,17 @@ class LargePool {
   }
   // Returns an active block to the free lists (coalescing); it is no longer active.
   void Return(Handle h);
+  // Carves [addr, addr + size) out of the free block that holds it, on the free lists of `stream`
+  // (the stream of the segment that holds it), and returns it as an active block: the free
+  // remainders before and after it go back on the lists (a slow path: it walks the segments; for
+  // restoring a checkpoint, PyTorch's setCheckpointPoolState). `size` is a block size this pool
+  // produced: a multiple of 512 B at a 512 B offset; a tier segment's block only whole; a free
+  // block above max_split_size (never split) only whole.
+  // NotFound (nothing changed) when no segment of this pool holds addr; InvalidArgument or
+  // FailedPrecondition (nothing changed), naming the address, the size and why, when the range is
+  // not wholly inside one free block of that segment or breaks the rules above, or the segment is
+  // on another stream.
+  absl::StatusOr<Handle> TakeAt(std::uintptr_t addr, std::size_t size, Stream stream);
 
   static std::uintptr_t Address(Handle h) { return h.block->ptr; }
   static std::size_t BlockSize(Handle h) { return h.block->size; }

@@ -61,6 +61,12 @@ class PackedPool {
   std::optional<Request> Fallback(std::size_t, const Request&) const { return std::nullopt; }
   std::pair<std::size_t, std::size_t> OomSizes(const Request& r) const { return {r.rounded, kSlabBytes}; }
   void Return(Handle h) { pool_.Return(Of(h)); }
+  // See LargePool::TakeAt.
+  absl::StatusOr<Handle> TakeAt(std::uintptr_t addr, std::size_t size, Stream stream) {
+    absl::StatusOr<LargePool::Handle> h = pool_.TakeAt(addr, size, stream);
+    if (!h.ok()) return h.status();
+    return Handle{h->block};
+  }
 
   static std::uintptr_t Address(Handle h) { return LargePool::Address(Of(h)); }
   static std::size_t BlockSize(Handle h) { return LargePool::BlockSize(Of(h)); }

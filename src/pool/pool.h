@@ -109,7 +109,7 @@ template <typename P>
 concept Pool = requires(P& pool, const P& cpool, typename P::StreamState& ss, const typename P::StreamState& css,
                         const typename P::Request& request, typename P::Handle h, Stream stream, std::size_t n,
                         Served* served, FragmentationReport* report, std::vector<SpanView>* spans, bool live,
-                        UnitFn units) {
+                        UnitFn units, std::uintptr_t addr) {
   { P::kIndex } -> std::convertible_to<PoolIndex>;
   requires std::constructible_from<typename P::StreamState, const P&>;
   // The fast path: a cached block, or nullopt. No backend call, no heap allocation.
@@ -120,6 +120,11 @@ concept Pool = requires(P& pool, const P& cpool, typename P::StreamState& ss, co
   // when the memory cannot be had (the front end then releases and retries); FailedPrecondition
   // when the source refuses during a capture.
   { pool.Serve(ss, stream, request, served) } -> std::same_as<absl::StatusOr<typename P::Handle>>;
+  // A slow path outside the request flow (restoring a checkpoint): the free block [addr, addr + n)
+  // of the unit of stream `stream` that holds addr, carved out and active. NotFound when no unit of
+  // the pool holds addr; another error, naming why, when the range is not one free block's part
+  // that the pool could have handed out; nothing changes on an error.
+  { pool.TakeAt(addr, n, stream) } -> std::same_as<absl::StatusOr<typename P::Handle>>;
   // A smaller request to try before an OOM (a tier request's exact size), or nullopt.
   { cpool.Fallback(n, request) } -> std::same_as<std::optional<typename P::Request>>;
   // The OOM report's rounded size and the backend allocation the request needed.

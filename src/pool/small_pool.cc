@@ -40,6 +40,58 @@ absl::StatusOr<SmallPool::Handle> SmallPool::Serve(StreamState& ss, Stream strea
   return TakeSlot(slab);
 }
 
+absl::StatusOr<SmallPool::Handle> SmallPool::TakeAt(std::uintptr_t addr, std::size_t size, Stream stream) {
+  auto refuse = [&](absl::string_view why) {
+    return absl::StrCat("cannot allocate ", size, " bytes at 0x", absl::Hex(addr), " in the small pool's slabs: ", why);
+  };
+  Slab* slab = nullptr;
+  for (Slab* s : all_) {
+    if (addr >= s->base && addr - s->base < kSlabBytes) {
+      slab = s;
+      break;
+    }
+  }
+  if (slab == nullptr) return absl::NotFoundError(refuse("no slab of this pool holds that address"));
+  if (slab->stream != stream) {
+    return absl::FailedPreconditionError(
+        refuse(absl::StrCat("its slab at 0x", absl::Hex(slab->base), " belongs to stream 0x",
+                            absl::Hex(reinterpret_cast<std::uintptr_t>(slab->stream)), ", not to stream 0x",
+                            absl::Hex(reinterpret_cast<std::uintptr_t>(stream)))));
+  }
+  const std::uintptr_t offset = addr - slab->base;
+  // An empty slab serves any class: it takes the class of `size` when that is a class size whose
+  // slots include the address.
+  const bool class_size =
+      size > 0 && size <= kMaxSmallSize && SmallSizeClasses::ClassSize(SmallSizeClasses::ClassOf(size)) == size;
+  const bool reassign = slab->live == 0 && size != slab->slot_size && class_size && offset % size == 0 &&
+                        offset / size < SmallSizeClasses::SlotsPerSlab(SmallSizeClasses::ClassOf(size));
+  const std::size_t slot_size = reassign ? size : slab->slot_size;
+  if (size != slot_size || offset % slot_size != 0 || offset / slot_size >= slab->capacity) {
+    return absl::InvalidArgumentError(
+        refuse(absl::StrCat("accepted: exactly one slot of its slab at 0x", absl::Hex(slab->base), ", whose slots are ",
+                            slab->slot_size, " bytes each (", slab->capacity, " of them)",
+                            slab->live == 0 ? ", or a slot of a class size when empty" : "")));
+  }
+  const auto slot = static_cast<std::uint32_t>(offset / slot_size);
+  if (reassign) {
+    // As Serve re-assigns an empty slab: out of its old class's list, into the new one's.
+    StreamState& ss = *static_cast<StreamState*>(slab->owner);
+    const int cls = SmallSizeClasses::ClassOf(size);
+    SlabList::Unlink(slab);
+    slab->Assign(cls);
+    ss.partial[cls].PushFront(slab);
+  }
+  std::uint32_t at = 0;
+  while (at < slab->free_top && slab->free_stack[at] != slot) ++at;
+  if (at == slab->free_top) {
+    return absl::FailedPreconditionError(
+        refuse(absl::StrCat("slot ", slot, " of the slab at 0x", absl::Hex(slab->base), " is in use")));
+  }
+  // TakeSlot pops the top of the free stack: move the slot there.
+  std::swap(slab->free_stack[at], slab->free_stack[slab->free_top - 1]);
+  return TakeSlot(slab);
+}
+
 bool SmallPool::ReleaseSlab(Slab* slab) {
   BA_DCHECK(slab->live == 0, "releasing a slab with live slots");
   if (!ctx_.source->ReleaseSegment(slab->base, kSlabBytes, kSmallPool)) return false;  // stays cached

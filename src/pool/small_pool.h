@@ -96,6 +96,15 @@ class SmallPool {
     }
   }
 
+  // Takes the free slot at `addr` of `size` bytes (the slot size of its slab) on the free lists of
+  // `stream` (the stream of the slab that holds it) and returns it as an active block (a slow path:
+  // it walks the slabs; for restoring a checkpoint, PyTorch's setCheckpointPoolState). An empty
+  // slab of another class is given `size`'s class first when `size` is a class size.
+  // NotFound (nothing changed) when no slab of this pool holds addr; InvalidArgument or
+  // FailedPrecondition (nothing changed), naming the address, the size and why, when the range is
+  // not exactly one free slot of that size, or the slab is on another stream.
+  absl::StatusOr<Handle> TakeAt(std::uintptr_t addr, std::size_t size, Stream stream);
+
   static std::uintptr_t Address(Handle h) { return h.slab->SlotAddress(h.slot); }
   static std::size_t BlockSize(Handle h) { return h.slab->slot_size; }
   static Stream StreamOf(Handle h) { return h.slab->stream; }

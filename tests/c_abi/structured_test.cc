@@ -359,4 +359,79 @@ void RunCapRefusal(bool throw_on_oom) {
 TEST(CAbiCapRefusalTest, ThrowOnCudaMallocOomFailsAtOnceWithoutReleasingTheCache) { RunCapRefusal(true); }
 TEST(CAbiCapRefusalTest, WithoutItTheCacheIsReleasedAndTheRequestRetried) { RunCapRefusal(false); }
 
+// bucketalloc_allocate_at (PyTorch's setCheckpointPoolState and allocateWithAddress): blocks of a
+// private pool, freed, come back at their addresses and block sizes, live; a range over a live
+// block is refused, naming it, and nothing changes.
+TEST_F(CAbiStructuredTest, AllocateAtPutsFreedPoolBlocksBackAtTheirAddresses) {
+  constexpr bucketalloc_pool_id kPool{0, 9};
+  ASSERT_EQ(bucketalloc_begin_allocate_to_pool(0, kPool, [](cudaStream_t s) { return s == StreamOf(1); }), 0)
+      << bucketalloc_last_error();
+  void* a = bucketalloc_malloc(3 * kMiB, 0, StreamOf(1));
+  void* b = bucketalloc_malloc(5 * kMiB + 100, 0, StreamOf(1));
+  ASSERT_EQ(bucketalloc_end_allocate_to_pool(0, kPool), 0) << bucketalloc_last_error();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  // The checkpoint: addresses, block sizes and the stream, as the torch adapter records them.
+  std::vector<Segment> segments = Segments();
+  const bucketalloc_block_info* ba = BlockAt(segments, a);
+  const bucketalloc_block_info* bb = BlockAt(segments, b);
+  ASSERT_TRUE(ba != nullptr && bb != nullptr);
+  const std::size_t size_a = ba->size, size_b = bb->size;
+  for (const Segment& seg : segments) {
+    if (BlockAt({seg}, a) != nullptr) {
+      EXPECT_EQ(seg.info.pool.second, 9u);
+      EXPECT_EQ(seg.info.stream, reinterpret_cast<std::uintptr_t>(StreamOf(1)));
+    }
+  }
+  const bucketalloc_device_stats at_checkpoint = StatsStruct();
+  bucketalloc_free(a, -1, 0, StreamOf(1));
+  bucketalloc_free(b, -1, 0, StreamOf(1));
+  EXPECT_EQ(StatsStruct().allocation[0].current, 0);
+
+  ASSERT_EQ(bucketalloc_allocate_at(0, kPool, b, size_b, size_b, StreamOf(1)), 0) << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_allocate_at(0, kPool, a, size_a, size_a, StreamOf(1)), 0) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error();
+  segments = Segments();
+  for (void* p : {a, b}) {
+    const bucketalloc_block_info* block = BlockAt(segments, p);
+    ASSERT_NE(block, nullptr);
+    EXPECT_EQ(block->state, BUCKETALLOC_BLOCK_ACTIVE_ALLOCATED);
+    EXPECT_EQ(block->size, p == a ? size_a : size_b);
+  }
+  const bucketalloc_device_stats restored = StatsStruct();
+  EXPECT_EQ(restored.allocation[0].current, 2);
+  EXPECT_EQ(restored.allocated_bytes[0].current, at_checkpoint.allocated_bytes[0].current);
+
+  // A range overlapping a live block is refused, naming it; nothing changes.
+  EXPECT_EQ(bucketalloc_allocate_at(0, kPool, static_cast<char*>(a) + kMiB, kMiB, kMiB, StreamOf(1)), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "in use")) << bucketalloc_last_error();
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "0x")) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_allocate_at(0, kPool, a, size_a, size_a, StreamOf(1)), -1);
+  EXPECT_EQ(bucketalloc_allocate_at(0, bucketalloc_pool_id{3, 3}, a, size_a, size_a, StreamOf(1)), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "unknown")) << bucketalloc_last_error();
+  const bucketalloc_device_stats after = StatsStruct();
+  EXPECT_EQ(after.allocation[0].current, restored.allocation[0].current);
+  EXPECT_EQ(after.active_bytes[0].current, restored.active_bytes[0].current);
+  EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error();
+
+  // Freed as any allocation; the device's own pools ({0, 0}) serve allocate_at too.
+  bucketalloc_free(a, -1, 0, StreamOf(1));
+  bucketalloc_free(b, -1, 0, StreamOf(1));
+  void* own = bucketalloc_malloc(2 * kMiB, 0, StreamOf(0));
+  ASSERT_NE(own, nullptr);
+  const std::size_t own_size = BlockAt(Segments(), own)->size;
+  bucketalloc_free(own, -1, 0, StreamOf(0));
+  ASSERT_EQ(bucketalloc_allocate_at(0, bucketalloc_pool_id{0, 0}, own, own_size, 2 * kMiB, StreamOf(0)), 0)
+      << bucketalloc_last_error();
+  bucketalloc_free(own, -1, 0, StreamOf(0));
+  // Block size 0 (allocateWithAddress): the block the pool rounds the request to.
+  ASSERT_EQ(bucketalloc_allocate_at(0, bucketalloc_pool_id{0, 0}, own, 0, 2 * kMiB - 1000, StreamOf(0)), 0)
+      << bucketalloc_last_error();
+  EXPECT_EQ(BlockAt(Segments(), own)->requested_size, 2 * kMiB - 1000);
+  EXPECT_EQ(bucketalloc_allocate_at(0, bucketalloc_pool_id{0, 0}, own, 0, kMiB, StreamOf(0)), -1) << "live";
+  bucketalloc_free(own, -1, 0, StreamOf(0));
+  EXPECT_EQ(StatsStruct().allocation[0].current, 0);
+  ASSERT_EQ(bucketalloc_release_pool_id(0, kPool), 0);
+}
+
 }  // namespace

@@ -260,6 +260,113 @@ TEST_P(CaptureTest, BadCaptureCallsAreRefused) {
   EXPECT_TRUE(absl::IsNotFound(allocator_->EndCapture(0, kPool))) << "released: no longer in use";
 }
 
+// AllocateAt (PyTorch's setCheckpointPoolState, cudagraph trees): a pool's blocks, freed, come back
+// at their checkpointed addresses and block sizes as live allocations (stats, history, invariants,
+// Free as usual); a range over a live block, an unknown or freeable pool, another stream's memory,
+// bad sizes and addresses no memory of the pool holds are refused and change nothing.
+TEST_P(CaptureTest, CheckpointedBlocksComeBackAtTheirAddressesWithAllocateAt) {
+  const Stream s = TestStream(1);
+  ASSERT_TRUE(allocator_->RecordHistory(true, 1000).ok());
+  Begin(s);
+  std::vector<void*> live;
+  for (std::size_t size : {std::size_t{4096}, std::size_t{300000}, 3 * kMiB, 5 * kMiB}) {
+    absl::StatusOr<void*> p = allocator_->Allocate(size, 0, s);
+    ASSERT_TRUE(p.ok()) << p.status();
+    live.push_back(*p);
+  }
+  End(s);
+  // The checkpoint: each block's address and block size, from the pool's segments.
+  std::vector<std::pair<void*, std::size_t>> checkpoint;
+  absl::StatusOr<MemorySnapshot> snap = allocator_->Snapshot(0);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  for (const SegmentSnapshot& seg : snap->segments) {
+    if (seg.pool_id != kPool) continue;
+    for (const BlockSnapshot& b : seg.blocks) {
+      if (b.state == BlockSnapshotState::kActiveAllocated)
+        checkpoint.emplace_back(reinterpret_cast<void*>(b.address), b.size);
+    }
+  }
+  ASSERT_EQ(checkpoint.size(), live.size());
+  const DeviceStats at_checkpoint = Stats();
+  for (void* p : live) ASSERT_TRUE(allocator_->Free(p).ok());
+  EXPECT_EQ(Stats().allocation[kAllPools].current, 0);
+
+  for (const auto& [addr, block] : checkpoint) {
+    absl::StatusOr<void*> p = allocator_->AllocateAt(0, kPool, addr, block, block, s);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(*p, addr);
+    ASSERT_TRUE(allocator_->CheckInvariants(0).ok()) << allocator_->CheckInvariants(0);
+  }
+  const DeviceStats restored = Stats();
+  EXPECT_EQ(restored.allocation[kAllPools].current, static_cast<std::int64_t>(checkpoint.size()));
+  EXPECT_EQ(restored.allocated_bytes[kAllPools].current, at_checkpoint.allocated_bytes[kAllPools].current);
+  EXPECT_EQ(restored.active_bytes[kAllPools].current, at_checkpoint.active_bytes[kAllPools].current);
+  EXPECT_EQ(restored.reserved_bytes[kAllPools].current, at_checkpoint.reserved_bytes[kAllPools].current);
+  snap = allocator_->Snapshot(0);
+  ASSERT_TRUE(snap.ok());
+  ASSERT_FALSE(snap->device_traces[0].empty());
+  const TraceEntry& last = snap->device_traces[0].back();
+  EXPECT_EQ(last.action, TraceAction::kAlloc);
+  EXPECT_EQ(last.addr, reinterpret_cast<std::uintptr_t>(checkpoint.back().first));
+  EXPECT_EQ(last.size, checkpoint.back().second);
+
+  // Refusals change nothing.
+  auto refused = [&](auto call, absl::StatusCode code, const char* why) {
+    const DeviceStats before = Stats();
+    absl::StatusOr<void*> r = call();
+    EXPECT_FALSE(r.ok()) << why;
+    EXPECT_EQ(r.status().code(), code) << why << ": " << r.status();
+    const DeviceStats now = Stats();
+    EXPECT_EQ(now.allocation[kAllPools].current, before.allocation[kAllPools].current) << why;
+    EXPECT_EQ(now.active_bytes[kAllPools].current, before.active_bytes[kAllPools].current) << why;
+    EXPECT_EQ(now.num_splits, before.num_splits) << why;
+  };
+  const auto [a0, b0] = checkpoint[2];
+  refused([&] { return allocator_->AllocateAt(0, kPool, a0, b0, b0, s); }, absl::StatusCode::kFailedPrecondition,
+          "a live block");
+  refused(
+      [&] {
+        return allocator_->AllocateAt(0, GraphPoolId{5, 5}, a0, b0, b0, s);
+      },
+      absl::StatusCode::kFailedPrecondition, "an unknown pool");
+  refused([&] { return allocator_->AllocateAt(0, kPool, a0, b0, b0 + 1, s); }, absl::StatusCode::kInvalidArgument,
+          "requested above the block");
+  refused([&] { return allocator_->AllocateAt(0, kPool, a0, b0, 0, s); }, absl::StatusCode::kInvalidArgument,
+          "requested 0");
+  ASSERT_TRUE(allocator_->Free(a0).ok());
+  refused([&] { return allocator_->AllocateAt(0, kPool, a0, b0, b0, TestStream(2)); },
+          absl::StatusCode::kFailedPrecondition, "another stream");
+  refused([&] { return allocator_->AllocateAt(0, kPool, static_cast<char*>(a0) + 1, b0, b0, s); },
+          absl::StatusCode::kInvalidArgument, "misaligned");
+  absl::StatusOr<void*> own = allocator_->Allocate(kMiB, 0, s);  // the device's own pools
+  ASSERT_TRUE(own.ok());
+  refused([&] { return allocator_->AllocateAt(0, kPool, *own, kMiB, kMiB, s); }, absl::StatusCode::kNotFound,
+          "memory of another pool");
+  // Back, then Free works as for any allocation, with the size it was requested with.
+  ASSERT_TRUE(allocator_->AllocateAt(0, kPool, a0, b0, 1000, s).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(allocator_->Free(a0, 0, b0))) << "requested 1000, not the block size";
+  ASSERT_TRUE(allocator_->Free(a0, 0, 1000).ok());
+  // The device's own pools ({0, 0}) too.
+  ASSERT_TRUE(allocator_->Free(*own).ok());
+  absl::StatusOr<void*> again = allocator_->AllocateAt(0, GraphPoolId{}, *own, kMiB, kMiB, s);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(allocator_->Free(*again).ok());
+  // Block size 0: the pool's rounding of the request (allocateWithAddress).
+  again = allocator_->AllocateAt(0, GraphPoolId{}, *own, 0, kMiB - 100, s);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Stats().allocated_bytes[kAllPools].current - Stats().requested_bytes[kAllPools].current,
+            restored.allocated_bytes[kAllPools].current - restored.requested_bytes[kAllPools].current + 100);
+  ASSERT_TRUE(allocator_->Free(*again).ok());
+  for (std::size_t i = 0; i < checkpoint.size(); ++i) {
+    if (i == 2) continue;  // a0, freed above
+    ASSERT_TRUE(allocator_->Free(checkpoint[i].first).ok());
+  }
+  // A freeable pool (no graph uses it) is refused.
+  ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());
+  refused([&] { return allocator_->AllocateAt(0, kPool, a0, b0, b0, s); }, absl::StatusCode::kFailedPrecondition,
+          "a freeable pool");
+}
+
 BUCKETALLOC_INSTANTIATE_OVER_CONFIGS(CaptureTest);
 
 }  // namespace

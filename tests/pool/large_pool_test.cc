@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "pool/large_pool_fixture.h"
 
 namespace bucketalloc::internal {
@@ -275,6 +277,192 @@ TEST_F(LargePoolTest, GrowFailsCleanlyAtTheLimit) {
   EXPECT_TRUE(absl::IsResourceExhausted(pool_->Grow(*ss_, nullptr, 20 * kMiB, 3 * kMiB, -1).status()));
   Check(1);
   Return(a);
+}
+
+// ---- TakeAt: a block carved at a given address (restoring a checkpoint) ----------------------
+
+// What TakeAt must keep true, read from the ledger and the pool: nothing else may change on a
+// refusal, and the kept figures equal a walk's after a carve.
+struct TakeAtView {
+  std::int64_t active = 0, active_bytes = 0, cached_bytes = 0, split_bytes = 0, split = 0, splits = 0;
+  PoolFragmentation frag;
+  bool operator==(const TakeAtView& o) const {
+    return active == o.active && active_bytes == o.active_bytes && cached_bytes == o.cached_bytes &&
+           split_bytes == o.split_bytes && split == o.split && splits == o.splits &&
+           frag.free_count == o.frag.free_count && frag.free_bytes == o.frag.free_bytes &&
+           frag.total_free == o.frag.total_free;
+  }
+};
+
+class LargePoolTakeAtTest : public LargePoolTest {
+ protected:
+  // The configurations the large pool's tests use: PyTorch's defaults, stitching (every remainder
+  // split off), tiers, a max_split_size.
+  static std::vector<std::pair<const char*, LargePoolConfig>> Configs() {
+    std::vector<std::pair<const char*, LargePoolConfig>> c;
+    c.emplace_back("default", LargePoolConfig{});
+    LargePoolConfig stitching;
+    stitching.stitching = true;
+    stitching.keep_remainder = 0;
+    c.emplace_back("stitching", stitching);
+    c.emplace_back("tiers", LargePoolConfig{.tiers = {64 * kMiB, 128 * kMiB}});
+    c.emplace_back("max_split_size", LargePoolConfig{.max_split_size = 32 * kMiB});
+    return c;
+  }
+  TakeAtView View() const {
+    const DeviceStats s = Stats();
+    TakeAtView v;
+    v.active = s.active[kLargePool].current;
+    v.active_bytes = s.active_bytes[kLargePool].current;
+    v.cached_bytes = s.cached_bytes[kLargePool].current;
+    v.split_bytes = s.inactive_split_bytes[kLargePool].current;
+    v.split = s.inactive_split[kLargePool].current;
+    v.splits = s.num_splits;
+    FragmentationReport frag;
+    pool_->AddFragmentation(&frag);
+    v.frag = frag.pools[kLargePool];
+    return v;
+  }
+  // The invariants, and the inactive_split gauges against a walk.
+  void CheckAll(std::int64_t active) {
+    Check(active);
+    const InactiveSplit walked = pool_->inactive_split();
+    EXPECT_EQ(Stats().inactive_split_bytes[kLargePool].current, walked.bytes);
+    EXPECT_EQ(Stats().inactive_split[kLargePool].current, walked.count);
+  }
+  // Refused, naming the address and size, and nothing changed.
+  void ExpectRefused(std::uintptr_t addr, std::size_t size, absl::StatusCode code, Stream stream = nullptr) {
+    const TakeAtView before = View();
+    absl::StatusOr<LargePool::Handle> h = pool_->TakeAt(addr, size, stream);
+    ASSERT_FALSE(h.ok()) << "took " << size << " at " << addr;
+    EXPECT_EQ(h.status().code(), code) << h.status();
+    EXPECT_NE(h.status().message().find(absl::StrCat(size, " bytes at 0x", absl::Hex(addr))), absl::string_view::npos)
+        << h.status();
+    EXPECT_TRUE(View() == before) << h.status();
+  }
+};
+
+TEST_F(LargePoolTakeAtTest, FreedBlocksComeBackAtTheirAddressesInEveryConfiguration) {
+  for (const auto& [name, config] : Configs()) {
+    SCOPED_TRACE(name);
+    Init(config);
+    Block* a = Allocate(3 * kMiB);
+    Block* b = Allocate(5 * kMiB);
+    Block* c = Allocate(4 * kMiB);
+    ASSERT_TRUE(a != nullptr && b != nullptr && c != nullptr);
+    ASSERT_EQ(a->segment, c->segment);
+    const std::uintptr_t pa = a->ptr, pb = b->ptr, pc = c->ptr;
+    const std::size_t sa = a->size, sb = b->size, sc = c->size;
+    Return(a);
+    Return(b);
+    Return(c);
+    CheckAll(0);
+    // The middle block first: free remainders on both sides.
+    absl::StatusOr<LargePool::Handle> hb = pool_->TakeAt(pb, sb, nullptr);
+    ASSERT_TRUE(hb.ok()) << hb.status();
+    EXPECT_EQ(LargePool::Address(*hb), pb);
+    EXPECT_EQ(LargePool::BlockSize(*hb), sb);
+    CheckAll(1);
+    absl::StatusOr<LargePool::Handle> ha = pool_->TakeAt(pa, sa, nullptr);
+    ASSERT_TRUE(ha.ok()) << ha.status();
+    absl::StatusOr<LargePool::Handle> hc = pool_->TakeAt(pc, sc, nullptr);
+    ASSERT_TRUE(hc.ok()) << hc.status();
+    EXPECT_EQ(Stats().active_bytes[kLargePool].current, static_cast<std::int64_t>(sa + sb + sc));
+    EXPECT_EQ(Stats().active[kLargePool].current, 3);
+    CheckAll(3);
+    // The rest of the segment is one free block after c; the normal path still serves from it.
+    Block* d = Allocate(2 * kMiB);
+    ASSERT_NE(d, nullptr);
+    EXPECT_EQ(d->ptr, pc + sc);
+    CheckAll(4);
+    for (Block* blk : {ha->block, hb->block, hc->block, d}) Return(blk);
+    CheckAll(0);
+    EXPECT_EQ(Stats().active_bytes[kLargePool].current, 0);
+    EXPECT_EQ(pool_->largest_free_block(), 20 * kMiB);
+  }
+}
+
+TEST_F(LargePoolTakeAtTest, RefusesRangesOutsideOneFreeBlockAndChangesNothing) {
+  for (const auto& [name, config] : Configs()) {
+    SCOPED_TRACE(name);
+    Init(config);
+    Block* a = Allocate(3 * kMiB);
+    Block* b = Allocate(5 * kMiB);
+    ASSERT_TRUE(a != nullptr && b != nullptr);
+    const std::uintptr_t base = a->segment->base;
+    Return(a);  // [a free 3 MiB][b live 5 MiB][free 12 MiB]
+    CheckAll(1);
+    // Overlaps the live block b, or straddles the free a into it.
+    ExpectRefused(b->ptr, b->size, absl::StatusCode::kFailedPrecondition);
+    ExpectRefused(b->ptr + kMiB, kMiB, absl::StatusCode::kFailedPrecondition);
+    ExpectRefused(base + 2 * kMiB, 2 * kMiB, absl::StatusCode::kFailedPrecondition);
+    // Runs past the end of the segment.
+    ExpectRefused(b->ptr + b->size, 13 * kMiB, absl::StatusCode::kFailedPrecondition);
+    // Not a size or offset the pool produces.
+    ExpectRefused(base, 1000, absl::StatusCode::kInvalidArgument);
+    ExpectRefused(base + 100, kMiB, absl::StatusCode::kInvalidArgument);
+    ExpectRefused(base, 0, absl::StatusCode::kInvalidArgument);
+    // No segment holds it.
+    ExpectRefused(base + 20 * kMiB + 512, kMiB, absl::StatusCode::kNotFound);
+    ExpectRefused(base - kMiB, 512, absl::StatusCode::kNotFound);
+    // Another stream's memory.
+    ExpectRefused(base, kMiB, absl::StatusCode::kFailedPrecondition, reinterpret_cast<Stream>(0x5));
+    CheckAll(1);
+    // A range inside the free block is accepted.
+    absl::StatusOr<LargePool::Handle> h = pool_->TakeAt(base + kMiB, kMiB, nullptr);
+    ASSERT_TRUE(h.ok()) << h.status();
+    CheckAll(2);
+    Return(h->block);
+    Return(b);
+    CheckAll(0);
+  }
+}
+
+TEST_F(LargePoolTakeAtTest, TierAndOversizeBlocksAreTakenOnlyWhole) {
+  Init({.max_split_size = 32 * kMiB, .tiers = {64 * kMiB}});
+  Block* t = Allocate(40 * kMiB);  // the 64 MiB tier
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->segment->tier, 0);
+  Block* big = Allocate(100 * kMiB);  // oversize: never split
+  ASSERT_NE(big, nullptr);
+  const std::uintptr_t pt = t->ptr, pbig = big->ptr;
+  Return(t);
+  Return(big);
+  CheckAll(0);
+  ExpectRefused(pt, 32 * kMiB, absl::StatusCode::kFailedPrecondition);
+  ExpectRefused(pbig + 2 * kMiB, 50 * kMiB, absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<LargePool::Handle> ht = pool_->TakeAt(pt, 64 * kMiB, nullptr);
+  ASSERT_TRUE(ht.ok()) << ht.status();
+  absl::StatusOr<LargePool::Handle> hbig = pool_->TakeAt(pbig, 100 * kMiB, nullptr);
+  ASSERT_TRUE(hbig.ok()) << hbig.status();
+  EXPECT_TRUE(pool_->Oversize(*hbig));
+  FragmentationReport frag;
+  pool_->AddFragmentation(&frag);
+  ASSERT_EQ(frag.tiers.size(), 1u);
+  EXPECT_EQ(frag.tiers[0].in_use, 1);
+  EXPECT_EQ(frag.tiers[0].cached, 0);
+  CheckAll(2);
+  Return(ht->block);
+  Return(hbig->block);
+  CheckAll(0);
+}
+
+TEST_F(LargePoolTakeAtTest, StitchingKeepsTheFreeGranuleCount) {
+  LargePoolConfig config;
+  config.stitching = true;
+  config.keep_remainder = 0;
+  Init(config);
+  Block* a = Allocate(6 * kMiB);
+  ASSERT_NE(a, nullptr);
+  const std::uintptr_t base = a->segment->base;
+  Return(a);
+  CheckAll(0);  // compares the kept free granules with a walk's
+  // An odd carve: 1.5 MiB into the segment, 3 MiB long; the granules around it stay counted.
+  absl::StatusOr<LargePool::Handle> h = pool_->TakeAt(base + 3 * kMiB / 2, 3 * kMiB, nullptr);
+  ASSERT_TRUE(h.ok()) << h.status();
+  CheckAll(1);
+  Return(h->block);
+  CheckAll(0);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "test_util.h"
@@ -106,6 +108,59 @@ TEST_F(PackedPoolTest, AFullCardIsResourceExhaustedAndNothingChanges) {
   for (PackedPool::Handle h : held) Return(h);
   pool_.ReleaseAll();
   EXPECT_EQ(source_.used(), 0u);
+}
+
+// TakeAt (restoring a checkpoint): freed blocks come back at their addresses and sizes, split out
+// of the coalesced free block with remainders on both sides; a range that is not inside one free
+// block, or not a 512-byte multiple at a 512-byte offset, is refused and nothing changes.
+TEST_F(PackedPoolTest, TakeAtCarvesFreedBlocksBackAndRefusesTheRest) {
+  PackedPool::Handle a = Allocate(1);           // 512 B
+  PackedPool::Handle b = Allocate(700);         // 1024 B
+  PackedPool::Handle c = Allocate(300 * kKiB);  // 300 KiB
+  const std::uintptr_t pa = PackedPool::Address(a), pb = PackedPool::Address(b), pc = PackedPool::Address(c);
+  Return(a);
+  Return(b);
+  Return(c);
+  Check(0);
+  auto view = [&] {
+    FragmentationReport f;
+    pool_.AddFragmentation(&f);
+    const DeviceStats s = Stats();
+    return std::tuple(s.active_bytes[kSmallPool].current, s.cached_bytes[kSmallPool].current,
+                      s.inactive_split_bytes[kSmallPool].current, s.num_splits, f.pools[kSmallPool].free_count,
+                      f.pools[kSmallPool].total_free);
+  };
+  absl::StatusOr<PackedPool::Handle> hb = pool_.TakeAt(pb, 1024, nullptr);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(PackedPool::Address(*hb), pb);
+  EXPECT_EQ(PackedPool::BlockSize(*hb), 1024u);
+  Check(1);
+  EXPECT_EQ(Stats().inactive_split_bytes[kSmallPool].current, pool_.inactive_split().bytes);
+  const auto before = view();
+  for (auto [addr, size] : std::vector<std::pair<std::uintptr_t, std::size_t>>{
+           {pb, 1024},                   // live
+           {pa, 1024},                   // runs into the live block
+           {pa, 700},                    // not a block size
+           {pa + 100, 512},              // not at a block offset
+           {pa + kSlabBytes + 512, 512}  // no segment
+       }) {
+    absl::StatusOr<PackedPool::Handle> h = pool_.TakeAt(addr, size, nullptr);
+    EXPECT_FALSE(h.ok()) << addr << " " << size;
+    EXPECT_TRUE(view() == before) << h.status();
+  }
+  absl::StatusOr<PackedPool::Handle> ha = pool_.TakeAt(pa, 512, nullptr);
+  ASSERT_TRUE(ha.ok()) << ha.status();
+  absl::StatusOr<PackedPool::Handle> hc = pool_.TakeAt(pc, 300 * kKiB, nullptr);
+  ASSERT_TRUE(hc.ok()) << hc.status();
+  EXPECT_EQ(Stats().active_bytes[kSmallPool].current, static_cast<std::int64_t>(512 + 1024 + 300 * kKiB));
+  Check(3);
+  EXPECT_EQ(Stats().inactive_split_bytes[kSmallPool].current, pool_.inactive_split().bytes);
+  EXPECT_EQ(Stats().inactive_split[kSmallPool].current, pool_.inactive_split().count);
+  Return(*ha);
+  Return(*hb);
+  Return(*hc);
+  Check(0);
+  EXPECT_EQ(source_.allocs, 1);
 }
 
 }  // namespace

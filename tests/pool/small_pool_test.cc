@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "test_util.h"
@@ -124,6 +126,64 @@ TEST_F(SmallPoolTest, ExhaustedSourceIsReported) {
   pool_.AddFragmentation(&frag);
   EXPECT_EQ(frag.small_pool().total_free, 0);
   for (const auto& slot : slots) pool_.Return(slot);
+}
+
+// TakeAt (restoring a checkpoint): a free slot comes back at its address when the range is exactly
+// that slot; an empty slab takes the class of the size first; anything else is refused and nothing
+// changes.
+TEST_F(SmallPoolTest, TakeAtTakesExactlyOneFreeSlot) {
+  const std::size_t size = 64 * kKiB;
+  SmallPool::Handle s0 = Allocate(size);
+  SmallPool::Handle s1 = Allocate(size);
+  SmallPool::Handle s2 = Allocate(size);
+  Slab* slab = s0.slab;
+  const std::uintptr_t p1 = SmallPool::Address(s1);
+  pool_.Return(s1);
+  Check(2);
+  auto view = [&] {
+    FragmentationReport f;
+    pool_.AddFragmentation(&f);
+    const DeviceStats s = Stats();
+    return std::tuple(s.active_bytes[kSmallPool].current, s.cached_bytes[kSmallPool].current,
+                      s.inactive_split_bytes[kSmallPool].current, f.pools[kSmallPool].free_count, slab->free_top,
+                      slab->cls);
+  };
+  const auto before = view();
+  for (auto [addr, bytes] : std::vector<std::pair<std::uintptr_t, std::size_t>>{
+           {SmallPool::Address(s0), size},          // live
+           {p1, size / 2},                          // not the slot size
+           {p1 + 512, size},                        // inside a slot
+           {slab->base + kSlabBytes + 4096, size},  // no slab
+       }) {
+    absl::StatusOr<SmallPool::Handle> h = pool_.TakeAt(addr, bytes, nullptr);
+    EXPECT_FALSE(h.ok()) << addr << " " << bytes;
+    EXPECT_TRUE(view() == before) << h.status();
+  }
+  EXPECT_TRUE(absl::IsNotFound(pool_.TakeAt(slab->base + kSlabBytes + 4096, size, nullptr).status()));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(pool_.TakeAt(p1, size, reinterpret_cast<Stream>(0x5)).status()));  // another stream
+  absl::StatusOr<SmallPool::Handle> h1 = pool_.TakeAt(p1, size, nullptr);
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  EXPECT_EQ(SmallPool::Address(*h1), p1);
+  EXPECT_EQ(h1->slab, slab);
+  Check(3);
+  EXPECT_EQ(Stats().inactive_split_bytes[kSmallPool].current, pool_.inactive_split().bytes);
+  // The slab empties; it is then given the class of a 4 KiB slot at an address of its own.
+  for (SmallPool::Handle h : {s0, *h1, s2}) pool_.Return(h);
+  Check(0);
+  absl::StatusOr<SmallPool::Handle> small = pool_.TakeAt(slab->base + 3 * 4096, 4096, nullptr);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(slab->slot_size, 4096u);
+  EXPECT_EQ(small->slot, 3u);
+  Check(1);
+  SmallPool::Handle next = Allocate(4096);  // the same slab serves the class on the fast path
+  EXPECT_EQ(next.slab, slab);
+  EXPECT_NE(next.slot, 3u);
+  Check(2);
+  EXPECT_EQ(Stats().inactive_split_bytes[kSmallPool].current, pool_.inactive_split().bytes);
+  pool_.Return(*small);
+  pool_.Return(next);
+  Check(0);
 }
 
 }  // namespace

@@ -153,11 +153,11 @@ def _compose_conf(conf: Optional[str], options: Dict[str, Any]) -> Optional[str]
         _lib.checked_text("conf", conf, "a string like 'backend:sim,capacity:4GiB' or None")
     if conf is None and not options:
         return None
-    base = conf if conf is not None else os.environ.get(CONF_ENV, "")
-    parts = [base] if base else []
-    parts.extend(f"{key}:{_format_option(key, value)}" for key, value in options.items())
-    return ",".join(parts)
-
+    extra = [f"{key}:{_format_option(key, value)}" for key, value in options.items()]  # checked before ctypes
+    # Without `conf`, the options extend what the environment gives, as the library reads it
+    # (BUCKETALLOC_CONF, else PyTorch's variables).
+    base = conf if conf is not None else _lib.read_text(_lib.lib().bucketalloc_env_config_string)
+    return ",".join(([base] if base else []) + extra)
 
 def _apply_conf(conf: Optional[str]) -> None:
     if conf is not None:
@@ -170,7 +170,8 @@ def configure(conf: Optional[str] = None, **options: Any) -> None:
 
     Args:
         conf: options in BUCKETALLOC_CONF syntax, e.g. ``"backend:sim,capacity:4GiB"``
-            (docs/configuration.md lists them); None: the BUCKETALLOC_CONF environment variable.
+            (docs/configuration.md lists them); None: the environment (BUCKETALLOC_CONF, else PyTorch's
+            PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF, as the library reads them).
         **options: more options, appended to `conf` and winning over it: ``capacity="4GiB"``,
             ``debug_check_invariants=True``, ``tiers=["64MiB", "128MiB"]``.
         With neither, nothing is set: the allocator is created from BUCKETALLOC_CONF, else defaults.
@@ -612,7 +613,7 @@ def enable(
     another one only while the allocator has not been created yet).
 
     Args:
-        conf: options in BUCKETALLOC_CONF syntax; None: the BUCKETALLOC_CONF environment variable.
+        conf: options in BUCKETALLOC_CONF syntax; None: the environment (see configure()).
         patch_torch: also replace torch.cuda's memory_stats, memory_allocated,
             max_memory_allocated, memory_reserved, max_memory_reserved, reset_peak_memory_stats,
             memory_summary, memory_snapshot and torch.cuda.memory's _snapshot, _dump_snapshot and

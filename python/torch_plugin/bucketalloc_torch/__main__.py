@@ -1,10 +1,11 @@
 """The zero-code launcher: runs an unchanged program with bucketalloc as PyTorch's CUDA allocator.
 
-    python -m bucketalloc_torch [--conf CONF] [--patch-torch] script.py [args ...]
-    python -m bucketalloc_torch [--conf CONF] [--patch-torch] -m module [args ...]
+    python -m bucketalloc_torch [--conf CONF] [--pluggable] [--patch-torch] script.py [args ...]
+    python -m bucketalloc_torch [--conf CONF] [--pluggable] [--patch-torch] -m module [args ...]
     python -m bucketalloc_torch --version
 
-bucketalloc_torch.enable(CONF, patch_torch=...) runs first, then the program runs as
+bucketalloc_torch.enable(CONF, native=..., patch_torch=...) runs first (the native path unless
+--pluggable), then the program runs as
 ``python script.py args`` or ``python -m module args`` would run it: ``__name__ == "__main__"``,
 ``sys.argv == [script, *args]`` (for -m, argv[0] is the module's file), and ``sys.path[0]`` is the
 script's directory (for -m, the current directory). Without --conf, the BUCKETALLOC_CONF
@@ -26,13 +27,13 @@ from typing import List, Optional, Tuple
 from . import BucketallocError, enable
 
 _USAGE = (
-    "python -m bucketalloc_torch [--conf CONF] [--patch-torch] (script.py | -m module) [args ...]\n"
+    "python -m bucketalloc_torch [--conf CONF] [--pluggable] [--patch-torch] (script.py | -m module) [args ...]\n"
     "       python -m bucketalloc_torch --version"
 )
 
 # The launcher's own options: those that take a value, and flags.
 _VALUE_OPTIONS = ("--conf",)
-_FLAG_OPTIONS = ("--patch-torch", "--version", "-h", "--help")
+_FLAG_OPTIONS = ("--pluggable", "--patch-torch", "--version", "-h", "--help")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,10 +51,17 @@ def _parser() -> argparse.ArgumentParser:
         "(docs/configuration.md); default: the BUCKETALLOC_CONF environment variable",
     )
     parser.add_argument(
+        "--pluggable",
+        action="store_true",
+        help="install bucketalloc through torch's CUDAPluggableAllocator instead of as torch's own "
+        "allocator (the native path, the default; docs/pytorch.md, 'Compatibility')",
+    )
+    parser.add_argument(
         "--patch-torch",
         action="store_true",
-        help="make torch.cuda.memory_stats(), memory_summary(), memory._snapshot() and the other "
-        "stats functions report bucketalloc's (they raise under a pluggable allocator)",
+        help="on the pluggable path, make torch.cuda.memory_stats(), memory_summary(), "
+        "memory._snapshot() and the other stats functions report bucketalloc's (they raise under a "
+        "pluggable allocator; the native path needs no patching)",
     )
     parser.add_argument(
         "--version",
@@ -130,7 +138,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     script, module, args = _target(parser, rest)
     _check_target(parser, script, module)
     try:
-        enable(options.conf, patch_torch=options.patch_torch)
+        enable(options.conf, patch_torch=options.patch_torch, native=False if options.pluggable else None)
     except (BucketallocError, ImportError) as e:
         print(f"python -m bucketalloc_torch: error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -52,6 +52,12 @@ _c_char_buffer = ctypes.POINTER(ctypes.c_char)
 
 # name -> (restype, argtypes), in the order of bucketalloc.h. Streams are opaque pointers
 # (cudaStream_t); ssize_t is c_ssize_t.
+class PoolId(ctypes.Structure):
+    """bucketalloc_pool_id: a private pool's id (PyTorch's MempoolId_t), passed by value."""
+
+    _fields_ = [("first", ctypes.c_ulonglong), ("second", ctypes.c_ulonglong)]
+
+
 _SIGNATURES = {
     # Allocation (PyTorch's CUDAPluggableAllocator signatures).
     "bucketalloc_malloc": (ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
@@ -79,6 +85,27 @@ _SIGNATURES = {
     "bucketalloc_torch_begin_allocate_to_pool": (None, None),
     "bucketalloc_torch_end_allocate_to_pool": (None, None),
     "bucketalloc_torch_release_pool": (None, None),
+    # The same three with their errors returned (C++ signatures; the native allocator's).
+    "bucketalloc_begin_allocate_to_pool": (None, None),
+    "bucketalloc_end_allocate_to_pool": (None, None),
+    "bucketalloc_release_pool_id": (None, None),
+    "bucketalloc_raw_delete": (ctypes.c_int, [ctypes.c_void_p]),
+    # Structured inspection and pools (what the native allocator is served from).
+    "bucketalloc_get_device_stats": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]),
+    "bucketalloc_visit_private_pool_stats": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
+    "bucketalloc_reset_accumulated_stats": (ctypes.c_int, [ctypes.c_int]),
+    "bucketalloc_visit_segments": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
+    "bucketalloc_set_trace_hook": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
+    "bucketalloc_cache_info": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]),
+    "bucketalloc_memory_fraction": (ctypes.c_double, [ctypes.c_int]),
+    "bucketalloc_pool_incref": (ctypes.c_int, [ctypes.c_int, PoolId]),
+    "bucketalloc_pool_set_use_on_oom": (ctypes.c_int, [ctypes.c_int, PoolId, ctypes.c_int]),
+    "bucketalloc_pool_use_count": (ctypes.c_int, [ctypes.c_int, PoolId]),
+    "bucketalloc_pool_empty_cache": (ctypes.c_int, [ctypes.c_int, PoolId]),
+    "bucketalloc_last_oom_info": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]),
+    "bucketalloc_allocate_at": (
+        ctypes.c_int, [ctypes.c_int, PoolId, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+    ),
     # Inspection: snprintf-like text functions.
     "bucketalloc_stats_json": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),
     "bucketalloc_fragmentation_json": (ctypes.c_ssize_t, [ctypes.c_int, _c_char_buffer, ctypes.c_size_t]),
@@ -92,6 +119,7 @@ _SIGNATURES = {
     "bucketalloc_timeline_start": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
     "bucketalloc_timeline_stop": (ctypes.c_int, []),
     "bucketalloc_config_string": (ctypes.c_ssize_t, [_c_char_buffer, ctypes.c_size_t]),
+    "bucketalloc_env_config_string": (ctypes.c_ssize_t, [_c_char_buffer, ctypes.c_size_t]),
     # Control: 0 on success, -1 on error.
     "bucketalloc_reset_peak_stats": (ctypes.c_int, [ctypes.c_int]),
     "bucketalloc_configure": (ctypes.c_int, [ctypes.c_char_p]),

@@ -143,5 +143,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     void* base = cca::get()->getBaseAllocation(AsPtr(ptr), &size);
     return py::make_tuple(AsInt(base), static_cast<std::uint64_t>(size));
   });
+  // allocateWithAddress (no Python binding): a block of `size` at `addr` in the device's own pools.
+  m.def("allocate_with_address", [](std::uint64_t size, std::uint64_t addr) {
+    c10::DataPtr p = cca::allocateWithAddress(size, AsPtr(addr));
+    TORCH_CHECK(p.get_deleter() == cca::get()->raw_deleter(), "the DataPtr's deleter is not the raw deleter");
+    const std::uint64_t address = AsInt(p.get());
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_data_ptrs.emplace(address, std::move(p));
+    return address;
+  });
   m.def("memory_fraction", [](int device) { return cca::getMemoryFraction(static_cast<c10::DeviceIndex>(device)); });
 }

@@ -86,6 +86,20 @@ def test_launcher_enables_then_runs_the_script(program):
     assert "capacity:64MiB" in seen["config"]
 
 
+def test_launcher_pluggable_installs_through_torchs_pluggable_allocator_without_trying_the_native_path(program):
+    process = expect_success(launch("--pluggable", "--conf", "backend:sim", str(program)))
+    seen = json.loads(process.stdout)
+    check_enable_calls(seen)
+    assert "native allocator cannot be built" not in process.stderr, process.stderr
+
+
+def test_launcher_without_pluggable_says_why_the_native_path_is_not_taken(program):
+    # The fake torch has no C++ headers: enable() falls back to the pluggable path, saying so.
+    process = expect_success(launch("--conf", "backend:sim", str(program)))
+    check_enable_calls(json.loads(process.stdout))
+    assert "the native allocator cannot be built" in process.stderr and "C++ headers" in process.stderr, process.stderr
+
+
 def test_launcher_leaves_options_after_the_script_to_it(program):
     seen = json.loads(expect_success(launch("--conf=backend:sim", str(program), "--conf", "x", "-m", "y")).stdout)
     assert seen["argv"] == [str(program), "--conf", "x", "-m", "y"]
@@ -161,7 +175,7 @@ print("ok")
 def test_launcher_usage_errors(args, message):
     process = launch(*args)
     assert process.returncode == 2, process
-    assert "usage: python -m bucketalloc_torch [--conf CONF] [--patch-torch] (script.py | -m module)" in process.stderr
+    assert "usage: python -m bucketalloc_torch [--conf CONF] [--pluggable] [--patch-torch] (script.py | -m module)" in process.stderr
     assert message in process.stderr, process.stderr
 
 

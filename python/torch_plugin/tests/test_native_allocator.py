@@ -15,7 +15,7 @@ import importlib.util
 
 import pytest
 
-from helpers import run_python
+from helpers import child_env, expect_success, run, run_python
 
 if importlib.util.find_spec("torch") is None or importlib.util.find_spec("accelerate") is None:
     pytest.fail(
@@ -285,18 +285,55 @@ assert all(probe.storage_owns(s) for s in outs) and not probe.storage_owns(c_sto
 probe.drop_storage(c_storage)                                      # its block is already free: nothing happens
 probe.drop_storage(outs[1])                                        # the storage now frees b
 assert torch._C._cuda_checkPoolLiveAllocations(0, pool, {a})
-# A checkpoint block freed since cannot be made live again at its address: a clear error, no change.
-try:
-    torch._C._cuda_setCheckpointPoolState(0, state, [], [])
-except RuntimeError as e:
-    assert "no longer live at their addresses" in str(e), e
-else:
-    raise AssertionError("a checkpoint with a freed block was restored")
+# A checkpoint block freed since is allocated again at its address (bucketalloc_allocate_at, on its
+# segment's stream) and handed to the storage made for it; a is live in both and stays.
+outs_b = [probe.make_unowned_storage(b, 1 * MiB)]
+torch._C._cuda_setCheckpointPoolState(0, state, [], outs_b)
+assert torch._C._cuda_checkPoolLiveAllocations(0, pool, {a, b}), "b is not live again at its address"
+assert probe.storage_owns(outs_b[0])
+ba.check_invariants(0)
+probe.drop_storage(outs_b[0])                                      # the storage frees b again
 assert torch._C._cuda_checkPoolLiveAllocations(0, pool, {a})
 probe.drop_storage(outs[0])
 assert torch._C._cuda_checkPoolLiveAllocations(0, pool, set())
 torch._C._cuda_releasePool(0, pool)
 torch._C._cuda_releasePool(0, pool)
+# A block that cannot be placed (the pool is freeable now) is a clear error naming it; nothing stays.
+try:
+    torch._C._cuda_setCheckpointPoolState(0, state, [], [])
+except RuntimeError as e:
+    assert "cannot allocate the checkpoint's block" in str(e) and "freeable" in str(e), e
+else:
+    raise AssertionError("a checkpoint was restored into a freeable pool")
+assert torch._C._cuda_checkPoolLiveAllocations(0, pool, set())
+ba.check_invariants(0)
+# allocateWithAddress has no Python binding in torch: the C ABI tests cover it
+# (tests/c_abi/structured_test.cc, bucketalloc_allocate_at with block size 0 in the device's pools).
+""",
+        conf=SIM,
+    )
+
+
+def test_allocate_with_address_places_a_block_in_free_cached_memory():
+    run_python(
+        PRELUDE
+        + """
+a = probe.malloc(6 * MiB, 0)                                       # the current stream (0 on the simulated device)
+b = probe.malloc(2 * MiB, 0)                                       # keeps the segment
+probe.free(a)
+at = a + 2 * MiB                                                   # inside the free block a left
+p = probe.allocate_with_address(1 * MiB, at)
+assert p == at
+blocks = {x["address"]: x for s in torch.cuda.memory._snapshot()["segments"] for x in s["blocks"]}
+assert blocks[at]["state"] == "active_allocated" and blocks[at]["size"] == 1 * MiB, blocks[at]
+try:
+    probe.allocate_with_address(1 * MiB, b)                        # a live block: refused, nothing changes
+except RuntimeError as e:
+    assert "0x" in str(e), e
+else:
+    raise AssertionError("a live block's address was handed out again")
+probe.release(p)                                                   # the DataPtr's deleter frees it
+probe.free(b)
 ba.check_invariants(0)
 """,
         conf=SIM,
@@ -447,3 +484,24 @@ assert ba.memory_reserved(0) == 100 * MiB                          # no release,
 """,
         conf=SIM + ",throw_on_cudamalloc_oom:True",
     )
+
+
+def test_set_allocator_settings_applies_the_fraction_and_names_what_it_cannot_change():
+    process = expect_success(
+        run(
+            [
+                "-c",
+                PRELUDE
+                + """
+torch.cuda.memory._set_allocator_settings("per_process_memory_fraction:0.125")
+assert ba.memory_stats(0)["capacity_bytes"] == 128 * MiB          # applied at once
+torch.cuda.memory._set_allocator_settings("max_split_size_mb:64,expandable_segments:False")
+""",
+            ],
+            child_env(SIM),
+        )
+    )
+    assert process.stderr.count("not applied") == 1, process.stderr  # the fraction was applied: nothing said
+    # torch's c10 warning (on stderr): the key whose value differs; expandable_segments:False is bucketalloc's too.
+    assert "_set_allocator_settings: max_split_size_mb:64 not applied" in process.stderr, process.stderr
+    assert "expandable_segments:False not applied" not in process.stderr, process.stderr

@@ -15,7 +15,7 @@ import pytest
 
 import bucketalloc_torch as ba
 from bucketalloc_torch import _lib
-from helpers import KiB, MiB, STREAM_A, STREAM_B, fresh_process
+from helpers import KiB, MiB, STREAM_A, STREAM_B, fresh_process, run_python
 
 SIM = "backend:sim,capacity:1GiB"
 
@@ -57,8 +57,9 @@ def test_options_extend_the_conf_in_its_syntax():
 
 
 def test_options_without_conf_extend_the_environment(monkeypatch):
-    monkeypatch.setenv("BUCKETALLOC_CONF", "backend:sim")
-    assert ba._compose_conf(None, {"capacity": "4GiB"}) == "backend:sim,capacity:4GiB"
+    monkeypatch.setenv("BUCKETALLOC_CONF", "backend:sim,sim_devices:2")
+    conf = ba._compose_conf(None, {"capacity": "4GiB"})  # every key of the environment's, then ours
+    assert conf.startswith("backend:sim,") and ",sim_devices:2," in conf and conf.endswith(",capacity:4GiB"), conf
     assert ba._compose_conf(None, {}) is None  # nothing to set: the library reads the environment itself
     assert ba._compose_conf("", {}) == ""  # explicit defaults
 
@@ -417,3 +418,16 @@ def test_dump_snapshot_writes_the_snapshot_as_a_pickle():
     assert loaded == ba.snapshot()
     assert len(loaded["segments"]) == 2
     assert len(loaded["device_traces"][0]) == 4
+
+
+def test_keyword_options_extend_pytorchs_variable_as_the_library_reads_it():
+    run_python(
+        """
+import bucketalloc_torch as ba
+ba.configure(capacity="96MiB", backend="sim")
+config = ba.config()
+assert "max_split_size_mb:512" in config and "capacity:96MiB" in config and "backend:sim" in config, config
+""",
+        PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:512",
+        PYTORCH_ALLOC_CONF="max_split_size_mb:1024",
+    )

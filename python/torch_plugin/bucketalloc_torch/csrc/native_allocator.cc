@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -79,7 +80,8 @@ using c10::MempoolId_t;
   X(bucketalloc_release_pool_id)           \
   X(bucketalloc_config_string)             \
   X(bucketalloc_device_count)              \
-  X(bucketalloc_pool_set_use_on_oom)
+  X(bucketalloc_pool_set_use_on_oom)       \
+  X(bucketalloc_allocate_at)
 
 struct Api {
 #define BUCKETALLOC_TORCH_API_FIELD(name) decltype(&::name) name = nullptr;
@@ -196,11 +198,17 @@ struct ExternalPool {
   int use_count = 0;
 };
 
-// What getCheckpointState returns: the pool's live blocks then.
+// What getCheckpointState returns: the pool's live blocks then, each with the stream of its
+// segment (setCheckpointPoolState allocates a block that is no longer live on that stream's lists).
 struct PoolCheckpoint final : cca::AllocatorState {
+  struct Block {
+    std::uintptr_t address = 0;
+    std::size_t size = 0;  // the block size
+    cudaStream_t stream = nullptr;
+  };
   c10::DeviceIndex device = 0;
   MempoolId_t pool{0, 0};
-  std::vector<std::pair<std::uintptr_t, std::size_t>> live;  // address, block size
+  std::vector<Block> live;  // in address order within each segment
 };
 
 // The segments of a device, copied with their blocks (what bucketalloc_visit_segments gives).
@@ -221,6 +229,16 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     const c10::DeviceIndex device = CurrentDevice();
     void* ptr = Malloc(size, device, CurrentStream(device));
     return {ptr, ptr, &RawDelete, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+  // Allocates `size` bytes at `addr` in the device's own pools of the current device, for the
+  // current stream: the free block there (of the segment or slab holding addr, which belongs to that
+  // stream) is carved to the block the pool rounds `size` to (bucketalloc_allocate_at).
+  c10::DataPtr allocateWithAddress(size_t size, void* addr) override {
+    const c10::DeviceIndex device = CurrentDevice();
+    if (size == 0) return {nullptr, nullptr, &RawDelete, c10::Device(c10::DeviceType::CUDA, device)};
+    Check(g_api.bucketalloc_allocate_at(device, bucketalloc_pool_id{0, 0}, addr, 0, size, CurrentStream(device)),
+          "allocateWithAddress");
+    return {addr, addr, &RawDelete, c10::Device(c10::DeviceType::CUDA, device)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &RawDelete; }
   void copy_data(void* dest, const void* src, std::size_t count) const final {
@@ -591,7 +609,7 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
       if (MempoolId_t{s.pool.first, s.pool.second} != id) continue;
       for (std::size_t i = 0; i < s.num_blocks; ++i) {
         if (s.blocks[i].state == BUCKETALLOC_BLOCK_ACTIVE_ALLOCATED) {
-          state->live.emplace_back(s.blocks[i].address, s.blocks[i].size);
+          state->live.push_back({s.blocks[i].address, s.blocks[i].size, reinterpret_cast<cudaStream_t>(s.stream)});
         }
       }
     }
@@ -605,8 +623,11 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
                 "getCheckpointState returned");
     TORCH_CHECK(state->device == device, "bucketalloc: setCheckpointPoolState: the state is device ", state->device,
                 "'s, not device ", device, "'s");
-    // The live blocks of the pool now against the checkpoint's: a block live in both, at the same
-    // address and size, stays; the checkpoint's pool must hold exactly its blocks again.
+    // torch's semantics: every block of the pool live now is freed, and the checkpoint's blocks are
+    // allocated again at their addresses and block sizes. A block live in both, at the same address
+    // and size, stays (reported freed and allocated: its new DataPtr owns it, as the caller's
+    // storages take them over); the others live now are freed; the checkpoint's blocks not live now
+    // are allocated at their addresses (bucketalloc_allocate_at), on their segment's stream.
     std::unordered_map<std::uintptr_t, std::size_t> now;
     for (const bucketalloc_segment_info& s : Segments(device)) {
       if (MempoolId_t{s.pool.first, s.pool.second} != state->pool) continue;
@@ -615,34 +636,38 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
       }
     }
     cca::CheckpointDelta delta;
-    std::vector<std::pair<std::uintptr_t, std::size_t>> missing;
-    for (const auto& [address, size] : state->live) {
-      auto it = now.find(address);
-      if (it != now.end() && it->second == size) {
+    std::vector<const PoolCheckpoint::Block*> missing;
+    for (const PoolCheckpoint::Block& b : state->live) {
+      auto it = now.find(b.address);
+      if (it != now.end() && it->second == b.size) {
         now.erase(it);
       } else {
-        missing.emplace_back(address, size);
+        missing.push_back(&b);
       }
     }
-    TORCH_CHECK(missing.empty(), "bucketalloc: setCheckpointPoolState: ", missing.size(),
-                " block(s) of the checkpoint of pool (", state->pool.first, ", ", state->pool.second,
-                ") are no longer live at their addresses (the first at 0x", std::hex, missing.front().first,
-                "); bucketalloc restores a checkpoint only while its blocks are live (it cannot yet allocate at a "
-                "given address)");
-    // torch frees every allocation of the pool and allocates the checkpoint's again at the same
-    // addresses: each block live in both is reported freed and allocated (its new DataPtr owns it,
-    // as the caller's storages take them over); the others are freed.
-    for (const auto& [address, size] : state->live) {
-      (void)size;
-      void* ptr = reinterpret_cast<void*>(address);
-      delta.ptrs_freed.push_back(ptr);
-      delta.dataptrs_allocd.emplace_back(ptr, ptr, &RawDelete, c10::Device(c10::DeviceType::CUDA, device));
-    }
+    // First the frees, so that the memory of the blocks to allocate again is free.
     for (const auto& [address, size] : now) {
       (void)size;
       void* ptr = reinterpret_cast<void*>(address);
       Free(ptr);
       delta.ptrs_freed.push_back(ptr);
+    }
+    std::unordered_set<void*> allocated;
+    for (const PoolCheckpoint::Block* b : missing) {
+      void* ptr = reinterpret_cast<void*>(b->address);
+      if (g_api.bucketalloc_allocate_at(device, ToC(state->pool), ptr, b->size, b->size, b->stream) != 0) {
+        const std::string error = LastError();
+        for (void* p : allocated) Free(p);  // what this call allocated goes back
+        TORCH_CHECK(false, "bucketalloc: setCheckpointPoolState: cannot allocate the checkpoint's block of ", b->size,
+                    " bytes at ", ptr, " in pool (", state->pool.first, ", ", state->pool.second, ") on device ",
+                    static_cast<int>(device), " again: ", error);
+      }
+      allocated.insert(ptr);
+    }
+    for (const PoolCheckpoint::Block& b : state->live) {
+      void* ptr = reinterpret_cast<void*>(b.address);
+      if (allocated.count(ptr) == 0) delta.ptrs_freed.push_back(ptr);  // live before: freed and allocated
+      delta.dataptrs_allocd.emplace_back(ptr, ptr, &RawDelete, c10::Device(c10::DeviceType::CUDA, device));
     }
     return delta;
   }
@@ -722,6 +747,37 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
   }
   std::string name() override { return "bucketalloc"; }
+
+  // torch.cuda.memory._set_allocator_settings(text): torch has parsed and validated `text` into its
+  // own configuration. bucketalloc's is fixed when it is created, except the memory fraction:
+  // per_process_memory_fraction is applied to every device; any other device key whose value
+  // differs from bucketalloc's is named in a warning (torch's pinned_* keys are its host
+  // allocator's, which reads them itself).
+  void OnAllocatorSettings(const std::string& text) {
+    const std::string config = ConfigString();
+    std::vector<std::string> not_applied;
+    for (const auto& [key, value] : SplitSettings(text)) {
+      if (key.rfind("pinned_", 0) == 0) continue;
+      if (key == "per_process_memory_fraction") {
+        const double fraction = std::strtod(value.c_str(), nullptr);
+        for (int d = 0; d < std::max(DeviceCount(), 1); ++d)
+          setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(d));
+        continue;
+      }
+      std::string lower = value;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (("," + config + ",").find("," + key + ":" + lower + ",") == std::string::npos) {
+        not_applied.push_back(key + ":" + value);
+      }
+    }
+    if (!not_applied.empty()) {
+      std::string names;
+      for (const std::string& n : not_applied) names += (names.empty() ? "" : ", ") + n;
+      TORCH_WARN("bucketalloc: _set_allocator_settings: ", names,
+                 " not applied: bucketalloc's configuration is fixed when it is created (set it in BUCKETALLOC_CONF "
+                 "or PYTORCH_CUDA_ALLOC_CONF before the process starts; per_process_memory_fraction applies at once)");
+    }
+  }
 
   // The trace hook bucketalloc calls (under its device lock) while this adapter records.
   void OnEvent(const bucketalloc_trace_event& event) {
@@ -964,10 +1020,39 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     g_api.bucketalloc_set_trace_hook(hook, this);
   }
 
-  // torch's config metadata, from bucketalloc's effective configuration.
-  void FillConfig(cca::AllocatorConfigInfo* config) const {
+  static std::string ConfigString() {
     std::string text(static_cast<std::size_t>(std::max<ssize_t>(g_api.bucketalloc_config_string(nullptr, 0), 0)), '\0');
     g_api.bucketalloc_config_string(text.data(), text.size() + 1);
+    return text;
+  }
+
+  // "k:v,k:[a,b],..." as (key, value) pairs, brackets kept in the value.
+  static std::vector<std::pair<std::string, std::string>> SplitSettings(const std::string& text) {
+    std::vector<std::pair<std::string, std::string>> out;
+    std::string part;
+    int depth = 0;
+    auto flush = [&] {
+      const auto colon = part.find(':');
+      if (colon != std::string::npos) out.emplace_back(part.substr(0, colon), part.substr(colon + 1));
+      part.clear();
+    };
+    for (char c : text) {
+      if (std::isspace(static_cast<unsigned char>(c))) continue;
+      if (c == '[') ++depth;
+      if (c == ']') --depth;
+      if (c == ',' && depth == 0) {
+        flush();
+      } else {
+        part.push_back(c);
+      }
+    }
+    flush();
+    return out;
+  }
+
+  // torch's config metadata, from bucketalloc's effective configuration.
+  void FillConfig(cca::AllocatorConfigInfo* config) const {
+    const std::string text = ConfigString();
     config->last_allocator_settings = text;
     config->garbage_collection_threshold = 0;
     config->max_split_size = std::numeric_limits<size_t>::max();
@@ -1064,6 +1149,14 @@ __attribute__((visibility("default"))) int bucketalloc_torch_native_install(cons
       BucketallocAllocator::instance = nullptr;
       throw;
     }
+    // torch's setAllocatorSettings (torch.cuda.memory._set_allocator_settings) calls the device
+    // configuration hook after parsing: wrapped, so that bucketalloc hears of the settings too.
+    std::function<void(const std::string&)>& hook =
+        c10::CachingAllocator::AcceleratorAllocatorConfig::getConfigParserHook();
+    hook = [previous = hook](const std::string& settings) {
+      if (previous) previous(settings);
+      if (BucketallocAllocator::instance != nullptr) BucketallocAllocator::instance->OnAllocatorSettings(settings);
+    };
     return 0;
   } catch (const std::exception& e) {
     return fail(e.what());
