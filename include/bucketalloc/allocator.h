@@ -165,7 +165,8 @@ class Allocator {
   absl::StatusOr<int> PoolUseCount(int device, GraphPoolId pool) const;
   // emptyCache(mempool_id): releases the wholly free memory of `pool` after synchronizing the
   // device when the pool is freeable (no graph or MemPool uses it: ReleasePool dropped its last
-  // use); a pool in use keeps its memory, as in PyTorch. {0, 0}: EmptyCache.
+  // use); a pool in use keeps its memory, as in PyTorch. {0, 0}: EmptyCache. Device -1: every device
+  // created so far (none is created by asking).
   // FailedPrecondition during a capture or a MemPool context (nothing released).
   absl::Status EmptyPoolCache(int device, GraphPoolId pool);
   // cacheInfo: the largest block a request could get without a release: the largest free cached

@@ -279,6 +279,7 @@ BUCKETALLOC_API int bucketalloc_pool_use_count(int device, bucketalloc_pool_id p
 /* emptyCache(mempool_id): releases the wholly free memory of `pool` on `device` after a device
  * synchronization, when no graph or MemPool uses the pool any more (its use count is 0; a pool in
  * use keeps its memory, as in PyTorch); {0, 0}: bucketalloc_empty_cache's release on this device.
+ * Device -1: every device created so far (none is created by asking).
  * -1 during a capture or MemPool context (nothing released). */
 BUCKETALLOC_API int bucketalloc_pool_empty_cache(int device, bucketalloc_pool_id pool);
 

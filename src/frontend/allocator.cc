@@ -324,6 +324,13 @@ absl::StatusOr<int> Allocator::PoolUseCount(int device, GraphPoolId pool) const 
 }
 
 absl::Status Allocator::EmptyPoolCache(int device, GraphPoolId pool) {
+  if (device == -1) {  // every device created so far (none is created by asking)
+    absl::Status status;
+    for (int i = 0; i < device_count(); ++i) {
+      if (DeviceAllocator* d = Published(devices_->ptrs, i)) status.Update(d->EmptyPoolCache(pool));
+    }
+    return status;
+  }
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
   return (*d)->EmptyPoolCache(pool);

@@ -329,7 +329,7 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
     if (std::optional<typename P::Request> smaller = fallback(&h); smaller.has_value()) needed = *smaller;
   }
   registry_.set_capturing(false);
-  if (absl::IsResourceExhausted(h.status()) && private_pool == 0 && !use_on_oom_.empty()) {
+  if (absl::IsResourceExhausted(h.status()) && !rejected && private_pool == 0 && !use_on_oom_.empty()) {
     if (std::optional<typename P::Handle> lent = BorrowFromUseOnOomPools<P>(stream, request, &private_pool)) {
       stats_.Count(&DeviceStats::num_cache_hits);
       return *lent;

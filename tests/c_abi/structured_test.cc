@@ -254,7 +254,7 @@ TEST_F(CAbiStructuredTest, AMemPoolsUseCountAndItsCacheGoBackOnlyOnceFreeable) {
   EXPECT_EQ(StatsStruct().reserved_bytes[0].current, reserved);  // in use: its free blocks stay
   ASSERT_EQ(bucketalloc_release_pool_id(0, pool), 0);            // ~MemPool
   EXPECT_EQ(bucketalloc_pool_use_count(0, pool), 0);
-  ASSERT_EQ(bucketalloc_pool_empty_cache(0, pool), 0);
+  ASSERT_EQ(bucketalloc_pool_empty_cache(-1, pool), 0);  // every device created so far
   EXPECT_EQ(StatsStruct().reserved_bytes[0].current, 0);
   EXPECT_EQ(bucketalloc_pool_incref(0, {0, 0}), -1);  // the device's own pools are not a MemPool
   EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "accepted: any other id")) << bucketalloc_last_error();

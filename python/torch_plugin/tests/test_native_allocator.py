@@ -113,6 +113,13 @@ assert torch.cuda.get_per_process_memory_fraction(0) == 0.5
 assert ba.memory_stats(0)["capacity_bytes"] == 256 * MiB           # min(capacity, 0.5 x 1 GiB)
 torch.cuda.set_per_process_memory_fraction(0.125, 0)
 assert ba.memory_stats(0)["capacity_bytes"] == 128 * MiB
+try:
+    torch.cuda.set_per_process_memory_fraction(0.0, 0)            # no cap of 0 bytes: refused, said so
+except RuntimeError as e:
+    assert "was not applied" in str(e) and "accepted" in str(e), e
+else:
+    raise AssertionError("a fraction of 0 was taken silently")
+assert torch.cuda.get_per_process_memory_fraction(0) == 0.125
 for b in blocks:
     probe.free(b)
 torch.cuda.empty_cache()
@@ -470,6 +477,8 @@ def test_throw_on_cudamalloc_oom_fails_at_once_and_tells_the_rejection_observers
         PRELUDE
         + """
 probe.attach_oom_rejection_observer()
+ooms = []
+probe.attach_oom_observer(lambda *args: ooms.append(args))         # not told of a rejection, as in torch
 cached = probe.malloc(100 * MiB, S)
 probe.free(cached)                                                 # 100 MiB cached
 try:
@@ -481,6 +490,7 @@ else:
 stats = torch._C._cuda_memoryStats(0)
 assert probe.rejections() == 1 and stats["num_oom_rejections"] >= 1 and stats["num_alloc_retries"] == 0, stats
 assert ba.memory_reserved(0) == 100 * MiB                          # no release, no retry
+assert ooms == [], ooms
 """,
         conf=SIM + ",throw_on_cudamalloc_oom:True",
     )

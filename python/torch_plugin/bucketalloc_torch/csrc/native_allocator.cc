@@ -267,8 +267,11 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     TORCH_CHECK(fraction >= 0 && fraction <= 1, "bucketalloc: invalid memory fraction ", fraction,
                 "; accepted: a number in [0, 1]");
-    // torch's 0 means "nothing may be allocated"; bucketalloc's cap needs at least one granule.
-    g_api.bucketalloc_set_memory_fraction(std::max(fraction, 1e-9), device);
+    g_api.bucketalloc_set_memory_fraction(fraction, device);
+    // The hook returns nothing: a fraction bucketalloc refused (a cap under one granule, as torch's 0
+    // would give) leaves the one before, and is raised here.
+    TORCH_CHECK(g_api.bucketalloc_memory_fraction(device) == fraction, "bucketalloc: setMemoryFraction(", fraction,
+                ") on device ", static_cast<int>(device), " was not applied: ", LastError());
   }
 
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override {
@@ -283,13 +286,10 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     if (!IsDefaultPool(mempool_id)) {
       if (EmptyExternalPool(mempool_id)) return;
     }
-    const int count = std::max(DeviceCount(), 1);
-    for (int d = 0; d < count; ++d) {
-      if (!IsDefaultPool(mempool_id) && g_api.bucketalloc_pool_use_count(d, ToC(mempool_id)) < 0) continue;
-      if (g_api.bucketalloc_pool_empty_cache(d, ToC(mempool_id)) != 0) {
-        // torch's empty_cache is a silent no-op while a capture or MemPool context runs (PR #158152).
-        TORCH_WARN_ONCE("bucketalloc: ", LastError());
-      }
+    // Every device bucketalloc serves already; none is created (a context on an idle GPU) by asking.
+    if (g_api.bucketalloc_pool_empty_cache(-1, ToC(mempool_id)) != 0) {
+      // torch's empty_cache is a silent no-op while a capture or MemPool context runs (PR #158152).
+      TORCH_WARN_ONCE("bucketalloc: ", LastError());
     }
   }
   void enable(bool value) override { enabled_.store(value); }
@@ -304,7 +304,9 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     return base;
   }
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
-    if (ptr.get() == nullptr) return;
+    // As torch: only blocks this allocator handed out (IPC-received tensors, DLPack imports and a
+    // MemPool allocator's blocks are not).
+    if (ptr.get() == nullptr || ptr.get_deleter() != &RawDelete) return;
     g_api.bucketalloc_record_stream(ptr.get(), stream.stream());
   }
 
@@ -601,7 +603,7 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     const int uses = g_api.bucketalloc_pool_use_count(device, ToC(id));
     Check(uses, "getCheckpointState");
     TORCH_CHECK(uses > 0, "bucketalloc: getCheckpointState: no graph or MemPool uses pool (", id.first, ", ", id.second,
-                ") on device ", device, " (a pool is checkpointed while in use)");
+                ") on device ", static_cast<int>(device), " (a pool is checkpointed while in use)");
     auto state = std::make_shared<PoolCheckpoint>();
     state->device = device;
     state->pool = id;
@@ -621,8 +623,8 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     TORCH_CHECK(state != nullptr,
                 "bucketalloc: setCheckpointPoolState: the state is not one bucketalloc's "
                 "getCheckpointState returned");
-    TORCH_CHECK(state->device == device, "bucketalloc: setCheckpointPoolState: the state is device ", state->device,
-                "'s, not device ", device, "'s");
+    TORCH_CHECK(state->device == device, "bucketalloc: setCheckpointPoolState: the state is device ",
+                static_cast<int>(state->device), "'s, not device ", static_cast<int>(device), "'s");
     // torch's semantics: every block of the pool live now is freed, and the checkpoint's blocks are
     // allocated again at their addresses and block sizes. A block live in both, at the same address
     // and size, stays (reported freed and allocated: its new DataPtr owns it, as the caller's
@@ -682,11 +684,11 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
                 "process can open; CUDA IPC needs backend:cuda on a GPU");
     cudaIpcMemHandle_t handle;
     const cudaError_t err = cudaIpcGetMemHandle(&handle, base);
+    (void)cudaGetLastError();  // a failure must not stay behind for an unrelated kernel's check
     TORCH_CHECK(err == cudaSuccess, "bucketalloc: shareIpcHandle: cudaIpcGetMemHandle of the segment at ", base,
                 " failed: ", cudaGetErrorString(err),
                 " (segments of the vmm backend, expandable_segments:True, cannot be shared through CUDA IPC yet; "
                 "use backend:cuda)");
-    (void)cudaGetLastError();
     // torch's layout (c10/cuda/CUDACachingAllocator.cpp): a version byte, the handle type, the
     // cudaIpcMemHandle_t; the offset of `ptr` in its segment beside it.
     std::string text;
@@ -780,7 +782,19 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
   }
 
   // The trace hook bucketalloc calls (under its device lock) while this adapter records.
-  void OnEvent(const bucketalloc_trace_event& event) {
+  // Never throws: it runs inside bucketalloc's allocation, after the block is committed (a throw
+  // would lose the block). A tracker's exception is reported and dropped.
+  void OnEvent(const bucketalloc_trace_event& event) noexcept {
+    try {
+      OnEventOrThrow(event);
+    } catch (const std::exception& e) {
+      TORCH_WARN_ONCE("bucketalloc: a memory trace tracker or the history failed: ", e.what());
+    } catch (...) {
+      TORCH_WARN_ONCE("bucketalloc: a memory trace tracker or the history failed");
+    }
+  }
+
+  void OnEventOrThrow(const bucketalloc_trace_event& event) {
     const cda::TraceEntry::Action action = ToTorchAction(event.action);
     std::lock_guard<std::mutex> lock(state_mu_);
     if (!recording_ && trackers_.empty()) return;
@@ -840,7 +854,7 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     if (rc == 0) [[likely]]
       return p;
     std::string message = LastError();
-    if (rc == 1 && RunFreeMemoryCallbacks()) {
+    if (rc == 1 && !LastOomRejected(device) && RunFreeMemoryCallbacks()) {
       rc = g_api.bucketalloc_try_malloc(static_cast<ssize_t>(size), device, stream, &p);
       if (rc == 0) return p;
       message = LastError();
@@ -878,16 +892,29 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
       observers = oom_observers_;
       rejections = oom_rejection_observers_;
     }
-    // As torch's: the device, the allocation it needed (the segment), the allowed maximum (the cap)
-    // and the device's free memory.
     const size_t needed = oom.segment != 0 ? oom.segment : size;
-    for (const auto& observer : observers) observer(device, needed, oom.capacity, oom.device_free);
-    // With throw_on_cudamalloc_oom, a request the cap refused without asking the device is torch's
-    // preemptive rejection: its observers are told too.
     if (oom.present && oom.rejected) {
-      for (const auto& observer : rejections) observer(device, size, oom.allocated, oom.capacity);
+      // throw_on_cudamalloc_oom refused it at the cap: torch's preemptive rejection, which tells only
+      // its rejection observers (device, the allocation, what was allocated, the device's memory).
+      for (const auto& observer : rejections) {
+        try {
+          observer(device, needed, oom.allocated, oom.device_total);
+        } catch (const std::exception& e) {
+          TORCH_WARN("bucketalloc: an OOM-rejection observer failed: ", e.what());
+        }
+      }
+    } else {
+      // As torch's: the device, the allocation it needed (the segment), the allowed maximum (the
+      // cap) and the device's free memory.
+      for (const auto& observer : observers) observer(device, needed, oom.capacity, oom.device_free);
     }
     throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message);
+  }
+
+  // True when the last OOM of `device` was a throw_on_cudamalloc_oom rejection (no retry then).
+  static bool LastOomRejected(c10::DeviceIndex device) {
+    bucketalloc_oom_info oom{};
+    return g_api.bucketalloc_last_oom_info(device, &oom, sizeof oom) == 0 && oom.present && oom.rejected;
   }
 
   // torch's FreeCudaMemoryCallbacksRegistry (e.g. cuda_ipc_collect, which frees tensors other
