@@ -192,18 +192,16 @@ absl::StatusOr<void*> DeviceAllocator::AllocateAt(GraphPoolId pool, void* addr, 
           "; accepted: a private pool in use (its use count above 0), or (0, 0) for the device's own pools"));
     }
   }
-  // With block size 0 only the pool the request routes to can round it (a size outside a pool's
-  // range has no rounding there).
-  int routed = -1;
-  if (block_size == 0) {
-    PoolsOf(tag).Route(requested, [&](auto& p) { routed = Pools::SlotOf<PoolType<decltype(p)>>(); });
-  }
   // The pool whose unit holds the address carves the range; the others answer NotFound.
   absl::Status status = absl::NotFoundError("");
   PoolsOf(tag).ForEach([&](auto& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     using P = PoolType<decltype(p)>;
     if (!absl::IsNotFound(status)) return;
-    if (block_size == 0 && Pools::SlotOf<P>() != routed) return;
+    // With block size 0, the slabs round only sizes they have a class for (the address's pool
+    // decides which pool carves it).
+    if constexpr (std::is_same_v<P, SmallPool>) {
+      if (block_size == 0 && requested > kMaxSmallSize) return;
+    }
     std::size_t bytes = block_size;
     if (bytes == 0) {  // the pool's rounding of the request
       if constexpr (std::is_same_v<P, SmallPool>) {
