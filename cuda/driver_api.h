@@ -72,7 +72,9 @@ inline constexpr int kMinDriverVersion = 12000;
   X(MemRelease, cuMemRelease, 10020)                                           \
   X(MemMap, cuMemMap, 10020)                                                   \
   X(MemSetAccess, cuMemSetAccess, 10020)                                       \
-  X(MemUnmap, cuMemUnmap, 10020)
+  X(MemUnmap, cuMemUnmap, 10020)                                               \
+  X(MemExportToShareableHandle, cuMemExportToShareableHandle, 10020)           \
+  X(MemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020)
 
 // The resolved driver functions; every pointer is non-null once Driver() returns the table.
 struct DriverApi {

@@ -1,13 +1,18 @@
 // cuda/vmm_backend.cc — the virtual-memory backend (layer L1): CudaBackend's Allocate, Free and
-// events, plus the Reserve/Create/Map family over the driver's VMM API (cuda/driver_api.h);
-// MakeVmmBackend() and its registry row.
+// events, plus the Reserve/Create/Map family over the driver's VMM API (cuda/driver_api.h) and the
+// IPC of its physical allocations (POSIX file descriptors); MakeVmmBackend() and its registry row.
 #include <cuda.h>
+#include <unistd.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "backend/registry.h"
@@ -15,6 +20,7 @@
 #include "cuda/cuda_status.h"
 #include "cuda/driver_api.h"
 #include "internal/bits.h"
+#include "internal/mutex.h"
 
 namespace bucketalloc {
 namespace internal {
@@ -31,6 +37,20 @@ CUmemAllocationProp PinnedDeviceMemory(int device, bool rdma) {
   return prop;
 }
 
+// The same, exportable as a POSIX file descriptor (cuMemExportToShareableHandle), as PyTorch's
+// expandable segments create theirs by default so that CUDA IPC can share them.
+CUmemAllocationProp Shareable(CUmemAllocationProp prop) {
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+// Whether cuMemCreate's `error`, with a handle type requested, can be the refusal of that handle
+// type (a device or driver without POSIX file descriptor handles, a container that forbids them)
+// rather than a failed allocation. Out of memory never is.
+bool MayRefuseHandleType(CUresult error) {
+  return error == CUDA_ERROR_NOT_SUPPORTED || error == CUDA_ERROR_INVALID_VALUE || error == CUDA_ERROR_NOT_PERMITTED;
+}
+
 // The virtual-memory backend: CudaBackend's Allocate, Free and events, plus the Reserve/Create/Map
 // family over the driver's VMM API. Before any driver call it refuses (InvalidArgument, as the sim
 // backend does) a size that is not a positive multiple of the granularity and an alignment that is
@@ -44,11 +64,28 @@ CUmemAllocationProp PinnedDeviceMemory(int device, bool rdma) {
 // Access: a mapping is readable and writable by the device and by every peer that can access it
 // (cuDeviceCanAccessPeer), so P2P kernels and NCCL's P2P transport work on its memory, as on
 // cudaMalloc memory with peer access enabled and on PyTorch's expandable segments.
+// IPC: physical allocations are created exportable as POSIX file descriptors; when cuMemCreate
+// refuses that handle type and succeeds without it, the device is taken to have no shareable
+// handles for the rest of the backend's life (one refused call, not one per create), and its
+// handles cannot be exported. An exported descriptor is kept per handle and closed with the handle;
+// imported handles are remembered so that their release is counted as one.
+// Thread-safety: as CudaBackend (callers hold the device lock; every method is safe from any
+// thread): the IPC state is guarded by ipc_mu_, taken before CudaBackend's own lock (Count).
 class VmmBackend final : public CudaBackend {
  public:
   VmmBackend(int device, const DriverApi& driver, std::size_t granularity, CUmemAllocationProp prop,
              std::vector<CUmemAccessDesc> access)
-      : CudaBackend(device, driver), granularity_(granularity), prop_(prop), access_(std::move(access)) {}
+      : CudaBackend(device, driver),
+        granularity_(granularity),
+        prop_(prop),
+        shareable_prop_(Shareable(prop)),
+        access_(std::move(access)) {}
+  // Closes the descriptors of handles exported and never released (the driver keeps the memory of
+  // an open one alive).
+  ~VmmBackend() override {
+    MutexLock lock(ipc_mu_);
+    for (const auto& [handle, fd] : exported_) close(fd);
+  }
 
   absl::string_view Name() const override { return "vmm"; }
   std::size_t Granularity() const override { return granularity_; }
@@ -94,22 +131,97 @@ class VmmBackend final : public CudaBackend {
     }
     RelaxedCaptureMode relaxed(driver_);  // growth during a capture, as PyTorch grows
     CUmemGenericAllocationHandle handle = 0;
-    if (CUresult error = driver_.MemCreate(&handle, bytes, &prop_, /*flags=*/0); error != CUDA_SUCCESS) {
+    MutexLock lock(ipc_mu_);
+    bool shareable = handle_type_refusal_ == CUDA_SUCCESS;
+    CUresult error = driver_.MemCreate(&handle, bytes, shareable ? &shareable_prop_ : &prop_, /*flags=*/0);
+    if (shareable && MayRefuseHandleType(error)) {
+      // Once more without the handle type: when that succeeds, the type was what was refused. (Not
+      // counted as a failed create: the caller's request succeeded.)
+      if (driver_.MemCreate(&handle, bytes, &prop_, /*flags=*/0) == CUDA_SUCCESS) {
+        handle_type_refusal_ = error;
+        shareable = false;
+        error = CUDA_SUCCESS;
+      }
+    }
+    if (error != CUDA_SUCCESS) {
       Count(&BackendCounters::failed_physical_creates);
       return CuError(call, error);
     }
+    if (!shareable) unshareable_.insert(handle);
     Count(&BackendCounters::physical_creates);
     return static_cast<PhysicalHandle>(handle);
   }
 
+  // The handle's exported descriptor (if any) is closed once cuMemRelease succeeds; the bookkeeping
+  // is updated under ipc_mu_ before another call can get the same handle value from the driver.
   absl::Status ReleasePhysical(PhysicalHandle handle) override {
     ScopedContext ctx(driver_, device());
     if (absl::Status status = ctx.Enter("cuMemRelease"); !status.ok()) return status;
+    MutexLock lock(ipc_mu_);
     if (CUresult error = driver_.MemRelease(handle); error != CUDA_SUCCESS) {
       return CuError(absl::StrCat("cuMemRelease(handle ", Hex(handle), ")"), error);
     }
-    Count(&BackendCounters::physical_releases);
+    if (auto it = exported_.find(handle); it != exported_.end()) {
+      close(it->second);
+      exported_.erase(it);
+    }
+    unshareable_.erase(handle);
+    auto imported = imported_.find(handle);
+    if (imported == imported_.end()) {
+      Count(&BackendCounters::physical_releases);
+      return absl::OkStatus();
+    }
+    if (--imported->second == 0) imported_.erase(imported);
+    Count(&BackendCounters::imported_releases);
     return absl::OkStatus();
+  }
+
+  // One cuMemExportToShareableHandle per handle; the descriptor is kept (and returned again) until
+  // the handle is released.
+  absl::StatusOr<int> ExportPhysical(PhysicalHandle handle) override {
+    const std::string call = absl::StrCat("cuMemExportToShareableHandle(handle ", Hex(handle),
+                                          ", CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)");
+    MutexLock lock(ipc_mu_);
+    if (auto it = exported_.find(handle); it != exported_.end()) return it->second;
+    if (unshareable_.contains(handle)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(call, " on device ", device(), ": the handle was created without a shareable handle type (",
+                       CuError("cuMemCreate(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)", handle_type_refusal_).message(),
+                       "; without the handle type it succeeded): this device's virtual memory cannot be shared with "
+                       "other processes"));
+    }
+    ScopedContext ctx(driver_, device());
+    if (absl::Status status = ctx.Enter("cuMemExportToShareableHandle"); !status.ok()) return status;
+    int fd = -1;
+    if (CUresult error = driver_.MemExportToShareableHandle(&fd, static_cast<CUmemGenericAllocationHandle>(handle),
+                                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, /*flags=*/0);
+        error != CUDA_SUCCESS) {
+      return CuError(call, error);
+    }
+    exported_.emplace(handle, fd);
+    return fd;
+  }
+
+  absl::StatusOr<PhysicalHandle> ImportPhysical(int fd) override {
+    const std::string call =
+        absl::StrCat("cuMemImportFromShareableHandle(fd ", fd, ", CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)");
+    if (fd < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(call, " on device ", device(), ": accepted a file descriptor"));
+    }
+    ScopedContext ctx(driver_, device());
+    if (absl::Status status = ctx.Enter("cuMemImportFromShareableHandle"); !status.ok()) return status;
+    MutexLock lock(ipc_mu_);
+    CUmemGenericAllocationHandle handle = 0;
+    // cuda.h passes a POSIX descriptor by value in the pointer-sized osHandle.
+    if (CUresult error =
+            driver_.MemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        error != CUDA_SUCCESS) {
+      return CuError(call, error);
+    }
+    ++imported_[handle];
+    Count(&BackendCounters::physical_imports);
+    return static_cast<PhysicalHandle>(handle);
   }
 
   // cuMemMap of each piece (its handle whole, from offset 0: cuda.h cuMemMap "offset ... Note:
@@ -186,6 +298,21 @@ class VmmBackend final : public CudaBackend {
     return absl::OkStatus();
   }
 
+  // fork(2): ipc_mu_ as well as CudaBackend's lock.
+  void PrepareFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    ipc_mu_.Lock();
+    CudaBackend::PrepareFork();
+  }
+  void ParentAfterFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    CudaBackend::ParentAfterFork();
+    ipc_mu_.Unlock();
+  }
+  absl::Status ChildAfterFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    absl::Status status = CudaBackend::ChildAfterFork();
+    ipc_mu_.Unlock();
+    return status;
+  }
+
  private:
   bool IsGranuleMultiple(std::size_t bytes) const { return bytes != 0 && bytes % granularity_ == 0; }
 
@@ -201,8 +328,19 @@ class VmmBackend final : public CudaBackend {
   }
 
   const std::size_t granularity_;
-  const CUmemAllocationProp prop_;
+  const CUmemAllocationProp prop_;             // no shareable handle type
+  const CUmemAllocationProp shareable_prop_;   // prop_ exportable as a POSIX file descriptor
   const std::vector<CUmemAccessDesc> access_;  // the device itself, then its peers
+
+  Mutex ipc_mu_;
+  // CUDA_SUCCESS, or the error with which cuMemCreate refused shareable_prop_ (then every handle
+  // is created with prop_).
+  CUresult handle_type_refusal_ ABSL_GUARDED_BY(ipc_mu_) = CUDA_SUCCESS;
+  absl::flat_hash_set<PhysicalHandle> unshareable_ ABSL_GUARDED_BY(ipc_mu_);    // created with prop_
+  absl::flat_hash_map<PhysicalHandle, int> exported_ ABSL_GUARDED_BY(ipc_mu_);  // handle -> its descriptor
+  // Handles from ImportPhysical -> imports not yet released (cuda.h does not promise a new handle
+  // value per import, and each import is paired with its own cuMemRelease).
+  absl::flat_hash_map<PhysicalHandle, int> imported_ ABSL_GUARDED_BY(ipc_mu_);
 };
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeVmm(const BackendSettings&, int device) { return MakeVmmBackend(device); }

@@ -23,6 +23,8 @@ Side by side: the same calls in both children, each with its peak reserved bytes
   - cudnn_benchmark: a conv net (3->64->128->128 channels, 3x3, ReLU, on 8x3x224x224) forward twice
     with torch.backends.cudnn.benchmark = True (cuDNN's search asks the allocator's cacheInfo), equal
     to the same net with benchmark False (TF32 off) within 1e-3 relative;
+  - ipc_share_expandable_segment (bucketalloc only): the same from a process whose bucketalloc uses
+    expandable segments (torch's 'e' handles: POSIX descriptors read with pidfd_getfd).
   - ipc_share_tensor: a CUDA tensor sent to a child process by torch.multiprocessing (spawn context;
     in the bucketalloc run the child enables bucketalloc first and must be on the native path too):
     the child sees the parent's values, modifies the tensor in place, answers through a pipe, and
@@ -856,7 +858,37 @@ def check_invariants_hold(torch, ba) -> Tuple[bool, str]:
     return True, ""
 
 
+def ipc_expandable_producer() -> int:
+    """--ipc-expandable: a process whose bucketalloc uses expandable (vmm) segments shares a tensor
+    with a spawned consumer (which inherits the configuration), as check_ipc_share_tensor does."""
+    import bucketalloc_torch as ba
+    ba.enable()
+    import torch
+    torch.cuda.init()
+    probe = torch.empty(4 << 20, dtype=torch.uint8, device="cuda")
+    expandable = [s.get("is_expandable") for s in torch.cuda.memory._snapshot()["segments"]
+                  if s["address"] <= probe.data_ptr() < s["address"] + s["total_size"]]
+    del probe
+    ok, detail = check_ipc_share_tensor(torch, Ctx("bucketalloc"))
+    print("IPC " + json.dumps({"ok": ok and expandable == [True], "detail": f"segment expandable {expandable}; {detail}"}),
+          flush=True)
+    return 0
+
+
+def check_ipc_share_expandable_segment(torch, ba) -> Tuple[bool, str]:
+    # Configurations are fixed at creation: a process of its own, with expandable segments.
+    env = dict(os.environ, BUCKETALLOC_CONF="expandable_segments:True")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--ipc-expandable"], env=env, text=True,
+                          capture_output=True, timeout=IPC_TIMEOUT_S + 60)
+    for line in proc.stdout.splitlines():
+        if line.startswith("IPC "):
+            result = json.loads(line[4:])
+            return bool(result["ok"]), result["detail"]
+    return False, f"the producer exited with {proc.returncode}: {one_line(proc.stderr)[-400:]}"
+
+
 BUCKETALLOC_ONLY: List[Tuple[str, Callable[..., Any]]] = [
+    ("ipc_share_expandable_segment", check_ipc_share_expandable_segment),
     ("variable_length_workload_matches_cpu", check_variable_length_workload),
     ("stats_follow_a_tensor", check_stats_follow_a_tensor),
     ("record_stream_defers_reuse", check_record_stream_defers_reuse),
@@ -1119,7 +1151,11 @@ def driver(run: Callable[[str, float, Dict[str, str]], ChildRun] = run_child,
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", choices=MODES, help="run one process's checks and print JSON lines")
+    parser.add_argument("--ipc-expandable", action="store_true",
+                        help="share a tensor of an expandable segment with a spawned process (one check's producer)")
     args = parser.parse_args(argv)
+    if args.ipc_expandable:
+        return ipc_expandable_producer()
     if args.child:
         child(args.child)
         return 0

@@ -25,9 +25,11 @@
 #include <vector>
 
 #include "absl/base/attributes.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/capture.h"
 #include "bucketalloc/metrics.h"
@@ -44,6 +46,26 @@ class DeviceAllocator;
 // The largest request accepted (2^46 bytes = 64 TiB); anything larger is an invalid size (this also
 // catches a negative ssize_t converted to size_t).
 inline constexpr std::size_t kMaxRequestBytes = std::size_t{1} << 46;
+
+// CUDA IPC (PyTorch's shareIpcHandle / getIpcDevPtr): what another process needs to map the memory
+// of a live allocation (Allocator::ShareBlock).
+// A physical piece of a virtual-memory segment: a POSIX file descriptor of the sharing process
+// (the backend's, valid while the piece exists) and its bytes.
+struct SharedPiece {
+  int fd = -1;
+  std::size_t bytes = 0;
+};
+struct SharedMemory {
+  // false: a plain backend allocation (cudaMalloc): [base, base + bytes) is the segment holding the
+  // allocation, which cudaIpcGetMemHandle(base) shares. true: the physical pieces mapped under the
+  // allocation (the vmm backend's stitched segments), side by side from `base`; another process
+  // maps them with Allocator::OpenShared.
+  bool virtual_memory = false;
+  std::uintptr_t base = 0;
+  std::size_t bytes = 0;
+  std::size_t offset = 0;  // the allocation's address - base
+  std::vector<SharedPiece> pieces;
+};
 
 class Allocator {
  public:
@@ -115,6 +137,17 @@ class Allocator {
   // The device allocation (segment or slab) holding the live allocation `ptr`: base and size.
   absl::StatusOr<std::pair<void*, std::size_t>> BaseAllocation(void* ptr) const;
 
+  // CUDA IPC. What another process needs to map live allocation `ptr` (SharedMemory); a virtual
+  // segment's pieces are exported by the backend (POSIX descriptors). InvalidArgument when no live
+  // allocation starts at `ptr`; FailedPrecondition when the backend cannot export its pieces.
+  absl::StatusOr<SharedMemory> ShareBlock(void* ptr);
+  // Maps on `device` the pieces process `pid` shared (its SharedMemory::pieces) side by side in a
+  // new address range, and returns its start; CloseShared unmaps it. The memory is the sender's:
+  // it is not reserved here and not under the cap.
+  absl::StatusOr<void*> OpenShared(int device, int pid, absl::Span<const SharedPiece> pieces);
+  // Unmaps what OpenShared mapped at `base` (on whichever device), after a device synchronization.
+  absl::Status CloseShared(void* base);
+
   // Releases every cached block that can be released (whole free segments and empty slabs) on
   // every device, after synchronizing pending stream events.
   absl::Status EmptyCache();
@@ -152,6 +185,11 @@ class Allocator {
   absl::Status BeginCapture(int device, GraphPoolId pool, CaptureFilter filter);
   absl::Status EndCapture(int device, GraphPoolId pool);
   absl::Status ReleasePool(int device, GraphPoolId pool);
+  // PyTorch's markCaptureBegin/markCaptureEnd (CUDAGraph calls them around cudaStreamBeginCapture
+  // and cudaStreamEndCapture): from the first mark on, `device` treats a routing with no marked
+  // capture underway as a MemPool context (use_mem_pool), whose misses release and retry and whose
+  // frees record events as outside one. Without marks every routing is treated as a capture.
+  absl::Status MarkCapture(int device, bool begin);
 
   // PyTorch's allocator interface beyond allocation and captures (what its native CUDAAllocator
   // serves; docs/pytorch.md):
@@ -161,6 +199,16 @@ class Allocator {
   // MemPool(use_on_oom=True): a request of the device's own pools that would fail with an OOM takes
   // a cached block of `pool` instead (while the pool is in use), as PyTorch's fallback does.
   absl::Status SetUseOnOom(int device, GraphPoolId pool, bool use_on_oom);
+  // How private pool `pool` gets and splits its memory (PrivatePoolSettings: PyTorch's
+  // MemPool(allocator, no_split=...)). Set on a pool in use (IncrefPool) before it holds memory:
+  // NotFound for a pool not in use, InvalidArgument for a tenant's, FailedPrecondition once it
+  // holds memory.
+  absl::Status ConfigurePool(int device, GraphPoolId pool, PrivatePoolSettings settings);
+  // The same as a change of the pool's settings as they are, under the device's lock (no other
+  // call's change is lost between reading and setting them).
+  absl::Status UpdatePoolSettings(int device, GraphPoolId pool, absl::FunctionRef<void(PrivatePoolSettings&)> change);
+  // The settings of private pool `pool` (NotFound for a pool the device does not hold).
+  absl::StatusOr<PrivatePoolSettings> PoolSettings(int device, GraphPoolId pool) const;
   // The use count of `pool` on `device` (0 when the device holds no such pool).
   absl::StatusOr<int> PoolUseCount(int device, GraphPoolId pool) const;
   // emptyCache(mempool_id): releases the wholly free memory of `pool` after synchronizing the

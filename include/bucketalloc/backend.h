@@ -99,8 +99,8 @@ struct BackendCounters {
   std::int64_t capture_violations = 0;
   std::int64_t device_syncs = 0;  // SynchronizeDevice calls that succeeded (the sim backend counts them)
   // Virtual memory (backends that support it).
-  std::int64_t physical_creates = 0;  // successful CreatePhysical calls
-  std::int64_t physical_releases = 0;
+  std::int64_t physical_creates = 0;   // successful CreatePhysical calls
+  std::int64_t physical_releases = 0;  // successful ReleasePhysical calls of handles CreatePhysical made
   std::int64_t failed_physical_creates = 0;
   std::int64_t maps = 0;    // handles mapped (one cuMemMap each)
   std::int64_t unmaps = 0;  // successful Unmap calls
@@ -109,6 +109,11 @@ struct BackendCounters {
   std::int64_t access_grants = 0;
   std::int64_t address_reserves = 0;
   std::int64_t address_releases = 0;
+  // IPC of virtual memory: successful ImportPhysical calls, and ReleasePhysical calls of imported
+  // handles. Kept apart from physical_creates and physical_releases, so that creates - releases is
+  // still the number of handles this process created and holds (the allocator's registry check).
+  std::int64_t physical_imports = 0;
+  std::int64_t imported_releases = 0;
 };
 
 // The memory calls of `BackendCounters` one by one, for the reports that list them: the key of the
@@ -197,6 +202,21 @@ class Backend {
   virtual absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped);
   // Unmaps `[va, va + bytes)`: one or more whole mappings side by side (one cuMemUnmap).
   virtual absl::Status Unmap(std::uintptr_t va, std::size_t bytes);
+
+  // IPC of virtual memory (the vmm backend), as PyTorch's expandable segments share theirs. The
+  // defaults report Unimplemented.
+  // Returns a POSIX file descriptor for physical allocation `handle` (cuMemExportToShareableHandle,
+  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), which another process opens with pidfd_getfd and
+  // ImportPhysical. The descriptor belongs to the backend: it is made once per handle, kept, and
+  // closed when the handle is released. FailedPrecondition when the handle was created without a
+  // shareable type (the device or driver refused one).
+  virtual absl::StatusOr<int> ExportPhysical(PhysicalHandle handle);
+  // Imports the physical allocation another process exported (`fd`: a descriptor of this process,
+  // from pidfd_getfd; the caller keeps and closes it). The handle is released with ReleasePhysical,
+  // and counted apart from the handles CreatePhysical made (BackendCounters::physical_imports and
+  // imported_releases), so that the allocator's registry check (creates - releases = the handles it
+  // holds) is untouched by imports.
+  virtual absl::StatusOr<PhysicalHandle> ImportPhysical(int fd);
 
   // Returns the counters (a copy).
   virtual BackendCounters counters() const = 0;

@@ -249,8 +249,9 @@ typedef struct bucketalloc_trace_event {
   uintptr_t addr;
   size_t size; /* the request for alloc and free_requested, the block or segment otherwise */
   uintptr_t stream;
-  int64_t time_us;    /* microseconds since the Unix epoch */
-  size_t device_free; /* oom: the device's free bytes */
+  int64_t time_us;          /* microseconds since the Unix epoch */
+  size_t device_free;       /* oom: the device's free bytes */
+  bucketalloc_pool_id pool; /* the private pool of the block or segment ({0, 0}: the device's own) */
 } bucketalloc_trace_event;
 typedef void (*bucketalloc_trace_fn)(const bucketalloc_trace_event* event, void* ctx);
 /* While history recording is on (bucketalloc_record_history), calls fn(event, ctx) for every event
@@ -274,6 +275,29 @@ BUCKETALLOC_API int bucketalloc_pool_incref(int device, bucketalloc_pool_id pool
 /* MemPool(use_on_oom=True) (setUseOnOOM): while `pool` is in use, a request of the device's own
  * pools that would fail with an OOM takes a cached block of `pool` instead, as PyTorch's fallback. */
 BUCKETALLOC_API int bucketalloc_pool_set_use_on_oom(int device, bucketalloc_pool_id pool, int use_on_oom);
+/* MemPool(no_split=True) (setNoSplit): no block of `pool` is ever split; each allocation takes a
+ * whole free block or a segment of its own (what NCCL window registration needs). Set before the
+ * pool holds memory (right after bucketalloc_pool_incref); -1 naming why otherwise. */
+BUCKETALLOC_API int bucketalloc_pool_set_no_split(int device, bucketalloc_pool_id pool);
+/* MemPool(allocator) (createOrIncrefPool with an allocator, as vLLM's sleep mode builds one): the
+ * segments of `pool` come from `alloc` and go back through `free`, not from the device; the pool
+ * caches, splits, counts and reports them as its others, and does not stitch them. `alloc` returns
+ * NULL when it has no memory (the pool then releases its cache and retries); both are called under
+ * the device's lock, on the allocating or releasing thread, and must not call into bucketalloc.
+ * `release(ctx)` (may be NULL) is called once the pool no longer needs them: when it is forgotten
+ * (freeable and empty), or at once when this call fails. Set before the pool holds memory. */
+typedef void* (*bucketalloc_segment_alloc_fn)(size_t bytes, int device, cudaStream_t stream, void* ctx);
+typedef void (*bucketalloc_segment_free_fn)(void* ptr, size_t bytes, int device, void* ctx);
+BUCKETALLOC_API int bucketalloc_pool_set_segment_allocator(int device, bucketalloc_pool_id pool,
+                                                           bucketalloc_segment_alloc_fn alloc,
+                                                           bucketalloc_segment_free_fn free, void (*release)(void* ctx),
+                                                           void* ctx);
+/* markCaptureBegin (begin = 1) / markCaptureEnd (0): a CUDA graph capture starts or ends on
+ * `device`. From the first mark on, the device treats a pool routing with no marked capture
+ * underway as a MemPool context (use_mem_pool): an OOM there releases the cache and retries, and
+ * cross-stream frees record their events, as outside one. Callers that never mark have every
+ * routing treated as a capture. */
+BUCKETALLOC_API int bucketalloc_mark_capture(int device, int begin);
 /* The use count of `pool` on `device` (0 for a pool it does not hold), or -1. */
 BUCKETALLOC_API int bucketalloc_pool_use_count(int device, bucketalloc_pool_id pool);
 /* emptyCache(mempool_id): releases the wholly free memory of `pool` on `device` after a device
@@ -295,6 +319,39 @@ BUCKETALLOC_API int bucketalloc_pool_empty_cache(int device, bucketalloc_pool_id
  * misaligned or not a slot, or the memory is another stream's. */
 BUCKETALLOC_API int bucketalloc_allocate_at(int device, bucketalloc_pool_id pool, void* addr, size_t block_size,
                                             size_t requested, cudaStream_t stream);
+
+/* CUDA IPC (PyTorch's shareIpcHandle / getIpcDevPtr). What another process needs to map the
+ * memory of live allocation `ptr`:
+ * - virtual_memory 0: a plain allocation (backend:cuda): [base, base + bytes) is the segment
+ *   holding it; share it with cudaIpcGetMemHandle(base). num_pieces is 0.
+ * - virtual_memory 1: the physical pieces mapped under it (backend:vmm, expandable segments), side
+ *   by side from `base`: each a POSIX file descriptor of this process (kept by bucketalloc while
+ *   the piece exists) and its bytes; another process maps them with bucketalloc_open_shared.
+ * offset: ptr - base. `pieces` receives up to `capacity` pieces; out->num_pieces is how many there
+ * are (call again with more room when it exceeds capacity: -1, "capacity"). `size` is
+ * sizeof(bucketalloc_shared_memory). Returns 0, or -1 naming why (not a live allocation; a backend
+ * that cannot export, such as the simulated device). */
+typedef struct bucketalloc_shared_piece {
+  int fd;
+  size_t bytes;
+} bucketalloc_shared_piece;
+typedef struct bucketalloc_shared_memory {
+  int virtual_memory;
+  uintptr_t base;
+  size_t bytes;
+  size_t offset;
+  size_t num_pieces;
+} bucketalloc_shared_memory;
+BUCKETALLOC_API int bucketalloc_share_block(void* ptr, bucketalloc_shared_memory* out, size_t size,
+                                            bucketalloc_shared_piece* pieces, size_t capacity);
+/* Maps on `device` the `n` pieces process `pid` shared (its descriptors, read with pidfd_getfd,
+ * and their bytes) side by side in a new address range of the device, and returns its start (NULL
+ * naming why: the process is gone, the kernel or ptrace rules forbid reading its descriptors, the
+ * backend has no virtual memory). The memory is the sender's: not reserved here, not under the cap.
+ * bucketalloc_close_shared unmaps it. */
+BUCKETALLOC_API void* bucketalloc_open_shared(int device, int pid, const bucketalloc_shared_piece* pieces, size_t n);
+/* Unmaps what bucketalloc_open_shared mapped at `base`, after a device synchronization. 0, or -1. */
+BUCKETALLOC_API int bucketalloc_close_shared(void* base);
 
 /* The last out-of-memory failure of `device`, as numbers (the text: bucketalloc_last_oom_report). */
 typedef struct bucketalloc_oom_info {

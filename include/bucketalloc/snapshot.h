@@ -77,6 +77,7 @@ struct TraceEntry {
   std::uintptr_t stream = 0;
   std::int64_t time_us = 0;     // microseconds since the Unix epoch
   std::size_t device_free = 0;  // kOom only
+  GraphPoolId pool;             // the private pool of the block or segment ({0, 0}: the device's own)
 };
 
 // Called with every history event of a device as it is recorded (Allocator::SetTraceHook), on the
@@ -87,7 +88,7 @@ struct TraceHook {
   void* ctx = nullptr;
 };
 
-// The most history entries a device keeps (48 bytes each: 768 MiB at the limit).
+// The most history entries a device keeps (64 bytes each: 1 GiB at the limit).
 inline constexpr std::size_t kMaxHistoryEntries = std::size_t{1} << 24;
 
 struct MemorySnapshot {

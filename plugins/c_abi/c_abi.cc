@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -245,8 +246,8 @@ CTraceHook g_trace_hook;
 void CallCTraceHook(int device, const TraceEntry& e, void*) {
   bucketalloc_trace_fn fn = g_trace_hook.fn.load(std::memory_order_acquire);
   if (fn == nullptr) return;
-  const bucketalloc_trace_event event{device,       TraceActionNumber(e.action), e.addr, e.size, e.stream, e.time_us,
-                                      e.device_free};
+  const bucketalloc_trace_event event{device,        TraceActionNumber(e.action),  e.addr, e.size, e.stream, e.time_us,
+                                      e.device_free, {e.pool.first, e.pool.second}};
   fn(&event, g_trace_hook.ctx.load(std::memory_order_acquire));
 }
 
@@ -555,6 +556,70 @@ int bucketalloc_pool_set_use_on_oom(int device, bucketalloc_pool_id pool, int us
       [&](Allocator& a) { return a.SetUseOnOom(device, bucketalloc::ToPool(pool), use_on_oom != 0); });
 }
 
+int bucketalloc_pool_set_no_split(int device, bucketalloc_pool_id pool) {
+  return bucketalloc::StatusCall([&](Allocator& a) {
+    return a.UpdatePoolSettings(device, bucketalloc::ToPool(pool),
+                                [](bucketalloc::PrivatePoolSettings& s) { s.no_split = true; });
+  });
+}
+
+namespace bucketalloc {
+namespace {
+// A C caller's segment allocator (bucketalloc_pool_set_segment_allocator): its functions, its
+// context, and the release of the context when the pool drops it.
+class CSegmentAllocator final : public SegmentAllocator {
+ public:
+  CSegmentAllocator(int device, bucketalloc_segment_alloc_fn alloc, bucketalloc_segment_free_fn free,
+                    void (*release)(void*), void* ctx)
+      : device_(device), alloc_(alloc), free_(free), release_(release), ctx_(ctx) {}
+  ~CSegmentAllocator() override {
+    if (release_ != nullptr) release_(ctx_);
+  }
+  absl::StatusOr<void*> Allocate(std::size_t bytes, Stream stream) override {
+    void* p = alloc_(bytes, device_, static_cast<cudaStream_t>(stream), ctx_);
+    if (p != nullptr) return p;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("bucketalloc: the private pool's segment allocator has no ", bytes, " bytes"));
+  }
+  void Free(void* ptr, std::size_t bytes) override { free_(ptr, bytes, device_, ctx_); }
+
+ private:
+  const int device_;
+  const bucketalloc_segment_alloc_fn alloc_;
+  const bucketalloc_segment_free_fn free_;
+  void (*const release_)(void*);
+  void* const ctx_;
+};
+}  // namespace
+}  // namespace bucketalloc
+
+int bucketalloc_pool_set_segment_allocator(int device, bucketalloc_pool_id pool, bucketalloc_segment_alloc_fn alloc,
+                                           bucketalloc_segment_free_fn free, void (*release)(void* ctx), void* ctx) {
+  if (alloc == nullptr || free == nullptr) {
+    if (release != nullptr) release(ctx);
+    return bucketalloc::StatusCall([&](Allocator&) {
+      return absl::InvalidArgumentError(
+          "bucketalloc_pool_set_segment_allocator: alloc and free must both be functions (one is NULL)");
+    });
+  }
+  std::shared_ptr<bucketalloc::SegmentAllocator> segments;
+  try {
+    segments = std::make_shared<bucketalloc::CSegmentAllocator>(device, alloc, free, release, ctx);
+  } catch (...) {
+    if (release != nullptr) release(ctx);
+    return bucketalloc::StatusCall(
+        [&](Allocator&) { return absl::ResourceExhaustedError("bucketalloc_pool_set_segment_allocator: no memory"); });
+  }
+  return bucketalloc::StatusCall([&](Allocator& a) {
+    return a.UpdatePoolSettings(device, bucketalloc::ToPool(pool),
+                                [&](bucketalloc::PrivatePoolSettings& s) { s.segment_allocator = segments; });
+  });  // on failure the last reference to `segments` goes here: the context is released
+}
+
+int bucketalloc_mark_capture(int device, int begin) {
+  return bucketalloc::StatusCall([&](Allocator& a) { return a.MarkCapture(device, begin != 0); });
+}
+
 int bucketalloc_pool_use_count(int device, bucketalloc_pool_id pool) {
   int count = -1;
   const int rc = bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
@@ -568,6 +633,48 @@ int bucketalloc_pool_use_count(int device, bucketalloc_pool_id pool) {
 
 int bucketalloc_pool_empty_cache(int device, bucketalloc_pool_id pool) {
   return bucketalloc::StatusCall([&](Allocator& a) { return a.EmptyPoolCache(device, bucketalloc::ToPool(pool)); });
+}
+
+int bucketalloc_share_block(void* ptr, bucketalloc_shared_memory* out, size_t size, bucketalloc_shared_piece* pieces,
+                            size_t capacity) {
+  return bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    if (out == nullptr || size != sizeof(bucketalloc_shared_memory)) {
+      return absl::InvalidArgumentError(absl::StrCat("bucketalloc_share_block: out is NULL or of ", size,
+                                                     " bytes; accepted: a bucketalloc_shared_memory of ",
+                                                     sizeof(bucketalloc_shared_memory), " bytes"));
+    }
+    absl::StatusOr<bucketalloc::SharedMemory> shared = a.ShareBlock(ptr);
+    if (!shared.ok()) return shared.status();
+    *out = bucketalloc_shared_memory{shared->virtual_memory ? 1 : 0, shared->base, shared->bytes, shared->offset,
+                                     shared->pieces.size()};
+    if (shared->pieces.size() > capacity || (capacity > 0 && pieces == nullptr)) {
+      return absl::OutOfRangeError(absl::StrCat("bucketalloc_share_block: ", shared->pieces.size(),
+                                                " pieces do not fit in a capacity of ", capacity));
+    }
+    for (std::size_t i = 0; i < shared->pieces.size(); ++i) {
+      pieces[i] = bucketalloc_shared_piece{shared->pieces[i].fd, shared->pieces[i].bytes};
+    }
+    return absl::OkStatus();
+  });
+}
+
+void* bucketalloc_open_shared(int device, int pid, const bucketalloc_shared_piece* pieces, size_t n) {
+  void* base = nullptr;
+  bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    if (pieces == nullptr && n > 0) return absl::InvalidArgumentError("bucketalloc_open_shared: pieces is NULL");
+    std::vector<bucketalloc::SharedPiece> list;
+    list.reserve(n);
+    for (size_t i = 0; i < n; ++i) list.push_back(bucketalloc::SharedPiece{pieces[i].fd, pieces[i].bytes});
+    absl::StatusOr<void*> opened = a.OpenShared(device, pid, list);
+    if (!opened.ok()) return opened.status();
+    base = *opened;
+    return absl::OkStatus();
+  });
+  return base;
+}
+
+int bucketalloc_close_shared(void* base) {
+  return bucketalloc::StatusCall([&](Allocator& a) { return a.CloseShared(base); });
 }
 
 int bucketalloc_allocate_at(int device, bucketalloc_pool_id pool, void* addr, size_t block_size, size_t requested,

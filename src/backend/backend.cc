@@ -1,4 +1,5 @@
-// src/backend/backend.cc — the defaults of the optional (virtual-memory) part of the Backend interface.
+// src/backend/backend.cc — the defaults of the optional (virtual-memory and its IPC) part of the Backend
+// interface.
 #include "bucketalloc/backend.h"
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,12 @@ namespace {
 absl::Status NoVirtualMemory(const Backend& backend, const char* call) {
   return absl::UnimplementedError(
       absl::StrCat(call, ": backend '", backend.Name(), "' does not support virtual memory"));
+}
+
+absl::Status NoVirtualMemoryIpc(const Backend& backend, const char* call) {
+  return absl::UnimplementedError(absl::StrCat(call, ": backend '", backend.Name(),
+                                               "' does not share virtual memory between processes (only backend "
+                                               "'vmm' exports and imports physical allocations)"));
 }
 
 }  // namespace
@@ -23,6 +30,8 @@ absl::StatusOr<PhysicalHandle> Backend::CreatePhysical(std::size_t) { return NoV
 absl::Status Backend::ReleasePhysical(PhysicalHandle) { return NoVirtualMemory(*this, "ReleasePhysical"); }
 absl::Status Backend::Map(std::uintptr_t, std::size_t, PhysicalHandle) { return NoVirtualMemory(*this, "Map"); }
 absl::Status Backend::Unmap(std::uintptr_t, std::size_t) { return NoVirtualMemory(*this, "Unmap"); }
+absl::StatusOr<int> Backend::ExportPhysical(PhysicalHandle) { return NoVirtualMemoryIpc(*this, "ExportPhysical"); }
+absl::StatusOr<PhysicalHandle> Backend::ImportPhysical(int) { return NoVirtualMemoryIpc(*this, "ImportPhysical"); }
 
 absl::Status Backend::MapRun(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) {
   for (*mapped = 0; *mapped < pieces.size(); ++*mapped) {

@@ -243,6 +243,28 @@ absl::StatusOr<std::pair<void*, std::size_t>> Allocator::BaseAllocation(void* pt
   return Published(devices_->ptrs, *device)->BaseAllocation(ptr);
 }
 
+absl::StatusOr<SharedMemory> Allocator::ShareBlock(void* ptr) {
+  absl::StatusOr<int> device = DeviceOf(ptr);
+  if (!device.ok()) return device.status();
+  return Published(devices_->ptrs, *device)->ShareBlock(ptr);
+}
+
+absl::StatusOr<void*> Allocator::OpenShared(int device, int pid, absl::Span<const SharedPiece> pieces) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->OpenShared(pid, pieces);
+}
+
+absl::Status Allocator::CloseShared(void* base) {
+  const int device = FirstDevice(devices_->ptrs, [base](const DeviceAllocator& d) { return d.HasOpenShared(base); });
+  if (device < 0) {
+    return absl::NotFoundError(absl::StrCat("bucketalloc: closing shared memory at 0x",
+                                            absl::Hex(reinterpret_cast<std::uintptr_t>(base)),
+                                            ": no opening of shared memory starts at this address"));
+  }
+  return Published(devices_->ptrs, device)->CloseShared(base);
+}
+
 absl::StatusOr<MemorySnapshot> Allocator::Snapshot(int device) const {
   if (device != -1) {
     if (absl::StatusOr<DeviceAllocator*> d = Device(device); !d.ok()) return d.status();
@@ -315,6 +337,23 @@ absl::Status Allocator::SetUseOnOom(int device, GraphPoolId pool, bool use_on_oo
   if (!d.ok()) return d.status();
   (*d)->SetUseOnOom(pool, use_on_oom);
   return absl::OkStatus();
+}
+
+absl::Status Allocator::ConfigurePool(int device, GraphPoolId pool, PrivatePoolSettings settings) {
+  return UpdatePoolSettings(device, pool, [&](PrivatePoolSettings& s) { s = std::move(settings); });
+}
+
+absl::Status Allocator::UpdatePoolSettings(int device, GraphPoolId pool,
+                                           absl::FunctionRef<void(PrivatePoolSettings&)> change) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->ConfigurePool(pool, change);
+}
+
+absl::StatusOr<PrivatePoolSettings> Allocator::PoolSettings(int device, GraphPoolId pool) const {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->PoolSettings(pool);
 }
 
 absl::StatusOr<int> Allocator::PoolUseCount(int device, GraphPoolId pool) const {
@@ -423,6 +462,13 @@ absl::Status Allocator::EndCapture(int device, GraphPoolId pool) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
   return (*d)->EndCapture(pool);
+}
+
+absl::Status Allocator::MarkCapture(int device, bool begin) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  (*d)->MarkCapture(begin);
+  return absl::OkStatus();
 }
 
 absl::Status Allocator::ReleasePool(int device, GraphPoolId pool) {

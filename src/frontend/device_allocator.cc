@@ -67,13 +67,26 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
       large_config_(MakeLargeConfig(options, backend_->Granularity())),
       pools_(PoolContext{&stats_, &registry_, &clock_}, options.slab_limit, options.small_pool_limit, large_config_),
       pending_(backend_.get()),
-      // A private pool's small and large pool: configured as the device's own.
-      private_([this] {
-        return std::make_unique<Pools>(PoolContext{&stats_, &registry_, &clock_}, options_.slab_limit,
-                                       options_.small_pool_limit, large_config_);
+      // A private pool's small and large pool: configured as the device's own, except that a
+      // no-split pool has no slabs and keeps every remainder in its block, and that neither it nor
+      // a pool whose segments another allocator gives stitches.
+      private_([this](const PrivatePoolSettings& settings) {
+        LargePoolConfig large = large_config_;
+        if (settings.no_split || settings.segment_allocator != nullptr) {
+          large.stitching = false;
+          large.keep_remainder = LargePoolConfig{}.keep_remainder;  // PyTorch's, as without stitching
+        }
+        if (settings.no_split) large.keep_remainder = kUnlimited;
+        return std::make_unique<Pools>(PoolContext{&stats_, &registry_, &clock_},
+                                       settings.no_split ? 0 : options_.slab_limit, options_.small_pool_limit,
+                                       std::move(large), /*no_split=*/settings.no_split);
       }),
+      imports_(backend_.get()),
       tenant_owner_(tenant_owner) {
   registry_.set_collector([this](std::size_t incoming) ABSL_NO_THREAD_SAFETY_ANALYSIS { CollectGarbage(incoming); });
+  history_.set_pool_ids([this](std::uint16_t tag) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return private_.contains(tag) ? private_.at(tag).id : GraphPoolId{};
+  });
 }
 
 absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const Options& options,
@@ -122,6 +135,7 @@ DeviceAllocator::~DeviceAllocator() {
   // Give back everything that is cached; live allocations still held by callers are reported.
   SyncAndReleaseAll();
   ReleasePrivatePools(/*all=*/true);
+  imports_.CloseAll(device_);
   registry_.TrimAddressSpace();  // the reservations the private pools used
   pending_.DestroyEvents();
   if (!live_.empty() || !pending_.empty()) {
@@ -215,7 +229,7 @@ absl::StatusOr<void*> DeviceAllocator::AllocateAt(GraphPoolId pool, void* addr, 
     if (!h.ok()) return;
     P::SetRequested(*h, requested);
     CommitLive(p, ptr, *h, requested, tag);
-    history_.Record(TraceAction::kAlloc, ptr, requested, stream);
+    history_.Record(TraceAction::kAlloc, ptr, requested, stream, 0, tag);
   });
   if (absl::IsNotFound(status)) {
     return absl::NotFoundError(absl::StrCat(what(), ": no segment or slab of that pool holds the address"));
@@ -258,7 +272,7 @@ inline absl::StatusOr<void*> DeviceAllocator::AllocateIn(P& pool, StreamPools& s
   P::SetRequested(*h, size);
   const std::uintptr_t ptr = P::Address(*h);
   CommitLive(pool, ptr, *h, size, private_pool);
-  history_.Record(TraceAction::kAlloc, ptr, size, stream);
+  history_.Record(TraceAction::kAlloc, ptr, size, stream, 0, private_pool);
   if (!hit) {
     if (over_cap_) [[unlikely]]
       TrimTenantsToCaps();  // pending frees of a tenant over its cap may have come back on this slow path
@@ -379,11 +393,12 @@ void DeviceAllocator::EndAbandonedCaptures() {
   const int ended =
       private_.EndAbandoned([&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, true); });
   if (ended > 0) stats_.Count(&DeviceStats::num_abandoned_captures, ended);
+  ForgetMarksIfNotRouting();
 }
 
 bool DeviceAllocator::CaptureRestricts(Stream stream) {
   EndAbandonedCaptures();
-  if (private_.routing()) return true;
+  if (CaptureMayRun()) return true;
   if (!options_.probe_stream_capture) return false;
   return StreamCaptures(stream, false);  // an error here is reported by the backend call that follows
 }
@@ -497,7 +512,7 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
       stats_.Count(&DeviceStats::num_ooms_tenant_cap);
       break;
   }
-  history_.Record(TraceAction::kOom, 0, size, registry_.slow_path_stream(), r.device_free);
+  history_.Record(TraceAction::kOom, 0, size, registry_.slow_path_stream(), r.device_free, private_pool);
   std::string message = r.ToString();
   if (recent_ooms_.size() == DeviceMetrics::kRecentOoms) recent_ooms_.pop_front();
   recent_ooms_.push_back(OomEvent{static_cast<std::uint64_t>(stats_.Snapshot().num_ooms),
@@ -559,14 +574,14 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   }
   // Blocks awaiting stream events are polled on every free and every slow path, never on a hit, and
   // never during a capture (CUDA forbids event queries then).
-  if (!pending_.empty() && !private_.routing()) RetirePending(PendingFrees::Mode::kPollUntilBusy);
+  if (!pending_.empty() && !CaptureMayRun()) RetirePending(PendingFrees::Mode::kPollUntilBusy);
   if (over_cap_) [[unlikely]]
     TrimTenantsToCaps();
   return absl::OkStatus();
 }
 
 void DeviceAllocator::TrimTenantsToCaps() {
-  if (private_.routing()) return;
+  if (CaptureMayRun()) return;
   bool released = false;
   over_cap_ = false;
   for (std::size_t t = 1; t < tenant_tags_.size(); ++t) {
@@ -594,13 +609,13 @@ inline void DeviceAllocator::Release(const P& pool, std::uintptr_t ptr, typename
   stats_.Decrease(&DeviceStats::allocation, P::kIndex, 1);
   if (pool.Oversize(h)) stats_.device(&DeviceStats::oversize_allocations).Decrease(1);
   ++clock_;
-  history_.Record(TraceAction::kFreeRequested, ptr, requested, P::StreamOf(h));
+  history_.Record(TraceAction::kFreeRequested, ptr, requested, P::StreamOf(h), 0, entry.private_pool);
 }
 
 template <typename P>
 inline void DeviceAllocator::Complete(P& pool, std::uintptr_t ptr, typename P::Handle h, const LiveEntry& entry) {
   // Recorded before the return, which may merge the block (its stream is read from its segment).
-  history_.Record(TraceAction::kFreeCompleted, ptr, entry.requested, P::StreamOf(h));
+  history_.Record(TraceAction::kFreeCompleted, ptr, entry.requested, P::StreamOf(h), 0, entry.private_pool);
   pool.Return(h);
 }
 
@@ -613,7 +628,7 @@ void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry) {
   PendingFrees::Uses uses = pending_.TakeUses(addr);
   PendingFrees::Events events;
   if (!uses.empty()) {
-    if (private_.routing() || !pending_.RecordEvents(uses, &events).ok()) {
+    if (CaptureMayRun() || !pending_.RecordEvents(uses, &events).ok()) {
       stats_.Count(&DeviceStats::num_deferred_frees);
     } else {
       // Another thread's per-thread stream was waited for by a device synchronization: done.
@@ -645,7 +660,7 @@ void DeviceAllocator::ReturnEntry(std::uintptr_t ptr, const LiveEntry& entry) {
 }
 
 void DeviceAllocator::RetirePending(PendingFrees::Mode mode) {
-  pending_.Retire(mode, /*may_arm=*/!private_.routing(),
+  pending_.Retire(mode, /*may_arm=*/!CaptureMayRun(),
                   [&](std::uintptr_t ptr, const LiveEntry& e) ABSL_NO_THREAD_SAFETY_ANALYSIS { ReturnEntry(ptr, e); });
 }
 
@@ -713,6 +728,92 @@ absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
   return absl::OkStatus();
 }
 
+// ---- CUDA IPC ------------------------------------------------------------------------------------
+
+absl::StatusOr<SharedMemory> DeviceAllocator::ShareBlock(void* ptr) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
+  const LiveEntry* entry = live_.Find(addr);
+  std::optional<SegmentRegistry::Range> range = entry != nullptr ? registry_.Holding(addr) : std::nullopt;
+  if (!range.has_value()) {  // invariant: a live block lies in one registered range
+    return absl::InvalidArgumentError(absl::StrCat("bucketalloc: sharing ", PtrStr(ptr), " on device ", device_,
+                                                   ": no live allocation starts at this address"));
+  }
+  SharedMemory shared;
+  if (!range->virtual_memory) {
+    shared.base = range->base;
+    shared.bytes = range->bytes;
+    shared.offset = addr - range->base;
+    return shared;
+  }
+  // A stitched segment: the physical pieces under the block, each exported by the backend.
+  std::vector<PhysicalPiece> pieces;
+  absl::Status s = PoolsOf(entry->private_pool).Visit(entry->handle, [&](auto& pool, auto h) -> absl::Status {
+    if constexpr (std::is_same_v<PoolType<decltype(pool)>, LargePool>) {
+      return pool.PiecesUnder(h.block, &shared.base, &pieces);
+    } else {
+      return absl::InternalError("bucketalloc: a slab block in a virtual-memory range");
+    }
+  });
+  if (!s.ok()) return s;
+  for (const PhysicalPiece& piece : pieces) {
+    absl::StatusOr<int> fd = backend_->ExportPhysical(piece.handle);
+    if (!fd.ok()) {
+      return absl::Status(fd.status().code(), absl::StrCat("bucketalloc: sharing ", PtrStr(ptr), " on device ", device_,
+                                                           ": ", fd.status().message()));
+    }
+    shared.pieces.push_back(SharedPiece{*fd, piece.bytes});
+    shared.bytes += piece.bytes;
+  }
+  shared.virtual_memory = true;
+  shared.offset = addr - shared.base;
+  return shared;
+}
+
+absl::StatusOr<void*> DeviceAllocator::OpenShared(int pid, absl::Span<const SharedPiece> pieces) {
+  MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
+  if (CaptureMayRun()) {
+    return absl::FailedPreconditionError(absl::StrCat("bucketalloc: opening shared memory on device ", device_,
+                                                      " during CUDA graph capture; open it before or after"));
+  }
+  absl::StatusOr<std::uintptr_t> base = imports_.Open(pid, pieces, device_);
+  if (!base.ok()) return base.status();
+  return reinterpret_cast<void*>(*base);
+}
+
+absl::Status DeviceAllocator::CloseShared(void* base) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(base);
+  auto refusal = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    if (!fork_child_error_.ok()) [[unlikely]]
+      return fork_child_error_;
+    if (CaptureMayRun()) {
+      return absl::FailedPreconditionError(absl::StrCat("bucketalloc: closing shared memory on device ", device_,
+                                                        " during CUDA graph capture: the unmap needs a device "
+                                                        "synchronization, which CUDA forbids then; close it after"));
+    }
+    return absl::OkStatus();
+  };
+  {
+    MutexLock lock(mu_);
+    if (absl::Status s = refusal(); !s.ok()) return s;
+  }
+  // The receiver's kernels may still read it: wait for the device (there is no stream to wait
+  // for), without the device lock, so that allocations go on meanwhile.
+  if (absl::Status s = backend_->SynchronizeDevice(); !s.ok()) return s;
+  MutexLock lock(mu_);
+  if (absl::Status s = refusal(); !s.ok()) return s;  // a capture that began meanwhile
+  return imports_.Close(addr, device_);
+}
+
+bool DeviceAllocator::HasOpenShared(void* base) const {
+  MutexLock lock(mu_);
+  return imports_.contains(reinterpret_cast<std::uintptr_t>(base));
+}
+
 bool DeviceAllocator::OwnsLive(void* ptr) const {
   MutexLock lock(mu_);
   return live_.contains(reinterpret_cast<std::uintptr_t>(ptr));
@@ -745,8 +846,9 @@ absl::Status DeviceAllocator::EmptyCache() {
   if (private_.routing()) {
     return absl::FailedPreconditionError(
         absl::StrCat("bucketalloc: empty_cache on device ", device_,
-                     " during CUDA graph capture: CUDA forbids the "
-                     "synchronization and cudaFree it needs; nothing was released. Call it after the capture ends"));
+                     " during CUDA graph capture or a MemPool context: CUDA forbids the synchronization and cudaFree "
+                     "it needs during a capture (PyTorch skips it in both); nothing was released. Call it after the "
+                     "capture or context ends"));
   }
   SyncAndReleaseAll();
   MaybeCheckInvariants();
@@ -761,7 +863,7 @@ absl::Status DeviceAllocator::RetireStream(Stream stream) {
   private_.ForEach([&](std::uint16_t, const PrivatePools::Pool& p) { key = key || p.streams.contains(stream); });
   const bool used = pending_.NamesUse(stream);
   if ((!key && !used) || IsPseudoStream(stream)) return absl::OkStatus();  // nothing kept for it
-  if (private_.routing()) {
+  if (CaptureMayRun()) {
     return absl::FailedPreconditionError(
         absl::StrCat("bucketalloc: retiring stream ", absl::Hex(reinterpret_cast<std::uintptr_t>(stream)),
                      " on device ", device_, " during CUDA graph capture: CUDA forbids the wait it needs"));
@@ -809,7 +911,9 @@ absl::Status DeviceAllocator::EndCapture(GraphPoolId pool) {
   MutexLock lock(mu_);
   if (!fork_child_error_.ok()) [[unlikely]]
     return fork_child_error_;
-  return private_.End(pool, device_);
+  absl::Status s = private_.End(pool, device_);
+  ForgetMarksIfNotRouting();
+  return s;
 }
 
 absl::Status DeviceAllocator::ReleasePool(GraphPoolId pool) {
@@ -820,6 +924,7 @@ absl::Status DeviceAllocator::ReleasePool(GraphPoolId pool) {
   // release-and-retry, empty_cache), after a device synchronization, as in PyTorch.
   // A pool with nothing to give back is forgotten now.
   ForgetPrivatePoolIfEmpty(private_.Release(pool));
+  ForgetMarksIfNotRouting();
   MaybeCheckInvariants();
   return absl::OkStatus();
 }
@@ -853,6 +958,43 @@ absl::Status DeviceAllocator::IncrefPool(GraphPoolId pool) {
   absl::Status s = private_.Incref(pool, device_);
   MaybeCheckInvariants();
   return s;
+}
+
+void DeviceAllocator::MarkCapture(bool begin) {
+  MutexLock lock(mu_);
+  captures_marked_ = true;
+  if (begin) {
+    ++marked_captures_;
+  } else if (marked_captures_ > 0) {
+    --marked_captures_;
+  }
+}
+
+absl::Status DeviceAllocator::ConfigurePool(GraphPoolId pool, absl::FunctionRef<void(PrivatePoolSettings&)> change) {
+  MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
+  const std::uint16_t found = private_.TagOf(pool);
+  PrivatePoolSettings settings = found == 0 ? PrivatePoolSettings{} : private_.at(found).settings;
+  change(settings);
+  std::shared_ptr<SegmentAllocator> segments = settings.segment_allocator;
+  if (absl::Status s = private_.Configure(pool, std::move(settings), device_); !s.ok()) return s;
+  const std::uint16_t tag = private_.TagOf(pool);
+  registry_.SetOwnerSegmentAllocator(tag, std::move(segments));
+  if (last_routed_tag_ == tag) last_routed_pools_ = nullptr;  // its free lists were rebuilt
+  MaybeCheckInvariants();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PrivatePoolSettings> DeviceAllocator::PoolSettings(GraphPoolId pool) const {
+  MutexLock lock(mu_);
+  const std::uint16_t tag = private_.TagOf(pool);
+  if (tag == 0) {
+    return absl::NotFoundError(absl::StrCat("bucketalloc: private pool (", pool.first, ", ", pool.second,
+                                            ") on device ", device_,
+                                            ": no such pool is in use (no capture or MemPool began into it)"));
+  }
+  return private_.at(tag).settings;
 }
 
 void DeviceAllocator::SetUseOnOom(GraphPoolId pool, bool use_on_oom) {
@@ -980,7 +1122,7 @@ absl::Status DeviceAllocator::SetTenantCap(int index, std::size_t cap) {
   const std::uint16_t tag = tenant_tags_[static_cast<std::size_t>(index)];
   const std::string& name = options_.tenants[static_cast<std::size_t>(index) - 1].name;
   EndAbandonedCaptures();
-  if (private_.routing() && registry_.OwnedNow(tag) > cap) {
+  if (CaptureMayRun() && registry_.OwnedNow(tag) > cap) {
     return absl::FailedPreconditionError(absl::StrCat(
         "bucketalloc: lowering tenant '", name, "''s cap below what it reserves on device ", device_,
         " during CUDA graph capture: releasing its cache needs the synchronization and frees CUDA forbids then; "

@@ -48,6 +48,7 @@
 #include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
 #include "frontend/history.h"
+#include "frontend/ipc_imports.h"
 #include "frontend/pending_frees.h"
 #include "frontend/pools.h"
 #include "frontend/private_pools.h"
@@ -74,6 +75,11 @@ class DeviceAllocator final {
   absl::Status Free(void* ptr, std::optional<std::size_t> size);
   // True when `ptr` is a live allocation of this device (for cross-device error messages).
   bool OwnsLive(void* ptr) const;
+  // CUDA IPC (Allocator's methods of the same names).
+  absl::StatusOr<SharedMemory> ShareBlock(void* ptr);
+  absl::StatusOr<void*> OpenShared(int pid, absl::Span<const SharedPiece> pieces);
+  absl::Status CloseShared(void* base);
+  bool HasOpenShared(void* base) const;
   // True when `ptr` lies in memory this device reserved from the backend (live or not).
   bool InReservedMemory(void* ptr) const;
   absl::Status RecordStream(void* ptr, Stream stream);
@@ -92,6 +98,16 @@ class DeviceAllocator final {
   // PyTorch's allocator interface beyond captures (Allocator's methods of the same names).
   absl::Status IncrefPool(GraphPoolId pool);
   void SetUseOnOom(GraphPoolId pool, bool use_on_oom);
+  // Changes the settings of `pool` with `change`, under the device lock (a read-modify-write no
+  // other caller interleaves with).
+  absl::Status ConfigurePool(GraphPoolId pool, absl::FunctionRef<void(PrivatePoolSettings&)> change);
+  // PyTorch's markCaptureBegin/markCaptureEnd: a CUDA graph capture starts or ends on this device.
+  // From the first mark on, only a marked capture restricts the slow path (no release, no
+  // synchronization, no event query); a routing with none underway is a MemPool context, which
+  // releases and retries, empties the cache and records events as outside one. A caller that never
+  // marks (the C ABI's captures, the LD_PRELOAD shim) has every routing counted as a capture.
+  void MarkCapture(bool begin);
+  absl::StatusOr<PrivatePoolSettings> PoolSettings(GraphPoolId pool) const;
   int PoolUseCount(GraphPoolId pool) const;
   absl::Status EmptyPoolCache(GraphPoolId pool);
   std::size_t CacheInfo(bool with_headroom);
@@ -206,6 +222,15 @@ class DeviceAllocator final {
   // as the device goes away), after a device synchronization (the last replay of a graph may still
   // run), and forgets the pools left with no memory.
   void ReleasePrivatePools(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a CUDA graph capture may be running: a marked one (MarkCapture), or, for a caller that
+  // does not mark them, any routing.
+  bool CaptureMayRun() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return private_.routing() && (!captures_marked_ || marked_captures_ > 0);
+  }
+  // A mark left unbalanced (a capture that failed between its marks) ends with the last routing.
+  void ForgetMarksIfNotRouting() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!private_.routing()) marked_captures_ = 0;
+  }
   // Forgets private pool `tag` and the registry's counts for it when it holds no memory.
   void ForgetPrivatePoolIfEmpty(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!private_.ForgetIfEmpty(tag)) return;
@@ -327,6 +352,9 @@ class DeviceAllocator final {
   LiveMap<LiveEntry> live_ ABSL_GUARDED_BY(mu_);
   PendingFrees pending_ ABSL_GUARDED_BY(mu_);
   PrivatePools private_ ABSL_GUARDED_BY(mu_);
+  IpcImports imports_ ABSL_GUARDED_BY(mu_);            // memory other processes shared, mapped here
+  bool captures_marked_ ABSL_GUARDED_BY(mu_) = false;  // MarkCapture was called
+  int marked_captures_ ABSL_GUARDED_BY(mu_) = 0;       // marked captures underway
   std::optional<OomReport> last_oom_ ABSL_GUARDED_BY(mu_);
   std::deque<OomEvent> recent_ooms_ ABSL_GUARDED_BY(mu_);  // the last DeviceMetrics::kRecentOoms
   // Tenants: the pool tag of each tenant index (index 0, the default tenant: 0; empty without

@@ -36,7 +36,7 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   // Each component checks itself.
   for (absl::Status s :
        {stats_.CheckInvariants(), live_.CheckInvariants(), history_.CheckInvariants(),
-        registry_.CheckInvariants(SpareBytes()),
+        registry_.CheckInvariants(SpareBytes()), imports_.CheckInvariants(),
         pending_.CheckInvariants([&](std::uintptr_t p) ABSL_NO_THREAD_SAFETY_ANALYSIS { return live_.contains(p); })}) {
     if (!s.ok()) return fail(s.message());
   }

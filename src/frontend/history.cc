@@ -42,9 +42,14 @@ bool HistoryRing::Grow() {
 }
 
 void HistoryRing::Append(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream,
-                         std::size_t device_free) {
-  TraceEntry event{action,     addr, size, reinterpret_cast<std::uintptr_t>(stream), absl::GetCurrentTimeNanos() / 1000,
-                   device_free};
+                         std::size_t device_free, std::uint16_t pool) {
+  TraceEntry event{action,
+                   addr,
+                   size,
+                   reinterpret_cast<std::uintptr_t>(stream),
+                   absl::GetCurrentTimeNanos() / 1000,
+                   device_free,
+                   pool != 0 && pool_id_ ? pool_id_(pool) : GraphPoolId{}};
   if (max_ != 0) {
     if (next_ == ring_.size() && !Grow()) next_ = 0;  // still growing, and it could not: the oldest goes
     ring_[next_] = event;

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,10 +43,13 @@ class HistoryRing {
     device_ = device;
     on_ = max_ != 0 || hook_.fn != nullptr;
   }
-  // Appends an event while recording.
-  void Record(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream, std::size_t device_free = 0) {
+  // How an event's private pool tag (0: the device's own pools) becomes the pool's id.
+  void set_pool_ids(std::function<GraphPoolId(std::uint16_t)> pool_id) { pool_id_ = std::move(pool_id); }
+  // Appends an event while recording; `pool`: the tag of the private pool it happened in.
+  void Record(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream, std::size_t device_free = 0,
+              std::uint16_t pool = 0) {
     if (on_) [[unlikely]]
-      Append(action, addr, size, stream, device_free);
+      Append(action, addr, size, stream, device_free, pool);
   }
   // The entries the ring has memory for now (it grows to its capacity as events come).
   std::size_t allocated_entries() const { return ring_.capacity(); }
@@ -54,20 +58,22 @@ class HistoryRing {
   absl::Status CheckInvariants() const;
 
  private:
-  void Append(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream, std::size_t device_free);
+  void Append(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream, std::size_t device_free,
+              std::uint16_t pool);
 
   static constexpr std::size_t kFirstEntries = 1024;
   // Makes room for one more entry at the end of a ring below its capacity: false when the doubling
   // failed (the ring then stops growing at the size it has).
   bool Grow();
 
-  std::vector<TraceEntry> ring_;  // grows by doubling up to max_ entries
-  std::size_t max_ = 0;           // the capacity; 0 while recording is off
-  std::size_t next_ = 0;          // the slot written next
-  std::size_t count_ = 0;         // entries held, <= ring_.size()
-  TraceHook hook_;                // called with each event
-  bool on_ = false;               // max_ != 0 || hook_.fn: Record has something to do
-  int device_ = 0;                // the device the hook is told
+  std::vector<TraceEntry> ring_;                       // grows by doubling up to max_ entries
+  std::size_t max_ = 0;                                // the capacity; 0 while recording is off
+  std::size_t next_ = 0;                               // the slot written next
+  std::size_t count_ = 0;                              // entries held, <= ring_.size()
+  TraceHook hook_;                                     // called with each event
+  bool on_ = false;                                    // max_ != 0 || hook_.fn: Record has something to do
+  int device_ = 0;                                     // the device the hook is told
+  std::function<GraphPoolId(std::uint16_t)> pool_id_;  // a tag's pool id
 };
 
 }  // namespace bucketalloc::internal

@@ -67,12 +67,14 @@ class StreamPools {
 class Pools {
  public:
   // Requests up to `slab_limit` go to the slabs, up to `small_limit` to the packed pool, and
-  // above it to the large pool.
-  Pools(const PoolContext& ctx, std::size_t slab_limit, std::size_t small_limit, LargePoolConfig large)
+  // above it to the large pool. `no_split`: the packed pool never splits a block (the large pool's
+  // is `large.keep_remainder`).
+  Pools(const PoolContext& ctx, std::size_t slab_limit, std::size_t small_limit, LargePoolConfig large,
+        bool no_split = false)
       : slab_limit_(std::min(slab_limit, small_limit)),
         small_limit_(small_limit),
         small_(ctx),
-        packed_(ctx, large.roundup_power2_divisions),
+        packed_(ctx, large.roundup_power2_divisions, no_split),
         large_(ctx, std::move(large)) {}
   // The number of pools, and the place of pool type P among them (ForEach's order).
   static constexpr int kNumPools = 3;

@@ -102,6 +102,28 @@ absl::Status PrivatePools::End(GraphPoolId id, int device) {
   return absl::OkStatus();
 }
 
+absl::Status PrivatePools::Configure(GraphPoolId id, PrivatePoolSettings settings, int device) {
+  const std::uint16_t tag = Find(id);
+  if (tag == 0) return NotInUse(id, "configure", device);
+  Pool& p = *pools_[tag];
+  if (p.tenant() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucketalloc: configure private pool ", PoolName(id), " on device ", device,
+                     ": it is a tenant's pool, whose settings are the device's; accepted: a MemPool's or graph's id"));
+  }
+  if (p.pools->HoldsMemory()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucketalloc: configure private pool ", PoolName(id), " on device ", device,
+        ": it already holds memory, whose blocks keep the settings they were made with; configure a pool before its "
+        "first allocation (as PyTorch's MemPool constructor does)"));
+  }
+  std::unique_ptr<Pools> rebuilt = make_pools_(settings);
+  p.streams.clear();  // their free lists are empty, and belong to the pools being replaced
+  p.pools = std::move(rebuilt);
+  p.settings = std::move(settings);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::uint16_t> PrivatePools::AddTenant(int index, int device) {
   const GraphPoolId id = TenantPoolId(index);
   if (const std::uint16_t tag = Find(id); tag != 0) return tag;
@@ -120,7 +142,7 @@ absl::StatusOr<std::uint16_t> PrivatePools::Store(GraphPoolId id, int device) {
   }
   auto pool = std::make_unique<Pool>();
   pool->id = id;
-  pool->pools = make_pools_();
+  pool->pools = make_pools_(pool->settings);
   by_id_.emplace(id, static_cast<std::uint16_t>(slot));  // the last call that may throw
   if (!free_slots_.empty()) {
     free_slots_.pop_back();

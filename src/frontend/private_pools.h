@@ -46,7 +46,8 @@ class PrivatePools {
   // One private pool.
   struct Pool {
     GraphPoolId id;
-    int use_count = 0;  // routings begun into it and not released; 0: freeable
+    int use_count = 0;             // routings begun into it and not released; 0: freeable
+    PrivatePoolSettings settings;  // how it gets and splits its memory (Configure)
     std::unique_ptr<Pools> pools;
     absl::flat_hash_map<Stream, std::unique_ptr<StreamPools>> streams;  // its free lists per stream
     bool freeable() const { return use_count == 0; }
@@ -59,9 +60,9 @@ class PrivatePools {
   static GraphPoolId TenantPoolId(int index) { return GraphPoolId{kTenantIdFirst, static_cast<std::uint64_t>(index)}; }
   static constexpr std::uint64_t kTenantIdFirst = 0xB0CE7A110C7E4A47ull;
 
-  // `make_pools()` builds the small and large pool of a new private pool.
-  explicit PrivatePools(std::function<std::unique_ptr<Pools>()> make_pools)
-      : make_pools_(std::move(make_pools)), pools_(1) {}
+  // `make_pools(settings)` builds the small and large pool of a private pool.
+  using MakePools = std::function<std::unique_ptr<Pools>(const PrivatePoolSettings&)>;
+  explicit PrivatePools(MakePools make_pools) : make_pools_(std::move(make_pools)), pools_(1) {}
 
   // True while some routing runs (a capture or a MemPool context).
   bool routing() const { return !routings_.empty(); }
@@ -104,6 +105,11 @@ class PrivatePools {
   }
   // The tag of pool `id` (stored, in use or freeable), or 0.
   std::uint16_t TagOf(GraphPoolId id) const { return Find(id); }
+  // Sets how pool `id` gets and splits its memory, rebuilding its pools (PyTorch's MemPool
+  // constructor: setNoSplit, an allocator of its own). NotFound for a pool not stored here;
+  // InvalidArgument for a tenant's; FailedPrecondition once it holds memory (a pool's blocks keep
+  // the settings they were made with).
+  absl::Status Configure(GraphPoolId id, PrivatePoolSettings settings, int device);
   // Creates tenant `index`'s pool (use count 1 for good: never freeable, never forgotten) and
   // returns its tag. ResourceExhausted past 65535 pools.
   absl::StatusOr<std::uint16_t> AddTenant(int index, int device);
@@ -139,7 +145,7 @@ class PrivatePools {
   std::uint16_t Find(GraphPoolId id) const;
   absl::Status NotInUse(GraphPoolId id, absl::string_view what, int device) const;
 
-  std::function<std::unique_ptr<Pools>()> make_pools_;
+  MakePools make_pools_;
   std::vector<Routing> routings_;
   std::vector<std::unique_ptr<Pool>> pools_;  // by tag; slot 0 and erased slots are null
   // The tag of every stored pool by its id, and the erased slots, so that Begin, End and Release

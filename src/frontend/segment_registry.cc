@@ -42,30 +42,40 @@ std::size_t SegmentRegistry::OwnedNow(std::uint16_t tag) const {
 absl::StatusOr<std::uintptr_t> SegmentRegistry::AllocateSegment(std::size_t bytes, PoolIndex pool) {
   if (collect_ && !capturing_) collect_(bytes);  // no release during a capture
   if (absl::Status s = CheckHeadroom(bytes); !s.ok()) return s;
-  absl::StatusOr<void*> p = backend_->Allocate(bytes);
+  SegmentAllocator* external = nullptr;
+  if (!owner_allocators_.empty()) {
+    auto it = owner_allocators_.find(owner_);
+    if (it != owner_allocators_.end()) external = it->second.get();
+  }
+  absl::StatusOr<void*> p =
+      external != nullptr ? external->Allocate(bytes, slow_path_stream_) : backend_->Allocate(bytes);
   if (!p.ok()) return p.status();
   const auto base = reinterpret_cast<std::uintptr_t>(*p);
-  ranges_.emplace(base, Range{base, bytes, pool, false, 0, owner_});
+  ranges_.emplace(base, Range{base, bytes, pool, false, 0, owner_, external != nullptr});
   stats_->Increase(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(bytes));
   CountOwned(owner_, pool, static_cast<std::int64_t>(bytes));
   stats_->Increase(&DeviceStats::segment, pool, 1);
   stats_->Count(&DeviceStats::num_device_alloc);
-  history_->Record(TraceAction::kSegmentAlloc, base, bytes, slow_path_stream_);
+  history_->Record(TraceAction::kSegmentAlloc, base, bytes, slow_path_stream_, 0, owner_);
   return base;
 }
 
 bool SegmentRegistry::ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) {
-  if (absl::Status s = backend_->Free(reinterpret_cast<void*>(base), bytes); !s.ok()) {
+  auto it = ranges_.find(base);
+  BA_CHECK(it != ranges_.end(), "releasing a segment that is not registered");
+  if (it->second.external) {
+    owner_allocators_.at(it->second.owner)->Free(reinterpret_cast<void*>(base), bytes);
+  } else if (absl::Status s = backend_->Free(reinterpret_cast<void*>(base), bytes); !s.ok()) {
     stats_->Count(&DeviceStats::num_device_free_failures);
     return false;
   }
-  auto it = ranges_.find(base);
-  CountOwned(it->second.owner, pool, -static_cast<std::int64_t>(bytes));
+  const std::uint16_t owner = it->second.owner;
+  CountOwned(owner, pool, -static_cast<std::int64_t>(bytes));
   ranges_.erase(it);
   stats_->Decrease(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(bytes));
   stats_->Decrease(&DeviceStats::segment, pool, 1);
   stats_->Count(&DeviceStats::num_device_free);
-  history_->Record(TraceAction::kSegmentFree, base, bytes, nullptr);
+  history_->Record(TraceAction::kSegmentFree, base, bytes, nullptr, 0, owner);
   return true;
 }
 
@@ -76,7 +86,7 @@ absl::StatusOr<std::uintptr_t> SegmentRegistry::ReserveRange(std::size_t bytes, 
   if (!va.ok()) return va.status();
   ranges_.emplace(*va, Range{*va, bytes, kLargePool, /*virtual_memory=*/true, /*mapped=*/0, owner_});
   stats_->Increase(&DeviceStats::segment, kLargePool, 1);
-  history_->Record(TraceAction::kSegmentAlloc, *va, bytes, slow_path_stream_);
+  history_->Record(TraceAction::kSegmentAlloc, *va, bytes, slow_path_stream_, 0, owner_);
   return *va;
 }
 
@@ -84,10 +94,11 @@ void SegmentRegistry::ReleaseRange(std::uintptr_t va, std::size_t bytes) {
   auto it = ranges_.find(va);
   BA_CHECK(it != ranges_.end() && it->second.virtual_memory && it->second.mapped == 0,
            "releasing a range still mapped");
+  const std::uint16_t owner = it->second.owner;
   arena_.Return(va, bytes);
   ranges_.erase(it);
   stats_->Decrease(&DeviceStats::segment, kLargePool, 1);
-  history_->Record(TraceAction::kSegmentFree, va, bytes, nullptr);
+  history_->Record(TraceAction::kSegmentFree, va, bytes, nullptr, 0, owner);
 }
 
 void SegmentRegistry::AbandonRange(std::uintptr_t va, std::size_t bytes) {
@@ -130,19 +141,20 @@ absl::Status SegmentRegistry::MapPieces(std::uintptr_t va, absl::Span<const Phys
                                         std::size_t* mapped) {
   absl::Status s = backend_->MapRun(va, pieces, mapped);
   std::size_t bytes = 0;
+  Range& range = std::prev(ranges_.upper_bound(va))->second;  // inside a registered range (the backend checked)
   for (std::size_t i = 0; i < *mapped; ++i) {
-    history_->Record(TraceAction::kSegmentMap, va + bytes, pieces[i].bytes, slow_path_stream_);
+    history_->Record(TraceAction::kSegmentMap, va + bytes, pieces[i].bytes, slow_path_stream_, 0, range.owner);
     bytes += pieces[i].bytes;
   }
-  // Inside a registered range (the backend checked).
-  if (bytes > 0) std::prev(ranges_.upper_bound(va))->second.mapped += bytes;
+  range.mapped += bytes;
   return s;
 }
 
 absl::Status SegmentRegistry::Unmap(std::uintptr_t va, std::size_t bytes) {
   if (absl::Status s = backend_->Unmap(va, bytes); !s.ok()) return s;
-  std::prev(ranges_.upper_bound(va))->second.mapped -= bytes;
-  history_->Record(TraceAction::kSegmentUnmap, va, bytes, slow_path_stream_);
+  Range& range = std::prev(ranges_.upper_bound(va))->second;
+  range.mapped -= bytes;
+  history_->Record(TraceAction::kSegmentUnmap, va, bytes, slow_path_stream_, 0, range.owner);
   return absl::OkStatus();
 }
 
@@ -225,8 +237,12 @@ absl::Status SegmentRegistry::CheckInvariants(std::size_t spare_bytes) const {
       return fail(absl::StrCat("the range at ", absl::Hex(base), " is inconsistent"));
     }
     end = base + r.bytes;
-    allocations += !r.virtual_memory;
-    allocation_bytes += r.virtual_memory ? 0 : static_cast<std::int64_t>(r.bytes);
+    if (r.external && (r.virtual_memory || !owner_allocators_.contains(r.owner))) {
+      return fail(absl::StrCat("the segment at ", absl::Hex(base), " of another allocator has no allocator"));
+    }
+    const bool backend_allocation = !r.virtual_memory && !r.external;  // what the backend's counts hold
+    allocations += backend_allocation;
+    allocation_bytes += backend_allocation ? static_cast<std::int64_t>(r.bytes) : 0;
     physical_bytes += r.mapped;
   }
   const BackendCounters c = backend_->counters();

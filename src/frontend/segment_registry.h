@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -34,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bucketalloc/backend.h"
+#include "bucketalloc/capture.h"
 #include "bucketalloc/stat_types.h"
 #include "frontend/address_arena.h"
 #include "frontend/history.h"
@@ -52,6 +54,7 @@ class SegmentRegistry final : public MemorySource {
     bool virtual_memory = false;
     std::size_t mapped = 0;
     std::uint16_t owner = 0;  // the private pool that grew it (its tag; 0: the device's own pools)
+    bool external = false;    // given by the owner's SegmentAllocator, not by the backend
   };
   // What the registry holds, per pool, for the device-wide check.
   struct Totals {
@@ -98,8 +101,21 @@ class SegmentRegistry final : public MemorySource {
   // The reserved bytes counted for private pool `tag` (0: the device's own pools), or nullptr when
   // it never reserved any.
   const StatArray* OwnedReserved(std::uint16_t tag) const;
-  // Forgets the counts of private pool `tag` (the pool is gone), and resets every count's peak.
-  void ForgetOwner(std::uint16_t tag) { owned_.erase(tag); }
+  // Private pool `tag`'s segments come from `segments` (nullptr: from the backend), as PyTorch's
+  // MemPool(allocator) gets them: the cap and the stats count them as any other; the backend's
+  // counts do not.
+  void SetOwnerSegmentAllocator(std::uint16_t tag, std::shared_ptr<SegmentAllocator> segments) {
+    if (segments == nullptr) {
+      owner_allocators_.erase(tag);
+    } else {
+      owner_allocators_[tag] = std::move(segments);
+    }
+  }
+  // Forgets the counts and the segment allocator of private pool `tag` (the pool is gone).
+  void ForgetOwner(std::uint16_t tag) {
+    owned_.erase(tag);
+    owner_allocators_.erase(tag);
+  }
   void ResetOwnedPeaks();
   void ResetOwnedAccumulated();
   bool Capturing() const override { return capturing_; }
@@ -160,6 +176,8 @@ class SegmentRegistry final : public MemorySource {
     std::string name;
   };
   absl::flat_hash_map<std::uint16_t, OwnerCapEntry> owner_caps_;  // tenants' pools
+  // The private pools whose segments another allocator gives (PyTorch's MemPool(allocator)).
+  absl::flat_hash_map<std::uint16_t, std::shared_ptr<SegmentAllocator>> owner_allocators_;
   absl::btree_map<std::uintptr_t, Range> ranges_;
   AddressArena arena_;
   std::int64_t physical_handles_ = 0;  // physical allocations created and not released, and their bytes

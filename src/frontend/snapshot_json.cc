@@ -96,6 +96,7 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
       j["size"] = e.size;
       j["stream"] = e.stream;
       j["time_us"] = e.time_us;
+      j["pool_id"] = Json::array({e.pool.first, e.pool.second});
       j["frames"] = NoStackFrames();
       entries.push_back(std::move(j));
     }

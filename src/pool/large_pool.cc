@@ -572,4 +572,22 @@ absl::Status LargePool::CheckStreamState(const StreamState& ss) const {
   return absl::OkStatus();
 }
 
+absl::Status LargePool::PiecesUnder(const Block* block, std::uintptr_t* first_va,
+                                    std::vector<PhysicalPiece>* out) const {
+  const Segment* seg = block->segment;
+  if (!config_.stitching || seg->pieces == nullptr) {
+    return absl::FailedPreconditionError("bucketalloc: the block is not in a virtual-memory segment");
+  }
+  const std::size_t g = config_.granularity;
+  const std::size_t lo = (block->ptr - seg->base) / g;                        // its first granule
+  const std::size_t hi = (block->ptr + block->size - seg->base + g - 1) / g;  // past its last
+  *first_va = 0;
+  for (const Piece& p : *seg->pieces) {
+    if (p.g0 + p.n <= lo || p.g0 >= hi) continue;
+    if (*first_va == 0) *first_va = seg->base + p.g0 * g;
+    out->push_back(PhysicalPiece{p.handle, p.n * g});
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace bucketalloc::internal

@@ -240,6 +240,11 @@ class LargePool {
   // Takes free `block` (in a free list) for `rounded` bytes: splits off the rest when allowed.
   void Take(Block* block, std::size_t rounded, int tier);
 
+  // CUDA IPC of a stitched segment's block: appends the physical pieces mapped under allocated
+  // `block` (each whole, in address order) to `out` and sets `*first_va` to the first one's
+  // address. FailedPrecondition when the pool does not stitch.
+  absl::Status PiecesUnder(const Block* block, std::uintptr_t* first_va, std::vector<PhysicalPiece>* out) const;
+
  private:
   bool Admissible(std::size_t block_size, std::size_t rounded) const {
     return block_size <= config_.max_split_size || block_size - rounded <= config_.max_non_split_rounding;

@@ -44,8 +44,10 @@ class PackedPool {
     LargePool::StreamState lists;
   };
 
-  // `divisions`: roundup_power2_divisions, which PyTorch applies to small sizes too.
-  PackedPool(const PoolContext& ctx, std::vector<std::uint32_t> divisions) : pool_(ctx, Config(std::move(divisions))) {}
+  // `divisions`: roundup_power2_divisions, which PyTorch applies to small sizes too. `no_split`:
+  // a block is handed out whole, never split (a private pool's setting).
+  PackedPool(const PoolContext& ctx, std::vector<std::uint32_t> divisions, bool no_split = false)
+      : pool_(ctx, Config(std::move(divisions), no_split)) {}
 
   Request RequestFor(std::size_t size) const { return pool_.RequestFor(size); }
   std::optional<Handle> TryAllocate(StreamState& ss, const Request& r) {
@@ -93,13 +95,13 @@ class PackedPool {
  private:
   static LargePool::Handle Of(Handle h) { return LargePool::Handle{h.block}; }
   // PyTorch's small pool: 2 MiB segments (kSmallBuffer), a split whenever kMinBlockSize remains.
-  static LargePoolConfig Config(std::vector<std::uint32_t> divisions) {
+  static LargePoolConfig Config(std::vector<std::uint32_t> divisions, bool no_split) {
     LargePoolConfig c;
     c.index = kSmallPool;
     c.large_segment_size = kSlabBytes;
     c.granularity = kSlabBytes;
     c.roundup_power2_divisions = std::move(divisions);
-    c.keep_remainder = kMinBlockSize - 1;
+    c.keep_remainder = no_split ? kUnlimited : kMinBlockSize - 1;
     return c;
   }
 

@@ -3,7 +3,9 @@
 // ctest runs every test in its own process.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -282,6 +284,188 @@ TEST_F(CAbiStructuredTest, AUseOnOomPoolLendsItsCachedBlockInsteadOfAnOom) {
   ASSERT_EQ(bucketalloc_pool_set_use_on_oom(0, lender, 0), 0);
   EXPECT_EQ(bucketalloc_malloc(150 * kMiB, 0, StreamOf(0)), nullptr);
   ASSERT_EQ(bucketalloc_release_pool_id(0, lender), 0);
+}
+
+// The segments of `pool` (pool.second), each with its blocks.
+std::vector<Segment> PoolSegments(std::uint64_t second) {
+  std::vector<Segment> out;
+  for (Segment& s : Segments())
+    if (s.info.pool.first == 0 && s.info.pool.second == second) out.push_back(std::move(s));
+  return out;
+}
+
+TEST_F(CAbiStructuredTest, ANoSplitPoolHandsOutEveryAllocationAsWholeSegments) {
+  const bucketalloc_pool_id pool{0, 8};
+  ASSERT_EQ(bucketalloc_pool_incref(0, pool), 0);  // MemPool(no_split=True): incref, then setNoSplit
+  ASSERT_EQ(bucketalloc_pool_set_no_split(0, pool), 0) << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return true; }), 0);
+  void* tiny = bucketalloc_malloc(512, 0, StreamOf(0));
+  void* mid = bucketalloc_malloc(3 * kMiB, 0, StreamOf(0));
+  void* big = bucketalloc_malloc(30 * kMiB, 0, StreamOf(0));
+  ASSERT_TRUE(tiny != nullptr && mid != nullptr && big != nullptr) << bucketalloc_last_error();
+  std::vector<Segment> segments = PoolSegments(8);
+  ASSERT_EQ(segments.size(), 3u);
+  for (const Segment& s : segments) {
+    ASSERT_EQ(s.blocks.size(), 1u) << "a no-split segment holds one block";
+    EXPECT_EQ(s.blocks[0].size, s.info.total_size);
+    EXPECT_EQ(s.blocks[0].state, BUCKETALLOC_BLOCK_ACTIVE_ALLOCATED);
+  }
+  EXPECT_EQ(BlockAt(segments, tiny)->size, 2 * kMiB);  // a small request takes a whole small segment
+  EXPECT_GE(BlockAt(segments, mid)->size, 3 * kMiB);
+  // A freed whole block serves a smaller request whole, not split.
+  bucketalloc_free(mid, -1, 0, StreamOf(0));
+  void* again = bucketalloc_malloc(2 * kMiB + 1, 0, StreamOf(0));
+  EXPECT_EQ(again, mid);
+  segments = PoolSegments(8);
+  EXPECT_EQ(segments.size(), 3u);
+  for (const Segment& s : segments) EXPECT_EQ(s.blocks.size(), 1u);
+  // The device's own pools still split: two small requests share one slab.
+  ASSERT_EQ(bucketalloc_end_allocate_to_pool(0, pool), 0);
+  void* own1 = bucketalloc_malloc(512, 0, StreamOf(0));
+  void* own2 = bucketalloc_malloc(512, 0, StreamOf(0));
+  EXPECT_LT(static_cast<char*>(own2) - static_cast<char*>(own1), static_cast<std::ptrdiff_t>(2 * kMiB));
+  for (void* p : {own1, own2, tiny, again, big}) bucketalloc_free(p, -1, 0, StreamOf(0));
+  // Once it holds memory its setting cannot change: its blocks were made with it.
+  const bucketalloc_pool_id other{0, 9};
+  ASSERT_EQ(bucketalloc_pool_incref(0, other), 0);
+  ASSERT_EQ(bucketalloc_begin_allocate_to_pool(0, other, [](cudaStream_t) { return true; }), 0);
+  void* q = bucketalloc_malloc(kMiB, 0, StreamOf(0));
+  ASSERT_EQ(bucketalloc_end_allocate_to_pool(0, other), 0);
+  EXPECT_EQ(bucketalloc_pool_set_no_split(0, other), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "already holds memory")) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_pool_set_no_split(0, {0, 77}), -1);  // no such pool
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "no such pool")) << bucketalloc_last_error();
+  bucketalloc_free(q, -1, 0, StreamOf(0));
+  for (bucketalloc_pool_id id : {pool, other}) {
+    ASSERT_EQ(bucketalloc_release_pool_id(0, id), 0);  // the routing's use
+    ASSERT_EQ(bucketalloc_release_pool_id(0, id), 0);  // ~MemPool
+  }
+  bucketalloc_empty_cache();
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, 0);
+}
+
+// A MemPool's own allocator, as vLLM's CuMemAllocator is to torch: host memory stands for it here
+// (the simulated device never touches the bytes).
+struct HostSegments {
+  std::vector<std::pair<void*, std::size_t>> live;
+  int allocs = 0, frees = 0, releases = 0, refusals = 0;
+  bool refuse = false;
+};
+void* HostAlloc(size_t bytes, int device, cudaStream_t, void* ctx) {
+  auto* h = static_cast<HostSegments*>(ctx);
+  EXPECT_EQ(device, 0);
+  if (h->refuse) {
+    ++h->refusals;
+    return nullptr;
+  }
+  void* p = std::aligned_alloc(2 * kMiB, bytes);
+  h->live.emplace_back(p, bytes);
+  ++h->allocs;
+  return p;
+}
+void HostFree(void* p, size_t bytes, int, void* ctx) {
+  auto* h = static_cast<HostSegments*>(ctx);
+  auto it = std::find(h->live.begin(), h->live.end(), std::make_pair(p, static_cast<std::size_t>(bytes)));
+  EXPECT_NE(it, h->live.end()) << "freed a segment it did not give, or with another size";
+  if (it != h->live.end()) h->live.erase(it);
+  std::free(p);
+  ++h->frees;
+}
+void HostRelease(void* ctx) { ++static_cast<HostSegments*>(ctx)->releases; }
+
+TEST_F(CAbiStructuredTest, AMemPoolWithItsOwnAllocatorCachesItsSegmentsAndCountsThem) {
+  HostSegments host;
+  const bucketalloc_pool_id pool{0, 10};
+  ASSERT_EQ(bucketalloc_pool_incref(0, pool), 0);
+  ASSERT_EQ(bucketalloc_pool_set_segment_allocator(0, pool, HostAlloc, HostFree, HostRelease, &host), 0)
+      << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return true; }), 0);
+  void* a = bucketalloc_malloc(4 * kMiB, 0, StreamOf(0));
+  void* b = bucketalloc_malloc(4 * kMiB, 0, StreamOf(0));  // the same segment: split, as any pool
+  void* c = bucketalloc_malloc(1000, 0, StreamOf(0));      // a small segment of its own
+  ASSERT_TRUE(a != nullptr && b != nullptr && c != nullptr) << bucketalloc_last_error();
+  EXPECT_EQ(host.allocs, 2);
+  std::size_t given = 0;
+  for (const auto& [p, bytes] : host.live) given += bytes;
+  // Its segments are the pool's, counted as reserved, and shown by address.
+  const std::vector<Segment> segments = PoolSegments(10);
+  ASSERT_EQ(segments.size(), 2u);
+  for (const Segment& s : segments) {
+    EXPECT_TRUE(std::any_of(host.live.begin(), host.live.end(), [&](const auto& l) {
+      return reinterpret_cast<std::uintptr_t>(l.first) == s.info.address;
+    }));
+  }
+  EXPECT_EQ(static_cast<std::size_t>(StatsStruct().reserved_bytes[0].current), given);
+  // A freed block is cached: the next request takes it without asking the allocator.
+  bucketalloc_free(a, -1, 0, StreamOf(0));
+  EXPECT_EQ(bucketalloc_malloc(4 * kMiB, 0, StreamOf(0)), a);
+  EXPECT_EQ(host.allocs, 2);
+  // When the allocator has no memory, the request fails as an OOM naming it; nothing is lost.
+  host.refuse = true;
+  EXPECT_EQ(bucketalloc_malloc(100 * kMiB, 0, StreamOf(0)), nullptr);
+  EXPECT_GE(host.refusals, 1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "segment allocator")) << bucketalloc_last_error();
+  host.refuse = false;
+  EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_end_allocate_to_pool(0, pool), 0);
+  for (void* p : {a, b, c}) bucketalloc_free(p, -1, 0, StreamOf(0));
+  ASSERT_EQ(bucketalloc_release_pool_id(0, pool), 0);
+  EXPECT_EQ(host.frees, 0);  // in use (the MemPool lives): its cache stays
+  EXPECT_EQ(host.releases, 0);
+  ASSERT_EQ(bucketalloc_release_pool_id(0, pool), 0);  // ~MemPool
+  ASSERT_EQ(bucketalloc_pool_empty_cache(0, pool), 0);
+  EXPECT_EQ(host.frees, 2);
+  EXPECT_TRUE(host.live.empty());
+  EXPECT_EQ(host.releases, 1);  // the pool is forgotten: its allocator released once
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, 0);
+  // Refused: NULL functions (the context is released), a pool not in use.
+  HostSegments unused;
+  EXPECT_EQ(bucketalloc_pool_set_segment_allocator(0, {0, 11}, nullptr, HostFree, HostRelease, &unused), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "NULL")) << bucketalloc_last_error();
+  EXPECT_EQ(bucketalloc_pool_set_segment_allocator(0, {0, 11}, HostAlloc, HostFree, HostRelease, &unused), -1);
+  EXPECT_EQ(unused.releases, 2);
+}
+
+// torch 2.15's CUDAGraph marks its captures: a use_mem_pool context is then not a capture, and a
+// miss in it releases the device's cache and retries; a marked capture still may not.
+TEST_F(CAbiStructuredTest, WithMarkedCapturesAMemPoolContextReleasesAndRetriesButACaptureDoesNot) {
+  void* cached = bucketalloc_malloc(200 * kMiB, 0, StreamOf(0));
+  ASSERT_NE(cached, nullptr);
+  bucketalloc_free(cached, -1, 0, StreamOf(0));  // 200 of the 256 MiB cap cached by the device's own pools
+  const bucketalloc_pool_id pool{0, 14};
+  ASSERT_EQ(bucketalloc_pool_incref(0, pool), 0);
+  ASSERT_EQ(bucketalloc_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return true; }), 0);
+  // No marks yet: every routing may be a capture, during which nothing is released.
+  EXPECT_EQ(bucketalloc_malloc(150 * kMiB, 0, StreamOf(0)), nullptr);
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, static_cast<std::int64_t>(200 * kMiB));
+  // A capture marked and ended: from now on only marked captures restrict.
+  ASSERT_EQ(bucketalloc_mark_capture(0, 1), 0);
+  EXPECT_EQ(bucketalloc_malloc(150 * kMiB, 0, StreamOf(0)), nullptr);  // underway: still no release
+  ASSERT_EQ(bucketalloc_mark_capture(0, 0), 0);
+  void* p = bucketalloc_malloc(150 * kMiB, 0, StreamOf(0));  // the MemPool context: release, retry
+  ASSERT_NE(p, nullptr) << bucketalloc_last_error();
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, static_cast<std::int64_t>(150 * kMiB));
+  // empty_cache in a MemPool context stays a refusal (PyTorch skips it there too).
+  EXPECT_EQ(bucketalloc_pool_empty_cache(0, {0, 0}), -1);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "MemPool context")) << bucketalloc_last_error();
+  // A capture marked but never ended (it failed between its marks) restricts only while a routing
+  // runs: the marks are forgotten with the last routing.
+  ASSERT_EQ(bucketalloc_mark_capture(0, 1), 0);
+  ASSERT_EQ(bucketalloc_end_allocate_to_pool(0, pool), 0);
+  bucketalloc_free(p, -1, 0, StreamOf(0));
+  ASSERT_EQ(bucketalloc_release_pool_id(0, pool), 0);
+  ASSERT_EQ(bucketalloc_release_pool_id(0, pool), 0);  // freeable: its 150 MiB go at the next release
+  const bucketalloc_pool_id next{0, 15};
+  ASSERT_EQ(bucketalloc_pool_incref(0, next), 0);
+  ASSERT_EQ(bucketalloc_begin_allocate_to_pool(0, next, [](cudaStream_t) { return true; }), 0);
+  void* q = bucketalloc_malloc(200 * kMiB, 0, StreamOf(0));  // releases the freeable pool, retries
+  EXPECT_NE(q, nullptr) << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_end_allocate_to_pool(0, next), 0);
+  bucketalloc_free(q, -1, 0, StreamOf(0));
+  ASSERT_EQ(bucketalloc_release_pool_id(0, next), 0);
+  ASSERT_EQ(bucketalloc_release_pool_id(0, next), 0);
+  EXPECT_EQ(bucketalloc_mark_capture(5, 1), -1);  // a device that does not exist: refused, named
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "5")) << bucketalloc_last_error();
 }
 
 TEST_F(CAbiStructuredTest, TheLastOomAsNumbers) {

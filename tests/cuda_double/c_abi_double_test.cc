@@ -163,6 +163,72 @@ TEST_P(CAbiDoubleTest, AForkChildGetsAClearErrorForEveryRequest) {
 // The version report (python -m bucketalloc_torch --version): the double is the process's
 // libcuda.so.1, and its cuDriverGetVersion says 13.0, or CUDA_DOUBLE_DRIVER_VERSION (ctest runs the
 // suite again as a 12.2 driver); reading it creates no allocator and needs no cuInit.
+// CUDA IPC as PyTorch's shareIpcHandle/getIpcDevPtr use it, within one process (the double's
+// memory is the process's): a cudaMalloc segment is shared by its base; a vmm segment by its
+// physical pieces, which open in a second mapping that sees the same bytes.
+TEST_P(CAbiDoubleTest, ASharedBlockIsItsSegmentOrItsPiecesWhichOpenWithItsBytes) {
+  cudaStream_t s = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* p = bucketalloc_malloc(6 * kMiB, 0, s);
+  ASSERT_NE(p, nullptr) << bucketalloc_last_error();
+  ASSERT_EQ(cudadouble_fill(s, p, 6 * kMiB, 0x5A), 0);
+  bucketalloc_shared_memory shared{};
+  bucketalloc_shared_piece pieces[16] = {};
+  ASSERT_EQ(bucketalloc_share_block(p, &shared, sizeof shared, pieces, 16), 0) << bucketalloc_last_error();
+  EXPECT_EQ(shared.base + shared.offset, reinterpret_cast<std::uintptr_t>(p));
+  EXPECT_GE(shared.bytes, shared.offset + 6 * kMiB);
+  if (std::string(GetParam()) == "backend:cuda") {
+    EXPECT_EQ(shared.virtual_memory, 0);
+    EXPECT_EQ(shared.num_pieces, 0u);
+    size_t size = 0;  // the segment, which cudaIpcGetMemHandle(base) shares
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(bucketalloc_base_alloc(p, &size)), shared.base);
+    EXPECT_EQ(size, shared.bytes);
+    // A receiver on backend:cuda maps what an expandable segment shared with the vmm backend of its
+    // row (as torch's opens 'e' handles whatever its own setting); the pieces are checked first.
+    const bucketalloc_shared_piece piece{0, 1000};
+    EXPECT_EQ(bucketalloc_open_shared(0, getpid(), &piece, 1), nullptr);
+    EXPECT_NE(std::string(bucketalloc_last_error()).find("granularity"), std::string::npos) << bucketalloc_last_error();
+  } else {
+    EXPECT_EQ(shared.virtual_memory, 1);
+    ASSERT_GE(shared.num_pieces, 1u);
+    std::size_t bytes = 0;
+    for (std::size_t i = 0; i < shared.num_pieces; ++i) bytes += pieces[i].bytes;
+    EXPECT_EQ(bytes, shared.bytes);
+    const auto reserved = Stats(0)["reserved_bytes.all.current"].get<std::int64_t>();
+    void* opened = bucketalloc_open_shared(0, getpid(), pieces, shared.num_pieces);
+    const std::string why = opened == nullptr ? bucketalloc_last_error() : "";
+    if (why.find("no pidfd_") != std::string::npos || why.find("ptrace rules forbid") != std::string::npos) {
+      bucketalloc_free(p, 6 * kMiB, 0, s);
+      GTEST_SKIP() << "SKIPPED LOUDLY: this machine does not let a process read its own descriptors through a "
+                      "pidfd, which opening shared memory needs: "
+                   << why;
+    }
+    ASSERT_NE(opened, nullptr) << why;
+    EXPECT_NE(reinterpret_cast<std::uintptr_t>(opened), shared.base);
+    ASSERT_EQ(cudadouble_expect(s, static_cast<char*>(opened) + shared.offset, 6 * kMiB, 0x5A), 0);
+    ASSERT_CUDA(cudaStreamSynchronize(s));
+    EXPECT_EQ(Stats(0)["reserved_bytes.all.current"].get<std::int64_t>(), reserved)
+        << "an opening is the sender's memory: not reserved here";
+    ASSERT_EQ(bucketalloc_close_shared(opened), 0) << bucketalloc_last_error();
+    EXPECT_EQ(bucketalloc_close_shared(opened), -1);  // closed already: named
+    EXPECT_NE(std::string(bucketalloc_last_error()).find("no opening"), std::string::npos) << bucketalloc_last_error();
+    EXPECT_EQ(bucketalloc_share_block(p, &shared, sizeof shared, pieces, 0), -1);  // no room for the pieces
+    EXPECT_NE(std::string(bucketalloc_last_error()).find("capacity"), std::string::npos) << bucketalloc_last_error();
+    EXPECT_GE(shared.num_pieces, 1u);  // but told how many there are
+    const bucketalloc_shared_piece odd{pieces[0].fd, 1000};
+    EXPECT_EQ(bucketalloc_open_shared(0, getpid(), &odd, 1), nullptr);  // not whole granules
+    EXPECT_NE(std::string(bucketalloc_last_error()).find("granularity"), std::string::npos) << bucketalloc_last_error();
+  }
+  EXPECT_EQ(bucketalloc_share_block(static_cast<char*>(p) + 512, &shared, sizeof shared, pieces, 16), -1);
+  EXPECT_NE(std::string(bucketalloc_last_error()).find("not a live allocation"), std::string::npos)
+      << bucketalloc_last_error();
+  bucketalloc_free(p, 6 * kMiB, 0, s);
+  ASSERT_CUDA(cudaStreamSynchronize(s));
+  ASSERT_EQ(bucketalloc_retire_stream(s), 0);
+  ASSERT_CUDA(cudaStreamDestroy(s));
+  ExpectAllReturned();
+}
+
 TEST(CAbiVersions, TheDriverVersionIsReadWithoutCreatingTheAllocator) {
   const char* env = std::getenv("CUDA_DOUBLE_DRIVER_VERSION");
   EXPECT_EQ(bucketalloc_cuda_driver_version(), env != nullptr ? std::atoi(env) : 13000) << bucketalloc_last_error();

@@ -7,15 +7,22 @@
 // cuGetProcAddress_v2 by base name and version) and the runtime functions over them; the rule table
 // and the violations; fake kernels.
 // Thread-safety: one mutex guards everything; the API may be called from any thread.
+// IPC of virtual memory: cuMemExportToShareableHandle to a POSIX file descriptor (a memfd of its
+// own, whose inode names the allocation) and cuMemImportFromShareableHandle of that descriptor or
+// of any duplicate of it (dup, pidfd_getfd), within one process only: the double's devices are
+// one process's memory.
 // Not modelled: kernels other than the fake ones, graphs beyond "a capture produced one", memory
-// pools (cudaMallocAsync is the runtime's own pool: here it allocates like cuMemAlloc), IPC, host
-// NUMA, multicast, compute modes, sticky errors.
+// pools (cudaMallocAsync is the runtime's own pool: here it allocates like cuMemAlloc), IPC between
+// processes (cudaIpc*, and any import in a process other than the exporter's), an exported
+// descriptor as a reference that keeps the memory alive (the double cannot see it closed), shareable
+// handle types other than POSIX file descriptors, host NUMA, multicast, compute modes, sticky errors.
 #include "cuda_double.h"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,6 +68,8 @@ enum Rule {
   kVmmLiveHandle,
   kVmmAccessMapped,
   kVmmUnmapWhole,
+  kVmmExportRequested,
+  kVmmImportExported,
   kKernelAccess,
   kPeerAccess,
   kDriverVersion,
@@ -126,6 +135,14 @@ constexpr RuleText kRules[kRuleCount] = {
     {"vmm-access-mapped", "cuda.h:13089 cuMemSetAccess \"The range must be a fully mapped address range\""},
     {"vmm-unmap-whole",
      "cuda.h:13058 cuMemUnmap \"The range must be the entire contiguous address range that was mapped to\""},
+    {"vmm-export-requested",
+     "cuda.h:4136 CU_MEM_HANDLE_TYPE_NONE \"Does not allow any export mechanism\"; cuda.h:832 "
+     "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: exporting to a posix file descriptor with "
+     "cuMemExportToShareableHandle \"if requested via ::cuMemCreate\" (CUmemAllocationProp::requestedHandleTypes, "
+     "cuda.h:4309): another type is CUDA_ERROR_INVALID_VALUE"},
+    {"vmm-import-exported",
+     "cuda.h:13187 cuMemImportFromShareableHandle \"osHandle - Shareable Handle representing the memory allocation "
+     "that is to be imported\": a descriptor cuMemExportToShareableHandle made (else CUDA_ERROR_INVALID_VALUE)"},
     {"kernel-access",
      "cuda.h:12885 \"calling cuMemMap does not make the address accessible, the caller needs to update "
      "accessibility of a contiguous mapped VA range by calling cuMemSetAccess\"; cuda.h:13086 cuMemSetAccess "
@@ -204,13 +221,18 @@ struct Event {
   bool warned_not_ready = false;
 };
 
-// Physical memory (cuMemAlloc'd or cuMemCreate'd): a range of the device's memfd.
+// A handle of physical memory (cuMemCreate'd or imported): a range of the device's memfd. Every
+// handle of one allocation (its creator's and each import's, all with `memory` = the creator's
+// handle) is a reference to it; the range is freed when every one is released and unmapped
+// (cuda.h:12841-12846, cuMemRelease).
 struct Physical {
   int device = 0;
   std::size_t offset = 0;
   std::size_t bytes = 0;
-  int mappings = 0;
-  bool released = false;  // cuMemRelease was called; freed with the last mapping
+  int mappings = 0;       // of this handle
+  bool released = false;  // cuMemRelease was called; the record goes with its last mapping
+  unsigned long long memory = 0;
+  int handle_types = CU_MEM_HANDLE_TYPE_NONE;  // requestedHandleTypes of the allocation's cuMemCreate
 };
 
 struct Mapping {  // one cuMemMap
@@ -254,6 +276,12 @@ struct State {
   std::vector<std::unique_ptr<Stream>> retired;  // destroyed streams whose work may still run
   std::vector<std::unique_ptr<Event>> events;
   std::map<unsigned long long, Physical> physical;
+  std::map<unsigned long long, int> memory_handles;  // allocation (creator's handle) -> handle records
+  // Exported descriptors by (st_dev, st_ino) -> the allocation; a dup of one names the same. Kept
+  // after the allocation is freed (handle values are never reused), to tell such a descriptor from
+  // one never exported.
+  std::map<std::pair<dev_t, ino_t>, unsigned long long> exports;
+  bool posix_fd_handles = true;  // cudadouble_set_posix_fd_handles
   unsigned long long next_handle = 0x100000;
   std::map<std::uintptr_t, Reservation> reservations;  // by va
   std::map<std::uintptr_t, LinearAlloc> linear;        // by address
@@ -690,6 +718,9 @@ CUresult DDeviceGetAttribute(int* value, CUdevice_attribute attr, CUdevice d) {
       return CUDA_SUCCESS;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
       *value = 1;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+      *value = l.s.posix_fd_handles ? 1 : 0;
       return CUDA_SUCCESS;
     default:
       *value = 0;
@@ -1144,6 +1175,7 @@ CUresult DGetErrorName(CUresult error, const char** out) {
     NAME(CUDA_ERROR_NOT_READY)
     NAME(CUDA_ERROR_ILLEGAL_STATE)
     NAME(CUDA_ERROR_NOT_SUPPORTED)
+    NAME(CUDA_ERROR_NOT_PERMITTED)
     NAME(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
     NAME(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
     NAME(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
@@ -1230,6 +1262,13 @@ CUresult DMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size, cons
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !ValidDevice(l.s, prop->location.id)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // Shareable handle types: none, or a POSIX file descriptor where the device has them
+  // (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED); the others are not modelled.
+  const int types = static_cast<int>(prop->requestedHandleTypes);
+  if (types != CU_MEM_HANDLE_TYPE_NONE &&
+      (types != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !l.s.posix_fd_handles)) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   if (size == 0 || size % kGranularity != 0) {
     Violate(l.s, kVmmCreateGranularity, "cuMemCreate", "size " + std::to_string(size));
     return CUDA_ERROR_INVALID_VALUE;
@@ -1238,16 +1277,22 @@ CUresult DMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size, cons
   std::size_t offset = 0;
   if (!Carve(dev, size, &offset)) return CUDA_ERROR_OUT_OF_MEMORY;
   const unsigned long long h = l.s.next_handle++;
-  l.s.physical[h] = {prop->location.id, offset, size, 0, false};
+  l.s.physical[h] = {prop->location.id, offset, size, 0, false, h, types};
+  ++l.s.memory_handles[h];
   *handle = h;
   return CUDA_SUCCESS;
 }
 
+// Drops handle `h`'s record once it is released and unmapped, and its allocation's memory with the
+// last record.
 void MaybeFreePhysical(State& s, unsigned long long h) {
   auto it = s.physical.find(h);
   if (it == s.physical.end() || !it->second.released || it->second.mappings > 0) return;
-  Uncarve(s.devices[static_cast<std::size_t>(it->second.device)], it->second.offset, it->second.bytes);
+  const Physical p = it->second;
   s.physical.erase(it);
+  if (--s.memory_handles[p.memory] > 0) return;
+  s.memory_handles.erase(p.memory);
+  Uncarve(s.devices[static_cast<std::size_t>(p.device)], p.offset, p.bytes);
 }
 
 CUresult DMemRelease(CUmemGenericAllocationHandle h) {
@@ -1261,6 +1306,78 @@ CUresult DMemRelease(CUmemGenericAllocationHandle h) {
   }
   it->second.released = true;  // "freed when all outstanding mappings ... are unmapped" (cuda.h:12845)
   MaybeFreePhysical(l.s, h);
+  return CUDA_SUCCESS;
+}
+
+// The (st_dev, st_ino) of descriptor `fd`, or false when it is not an open descriptor.
+bool InodeOf(int fd, std::pair<dev_t, ino_t>* inode) {
+  struct stat st = {};
+  if (fd < 0 || fstat(fd, &st) != 0) return false;
+  *inode = {st.st_dev, st.st_ino};
+  return true;
+}
+
+// A new descriptor per call (as the driver makes one), a memfd of its own: its inode names the
+// allocation, so that any duplicate of it imports the same one.
+CUresult DMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
+                                     unsigned long long flags) {
+  Locked l;
+  ++l.s.calls["cuMemExportToShareableHandle"];
+  DRIVER_READY(l.s, "cuMemExportToShareableHandle");
+  if (shareable == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  auto it = l.s.physical.find(h);
+  if (it == l.s.physical.end() || it->second.released) {
+    Violate(l.s, kVmmLiveHandle, "cuMemExportToShareableHandle", "not a live handle");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || (it->second.handle_types & type) == 0) {
+    Violate(l.s, kVmmExportRequested, "cuMemExportToShareableHandle",
+            "handle type " + std::to_string(static_cast<int>(type)) +
+                " asked of an allocation created with "
+                "requestedHandleTypes " +
+                std::to_string(it->second.handle_types));
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const int fd = memfd_create("cuda_double_export", MFD_CLOEXEC);
+  std::pair<dev_t, ino_t> inode;
+  if (fd < 0 || !InodeOf(fd, &inode)) {
+    if (fd >= 0) close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  l.s.exports[inode] = it->second.memory;
+  *static_cast<int*>(shareable) = fd;
+  return CUDA_SUCCESS;
+}
+
+// A new handle, one more reference to the exported allocation (released with cuMemRelease).
+CUresult DMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                       CUmemAllocationHandleType type) {
+  Locked l;
+  ++l.s.calls["cuMemImportFromShareableHandle"];
+  DRIVER_READY(l.s, "cuMemImportFromShareableHandle");
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;  // not modelled
+  // cuda.h passes a POSIX descriptor by value in the pointer (as PyTorch's fromShared does).
+  const auto fd = static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle));
+  std::pair<dev_t, ino_t> inode;
+  auto exported = InodeOf(fd, &inode) ? l.s.exports.find(inode) : l.s.exports.end();
+  if (exported == l.s.exports.end()) {
+    Violate(l.s, kVmmImportExported, "cuMemImportFromShareableHandle",
+            "descriptor " + std::to_string(fd) + " is not one cuMemExportToShareableHandle made");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // An open descriptor keeps its allocation alive on CUDA (cuda.h:13147); here the allocation went
+  // with its last handle and mapping: not modelled, so not a violation either.
+  if (!l.s.memory_handles.contains(exported->second)) return CUDA_ERROR_NOT_SUPPORTED;
+  auto any = std::find_if(l.s.physical.begin(), l.s.physical.end(),
+                          [&](const auto& p) { return p.second.memory == exported->second; });
+  Physical imported = any->second;  // a handle of the allocation: its device, range and types
+  imported.mappings = 0;
+  imported.released = false;
+  const unsigned long long h = l.s.next_handle++;
+  l.s.physical[h] = imported;
+  ++l.s.memory_handles[imported.memory];
+  *handle = h;
   return CUDA_SUCCESS;
 }
 
@@ -1474,6 +1591,13 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t s) { return DMemUnmap(p, s); }
 EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t s, const CUmemAccessDesc* d, size_t c) {
   return DMemSetAccess(p, s, d, c);
 }
+EXPORT CUresult cuMemExportToShareableHandle(void* sh, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,
+                                             unsigned long long f) {
+  return DMemExportToShareableHandle(sh, h, t, f);
+}
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* h, void* os, CUmemAllocationHandleType t) {
+  return DMemImportFromShareableHandle(h, os, t);
+}
 EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int v, cuuint64_t flags,
                                     CUdriverProcAddressQueryResult* status) {
   return DGetProcAddress(symbol, pfn, v, flags, status);
@@ -1525,6 +1649,8 @@ const Symbol* Symbols(std::size_t* n) {
       SYM("cuMemMap", 10020, cuMemMap),
       SYM("cuMemUnmap", 10020, cuMemUnmap),
       SYM("cuMemSetAccess", 10020, cuMemSetAccess),
+      SYM("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+      SYM("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
       SYM("cuGetProcAddress", 12000, cuGetProcAddress_v2),
   };
   *n = sizeof(kSymbols) / sizeof(kSymbols[0]);
@@ -2027,6 +2153,11 @@ EXPORT int cudadouble_contexts_created(int device) {
   Locked l;
   if (!ValidDevice(l.s, device)) return -1;
   return l.s.devices[static_cast<std::size_t>(device)].contexts_created;
+}
+
+EXPORT void cudadouble_set_posix_fd_handles(int supported) {
+  Locked l;
+  l.s.posix_fd_handles = supported != 0;
 }
 
 EXPORT size_t cudadouble_used_bytes(int device) {

@@ -42,8 +42,14 @@ void cudadouble_set_label(const char* label);
 int cudadouble_contexts_created(int device);
 // Physical bytes in use on `device` (cuMemAlloc'd plus cuMemCreate'd, rounded to the granularity).
 size_t cudadouble_used_bytes(int device);
+// Whether the devices have POSIX file descriptor handles (default 1): with 0, cuMemCreate refuses
+// requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR with CUDA_ERROR_NOT_SUPPORTED (a
+// device property, not a violation) and CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+// is 0, as on a device or driver without them.
+void cudadouble_set_posix_fd_handles(int supported);
 // How many times the driver function `name` was called (counted: "cuMemMap", "cuMemSetAccess",
-// "cuMemCreate", "cuMemRelease", "cuMemUnmap", "cuMemAddressReserve", "cuMemAddressFree").
+// "cuMemCreate", "cuMemRelease", "cuMemUnmap", "cuMemAddressReserve", "cuMemAddressFree",
+// "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle").
 uint64_t cudadouble_calls(const char* name);
 // Work items queued on any stream that have not run yet.
 int cudadouble_pending_work(void);

@@ -3,6 +3,8 @@
 // allows is not (so a suite that finds 0 violations on it has shown something).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -319,6 +321,70 @@ TEST_F(CudaDoubleTest, VirtualMemoryRules) {
   ASSERT_EQ(cuMemUnmap(va, 2 * g), CUDA_SUCCESS);
   EXPECT_EQ(cudadouble_used_bytes(0), 0u);
   EXPECT_EQ(cuMemAddressFree(va, 4 * g), CUDA_SUCCESS);
+  ExpectNoViolation();
+}
+
+// Export only of a live handle whose cuMemCreate requested the type; import only of a descriptor
+// an export made (any duplicate of it); every handle of the allocation is a reference to it.
+TEST_F(CudaDoubleTest, ShareableHandleRules) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemGenericAllocationHandle plain = 0;
+  ASSERT_EQ(cuMemCreate(&plain, k2MiB, &prop, 0), CUDA_SUCCESS);
+  int fd = -1;
+  EXPECT_EQ(cuMemExportToShareableHandle(&fd, plain, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+            CUDA_ERROR_INVALID_VALUE);
+  ExpectViolation("vmm-export-requested");
+  ASSERT_EQ(cuMemRelease(plain), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemExportToShareableHandle(&fd, plain, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+            CUDA_ERROR_INVALID_VALUE);
+  ExpectViolation("vmm-live-handle");
+
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle h = 0;
+  ASSERT_EQ(cuMemCreate(&h, k2MiB, &prop, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+  ASSERT_GE(fd, 0);
+  const int copy = dup(fd);
+  ASSERT_GE(copy, 0);
+  CUmemGenericAllocationHandle imported = 0;
+  ASSERT_EQ(cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<std::uintptr_t>(copy)),
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+            CUDA_SUCCESS);
+  EXPECT_NE(imported, h);
+  close(copy);
+  close(fd);
+  const int never = memfd_create("never_exported", 0);
+  ASSERT_GE(never, 0);
+  CUmemGenericAllocationHandle bad = 0;
+  EXPECT_EQ(cuMemImportFromShareableHandle(&bad, reinterpret_cast<void*>(static_cast<std::uintptr_t>(never)),
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+            CUDA_ERROR_INVALID_VALUE);
+  ExpectViolation("vmm-import-exported");
+  close(never);
+  // Released by its creator, the allocation lives on in the import (mapped, written, read back).
+  ASSERT_EQ(cuMemRelease(h), CUDA_SUCCESS);
+  EXPECT_EQ(cudadouble_used_bytes(0), k2MiB);
+  CUdeviceptr va = 0;
+  ASSERT_EQ(cuMemAddressReserve(&va, k2MiB, 0, 0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemMap(va, k2MiB, 0, imported, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemRelease(imported), CUDA_SUCCESS);
+  EXPECT_EQ(cudadouble_used_bytes(0), k2MiB) << "freed while still mapped";
+  ASSERT_EQ(cuMemUnmap(va, k2MiB), CUDA_SUCCESS);
+  EXPECT_EQ(cudadouble_used_bytes(0), 0u) << "not freed with its last reference and mapping";
+  EXPECT_EQ(cuMemAddressFree(va, k2MiB), CUDA_SUCCESS);
+
+  // A device without POSIX descriptor handles refuses the type at cuMemCreate: not a violation.
+  cudadouble_set_posix_fd_handles(0);
+  int supported = -1;
+  ASSERT_EQ(cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0),
+            CUDA_SUCCESS);
+  EXPECT_EQ(supported, 0);
+  EXPECT_EQ(cuMemCreate(&h, k2MiB, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
+  cudadouble_set_posix_fd_handles(1);
   ExpectNoViolation();
 }
 

@@ -367,6 +367,38 @@ TEST_P(CaptureTest, CheckpointedBlocksComeBackAtTheirAddressesWithAllocateAt) {
           "a freeable pool");
 }
 
+// A no-split pool (PyTorch's MemPool(no_split=True)), in a capture as in a MemPool context: every
+// block is a whole segment, never split and never stitched, in every configuration.
+TEST_P(CaptureTest, ANoSplitPoolsBlocksAreWholeSegmentsInEveryConfiguration) {
+  const Stream s = TestStream(1);
+  ASSERT_TRUE(allocator_->IncrefPool(0, kPool).ok());
+  ASSERT_TRUE(allocator_->ConfigurePool(0, kPool, PrivatePoolSettings{.no_split = true}).ok());
+  Begin(s);
+  std::vector<void*> kept;
+  for (int round = 0; round < 2; ++round) {  // the second round reuses the first round's blocks
+    std::vector<void*> addresses;
+    kept.push_back(Step(s, &addresses));
+  }
+  End(s);
+  absl::StatusOr<MemorySnapshot> snap = allocator_->Snapshot(0);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  int pool_segments = 0;
+  for (const SegmentSnapshot& seg : snap->segments) {
+    if (seg.pool_id != kPool) continue;
+    ++pool_segments;
+    ASSERT_EQ(seg.blocks.size(), 1u) << "a no-split segment holds one block";
+    EXPECT_FALSE(seg.expandable);
+  }
+  EXPECT_GE(pool_segments, 2);
+  // Too late once it holds memory.
+  EXPECT_EQ(allocator_->ConfigurePool(0, kPool, PrivatePoolSettings{}).code(), absl::StatusCode::kFailedPrecondition);
+  for (void* p : kept) ASSERT_TRUE(allocator_->Free(p).ok());
+  ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());  // the capture's use
+  ASSERT_TRUE(allocator_->ReleasePool(0, kPool).ok());  // the MemPool's
+  ASSERT_TRUE(allocator_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
 BUCKETALLOC_INSTANTIATE_OVER_CONFIGS(CaptureTest);
 
 }  // namespace

@@ -20,7 +20,9 @@ CaptureFilter Only(Stream s) {
 class PrivatePoolsTest : public ::testing::Test {
  protected:
   PrivatePoolsTest()
-      : pools_([this] { return std::make_unique<Pools>(ctx_, kMaxSmallSize, kMaxSmallSize, LargePoolConfig{}); }) {}
+      : pools_([this](const PrivatePoolSettings&) {
+          return std::make_unique<Pools>(ctx_, kMaxSmallSize, kMaxSmallSize, LargePoolConfig{});
+        }) {}
   std::uint16_t Tag(Stream s, bool capturing = true) {
     return pools_.TagFor(s, [&](Stream) { return capturing; });
   }

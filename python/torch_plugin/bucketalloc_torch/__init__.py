@@ -396,6 +396,9 @@ def snapshot(device: Device = None) -> Dict[str, Any]:
     data = json.loads(_lib.read_text(_lib.lib().bucketalloc_snapshot_json, index))
     for segment in data["segments"]:
         segment["segment_pool_id"] = tuple(segment["segment_pool_id"])
+    for trace in data["device_traces"]:
+        for entry in trace:
+            entry["pool_id"] = tuple(entry["pool_id"])  # as torch's snapshot gives it
     _attach_stacks(data)
     return data
 

@@ -100,9 +100,19 @@ _SIGNATURES = {
     "bucketalloc_memory_fraction": (ctypes.c_double, [ctypes.c_int]),
     "bucketalloc_pool_incref": (ctypes.c_int, [ctypes.c_int, PoolId]),
     "bucketalloc_pool_set_use_on_oom": (ctypes.c_int, [ctypes.c_int, PoolId, ctypes.c_int]),
+    "bucketalloc_pool_set_no_split": (ctypes.c_int, [ctypes.c_int, PoolId]),
+    "bucketalloc_pool_set_segment_allocator": (
+        ctypes.c_int, [ctypes.c_int, PoolId, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    ),
+    "bucketalloc_mark_capture": (ctypes.c_int, [ctypes.c_int, ctypes.c_int]),
     "bucketalloc_pool_use_count": (ctypes.c_int, [ctypes.c_int, PoolId]),
     "bucketalloc_pool_empty_cache": (ctypes.c_int, [ctypes.c_int, PoolId]),
     "bucketalloc_last_oom_info": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]),
+    "bucketalloc_share_block": (
+        ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+    ),
+    "bucketalloc_open_shared": (ctypes.c_void_p, [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]),
+    "bucketalloc_close_shared": (ctypes.c_int, [ctypes.c_void_p]),
     "bucketalloc_allocate_at": (
         ctypes.c_int, [ctypes.c_int, PoolId, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
     ),

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 
 namespace {
@@ -32,6 +33,31 @@ std::atomic<int> g_rejections{0};
 
 // torch's own recorder of Python and C++ stacks (torch/csrc/cuda/memory_snapshot.cpp's gather).
 std::shared_ptr<c10::GatheredContext> GatherPython() { return torch::CapturedTraceback::gather(true, true, false); }
+
+// A MemPool's own allocator, as vLLM's sleep mode builds one (torch.cuda.memory.CUDAPluggableAllocator
+// over C functions): host memory stands for the device's here, and it serves device 0, the simulated
+// device (torch's raw_alloc_with_stream asks cudaGetDevice first, which needs a driver).
+std::atomic<int> g_host_allocs{0};
+std::atomic<int> g_host_frees{0};
+// A block the next host allocation frees through torch's allocator, as a MemPool allocator running
+// Python may (its garbage collection frees a tensor inside raw_alloc).
+std::atomic<void*> g_free_in_alloc{nullptr};
+class HostPoolAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
+ public:
+  HostPoolAllocator()
+      : CUDAPluggableAllocator(
+            [](size_t size, int, cudaStream_t) {
+              if (void* p = g_free_in_alloc.exchange(nullptr)) cca::raw_delete(p);
+              ++g_host_allocs;
+              return std::aligned_alloc(2 << 20, size);
+            },
+            [](void* p, size_t, int, cudaStream_t) {
+              ++g_host_frees;
+              std::free(p);
+            }) {}
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override { return malloc(nbytes, 0, stream); }
+};
+std::shared_ptr<HostPoolAllocator> g_host_allocator;
 
 cca::RecordContext When(const std::string& when) {
   if (when == "all") return cca::RecordContext::ALL;
@@ -110,8 +136,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     cca::recordHistory(enabled, enabled ? &GatherPython : nullptr, max_entries, When(when), false, {});
   });
   m.def("is_history_enabled", [] { return cca::isHistoryEnabled(); });
+  // What torch's record_function callbacks pass while history is recorded.
+  m.def("record_annotation", [](const std::string& name, const std::string& stage) {
+    cca::recordAnnotation({{"name", name}, {"stage", stage}});
+  });
   m.def("create_or_incref_pool", [](int device, std::uint64_t a, std::uint64_t b) {
     cca::createOrIncrefPool(static_cast<c10::DeviceIndex>(device), {a, b});
+  });
+  // MemPool(allocator): createOrIncrefPool with an allocator of its own (torch.cuda.MemPool's
+  // constructor needs a driver for the current device).
+  m.def("create_pool_with_host_allocator", [](int device, std::uint64_t a, std::uint64_t b) {
+    if (g_host_allocator == nullptr) g_host_allocator = std::make_shared<HostPoolAllocator>();
+    cca::createOrIncrefPool(static_cast<c10::DeviceIndex>(device), {a, b}, g_host_allocator);
+  });
+  // (segments allocated, freed, references to the allocator other than the probe's)
+  m.def("host_segments", [] {
+    return std::make_tuple(g_host_allocs.load(), g_host_frees.load(),
+                           g_host_allocator == nullptr ? 0 : static_cast<int>(g_host_allocator.use_count()) - 1);
+  });
+  m.def("free_in_next_host_alloc", [](std::uint64_t ptr) { g_free_in_alloc = AsPtr(ptr); });
+  m.def("set_no_split", [](int device, std::uint64_t a, std::uint64_t b) {
+    cca::setNoSplit(static_cast<c10::DeviceIndex>(device), {a, b});
   });
   m.def("pool_use_count", [](int device, std::uint64_t a, std::uint64_t b) {
     return cca::getPoolUseCount(static_cast<c10::DeviceIndex>(device), {a, b});
@@ -138,6 +183,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     cca::ShareableHandle h = cca::shareIpcHandle(AsPtr(ptr));
     return py::make_tuple(h.offset, py::bytes(h.handle));
   });
+  m.def("get_ipc_dev_ptr", [](py::bytes handle) { return AsInt(cca::getIpcDevPtr(std::string(handle)).get()); });
   m.def("base_allocation", [](std::uint64_t ptr) {
     size_t size = 0;
     void* base = cca::get()->getBaseAllocation(AsPtr(ptr), &size);

@@ -39,6 +39,15 @@ probe = ext.load(name="bucketalloc_native_probe", sources=[str(helpers.TESTS_DIR
 S = 0x1000  # a stream of the simulated device
 MiB = 1 << 20
 
+def refused(call, words, what):
+    # `call()` raises a RuntimeError whose message names every one of `words`.
+    try:
+        call()
+    except RuntimeError as e:
+        assert all(w in str(e) for w in words), e
+    else:
+        raise AssertionError(what)
+
 def _torch_initialized():
     # Without a driver torch's Python memory functions return at `is_initialized()`; past it they
     # call the allocator torch holds, which is all these scenarios look at.
@@ -190,6 +199,26 @@ last = snap["device_traces"][0][-1]
 assert last["action"] == "alloc" and last["addr"] == r and "frames" not in last, last
 blocks = {{b["address"]: b for s in snap["segments"] for b in s["blocks"]}}
 assert blocks[r]["frames"], blocks[r]
+# Trace entries name their pool, as torch's; record_function annotations are kept.
+pool = (0, 21)
+probe.create_or_incref_pool(0, *pool)
+torch._C._cuda_beginAllocateToPool(0, pool)
+x = probe.malloc(2 * MiB, S)
+torch._C._cuda_endAllocateToPool(0, pool)
+probe.record_annotation("decode_step", "START")
+snap = torch.cuda.memory._snapshot()
+trace = snap["device_traces"][0]
+alloc = [e for e in trace if e["action"] == "alloc" and e["addr"] == x][-1]
+assert tuple(alloc["pool_id"]) == pool, alloc
+grown = [e for e in trace if e["action"] == "segment_alloc"][-1]
+assert tuple(grown["pool_id"]) == pool, grown
+assert tuple([e for e in trace if e["addr"] == r][-1]["pool_id"]) == (0, 0)
+annotation = snap["external_annotations"][-1]
+assert annotation["name"] == "decode_step" and annotation["stage"] == "START", annotation
+assert annotation["device"] == 0 and annotation["time_us"] > 0, annotation
+probe.free(x)
+torch._C._cuda_releasePool(0, pool)
+torch._C._cuda_releasePool(0, pool)
 probe.record_history(False, "never", 1)
 assert not probe.is_history_enabled()
 assert torch.cuda.memory._snapshot()["device_traces"][0] == []
@@ -347,6 +376,87 @@ ba.check_invariants(0)
     )
 
 
+def test_mempool_with_its_own_allocator_is_cached_and_counted():
+    # torch.cuda.MemPool(allocator) (vLLM's sleep mode, NCCL's mem pools): bucketalloc's private pool
+    # gets its segments from that allocator and caches, splits, counts and shows them as torch does.
+    run_python(
+        PRELUDE
+        + """
+pool = (0, 12)
+probe.create_pool_with_host_allocator(0, *pool)                  # MemPool(allocator)
+assert probe.pool_use_count(0, *pool) == 1
+torch._C._cuda_beginAllocateToPool(0, pool)                      # use_mem_pool(pool)
+p = probe.malloc(4 * MiB, S)
+q = probe.malloc(4 * MiB, S)                                     # the same segment, split
+torch._C._cuda_endAllocateToPool(0, pool)
+torch._C._cuda_releasePool(0, pool)
+allocs, frees, refs = probe.host_segments()
+assert (allocs, frees, refs) == (1, 0, 1), (allocs, frees, refs)
+segments = [s for s in torch.cuda.memory._snapshot()["segments"] if tuple(s["segment_pool_id"]) == pool]
+assert len(segments) == 1 and len(segments[0]["blocks"]) >= 2, segments
+reserved = segments[0]["total_size"]
+assert ba.memory_reserved() == reserved
+assert ba.memory_stats()[f"reserved_bytes_by_private_pools.0_12.all.current"] == reserved
+probe.free(p)
+# A tensor freed inside the allocator's raw_alloc (its Python's garbage collection) is freed once
+# bucketalloc returns, instead of waiting on the device's lock its own thread holds.
+x = probe.malloc(1 * MiB, S)
+allocated = ba.memory_allocated()
+probe.free_in_next_host_alloc(x)
+torch._C._cuda_beginAllocateToPool(0, pool)
+y = probe.malloc(30 * MiB, S)                                    # grows: the allocator is asked
+torch._C._cuda_endAllocateToPool(0, pool)
+torch._C._cuda_releasePool(0, pool)
+assert ba.memory_allocated() == allocated - 1 * MiB + 30 * MiB, (ba.memory_allocated(), allocated)
+probe.free(y)
+assert probe.host_segments()[0] == 2, probe.host_segments()
+torch._C._cuda_beginAllocateToPool(0, pool)
+assert probe.malloc(4 * MiB, S) == p                             # cached: the allocator is not asked
+torch._C._cuda_endAllocateToPool(0, pool)
+torch._C._cuda_releasePool(0, pool)
+assert probe.host_segments()[0] == 2, probe.host_segments()
+probe.free(p)
+probe.free(q)
+probe.empty_cache(*pool)                                         # in use: kept, as torch keeps it
+assert probe.host_segments()[1] == 0, probe.host_segments()
+torch._C._cuda_releasePool(0, pool)                              # ~MemPool
+probe.empty_cache(*pool)
+assert probe.host_segments() == (2, 2, 0), probe.host_segments()  # freed to it; the pool let it go
+probe.empty_cache(0, 0)                                          # x's slab, of the device's own pools
+assert ba.memory_reserved() == 0, ba.memory_reserved()
+ba.check_invariants(0)
+""",
+        conf=SIM,
+    )
+
+
+def test_no_split_mempool_hands_out_whole_segments():
+    # MemPool(no_split=True) (setNoSplit), as NCCL window registration uses it.
+    run_python(
+        PRELUDE
+        + """
+pool = (0, 13)
+probe.create_or_incref_pool(0, *pool)
+probe.set_no_split(0, *pool)
+torch._C._cuda_beginAllocateToPool(0, pool)
+a = probe.malloc(512, S)
+b = probe.malloc(512, S)
+torch._C._cuda_endAllocateToPool(0, pool)
+segments = [s for s in torch.cuda.memory._snapshot()["segments"] if tuple(s["segment_pool_id"]) == pool]
+assert len(segments) == 2 and all(len(s["blocks"]) == 1 for s in segments), segments
+probe.free(a)
+probe.free(b)
+refused(lambda: probe.set_no_split(0, *pool), ["already holds memory"],  # it holds memory now
+        "setNoSplit of a pool holding memory was accepted")
+torch._C._cuda_releasePool(0, pool)
+torch._C._cuda_releasePool(0, pool)
+probe.empty_cache(*pool)
+assert ba.memory_reserved() == 0, ba.memory_reserved()
+""",
+        conf=SIM,
+    )
+
+
 def test_mempool_use_count_and_emptying_one_pool():
     run_python(
         PRELUDE
@@ -367,7 +477,7 @@ assert ba.memory_reserved() == held
 assert ba.memory_stats()["reserved_bytes_by_private_pools.0_5.all.current"] == held
 torch._C._cuda_releasePool(0, pool)                                # ~MemPool: releasePool, emptyCache(id)
 probe.empty_cache(*pool)
-assert ba.memory_reserved() == 0
+assert ba.memory_reserved() == 0, ba.memory_reserved()
 # A use_on_oom pool lends its free blocks to the device's own requests before an OOM.
 lender = (0, 6)
 probe.create_or_incref_pool(0, *lender)
@@ -407,15 +517,40 @@ assert probe.trace_entries() >= 3, probe.trace_entries()           # segment_all
 p = probe.malloc(3 * MiB, S)
 base, size = probe.base_allocation(p)
 assert base <= p < base + size
-try:
-    probe.share_ipc_handle(p)
-except RuntimeError as e:
-    assert "simulated device" in str(e) and "backend:cuda" in str(e), e
-else:
-    raise AssertionError("a simulated segment was exported")
+refused(lambda: probe.share_ipc_handle(p), ["simulated device", "GPU"], "a simulated segment was exported")
 probe.free(p)
+# Handles another process sends are checked before anything is opened, each error naming what
+# is accepted: torch's expandable-segment layout ('e': a header, one descriptor per page).
+import struct
+def opened(handle, words):
+    refused(lambda: probe.get_ipc_dev_ptr(handle), words, f"{handle!r} was opened")
+header = lambda pid, size, n, kind: struct.pack("=i4xQQi4x", pid, size, n, kind)
+opened(b"\x03z" + bytes(64), ["type 'c'", "'e'"])
+opened(b"\x03e" + header(os.getpid(), 2 * MiB, 1, 2) + struct.pack("i", 5), ["Fabric handles (2)"])
+opened(b"\x03e" + header(os.getpid(), 2 * MiB, 3, 1) + struct.pack("i", 5), ["for 3 pages"])
+opened(b"\x03e" + header(2**22 + 12345, 2 * MiB, 1, 1) + struct.pack("i", 5), ["process"])
+opened(b"\x03e" + header(os.getpid(), 2 * MiB, 1, 1) + struct.pack("i", 0), ["does not share virtual memory"])
+opened(b"\x03e" + header(os.getpid(), 2 * MiB, 2**62, 1) + struct.pack("i", 0), ["pages"])  # no overflow
+# version 2's header has no handle type (POSIX descriptors): read as such
+opened(b"\x02e" + struct.pack("=i4xQQ", os.getpid(), 2 * MiB, 1) + struct.pack("i", 0),
+       ["does not share virtual memory"])
+ba.check_invariants(0)
 """,
         conf=SIM,
+    )
+
+
+def test_expandable_segments_on_the_simulated_device_say_why_they_are_not_shared():
+    run_python(
+        PRELUDE
+        + """
+p = probe.malloc(6 * MiB, S)
+refused(lambda: probe.share_ipc_handle(p), ["does not share virtual memory", "vmm"],
+        "a simulated expandable segment was exported")
+probe.free(p)
+ba.check_invariants(0)
+""",
+        conf=SIM + ",expandable_segments:True",
     )
 
 

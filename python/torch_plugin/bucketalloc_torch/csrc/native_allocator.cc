@@ -19,16 +19,21 @@
 // state and is never held while calling bucketalloc, except from the trace hook, which bucketalloc
 // calls under its device lock (lock order: device lock, then state_mu_).
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -55,32 +60,38 @@ using c10::MempoolId_t;
 
 // ---- libbucketalloc, through the loaded copy -------------------------------------------------
 
-#define BUCKETALLOC_TORCH_API_FUNCTIONS(X) \
-  X(bucketalloc_try_malloc)                \
-  X(bucketalloc_raw_delete)                \
-  X(bucketalloc_init)                      \
-  X(bucketalloc_last_error)                \
-  X(bucketalloc_record_stream)             \
-  X(bucketalloc_base_alloc)                \
-  X(bucketalloc_set_memory_fraction)       \
-  X(bucketalloc_memory_fraction)           \
-  X(bucketalloc_get_device_stats)          \
-  X(bucketalloc_visit_private_pool_stats)  \
-  X(bucketalloc_reset_accumulated_stats)   \
-  X(bucketalloc_reset_peak_stats)          \
-  X(bucketalloc_visit_segments)            \
-  X(bucketalloc_set_trace_hook)            \
-  X(bucketalloc_cache_info)                \
-  X(bucketalloc_pool_incref)               \
-  X(bucketalloc_pool_use_count)            \
-  X(bucketalloc_pool_empty_cache)          \
-  X(bucketalloc_last_oom_info)             \
-  X(bucketalloc_begin_allocate_to_pool)    \
-  X(bucketalloc_end_allocate_to_pool)      \
-  X(bucketalloc_release_pool_id)           \
-  X(bucketalloc_config_string)             \
-  X(bucketalloc_device_count)              \
-  X(bucketalloc_pool_set_use_on_oom)       \
+#define BUCKETALLOC_TORCH_API_FUNCTIONS(X)  \
+  X(bucketalloc_try_malloc)                 \
+  X(bucketalloc_raw_delete)                 \
+  X(bucketalloc_init)                       \
+  X(bucketalloc_last_error)                 \
+  X(bucketalloc_record_stream)              \
+  X(bucketalloc_base_alloc)                 \
+  X(bucketalloc_set_memory_fraction)        \
+  X(bucketalloc_memory_fraction)            \
+  X(bucketalloc_get_device_stats)           \
+  X(bucketalloc_visit_private_pool_stats)   \
+  X(bucketalloc_reset_accumulated_stats)    \
+  X(bucketalloc_reset_peak_stats)           \
+  X(bucketalloc_visit_segments)             \
+  X(bucketalloc_set_trace_hook)             \
+  X(bucketalloc_cache_info)                 \
+  X(bucketalloc_pool_incref)                \
+  X(bucketalloc_pool_use_count)             \
+  X(bucketalloc_pool_empty_cache)           \
+  X(bucketalloc_last_oom_info)              \
+  X(bucketalloc_begin_allocate_to_pool)     \
+  X(bucketalloc_end_allocate_to_pool)       \
+  X(bucketalloc_release_pool_id)            \
+  X(bucketalloc_config_string)              \
+  X(bucketalloc_device_count)               \
+  X(bucketalloc_pool_set_use_on_oom)        \
+  X(bucketalloc_pool_set_no_split)          \
+  X(bucketalloc_mark_capture)               \
+  X(bucketalloc_share_block)                \
+  X(bucketalloc_open_shared)                \
+  X(bucketalloc_close_shared)               \
+  X(bucketalloc_pool_set_segment_allocator) \
   X(bucketalloc_allocate_at)
 
 struct Api {
@@ -126,7 +137,6 @@ bool IsDefaultPool(MempoolId_t id) { return id.first == 0 && id.second == 0; }
 // The context recorded for the calling thread's current allocator call (set before the call into
 // bucketalloc, taken by the trace hook, which bucketalloc calls on this thread).
 thread_local std::shared_ptr<c10::GatheredContext> t_context;
-thread_local MempoolId_t t_mempool{0, 0};
 
 cda::TraceEntry::Action ToTorchAction(int action) {
   switch (action) {
@@ -192,11 +202,48 @@ std::int64_t NowUs() {
 }
 
 // A MemPool created with an allocator of its own (torch.cuda.MemPool(allocator), as vLLM's sleep
-// mode builds one): its requests go to that allocator, and bucketalloc does not cache them.
-struct ExternalPool {
+// mode builds one): bucketalloc's private pool gets its segments from that allocator
+// (bucketalloc_pool_set_segment_allocator) and caches, splits and counts them as torch's does. The
+// context the library holds is a reference to the allocator, dropped when the pool is forgotten.
+struct ExternalSegments {
   std::shared_ptr<cca::CUDAAllocator> allocator;
-  int use_count = 0;
+  bool have_cuda = false;  // false on the simulated device: no CUDA device to make current
 };
+// True on a thread inside a MemPool allocator's raw_alloc or raw_delete, which the library calls
+// under the device's lock: a tensor freed meanwhile (the allocator runs Python, whose garbage
+// collection may free one) is deferred until the library returns (DrainDeferredFrees).
+thread_local bool t_in_segment_callback = false;
+thread_local std::vector<void*> t_deferred_frees;
+struct SegmentCallbackScope {
+  SegmentCallbackScope() { t_in_segment_callback = true; }
+  ~SegmentCallbackScope() { t_in_segment_callback = false; }
+};
+void* ExternalSegmentAlloc(size_t bytes, int device, cudaStream_t stream, void* ctx) {
+  auto* segments = static_cast<ExternalSegments*>(ctx);
+  SegmentCallbackScope scope;
+  try {
+    std::optional<c10::cuda::CUDAGuard> guard;
+    if (segments->have_cuda) guard.emplace(static_cast<c10::DeviceIndex>(device));  // torch's raw_alloc reads it
+    return segments->allocator->raw_alloc_with_stream(bytes, stream);
+  } catch (const c10::OutOfMemoryError&) {  // no memory: the pool reports bucketalloc's OOM
+    return nullptr;
+  } catch (const std::exception& e) {  // anything else is named, then reported as no memory
+    std::fprintf(stderr, "bucketalloc: a MemPool allocator's raw_alloc(%zu) failed: %s\n", bytes, e.what());
+    return nullptr;
+  }
+}
+void ExternalSegmentFree(void* ptr, size_t, int device, void* ctx) {
+  auto* segments = static_cast<ExternalSegments*>(ctx);
+  SegmentCallbackScope scope;
+  try {
+    std::optional<c10::cuda::CUDAGuard> guard;
+    if (segments->have_cuda) guard.emplace(static_cast<c10::DeviceIndex>(device));
+    segments->allocator->raw_delete(ptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bucketalloc: a MemPool allocator's raw_delete(%p) failed: %s\n", ptr, e.what());
+  }
+}
+void ExternalSegmentRelease(void* ctx) { delete static_cast<ExternalSegments*>(ctx); }
 
 // What getCheckpointState returns: the pool's live blocks then, each with the stream of its
 // segment (setCheckpointPoolState allocates a block that is no longer live on that stream's lists).
@@ -283,9 +330,8 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
   }
 
   void emptyCache(MempoolId_t mempool_id) override {
-    if (!IsDefaultPool(mempool_id)) {
-      if (EmptyExternalPool(mempool_id)) return;
-    }
+    DeferredFreesDrain drain(this);
+    RetryPendingCloses();
     // Every device bucketalloc serves already; none is created (a context on an idle GPU) by asking.
     if (g_api.bucketalloc_pool_empty_cache(-1, ToC(mempool_id)) != 0) {
       // torch's empty_cache is a silent no-op while a capture or MemPool context runs (PR #158152).
@@ -420,9 +466,10 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
         if (seg.device >= 0 && seg.device < devices) active[static_cast<std::size_t>(seg.device)] += seg.active_size;
       }
       std::lock_guard<std::mutex> state(state_mu_);
-      for (const cda::TraceEntry& e : trace_) {
-        if (e.device_ >= 0 && e.device_ < devices) info.device_traces[static_cast<std::size_t>(e.device_)].push_back(e);
+      for (std::size_t d = 0; d < traces_.size() && d < info.device_traces.size(); ++d) {
+        info.device_traces[d].assign(traces_[d].begin(), traces_[d].end());
       }
+      info.external_annotations.assign(annotations_.begin(), annotations_.end());
       if (recording_) {
         // As torch: each snapshot is marked in the history (seen by the next snapshot), its size the
         // active bytes.
@@ -455,8 +502,14 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
       max_entries_ = std::max<size_t>(alloc_trace_max_entries, 1);
       skip_.clear();
       for (const std::string& name : skip_actions) skip_.insert(name);
-      if (clearHistory || !enabled) trace_.clear();
-      while (trace_.size() > max_entries_) trace_.pop_front();
+      if (clearHistory || !enabled) {
+        traces_.clear();
+        annotations_.clear();
+      }
+      for (std::deque<cda::TraceEntry>& trace : traces_) {
+        while (trace.size() > max_entries_) trace.pop_front();
+      }
+      while (annotations_.size() > max_entries_) annotations_.pop_front();
       recording_flag_.store(enabled && when_ != cca::RecordContext::NEVER ? 2 : (enabled ? 1 : 0));
     }
     if (!enabled || when == cca::RecordContext::NEVER) {
@@ -465,10 +518,17 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     }
     UpdateHook();
   }
+  // record_function annotations (torch's profiler callbacks while history is recorded): kept, as
+  // torch keeps them, for the snapshot's external_annotations.
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
-    // torch keeps record_function annotations in the snapshot's external_annotations; they are
-    // recorded only with global_record_annotations, which needs torch's own allocator lock order.
-    (void)md;
+    const c10::DeviceIndex device = CurrentDevice();
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!recording_) return;
+    cda::AnnotationEntry entry(device, 0);
+    entry.time_.t_ = static_cast<time_t>(NowUs());  // microseconds since the epoch, as MakeEntry's
+    for (const auto& [name, value] : md) entry.recordUserMetadata(name, value);
+    annotations_.push_back(std::move(entry));
+    while (annotations_.size() > max_entries_) annotations_.pop_front();
   }
   void pushCompileContext(std::string& md) override {
     std::lock_guard<std::mutex> lock(state_mu_);
@@ -514,75 +574,69 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
 
   void beginAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id,
                            std::function<bool(cudaStream_t)> filter) override {
-    {
-      std::lock_guard<std::mutex> lock(state_mu_);
-      auto it = external_.find(mempool_id);
-      if (it != external_.end()) {
-        ++it->second.use_count;
-        external_routings_.push_back({mempool_id, std::move(filter)});
-        num_external_routings_.store(static_cast<int>(external_routings_.size()));
-        return;
-      }
-    }
     Check(g_api.bucketalloc_begin_allocate_to_pool(device, {mempool_id.first, mempool_id.second}, std::move(filter)),
           "beginAllocateToPool");
   }
   void endAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
-    {
-      std::lock_guard<std::mutex> lock(state_mu_);
-      if (external_.count(mempool_id) != 0) {
-        for (auto it = external_routings_.rbegin(); it != external_routings_.rend(); ++it) {
-          if (it->first == mempool_id) {
-            external_routings_.erase(std::next(it).base());
-            break;
-          }
-        }
-        num_external_routings_.store(static_cast<int>(external_routings_.size()));
-        return;
-      }
-    }
     Check(g_api.bucketalloc_end_allocate_to_pool(device, {mempool_id.first, mempool_id.second}), "endAllocateToPool");
   }
+  // CUDAGraph marks its captures (torch 2.15): a use_mem_pool context is then not one.
+  void markCaptureBegin(c10::DeviceIndex device) override {
+    Check(g_api.bucketalloc_mark_capture(device, 1), "markCaptureBegin");
+  }
+  void markCaptureEnd(c10::DeviceIndex device) override {
+    Check(g_api.bucketalloc_mark_capture(device, 0), "markCaptureEnd");
+  }
   void releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
-    {
-      std::lock_guard<std::mutex> lock(state_mu_);
-      auto it = external_.find(mempool_id);
-      if (it != external_.end()) {
-        if (--it->second.use_count <= 0 && ExternalLiveLocked(mempool_id) == 0) external_.erase(it);
-        return;
-      }
-    }
+    DeferredFreesDrain drain(this);
     Check(g_api.bucketalloc_release_pool_id(device, {mempool_id.first, mempool_id.second}), "releasePool");
+    if (g_api.bucketalloc_pool_use_count(device, ToC(mempool_id)) == 0) {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      pool_allocators_.erase({device, mempool_id});  // ~MemPool: no use left
+    }
   }
   int getPoolUseCount(c10::DeviceIndex device, MempoolId_t mempool_id) override {
-    {
-      std::lock_guard<std::mutex> lock(state_mu_);
-      auto it = external_.find(mempool_id);
-      if (it != external_.end()) return it->second.use_count;
-    }
     const int count = g_api.bucketalloc_pool_use_count(device, ToC(mempool_id));
     Check(count, "getPoolUseCount");
     return count;
   }
   void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t mempool_id,
                           std::shared_ptr<cca::CUDAAllocator> allocator) override {
-    if (allocator != nullptr && allocator.get() != this) {
-      std::lock_guard<std::mutex> lock(state_mu_);
-      ExternalPool& pool = external_[mempool_id];
-      TORCH_CHECK(pool.allocator == nullptr || pool.allocator == allocator, "bucketalloc: MemPool (", mempool_id.first,
-                  ", ", mempool_id.second, ") already has another allocator");
-      pool.allocator = std::move(allocator);
-      ++pool.use_count;
-      return;
-    }
     Check(g_api.bucketalloc_pool_incref(device, ToC(mempool_id)), "createOrIncrefPool");
+    if (allocator == nullptr || allocator.get() == this) return;
+    // MemPool(allocator): the pool's segments come from `allocator` (set once, before it holds
+    // memory). The library is called without state_mu_ held (lock order: device, then state_mu_).
+    bool added = false;
+    bool other = false;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      auto [it, inserted] = pool_allocators_.emplace(std::make_pair(device, mempool_id), allocator.get());
+      added = inserted;
+      other = !inserted && it->second != allocator.get();
+    }
+    if (other) {
+      g_api.bucketalloc_release_pool_id(device, ToC(mempool_id));  // the use this call took
+      TORCH_CHECK(false, "bucketalloc: MemPool (", mempool_id.first, ", ", mempool_id.second,
+                  ") already has another allocator");
+    }
+    if (!added) return;
+    auto* context = new ExternalSegments{std::move(allocator), have_cuda_};
+    if (g_api.bucketalloc_pool_set_segment_allocator(device, ToC(mempool_id), &ExternalSegmentAlloc,
+                                                     &ExternalSegmentFree, &ExternalSegmentRelease, context) != 0) {
+      const std::string error = LastError();  // the library released `context`
+      {
+        std::lock_guard<std::mutex> lock(state_mu_);
+        pool_allocators_.erase({device, mempool_id});
+      }
+      g_api.bucketalloc_release_pool_id(device, ToC(mempool_id));  // the use this call took
+      TORCH_CHECK(false, "bucketalloc: createOrIncrefPool: ", error);
+    }
   }
   void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
     Check(g_api.bucketalloc_pool_set_use_on_oom(device, ToC(mempool_id), use_on_oom ? 1 : 0), "setUseOnOOM");
   }
   void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) override {
-    std::lock_guard<std::mutex> lock(state_mu_);
-    no_split_.insert({device, mempool_id});
+    Check(g_api.bucketalloc_pool_set_no_split(device, ToC(mempool_id)), "setNoSplit");
   }
   bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId_t mempool_id,
                                 const std::unordered_set<void*>& expected_live_allocations) override {
@@ -677,55 +731,99 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
   // ---- IPC -------------------------------------------------------------------------------------
 
   cca::ShareableHandle shareIpcHandle(void* ptr) override {
-    size_t base_size = 0;
-    void* base = getBaseAllocation(ptr, &base_size);
+    bucketalloc_shared_memory shared{};
+    std::vector<bucketalloc_shared_piece> pieces(16);
+    int rc = g_api.bucketalloc_share_block(ptr, &shared, sizeof shared, pieces.data(), pieces.size());
+    if (rc != 0 && shared.num_pieces > pieces.size()) {  // more pieces than room: again with room
+      pieces.resize(shared.num_pieces);
+      rc = g_api.bucketalloc_share_block(ptr, &shared, sizeof shared, pieces.data(), pieces.size());
+    }
+    TORCH_CHECK(rc == 0, "bucketalloc: shareIpcHandle: ", LastError());
+    pieces.resize(shared.num_pieces);
+    std::string text;
+    text.push_back(kShareableHandleVersion);
+    if (shared.virtual_memory != 0) {
+      // An expandable (vmm) segment: its physical pieces under the block, each a POSIX descriptor
+      // of this process that the receiver reads with pidfd_getfd.
+      const bool uniform = std::all_of(pieces.begin(), pieces.end(),
+                                       [&](const bucketalloc_shared_piece& p) { return p.bytes == pieces[0].bytes; });
+      if (uniform) {
+        // torch's layout ('e', ExpandableSegment::share): the header, then one int per page.
+        text.push_back(kShareableExpandable);
+        TorchShareHeader header;
+        std::memset(&header, 0, sizeof header);  // deterministic padding, as torch writes it
+        header.pid = getpid();
+        header.segment_size = pieces[0].bytes;
+        header.num_handles = pieces.size();
+        header.handle_type = kPosixFdHandles;
+        text.append(reinterpret_cast<const char*>(&header), sizeof header);
+        for (const bucketalloc_shared_piece& p : pieces) text.append(reinterpret_cast<const char*>(&p.fd), sizeof(int));
+      } else {
+        // Pieces of different sizes (a stitched segment), which torch's layout cannot say:
+        // bucketalloc's ('b'): pid, piece count, then each piece's descriptor and bytes. torch's own
+        // allocator refuses this type by name; bucketalloc's opens it.
+        text.push_back(kShareablePieces);
+        const std::int64_t head[2] = {getpid(), static_cast<std::int64_t>(pieces.size())};
+        text.append(reinterpret_cast<const char*>(head), sizeof head);
+        for (const bucketalloc_shared_piece& p : pieces) {
+          const std::int64_t piece[2] = {p.fd, static_cast<std::int64_t>(p.bytes)};
+          text.append(reinterpret_cast<const char*>(piece), sizeof piece);
+        }
+      }
+      return cca::ShareableHandle{static_cast<std::ptrdiff_t>(shared.offset), text};
+    }
     TORCH_CHECK(have_cuda_,
                 "bucketalloc: shareIpcHandle: the simulated device (backend:sim) has no memory another "
-                "process can open; CUDA IPC needs backend:cuda on a GPU");
+                "process can open; CUDA IPC needs a GPU (backend:cuda or backend:vmm)");
+    void* base = reinterpret_cast<void*>(shared.base);
     cudaIpcMemHandle_t handle;
     const cudaError_t err = cudaIpcGetMemHandle(&handle, base);
     (void)cudaGetLastError();  // a failure must not stay behind for an unrelated kernel's check
     TORCH_CHECK(err == cudaSuccess, "bucketalloc: shareIpcHandle: cudaIpcGetMemHandle of the segment at ", base,
-                " failed: ", cudaGetErrorString(err),
-                " (segments of the vmm backend, expandable_segments:True, cannot be shared through CUDA IPC yet; "
-                "use backend:cuda)");
+                " failed: ", cudaGetErrorString(err));
     // torch's layout (c10/cuda/CUDACachingAllocator.cpp): a version byte, the handle type, the
     // cudaIpcMemHandle_t; the offset of `ptr` in its segment beside it.
-    std::string text;
-    text.push_back(kShareableHandleVersion);
     text.push_back(kShareableCudaMalloc);
     text.append(reinterpret_cast<const char*>(&handle), CUDA_IPC_HANDLE_SIZE);
-    return cca::ShareableHandle{static_cast<char*>(ptr) - static_cast<char*>(base), text};
+    return cca::ShareableHandle{static_cast<std::ptrdiff_t>(shared.offset), text};
   }
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
-    TORCH_CHECK(have_cuda_,
-                "bucketalloc: getIpcDevPtr: the simulated device (backend:sim) cannot open CUDA IPC "
-                "handles; it needs backend:cuda on a GPU");
-    // torch's layouts: a bare cudaIpcMemHandle_t (older torch), or version (<= 3), type, handle.
+    // torch's layouts: a bare cudaIpcMemHandle_t (older torch), or a version byte (<= 3), the type
+    // and its data: 'c' a cudaIpcMemHandle_t, 'e' an expandable segment's pages; and bucketalloc's
+    // 'b' (pieces of different sizes).
     const bool legacy = handle.size() == CUDA_IPC_HANDLE_SIZE;
-    TORCH_CHECK(legacy || (handle.size() == 2 + CUDA_IPC_HANDLE_SIZE && handle[0] >= 1 &&
-                           handle[0] <= kShareableHandleVersion && handle[1] == kShareableCudaMalloc),
-                "bucketalloc: getIpcDevPtr: not a cudaMalloc IPC handle of torch's layout (", handle.size(),
-                " bytes; accepted: ", CUDA_IPC_HANDLE_SIZE, " handle bytes, or a version byte up to ",
-                static_cast<int>(kShareableHandleVersion),
-                ", the type 'c' and the handle; an expandable segment's "
-                "('e') is not opened by bucketalloc yet)");
+    const bool versioned = handle.size() >= 2 && handle[0] >= 1 && handle[0] <= kShareableHandleVersion;
+    const char type = legacy ? kShareableCudaMalloc : (versioned ? handle[1] : '?');
     const c10::DeviceIndex device = CurrentDevice();
+    RetryPendingCloses();
     std::lock_guard<std::mutex> lock(ipc_mu_);
     auto it = ipc_open_.find(handle);  // one opening per handle in the process, as torch keeps it
     if (it != ipc_open_.end()) {
       if (std::shared_ptr<void> open = it->second.lock()) return open;
     }
-    cudaIpcMemHandle_t h;
-    std::memcpy(&h, handle.data() + (legacy ? 0 : 2), CUDA_IPC_HANDLE_SIZE);
-    void* dev = nullptr;
-    c10::cuda::CUDAGuard guard(device);
-    C10_CUDA_CHECK(cudaIpcOpenMemHandle(&dev, h, cudaIpcMemLazyEnablePeerAccess));
-    std::shared_ptr<void> open(dev, [device](void* p) {
-      c10::cuda::CUDAGuard g(device);
-      (void)cudaIpcCloseMemHandle(p);
-      (void)cudaGetLastError();
-    });
+    std::shared_ptr<void> open;
+    if (type == kShareableExpandable || type == kShareablePieces) {
+      open = OpenPieces(handle, device);
+    } else {
+      TORCH_CHECK(type == kShareableCudaMalloc && (legacy || handle.size() == 2 + CUDA_IPC_HANDLE_SIZE),
+                  "bucketalloc: getIpcDevPtr: not an IPC handle of torch's layout (", handle.size(),
+                  " bytes; accepted: ", CUDA_IPC_HANDLE_SIZE, " handle bytes, or a version byte up to ",
+                  static_cast<int>(kShareableHandleVersion), " and the type 'c' with a cudaIpcMemHandle_t, 'e' with ",
+                  "an expandable segment's pages, or bucketalloc's 'b')");
+      TORCH_CHECK(have_cuda_,
+                  "bucketalloc: getIpcDevPtr: the simulated device (backend:sim) cannot open CUDA IPC "
+                  "handles; it needs a GPU");
+      cudaIpcMemHandle_t h;
+      std::memcpy(&h, handle.data() + (legacy ? 0 : 2), CUDA_IPC_HANDLE_SIZE);
+      void* dev = nullptr;
+      c10::cuda::CUDAGuard guard(device);
+      C10_CUDA_CHECK(cudaIpcOpenMemHandle(&dev, h, cudaIpcMemLazyEnablePeerAccess));
+      open = std::shared_ptr<void>(dev, [device](void* p) {
+        c10::cuda::CUDAGuard g(device);
+        (void)cudaIpcCloseMemHandle(p);
+        (void)cudaGetLastError();
+      });
+    }
     ipc_open_[handle] = open;
     return open;
   }
@@ -812,7 +910,8 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     }
     const std::size_t addr = action == cda::TraceEntry::OOM ? event.device_free : event.addr;
     cda::TraceEntry e = MakeEntry(action, static_cast<c10::DeviceIndex>(event.device), addr, event.size,
-                                  reinterpret_cast<void*>(event.stream), t_mempool, event.time_us, std::move(context),
+                                  reinterpret_cast<void*>(event.stream),
+                                  MempoolId_t{event.pool.first, event.pool.second}, event.time_us, std::move(context),
                                   compile_contexts_.empty() ? std::string() : compile_contexts_.back(), user_metadata_);
     for (const cca::AllocatorTraceTracker& tracker : trackers_) tracker(e);
     if (recording_ && skip_.count(ActionName(action)) == 0) Push(std::move(e));
@@ -823,6 +922,91 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
  private:
   static constexpr char kShareableHandleVersion = 3;  // torch 2.15's SHAREABLE_HANDLE_VERSION
   static constexpr char kShareableCudaMalloc = 'c';
+  static constexpr char kShareableExpandable = 'e';  // torch's SHAREABLE_CUDA_EXPANDABLE_SEGMENT
+  static constexpr char kShareablePieces = 'b';      // bucketalloc's: pieces of different sizes
+  static constexpr int kPosixFdHandles = 1;          // torch's Expandable_Segments_Handle_Type::POSIX_FD
+  // torch's ShareHeader (ExpandableSegment::share), field for field.
+  struct TorchShareHeader {
+    pid_t pid;
+    size_t segment_size;
+    size_t num_handles;
+    int handle_type;
+  };
+
+  // Opens an 'e' (torch's expandable segment) or 'b' (bucketalloc's pieces) handle: the sender's
+  // descriptors, read from its process, mapped side by side (bucketalloc_open_shared) until the
+  // last user of the returned pointer lets it go.
+  std::shared_ptr<void> OpenPieces(const std::string& handle, c10::DeviceIndex device) {
+    std::vector<bucketalloc_shared_piece> pieces;
+    int pid = 0;
+    const char* data = handle.data() + 2;
+    const std::size_t size = handle.size() - 2;
+    if (handle[1] == kShareableExpandable) {
+      TorchShareHeader header;
+      // Version 3 (torch 2.15) says the handle type; version 2 wrote pid, page size and count only
+      // (POSIX descriptors).
+      const bool typed = handle[0] >= 3;
+      const std::size_t header_size = typed ? sizeof header : offsetof(TorchShareHeader, handle_type);
+      TORCH_CHECK(size >= header_size, "bucketalloc: getIpcDevPtr: an expandable segment's handle of ", handle.size(),
+                  " bytes is shorter than its header (", header_size, " bytes in version ", static_cast<int>(handle[0]),
+                  ")");
+      std::memset(&header, 0, sizeof header);
+      std::memcpy(&header, data, header_size);
+      if (!typed) header.handle_type = kPosixFdHandles;
+      TORCH_CHECK(header.handle_type == kPosixFdHandles, "bucketalloc: getIpcDevPtr: the expandable segment was ",
+                  "shared with handle type ", header.handle_type,
+                  "; accepted: POSIX file descriptors (1). Fabric handles (2) are not opened by bucketalloc, and 0 "
+                  "means the sender made its segments without IPC handles");
+      TORCH_CHECK(header.num_handles <= (size - header_size) / sizeof(int) &&
+                      size == header_size + header.num_handles * sizeof(int),
+                  "bucketalloc: getIpcDevPtr: an expandable segment's handle of ", handle.size(), " bytes for ",
+                  header.num_handles, " pages");
+      pid = header.pid;
+      for (std::size_t i = 0; i < header.num_handles; ++i) {
+        int fd = -1;
+        std::memcpy(&fd, data + header_size + i * sizeof(int), sizeof(int));
+        pieces.push_back({fd, header.segment_size});
+      }
+    } else {
+      std::int64_t head[2] = {0, 0};
+      TORCH_CHECK(size >= sizeof head, "bucketalloc: getIpcDevPtr: a 'b' handle of ", handle.size(),
+                  " bytes is shorter than its header");
+      std::memcpy(head, data, sizeof head);
+      TORCH_CHECK(head[1] > 0 &&
+                      static_cast<std::uint64_t>(head[1]) <= (size - sizeof head) / (2 * sizeof(std::int64_t)) &&
+                      size == sizeof head + static_cast<std::size_t>(head[1]) * 2 * sizeof(std::int64_t),
+                  "bucketalloc: getIpcDevPtr: a 'b' handle of ", handle.size(), " bytes for ", head[1], " pieces");
+      pid = static_cast<int>(head[0]);
+      for (std::int64_t i = 0; i < head[1]; ++i) {
+        std::int64_t piece[2];
+        std::memcpy(piece, data + sizeof head + static_cast<std::size_t>(i) * sizeof piece, sizeof piece);
+        pieces.push_back({static_cast<int>(piece[0]), static_cast<size_t>(piece[1])});
+      }
+    }
+    void* base = g_api.bucketalloc_open_shared(device, pid, pieces.data(), pieces.size());
+    TORCH_CHECK(base != nullptr, "bucketalloc: getIpcDevPtr: ", LastError());
+    return std::shared_ptr<void>(base, [](void* p) { instance->CloseShared(p); });
+  }
+  // Unmaps an opening whose last user went; one refused now (during a capture) is kept and closed
+  // again at the next empty_cache or opening.
+  void CloseShared(void* base) {
+    if (g_api.bucketalloc_close_shared(base) == 0) return;
+    const std::string error = LastError();
+    if (error.find("during CUDA graph capture") == std::string::npos) {
+      std::fprintf(stderr, "bucketalloc: closing shared memory at %p failed: %s\n", base, error.c_str());
+      return;
+    }
+    std::lock_guard<std::mutex> lock(pending_close_mu_);
+    pending_closes_.push_back(base);
+  }
+  void RetryPendingCloses() {
+    std::vector<void*> pending;
+    {
+      std::lock_guard<std::mutex> lock(pending_close_mu_);
+      pending.swap(pending_closes_);
+    }
+    for (void* base : pending) CloseShared(base);
+  }
 
   static void RawDelete(void* ptr) { instance->Free(ptr); }
 
@@ -838,9 +1022,13 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
 
   void* Malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
     if (size == 0) return nullptr;
-    if (num_external_routings_.load(std::memory_order_relaxed) != 0) [[unlikely]] {
-      if (void* p = MallocExternal(size, stream)) return p;
+    if (t_in_segment_callback) [[unlikely]] {
+      TORCH_CHECK(false,
+                  "bucketalloc: a MemPool's allocator allocated through torch's CUDA allocator from inside its own "
+                  "raw_alloc or raw_delete, where bucketalloc holds the device's lock; such an allocator must take "
+                  "its memory from the device (cudaMalloc, cuMemCreate)");
     }
+    DeferredFreesDrain drain(this);  // frees a MemPool allocator's callback deferred, once the library returns
     const int recording = recording_flag_.load(std::memory_order_relaxed);
     if (recording != 0) [[unlikely]] {
       return MallocRecorded(size, device, stream, recording == 2);
@@ -930,9 +1118,11 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
 
   void Free(void* ptr) {
     if (ptr == nullptr) return;
-    if (num_external_live_.load(std::memory_order_relaxed) != 0) [[unlikely]] {
-      if (FreeExternal(ptr)) return;
+    if (t_in_segment_callback) [[unlikely]] {
+      t_deferred_frees.push_back(ptr);  // inside the library's call: after it returns
+      return;
     }
+    DeferredFreesDrain drain(this);
     const int recording = recording_flag_.load(std::memory_order_relaxed);
     if (recording == 2) [[unlikely]] {
       cca::CreateContextFn recorder = nullptr;
@@ -951,60 +1141,27 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
     }
   }
 
-  // ---- MemPools with an allocator of their own ---------------------------------------------------
+  // ---- frees deferred out of a MemPool allocator's callback ---------------------------------------
 
-  void* MallocExternal(size_t size, cudaStream_t stream) {
-    std::shared_ptr<cca::CUDAAllocator> allocator;
-    MempoolId_t pool{0, 0};
-    {
-      std::lock_guard<std::mutex> lock(state_mu_);
-      for (auto it = external_routings_.rbegin(); it != external_routings_.rend(); ++it) {
-        if (it->second && it->second(stream)) {
-          pool = it->first;
-          allocator = external_.at(pool).allocator;
-          break;
-        }
+  void DrainDeferredFrees() noexcept {
+    while (!t_deferred_frees.empty()) {
+      void* p = t_deferred_frees.back();
+      t_deferred_frees.pop_back();
+      try {
+        Free(p);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bucketalloc: a deferred free of %p failed: %s\n", p, e.what());
       }
     }
-    if (allocator == nullptr) return nullptr;
-    void* p = allocator->raw_alloc_with_stream(size, stream);
-    if (p == nullptr) {
-      throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                                  "CUDA out of memory: the allocator of MemPool (" + std::to_string(pool.first) + ", " +
-                                      std::to_string(pool.second) + ") returned no memory for " + std::to_string(size) +
-                                      " bytes");
+  }
+  struct DeferredFreesDrain {
+    explicit DeferredFreesDrain(BucketallocAllocator* a) : allocator(a) {}
+    ~DeferredFreesDrain() {
+      if (!t_deferred_frees.empty()) [[unlikely]]
+        allocator->DrainDeferredFrees();
     }
-    std::lock_guard<std::mutex> lock(state_mu_);
-    external_live_[p] = pool;
-    num_external_live_.store(static_cast<int>(external_live_.size()));
-    return p;
-  }
-  bool FreeExternal(void* ptr) {
-    std::shared_ptr<cca::CUDAAllocator> allocator;
-    {
-      std::lock_guard<std::mutex> lock(state_mu_);
-      auto it = external_live_.find(ptr);
-      if (it == external_live_.end()) return false;
-      const MempoolId_t pool = it->second;
-      external_live_.erase(it);
-      num_external_live_.store(static_cast<int>(external_live_.size()));
-      auto p = external_.find(pool);
-      if (p == external_.end()) return true;  // cannot happen: a pool is kept while it has live blocks
-      allocator = p->second.allocator;
-      if (p->second.use_count <= 0 && ExternalLiveLocked(pool) == 0) external_.erase(p);
-    }
-    allocator->raw_delete(ptr);
-    return true;
-  }
-  std::size_t ExternalLiveLocked(MempoolId_t pool) const {
-    return static_cast<std::size_t>(
-        std::count_if(external_live_.begin(), external_live_.end(), [&](const auto& e) { return e.second == pool; }));
-  }
-  // An external pool caches nothing: its memory goes back at each free. True when `pool` is one.
-  bool EmptyExternalPool(MempoolId_t pool) {
-    std::lock_guard<std::mutex> lock(state_mu_);
-    return external_.count(pool) != 0;
-  }
+    BucketallocAllocator* allocator;
+  };
 
   // ---- helpers -------------------------------------------------------------------------------------
 
@@ -1028,8 +1185,12 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
   }
 
   void Push(cda::TraceEntry e) {  // state_mu_ held
-    trace_.push_back(std::move(e));
-    while (trace_.size() > max_entries_) trace_.pop_front();
+    if (e.device_ < 0) return;
+    const auto device = static_cast<std::size_t>(e.device_);
+    if (traces_.size() <= device) traces_.resize(device + 1);
+    std::deque<cda::TraceEntry>& trace = traces_[device];  // each device its own ring, as torch's
+    trace.push_back(std::move(e));
+    while (trace.size() > max_entries_) trace.pop_front();
   }
 
   void UpdateHook() {
@@ -1118,28 +1279,23 @@ class BucketallocAllocator final : public cca::CUDAAllocator {
   cca::RecordContext when_ = cca::RecordContext::NEVER;
   size_t max_entries_ = 1;
   std::unordered_set<std::string> skip_;
-  std::deque<cda::TraceEntry> trace_;
+  std::vector<std::deque<cda::TraceEntry>> traces_;  // by device
+  std::deque<cda::AnnotationEntry> annotations_;     // recordAnnotation's, every device's
   std::vector<std::string> compile_contexts_;
   std::string user_metadata_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<cca::OomRejectionObserver> oom_rejection_observers_;
   std::vector<cca::AllocatorTraceTracker> trackers_;
-  std::unordered_map<MempoolId_t, ExternalPool, c10::MempoolIdHash> external_;
-  std::vector<std::pair<MempoolId_t, std::function<bool(cudaStream_t)>>> external_routings_;
-  std::unordered_map<void*, MempoolId_t> external_live_;
-  std::atomic<int> num_external_routings_{0};
-  std::atomic<int> num_external_live_{0};
-  struct PairHash {
-    std::size_t operator()(const std::pair<c10::DeviceIndex, MempoolId_t>& p) const {
-      return c10::MempoolIdHash()(p.second) * 31 + static_cast<std::size_t>(p.first);
-    }
-  };
-  std::unordered_set<std::pair<c10::DeviceIndex, MempoolId_t>, PairHash> no_split_;
+  // The MemPools with an allocator of their own (createOrIncrefPool), by device and id, until their
+  // last use is released; the library holds the allocator itself.
+  std::map<std::pair<c10::DeviceIndex, MempoolId_t>, const cca::CUDAAllocator*> pool_allocators_;
 
   mutable std::mutex block_mu_;
   std::unordered_map<std::uintptr_t, std::shared_ptr<c10::GatheredContext>> block_contexts_;
 
   std::mutex ipc_mu_;
+  std::mutex pending_close_mu_;
+  std::vector<void*> pending_closes_;  // openings whose close was refused (a capture ran)
   std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
 };
 
