@@ -515,7 +515,7 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   history_.Record(TraceAction::kOom, 0, size, registry_.slow_path_stream(), r.device_free, private_pool);
   std::string message = r.ToString();
   if (recent_ooms_.size() == DeviceMetrics::kRecentOoms) recent_ooms_.pop_front();
-  recent_ooms_.push_back(OomEvent{static_cast<std::uint64_t>(stats_.Snapshot().num_ooms),
+  recent_ooms_.push_back(OomEvent{static_cast<std::uint64_t>(stats_.Snapshot(/*since_start=*/true).num_ooms),
                                   absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), size, r.cause,
                                   r.at_tenant_cap ? r.tenant : std::string(), r.at_tenant_cap ? r.tenant_cap : 0});
   last_oom_ = std::move(r);
@@ -1072,8 +1072,8 @@ DeviceStats DeviceAllocator::GetStats() const {
   return StatsLocked();
 }
 
-DeviceStats DeviceAllocator::StatsLocked() const {
-  DeviceStats s = stats_.Snapshot();
+DeviceStats DeviceAllocator::StatsLocked(bool since_start) const {
+  DeviceStats s = stats_.Snapshot(since_start);
   private_.ForEach([&](std::uint16_t tag, const PrivatePools::Pool& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (p.tenant() != 0) return;  // tenants' pools are reported per tenant (GetTenantStats)
     if (const StatArray* reserved = registry_.OwnedReserved(tag)) {
@@ -1087,7 +1087,7 @@ DeviceMetrics DeviceAllocator::GetMetrics() const {
   DeviceMetrics m;
   m.device = device_;
   MutexLock lock(mu_);
-  m.stats = StatsLocked();
+  m.stats = StatsLocked(/*since_start=*/true);  // Prometheus counters never go back
   m.fragmentation = FragmentationLocked();
   m.backend_calls = backend_->counters();
   m.recent_ooms.assign(recent_ooms_.begin(), recent_ooms_.end());

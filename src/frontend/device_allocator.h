@@ -315,7 +315,8 @@ class DeviceAllocator final {
   bool over_cap_ ABSL_GUARDED_BY(mu_) = false;
   // Waits for the stream events of every pending free and returns those blocks to their pools.
   void SyncPendingFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  DeviceStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `since_start`: counters and totals since the device was made, whatever a reset zeroed (metrics).
+  DeviceStats StatsLocked(bool since_start = false) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls f(pools) for the device's own pools and every private pool's.
   template <typename F>
   void ForEachPools(F&& f) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

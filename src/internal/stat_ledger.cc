@@ -13,8 +13,24 @@ std::int64_t StatLedger::Current(PoolGauge gauge, PoolIndex pool) const {
   return sum;
 }
 
-DeviceStats StatLedger::Snapshot() const {
+DeviceStats StatLedger::Snapshot(bool since_start) const {
   DeviceStats out = stats_;
+  if (since_start) {
+    const auto add = [](Stat& s, const Stat& zeroed) {
+      s.allocated += zeroed.allocated;
+      s.freed += zeroed.freed;
+    };
+#define BUCKETALLOC_ADD_TOTALS(name, doc) \
+  for (int p = 0; p < kNumPoolIndices; ++p) add(out.name[p], zeroed_.name[p]);
+    BUCKETALLOC_POOL_STATS(BUCKETALLOC_ADD_TOTALS)
+#undef BUCKETALLOC_ADD_TOTALS
+#define BUCKETALLOC_ADD_COUNTER(name, doc) out.name += zeroed_.name;
+    BUCKETALLOC_COUNTERS(BUCKETALLOC_ADD_COUNTER)
+#undef BUCKETALLOC_ADD_COUNTER
+#define BUCKETALLOC_ADD_DEVICE_TOTALS(name, doc) add(out.name, zeroed_.name);
+    BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_ADD_DEVICE_TOTALS)
+#undef BUCKETALLOC_ADD_DEVICE_TOTALS
+  }
 #define BUCKETALLOC_FILL_ALL(name, doc)                     \
   {                                                         \
     Stat& all = out.name[kAllPools];                        \
@@ -32,18 +48,22 @@ DeviceStats StatLedger::Snapshot() const {
 
 void StatLedger::ResetAccumulated() {
   // Each gauge's current value becomes its base: current == base + allocated - freed still holds.
-  const auto reset = [](Stat& s, Stat& base) {
+  const auto reset = [](Stat& s, Stat& base, Stat& zeroed) {
     base.current = s.current;
+    zeroed.allocated += s.allocated;
+    zeroed.freed += s.freed;
     s.allocated = s.freed = 0;
   };
 #define BUCKETALLOC_RESET_TOTALS(name, doc) \
-  for (int p = 0; p < kNumPoolIndices; ++p) reset(stats_.name[p], base_.name[p]);
+  for (int p = 0; p < kNumPoolIndices; ++p) reset(stats_.name[p], base_.name[p], zeroed_.name[p]);
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_RESET_TOTALS)
 #undef BUCKETALLOC_RESET_TOTALS
-#define BUCKETALLOC_RESET_COUNTER(name, doc) stats_.name = 0;
+#define BUCKETALLOC_RESET_COUNTER(name, doc) \
+  zeroed_.name += stats_.name;               \
+  stats_.name = 0;
   BUCKETALLOC_COUNTERS(BUCKETALLOC_RESET_COUNTER)
 #undef BUCKETALLOC_RESET_COUNTER
-#define BUCKETALLOC_RESET_DEVICE_TOTALS(name, doc) reset(stats_.name, base_.name);
+#define BUCKETALLOC_RESET_DEVICE_TOTALS(name, doc) reset(stats_.name, base_.name, zeroed_.name);
   BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_RESET_DEVICE_TOTALS)
 #undef BUCKETALLOC_RESET_DEVICE_TOTALS
 }

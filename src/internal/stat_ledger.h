@@ -59,8 +59,10 @@ class StatLedger {
   void SetCapacity(std::int64_t bytes) { stats_.capacity_bytes = bytes; }
   void SetMaxSplitSize(std::int64_t bytes) { stats_.max_split_size = bytes; }
 
-  // The stats with every "all" entry filled in.
-  DeviceStats Snapshot() const;
+  // The stats with every "all" entry filled in. `since_start`: the counters and the gauges'
+  // allocated and freed totals since the ledger was made, whatever ResetAccumulated zeroed (what
+  // monotonic exporters read: Prometheus counters, the timeline).
+  DeviceStats Snapshot(bool since_start = false) const;
   // Resets every peak to its current value (the all-peaks to the sums).
   void ResetPeaks();
   // Resets the accumulated stats (PyTorch's resetAccumulatedStats): every gauge's allocated and
@@ -73,6 +75,8 @@ class StatLedger {
   // Each gauge's current value at the last ResetAccumulated (zero before one): invariant, per
   // gauge, current == base_.current + allocated - freed.
   DeviceStats base_;
+  // The counters and allocated/freed totals ResetAccumulated zeroed, summed over every reset.
+  DeviceStats zeroed_;
 };
 
 }  // namespace bucketalloc::internal

@@ -203,5 +203,38 @@ TEST(MetricsTest, AnAllocatorReportsItsCreatedDevicesAndItsOomsByCause) {
   ASSERT_TRUE((*a)->Free(*p, 1).ok());
 }
 
+// PyTorch's reset_accumulated_memory_stats zeroes the stats' counters and totals; the metrics'
+// counters are Prometheus counters, which never go back.
+TEST(MetricsTest, CountersNeverGoBackWhenTheAccumulatedStatsAreReset) {
+  absl::StatusOr<Options> o = ParseOptions("backend:sim,capacity:64MiB,sim_total_memory:128MiB");
+  ASSERT_TRUE(o.ok()) << o.status();
+  absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::Create(*o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<void*> p = (*a)->Allocate(4 * kMiB, 0);
+    ASSERT_TRUE(p.ok());
+    ASSERT_TRUE((*a)->Free(*p, 0).ok());
+  }
+  EXPECT_FALSE((*a)->Allocate(1 * kGiB, 0).ok());
+  const DeviceStats before = (*a)->Metrics()[0].stats;
+  ASSERT_TRUE((*a)->ResetAccumulatedStats(0).ok());
+  absl::StatusOr<DeviceStats> reset = (*a)->GetStats(0);
+  ASSERT_TRUE(reset.ok());
+  EXPECT_EQ(reset->allocation[kAllPools].allocated, 0);
+  EXPECT_EQ(reset->num_ooms, 0);
+  absl::StatusOr<void*> p = (*a)->Allocate(4 * kMiB, 0);
+  ASSERT_TRUE(p.ok());
+  const DeviceStats after = (*a)->Metrics()[0].stats;
+  EXPECT_EQ(after.allocation[kAllPools].allocated, before.allocation[kAllPools].allocated + 1);
+  EXPECT_EQ(after.num_ooms, before.num_ooms);
+#define BUCKETALLOC_EXPECT_MONOTONIC(name, doc) EXPECT_GE(after.name, before.name) << #name;
+  BUCKETALLOC_COUNTERS(BUCKETALLOC_EXPECT_MONOTONIC)
+#undef BUCKETALLOC_EXPECT_MONOTONIC
+  EXPECT_EQ(after.num_device_alloc, before.num_device_alloc + 1);  // the OOM's retry released the cache
+  EXPECT_EQ(after.allocated_bytes[kAllPools].current, static_cast<std::int64_t>(4 * kMiB));
+  ASSERT_TRUE((*a)->Free(*p, 0).ok());
+  EXPECT_TRUE((*a)->CheckInvariants(0).ok());
+}
+
 }  // namespace
 }  // namespace bucketalloc

@@ -89,9 +89,11 @@ def _command(torch: Any) -> List[str]:
     ]
 
 
-def _cuda_runtime(torch: Any) -> Tuple[pathlib.Path, pathlib.Path]:
-    """The CUDA runtime's headers and library directory torch was built with: the nvidia wheel's
-    (site-packages/nvidia/cu13 or nvidia/cuda_runtime), else $CUDA_HOME, $CUDA_PATH or /usr/local/cuda."""
+def _cuda_runtime_headers(torch: Any) -> pathlib.Path:
+    """The CUDA runtime's headers: the nvidia wheel's torch was built with (site-packages/nvidia/cu13
+    or nvidia/cuda_runtime), else $CUDA_HOME, $CUDA_PATH or /usr/local/cuda. Only the headers: the
+    native allocator links no CUDA runtime of its own, its calls resolve through libc10_cuda's, the
+    one torch loaded (a toolkit's libcudart of another version would be a second runtime)."""
     site = pathlib.Path(torch.__file__).resolve().parent.parent
     candidates = [site / "nvidia" / "cu13", site / "nvidia" / "cuda_runtime"]
     for variable in ("CUDA_HOME", "CUDA_PATH"):
@@ -99,12 +101,8 @@ def _cuda_runtime(torch: Any) -> Tuple[pathlib.Path, pathlib.Path]:
             candidates.append(pathlib.Path(os.environ[variable]))
     candidates.append(pathlib.Path("/usr/local/cuda"))
     for root in candidates:
-        header = root / "include" / "cuda_runtime_api.h"
-        if not header.is_file():
-            continue
-        for lib in (root / "lib", root / "lib64"):
-            if any(lib.glob("libcudart.so*")):
-                return root / "include", lib
+        if (root / "include" / "cuda_runtime_api.h").is_file():
+            return root / "include"
     raise Unavailable(
         "the CUDA runtime's headers (cuda_runtime_api.h) were not found in "
         + ", ".join(str(c) for c in candidates)
@@ -125,14 +123,12 @@ def _native_command(torch: Any) -> List[str]:
     include, lib = _torch_dirs(torch)
     if not (lib / "libtorch_cuda.so").is_file():
         raise Unavailable(f"this torch has no CUDA build ({lib}/libtorch_cuda.so is missing)")
-    cuda_include, cuda_lib = _cuda_runtime(torch)
-    cudart = sorted(p.name for p in cuda_lib.glob("libcudart.so*"))[0]
+    cuda_include = _cuda_runtime_headers(torch)
     return [
         _compiler(), "-std=c++20", "-O2", "-fPIC", "-shared", _abi_flag(torch), "-DUSE_C10D_NCCL=0",
         "-isystem", str(include), "-isystem", str(cuda_include), "-I", str(bucketalloc_include()),
         str(NATIVE_SOURCE),
-        f"-L{lib}", "-ltorch_cuda", "-lc10_cuda", "-lc10", f"-Wl,-rpath,{lib}",
-        f"-L{cuda_lib}", f"-l:{cudart}", f"-Wl,-rpath,{cuda_lib}", "-ldl",
+        f"-L{lib}", "-ltorch_cuda", "-lc10_cuda", "-lc10", f"-Wl,-rpath,{lib}", "-ldl",
     ]
 
 

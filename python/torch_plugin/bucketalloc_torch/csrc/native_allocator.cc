@@ -138,51 +138,36 @@ bool IsDefaultPool(MempoolId_t id) { return id.first == 0 && id.second == 0; }
 // bucketalloc, taken by the trace hook, which bucketalloc calls on this thread).
 thread_local std::shared_ptr<c10::GatheredContext> t_context;
 
+// Each trace action: bucketalloc's number (-1: none; torch records it itself), torch's action and
+// its name in torch's snapshots (what _record_memory_history's skip_actions names).
+struct ActionRow {
+  int bucketalloc;
+  cda::TraceEntry::Action torch;
+  const char* name;
+};
+constexpr ActionRow kActions[] = {
+    {BUCKETALLOC_TRACE_ALLOC, cda::TraceEntry::ALLOC, "alloc"},
+    {BUCKETALLOC_TRACE_FREE_REQUESTED, cda::TraceEntry::FREE_REQUESTED, "free_requested"},
+    {BUCKETALLOC_TRACE_FREE_COMPLETED, cda::TraceEntry::FREE_COMPLETED, "free_completed"},
+    {BUCKETALLOC_TRACE_SEGMENT_ALLOC, cda::TraceEntry::SEGMENT_ALLOC, "segment_alloc"},
+    {BUCKETALLOC_TRACE_SEGMENT_FREE, cda::TraceEntry::SEGMENT_FREE, "segment_free"},
+    {BUCKETALLOC_TRACE_SEGMENT_MAP, cda::TraceEntry::SEGMENT_MAP, "segment_map"},
+    {BUCKETALLOC_TRACE_SEGMENT_UNMAP, cda::TraceEntry::SEGMENT_UNMAP, "segment_unmap"},
+    {BUCKETALLOC_TRACE_OOM, cda::TraceEntry::OOM, "oom"},
+    {-1, cda::TraceEntry::SNAPSHOT, "snapshot"},
+    {-1, cda::TraceEntry::ANNOTATE, "annotate"},
+};
+
 cda::TraceEntry::Action ToTorchAction(int action) {
-  switch (action) {
-    case BUCKETALLOC_TRACE_ALLOC:
-      return cda::TraceEntry::ALLOC;
-    case BUCKETALLOC_TRACE_FREE_REQUESTED:
-      return cda::TraceEntry::FREE_REQUESTED;
-    case BUCKETALLOC_TRACE_FREE_COMPLETED:
-      return cda::TraceEntry::FREE_COMPLETED;
-    case BUCKETALLOC_TRACE_SEGMENT_ALLOC:
-      return cda::TraceEntry::SEGMENT_ALLOC;
-    case BUCKETALLOC_TRACE_SEGMENT_FREE:
-      return cda::TraceEntry::SEGMENT_FREE;
-    case BUCKETALLOC_TRACE_SEGMENT_MAP:
-      return cda::TraceEntry::SEGMENT_MAP;
-    case BUCKETALLOC_TRACE_SEGMENT_UNMAP:
-      return cda::TraceEntry::SEGMENT_UNMAP;
-    default:
-      return cda::TraceEntry::OOM;
-  }
+  for (const ActionRow& row : kActions)
+    if (row.bucketalloc == action) return row.torch;
+  return cda::TraceEntry::OOM;  // a newer library's action: kept, as the closest torch has
 }
 
 const char* ActionName(cda::TraceEntry::Action a) {
-  switch (a) {
-    case cda::TraceEntry::ALLOC:
-      return "alloc";
-    case cda::TraceEntry::FREE_REQUESTED:
-      return "free_requested";
-    case cda::TraceEntry::FREE_COMPLETED:
-      return "free_completed";
-    case cda::TraceEntry::SEGMENT_ALLOC:
-      return "segment_alloc";
-    case cda::TraceEntry::SEGMENT_FREE:
-      return "segment_free";
-    case cda::TraceEntry::SEGMENT_MAP:
-      return "segment_map";
-    case cda::TraceEntry::SEGMENT_UNMAP:
-      return "segment_unmap";
-    case cda::TraceEntry::SNAPSHOT:
-      return "snapshot";
-    case cda::TraceEntry::OOM:
-      return "oom";
-    case cda::TraceEntry::ANNOTATE:
-      return "annotate";
-  }
-  return "";
+  for (const ActionRow& row : kActions)
+    if (row.torch == a) return row.name;
+  return "unknown";
 }
 
 // A trace entry whose time is already in microseconds since the epoch (what a snapshot holds).
