@@ -16,7 +16,7 @@ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_CO
   -DBUCKETALLOC_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
   -DBUCKETALLOC_BUILD_FUZZERS=ON -DBUCKETALLOC_BUILD_TESTS=OFF -DBUCKETALLOC_BUILD_BENCH=OFF \
   -DBUCKETALLOC_BUILD_TOOLS=OFF >/dev/null || exit 1
-ninja -C build/fuzz -j"$jobs" conf_fuzz trace_fuzz kineto_fuzz workload_fuzz doctor_fuzz ops_fuzz || exit 1
+ninja -C build/fuzz -j"$jobs" conf_fuzz trace_fuzz kineto_fuzz workload_fuzz doctor_fuzz timeline_fuzz ops_fuzz || exit 1
 
 export ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -43,6 +43,7 @@ run trace trace_fuzz
 run kineto kineto_fuzz
 run workload workload_fuzz
 run doctor doctor_fuzz -max_len=8192
+run timeline timeline_fuzz -max_len=8192
 run ops ops_fuzz -max_len=1024
 run ops_stitching ops_fuzz -max_len=1024 \
   BUCKETALLOC_FUZZ_CONF="backend:sim,capacity:96MiB,sim_total_memory:256MiB,expandable_segments:true,tiers_tokens:[16,32,64,128],bytes_per_token:128KiB"

@@ -64,6 +64,9 @@ inline std::vector<Config> AllConfigs() {
       {"vmm_stitching",
        "expandable_segments:true,capacity:64MiB,sim_total_memory:128MiB,"
        "tiers_tokens:[16,32,64,128],bytes_per_token:128KiB"},
+      // Tenants configured: every request takes the tenant routing (the default tenant's, the
+      // device's own pools, unless a suite binds a stream or sets the thread's tenant).
+      {"tenants", "tenants:[short:256MiB,long:512MiB]"},
   };
 }
 

@@ -304,24 +304,14 @@ int main(int argc, char** argv) {
     absl::StatusOr<bucketalloc::harness::DoctorInput> in = bucketalloc::harness::ReadDoctorInput(doctor_input, o);
     if (!in.ok()) return Fail(in.status());
     for (const std::string& w : in->warnings) std::fprintf(stderr, "bucketalloc-bench: doctor: %s\n", w.c_str());
-    // Every device's verdicts, the samples grouped by device once (a timeline may have thousands).
-    std::vector<bucketalloc::harness::Verdict> verdicts = bucketalloc::harness::DiagnoseAll(in->samples);
-    for (const bucketalloc::harness::Verdict& v : in->round_verdicts) {
-      // Over rounds: a leak replaces the device's healthy verdict; a settling peak adds to it.
-      auto healthy = std::find_if(verdicts.begin(), verdicts.end(),
-                                  [&](const auto& x) { return x.device == v.device && x.verdict == "healthy"; });
-      if (healthy != verdicts.end() && v.verdict == "leak") verdicts.erase(healthy);
-      verdicts.push_back(v);
-    }
+    const std::vector<bucketalloc::harness::Verdict> verdicts = bucketalloc::harness::DiagnoseInput(*in);
     std::printf("doctor: %s (%s, %zu samples)\n%s", doctor_input.c_str(), in->kind.c_str(), in->samples.size(),
                 bucketalloc::harness::VerdictsToText(verdicts).c_str());
     const bool json_ok = WriteText(json_path, bucketalloc::harness::VerdictsToJson(verdicts));
     const bool html_ok = WriteText(
         html_path, bucketalloc::harness::DoctorHtml(verdicts, in->samples, "bucketalloc doctor: " + doctor_input));
     // Figures that contradict themselves are not a diagnosis: said, and the exit status says it.
-    const auto inconsistent = std::count_if(verdicts.begin(), verdicts.end(), [](const auto& v) {
-      return v.verdict == bucketalloc::harness::kInconsistent;
-    });
+    const int inconsistent = bucketalloc::harness::InconsistentDevices(verdicts);
     if (inconsistent > 0) {
       std::fprintf(stderr,
                    "bucketalloc-bench: doctor: %s: the samples of %lld device(s) contradict themselves (verdict "

@@ -1,6 +1,6 @@
 // bucketalloc/units.h — byte units, and sizes as text (layer L0: usable by every layer).
 //
-// Owns: the binary units every layer counts in (kKiB, kMiB, kGiB), the "no limit" size, the one
+// Owns: the binary units every layer counts in (kKiB, kMiB, kGiB), the "no limit" size, RoundUp, the one
 // parser and formatter of sizes, and the exact text of a number, used by the option table, the reports and the tools.
 // Thread-safety: constants and pure functions.
 //
@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -23,6 +24,14 @@ inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 inline constexpr std::size_t kGiB = std::size_t{1} << 30;
 // "No limit" for size options (PyTorch's SIZE_MAX default of max_split_size).
 inline constexpr std::size_t kUnlimited = ~std::size_t{0};
+
+// `n` rounded up to a whole multiple of `to` (> 0), in the wider of the two integer types: sizes to
+// granules, addresses to alignments, tokens to blocks. The one rounding every layer and the harness use.
+template <typename T, typename U>
+constexpr std::common_type_t<T, U> RoundUp(T n, U to) {
+  using R = std::common_type_t<T, U>;
+  return (static_cast<R>(n) + static_cast<R>(to) - 1) / static_cast<R>(to) * static_cast<R>(to);
+}
 
 // Parses a size: "123", "64KiB", "20MiB", "1.5GiB", "2TiB" (also K/KB/M/MB/G/GB/T/TB as binary units,
 // case-insensitive). InvalidArgument names the text and what is wrong with it.

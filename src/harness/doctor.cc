@@ -178,8 +178,8 @@ double Min(const std::vector<double>& v, std::size_t lo, std::size_t hi) {
   return m;
 }
 
-void Add(std::vector<Verdict>* out, int device, const char* verdict, std::string evidence, std::string lever,
-         double from, double to) {
+void Add(std::vector<Verdict>* out, int device, Finding verdict, std::string evidence, std::string lever, double from,
+         double to) {
   for (Verdict& v : *out) {
     if (v.verdict == verdict) {  // one verdict of a kind: the evidence joins it
       absl::StrAppend(&v.evidence, "; ", evidence);
@@ -197,7 +197,7 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
   if (s.contradictions > 0) {
     // Figures that contradict themselves cannot be read as a curve: no other verdict.
     out.push_back(Verdict{
-        kInconsistent,
+        Finding::kInconsistent,
         absl::StrCat(s.contradictions, " of device ", device, "'s ", s.size(),
                      " samples contradict themselves, which no bucketalloc timeline does; the first, at ",
                      At(s.first_contradiction_at), ": ", s.first_contradiction),
@@ -207,7 +207,7 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
     return out;
   }
   if (s.over_cap > 0) {
-    Add(&out, device, "over_cap",
+    Add(&out, device, Finding::kOverCap,
         absl::StrCat(s.over_cap, " of device ", device, "'s ", s.size(), " samples reserve more than the cap, from ",
                      At(s.first_over_cap_at), " (", s.first_over_cap,
                      "): a cap lowered below what was reserved, whose cache above it stays until released; no "
@@ -220,7 +220,7 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
   const double peak_r = Max(s.reserved, 0, n);
   const double peak_a = Max(s.allocated, 0, n);
   if (s.scale <= 0) {
-    out.push_back(Verdict{"healthy", absl::StrCat("device ", device, " used no memory over ", At(s.duration)),
+    out.push_back(Verdict{Finding::kHealthy, absl::StrCat("device ", device, " used no memory over ", At(s.duration)),
                           "nothing to do", s.t0, s.t.back(), device});
     return out;
   }
@@ -243,7 +243,7 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
                                                 " of the ", Bytes(cap), " cap; live ", Bytes(s.allocated[i]), ") at ",
                                                 At(s.t[i]), ", ", Pct(s.t[i] - s.t0, s.duration), " into the timeline");
       if (pressure) {
-        Add(&out, device, "full_at_start",
+        Add(&out, device, Finding::kFullAtStart,
             absl::StrCat(evidence, "; later ", ooms, " OOMs and ", s.retries, " retries of a released cache"),
             kLeverFull, s.t0, s.t[i]);
       } else {
@@ -288,7 +288,7 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
     const bool leak = troughs.size() >= 4 && 2 * up >= steps_n && 5 * down <= steps_n && total_rise >= th.climb * cap &&
                       largest_step <= 0.5 * total_rise;
     if (leak) {
-      Add(&out, device, "leak",
+      Add(&out, device, Finding::kLeak,
           absl::StrCat("live memory's troughs rose from ", Bytes(troughs.front()), " (", At(trough_at.front()), ") to ",
                        Bytes(troughs.back()), " (", At(trough_at.back()),
                        ") and it never fell back below them; its "
@@ -317,7 +317,7 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
         l_lo < l_hi && Max(s.allocated, l_lo, l_hi) - Min(s.allocated, l_lo, l_hi) >= th.climb * cap;
     if (!leak && f_lo < f_hi && l_lo < l_hi && steps >= 3 && last_peak - first_peak >= th.climb * cap &&
         s.reserved[body - 1] >= th.settle * body_peak_r && falls_back) {
-      Add(&out, device, "climbs_capacity",
+      Add(&out, device, Finding::kClimbsCapacity,
           absl::StrCat("reserved climbed from a peak of ", Bytes(first_peak), " in the first third to ",
                        Bytes(last_peak), " in the last, in ", steps, " steps, and did not come back down (",
                        Bytes(s.reserved[body - 1]), " at the end, ", Pct(s.reserved[body - 1], cap), of_cap,
@@ -363,10 +363,10 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
                        ", reserved jumped by ", Bytes(best), " (", Pct(best, cap), of_cap, ") between ",
                        At(s.t[best_i]), " and ", At(s.t[best_j]), "; live memory rose by ", Bytes(live_rise));
       if (live_rise >= 0.7 * best) {
-        Add(&out, device, "spike_long_request", absl::StrCat(evidence, ": the requests in flight grew"), kLeverLong,
-            s.t[best_i], s.t[best_j]);
+        Add(&out, device, Finding::kSpikeLongRequest, absl::StrCat(evidence, ": the requests in flight grew"),
+            kLeverLong, s.t[best_i], s.t[best_j]);
       } else {
-        Add(&out, device, "fragmentation",
+        Add(&out, device, Finding::kFragmentation,
             absl::StrCat(evidence, ": new memory for requests that the free cache (", Bytes(s.cached[best_i]),
                          ") could not serve"),
             kLeverFragmentation, s.t[best_i], s.t[best_j]);
@@ -390,19 +390,19 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
   double from = 0, to = 0;
   if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kFragmentation)]; k > 0) {
     const std::string when = span_of(OomCause::kFragmentation, &from, &to);
-    Add(&out, device, "fragmentation",
+    Add(&out, device, Finding::kFragmentation,
         absl::StrCat(k, " fragmentation OOMs", when, ": enough memory was free, in pieces no request fitted"),
         kLeverFragmentation, from, to);
   }
   if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kCacheHeld)]; k > 0) {
     const std::string when = span_of(OomCause::kCacheHeld, &from, &to);
-    Add(&out, device, "cache_held",
+    Add(&out, device, Finding::kCacheHeld,
         absl::StrCat(k, " OOMs", when, " while memory was held for stream events not yet complete (record_stream)"),
         kLeverCache, from, to);
   }
   if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kDeviceExhausted)]; k > 0) {
     const std::string when = span_of(OomCause::kDeviceExhausted, &from, &to);
-    Add(&out, device, "full_at_start",
+    Add(&out, device, Finding::kFullAtStart,
         absl::StrCat(k, " OOMs", when,
                      " that the device refused under the cap: its memory is used outside this allocator (another "
                      "process, the CUDA context, communication buffers); lower the cap to what is really free"),
@@ -421,7 +421,7 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
                       ")");
     }
     const std::string whose = named.empty() ? std::string("a tenant's") : absl::StrCat("tenant ", named, "'s");
-    Add(&out, device, "tenant_cap",
+    Add(&out, device, Finding::kTenantCap,
         absl::StrCat(k, " OOMs", when, " were refused by ", whose,
                      " own cap, not by the device's: the card had room "
                      "for them"),
@@ -438,12 +438,12 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
         absl::StrCat(k, " capacity OOMs", when, ": live memory plus the request exceeded the cap");
     bool joined = false;
     for (Verdict& v : out) {
-      if (v.verdict == "fragmentation" || v.verdict == "cache_held") continue;
+      if (v.verdict == Finding::kFragmentation || v.verdict == Finding::kCacheHeld) continue;
       absl::StrAppend(&v.evidence, "; ", evidence);
       joined = true;
       break;
     }
-    if (!joined) Add(&out, device, "climbs_capacity", evidence, kLeverCapacity, from, to);
+    if (!joined) Add(&out, device, Finding::kClimbsCapacity, evidence, kLeverCapacity, from, to);
   }
 
   // Cache held but unused, for long, while memory was short (near the cap, or an OOM or retry).
@@ -475,7 +475,7 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
             : absl::StrCat("cache held but unused ", Bytes(held_bytes), " of ", Bytes(held_reserved), " reserved (",
                            Pct(held_bytes, cap), of_cap, ")");
     if (short_of_memory) {
-      Add(&out, device, "cache_held",
+      Add(&out, device, Finding::kCacheHeld,
           absl::StrCat(evidence, ", with reserved memory up to ", Pct(held_reserved, cap), of_cap, ", ", ooms,
                        " OOMs and ", s.retries, " retries"),
           kLeverCache, held_from, held_to);
@@ -486,7 +486,7 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
 
   if (out.empty()) {
     out.push_back(Verdict{
-        "healthy",
+        Finding::kHealthy,
         absl::StrCat("peak reserved ", Bytes(peak_r), " (", Pct(peak_r, cap), of_cap,
                      s.cap > 0 ? absl::StrCat(" of ", Bytes(cap)) : "", "), peak live ", Bytes(peak_a), ", ", ooms,
                      " OOMs, ", s.retries, " retries; no climb, leak or spike over ", At(s.duration), calm),
@@ -497,14 +497,58 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
 
 }  // namespace
 
+std::vector<Verdict> DiagnoseInput(const DoctorInput& input, const DoctorThresholds& t) {
+  // The samples grouped by device once (a timeline may have thousands).
+  std::vector<Verdict> verdicts = DiagnoseAll(input.samples, t);
+  for (const Verdict& v : input.round_verdicts) {
+    auto healthy = std::find_if(verdicts.begin(), verdicts.end(), [&](const Verdict& x) {
+      return x.device == v.device && x.verdict == Finding::kHealthy;
+    });
+    if (healthy != verdicts.end() && v.verdict == Finding::kLeak) verdicts.erase(healthy);
+    verdicts.push_back(v);
+  }
+  return verdicts;
+}
+
+int InconsistentDevices(absl::Span<const Verdict> verdicts) {
+  return static_cast<int>(std::count_if(verdicts.begin(), verdicts.end(),
+                                        [](const Verdict& v) { return v.verdict == Finding::kInconsistent; }));
+}
+
+absl::string_view FindingName(Finding finding) {
+  switch (finding) {
+    case Finding::kFullAtStart:
+      return "full_at_start";
+    case Finding::kClimbsCapacity:
+      return "climbs_capacity";
+    case Finding::kLeak:
+      return "leak";
+    case Finding::kSpikeLongRequest:
+      return "spike_long_request";
+    case Finding::kFragmentation:
+      return "fragmentation";
+    case Finding::kCacheHeld:
+      return "cache_held";
+    case Finding::kTenantCap:
+      return "tenant_cap";
+    case Finding::kOverCap:
+      return "over_cap";
+    case Finding::kHealthy:
+      return "healthy";
+    case Finding::kInconsistent:
+      return "inconsistent";
+  }
+  return "unknown";
+}
+
 std::vector<Verdict> Diagnose(absl::Span<const TimelineSample> samples, int device, const DoctorThresholds& th) {
   std::vector<std::size_t> indices;
   for (std::size_t i = 0; i < samples.size(); ++i) {
     if (samples[i].device == device) indices.push_back(i);
   }
   if (indices.empty()) {
-    return {Verdict{"healthy", absl::StrCat("device ", device, " has no samples in the timeline"), "nothing to do", 0,
-                    0, device}};
+    return {Verdict{Finding::kHealthy, absl::StrCat("device ", device, " has no samples in the timeline"),
+                    "nothing to do", 0, 0, device}};
   }
   return DiagnoseSeries(SeriesOf(samples, indices), device, th);
 }
@@ -529,7 +573,7 @@ std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> peaks, absl::S
   // its weights at its start loads them again each round.
   if (end_live.back() > end_live.front()) {
     out.push_back(
-        Verdict{"leak",
+        Verdict{Finding::kLeak,
                 absl::StrCat("the trace keeps ", FormatBytes(end_live.front()),
                              " at the end of each round that it never frees, so ", k, " rounds of it hold ",
                              FormatBytes(end_live.back()), " at the end (peaks of reserved memory: ", list, ")"),
@@ -548,14 +592,14 @@ std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> peaks, absl::S
   const double tolerance = 0.01 * top;
   const double settled = own[k / 2];
   if (own.back() > settled + tolerance) {
-    out.push_back(Verdict{"fragmentation",
+    out.push_back(Verdict{Finding::kFragmentation,
                           absl::StrCat("the peak of reserved memory, less what earlier rounds left, still rose in the "
                                        "second half of ",
                                        k, " rounds (", Bytes(settled), " to ", Bytes(own.back()),
                                        "): fragmentation that has not settled"),
                           kLeverFragmentation, 0, 0, device});
   } else if (settled > own.front() + tolerance) {
-    out.push_back(Verdict{"healthy",
+    out.push_back(Verdict{Finding::kHealthy,
                           absl::StrCat("the peak of reserved memory (less what earlier rounds left) rose from ",
                                        Bytes(own.front()), " to ", Bytes(settled),
                                        " over the first rounds and then settled: fragmentation reaching its steady "
@@ -568,7 +612,7 @@ std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> peaks, absl::S
 std::string VerdictsToJson(absl::Span<const Verdict> verdicts) {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const Verdict& v : verdicts) {
-    list.push_back({{"verdict", v.verdict},
+    list.push_back({{"verdict", FindingName(v.verdict)},
                     {"evidence", v.evidence},
                     {"lever", v.lever},
                     {"from_s", v.from_s},
@@ -581,7 +625,7 @@ std::string VerdictsToJson(absl::Span<const Verdict> verdicts) {
 std::string VerdictsToText(absl::Span<const Verdict> verdicts) {
   std::string out;
   for (const Verdict& v : verdicts) {
-    absl::StrAppend(&out, "device ", v.device, ": ", v.verdict, "\n  evidence: ", v.evidence,
+    absl::StrAppend(&out, "device ", v.device, ": ", FindingName(v.verdict), "\n  evidence: ", v.evidence,
                     "\n  first lever: ", v.lever, "\n");
   }
   return out;
@@ -597,8 +641,8 @@ std::string DoctorHtml(absl::Span<const Verdict> verdicts, absl::Span<const Time
       "svg{border:1px solid #ccc}</style></head><body><h1>",
       EscapeHtml(title), "</h1><section id=\"doctor\"><h2>Diagnosis</h2><ul>");
   for (const Verdict& v : verdicts) {
-    absl::StrAppend(&html, "<li data-verdict=\"", EscapeHtml(v.verdict), "\"><span class=\"v\">device ", v.device, ": ",
-                    EscapeHtml(v.verdict), "</span><br>evidence: ", EscapeHtml(v.evidence),
+    absl::StrAppend(&html, "<li data-verdict=\"", EscapeHtml(FindingName(v.verdict)), "\"><span class=\"v\">device ",
+                    v.device, ": ", EscapeHtml(FindingName(v.verdict)), "</span><br>evidence: ", EscapeHtml(v.evidence),
                     "<br>first lever: ", EscapeHtml(v.lever), "</li>");
   }
   absl::StrAppend(&html, "</ul></section>");
@@ -615,12 +659,13 @@ std::string DoctorHtml(absl::Span<const Verdict> verdicts, absl::Span<const Time
                     "\" role=\"img\" aria-label=\"memory over time\">");
     for (const Verdict* marked : by_device[d]) {
       const Verdict& v = *marked;
-      if (v.verdict == "healthy" || v.verdict == kInconsistent) continue;
+      if (v.verdict == Finding::kHealthy || v.verdict == Finding::kInconsistent) continue;
       const double x0 = x(v.from_s), x1 = std::max(x(v.to_s), x0 + 2);
       absl::StrAppendFormat(&html,
                             "<rect data-marked=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
                             "fill=\"#f5a623\" fill-opacity=\"0.25\"><title>%s</title></rect>",
-                            EscapeHtml(v.verdict), x0, kPad, x1 - x0, kH - 2 * kPad, EscapeHtml(v.verdict));
+                            EscapeHtml(FindingName(v.verdict)), x0, kPad, x1 - x0, kH - 2 * kPad,
+                            EscapeHtml(FindingName(v.verdict)));
     }
     auto line = [&](const std::vector<double>& v, const char* color, const char* name) {
       std::string pts;

@@ -40,14 +40,31 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "bucketalloc/timeline.h"
 
 namespace bucketalloc::harness {
 
+// What the doctor finds on a device (docs/runbook.md: a section each). kInconsistent: samples that
+// contradict themselves (see the top of this file).
+enum class Finding {
+  kFullAtStart,
+  kClimbsCapacity,
+  kLeak,
+  kSpikeLongRequest,
+  kFragmentation,
+  kCacheHeld,
+  kTenantCap,
+  kOverCap,
+  kHealthy,
+  kInconsistent,
+};
+// A finding's name in the text, the JSON and the page ("full_at_start", ...).
+absl::string_view FindingName(Finding finding);
+
 struct Verdict {
-  std::string verdict;   // full_at_start, climbs_capacity, leak, spike_long_request, fragmentation, cache_held,
-                         // tenant_cap, over_cap, healthy, inconsistent
+  Finding verdict = Finding::kHealthy;
   std::string evidence;  // the numbers and the span they come from
   std::string lever;     // the runbook's first lever
   double from_s = 0.0;   // the span of the timeline the evidence comes from
@@ -68,9 +85,6 @@ struct DoctorThresholds {
   double cache_cap = 0.10;       // of the cap, at least
   double cache_time = 0.50;      // of the run: for how long
 };
-
-// The verdict of samples that contradict themselves (see the top of this file).
-inline constexpr char kInconsistent[] = "inconsistent";
 
 // The highest device index the doctor reads: 2^16 devices, as many as `--snapshot-device` takes.
 // The library writes the indices of the devices its backend counts (at most 64 simulated ones; CUDA's
@@ -121,6 +135,12 @@ struct DoctorInput {
 // byte-order mark at the start is skipped; a timeline's damaged lines are skipped, each named in
 // DoctorInput::warnings.
 absl::StatusOr<DoctorInput> ReadDoctorInput(const std::string& path, const DoctorOptions& options);
+
+// Every device's verdicts of what the doctor read: its samples' (DiagnoseAll), then its rounds'
+// (a leak over the rounds replaces the device's healthy verdict; a settling peak adds to it).
+std::vector<Verdict> DiagnoseInput(const DoctorInput& input, const DoctorThresholds& t = DoctorThresholds{});
+// How many devices' samples contradict themselves (their verdict is kInconsistent): not a diagnosis.
+int InconsistentDevices(absl::Span<const Verdict> verdicts);
 
 // {"verdicts": [{"verdict", "evidence", "lever", "from_s", "to_s", "device"}]}.
 std::string VerdictsToJson(absl::Span<const Verdict> verdicts);

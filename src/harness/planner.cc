@@ -41,7 +41,6 @@ constexpr int kInputBound[] = {512, 2048, 8192};
 constexpr int kOutputBound[] = {128, 256, 512};
 
 std::int64_t RoundDown(std::int64_t n, std::int64_t to) { return n <= 0 ? 0 : n / to * to; }
-std::int64_t RoundUp(std::int64_t n, std::int64_t to) { return (n + to - 1) / to * to; }
 
 // Nearest rank: the smallest value with at least q of the values at or below it.
 int Quantile(std::vector<int> v, double q) {

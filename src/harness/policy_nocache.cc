@@ -2,8 +2,8 @@
 // cudaMalloc/cudaFree without a cache does (harness/policies.h).
 #include <memory>
 
+#include "bucketalloc/units.h"
 #include "harness/replay_allocator.h"
-#include "internal/bits.h"
 
 namespace bucketalloc::harness {
 namespace {
@@ -13,7 +13,7 @@ class NoCacheReplay final : public DeviceReplayAllocator {
   using DeviceReplayAllocator::DeviceReplayAllocator;
   absl::StatusOr<void*> Allocate(std::size_t size, Stream) override {
     if (size == 0) return nullptr;
-    absl::StatusOr<void*> p = device().Allocate(internal::RoundUp(size, device().Granularity()));
+    absl::StatusOr<void*> p = device().Allocate(RoundUp(size, device().Granularity()));
     if (p.ok()) {
       NotePeak();
       requested_ += size;
@@ -22,7 +22,7 @@ class NoCacheReplay final : public DeviceReplayAllocator {
   }
   absl::Status Free(void* ptr, std::size_t size) override {
     if (ptr == nullptr) return absl::OkStatus();
-    absl::Status s = device().Free(ptr, internal::RoundUp(size, device().Granularity()));
+    absl::Status s = device().Free(ptr, RoundUp(size, device().Granularity()));
     if (s.ok()) requested_ -= size;
     return s;
   }

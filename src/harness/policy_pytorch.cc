@@ -32,7 +32,6 @@ namespace {
 
 using pytorch_model::kMinBlockSize;
 using pytorch_model::kSmallSize;
-using pytorch_model::RoundUp;
 
 constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;
 constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;

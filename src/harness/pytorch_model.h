@@ -14,13 +14,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "bucketalloc/stat_types.h"
+#include "bucketalloc/units.h"
 
 namespace bucketalloc::harness::pytorch_model {
 
 inline constexpr std::size_t kMinBlockSize = 512;                // "all sizes are rounded to at least 512 bytes"
 inline constexpr std::size_t kSmallSize = std::size_t{1} << 20;  // "largest 'small' allocation is 1 MiB"
 
-inline std::size_t RoundUp(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
 // round_size without roundup_power2_divisions.
 inline std::size_t RoundSize(std::size_t size) {
   return size < kMinBlockSize ? kMinBlockSize : RoundUp(size, kMinBlockSize);

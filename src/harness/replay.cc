@@ -549,8 +549,8 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
     return r;
   };
   // Below the peak of live bytes nothing can work: start just under it and double until it works.
-  std::size_t lo = std::max(kReplayGranularity, internal::RoundUp(live, kReplayGranularity)) - kReplayGranularity;
-  std::size_t hi = std::max(2 * kReplayGranularity, internal::RoundUp(live, kReplayGranularity));
+  std::size_t lo = std::max(kReplayGranularity, RoundUp(live, kReplayGranularity)) - kReplayGranularity;
+  std::size_t hi = std::max(2 * kReplayGranularity, RoundUp(live, kReplayGranularity));
   absl::StatusOr<ReplayResult> at_hi = probe(hi);
   while (at_hi.ok() && at_hi->card_ooms() > 0) {
     if (hi >= kMaxRequestBytes) {
@@ -589,7 +589,7 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
   // and bisect again below the smallest that serves the trace.
   constexpr int kGridProbes = 5;
   const std::size_t floor =
-      capped ? 2 * kReplayGranularity : std::max(2 * kReplayGranularity, internal::RoundUp(live, kReplayGranularity));
+      capped ? 2 * kReplayGranularity : std::max(2 * kReplayGranularity, RoundUp(live, kReplayGranularity));
   if (found->first > floor + kReplayGranularity) {
     std::size_t failing = floor;
     for (int k = 1; k <= kGridProbes; ++k) {

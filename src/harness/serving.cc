@@ -17,7 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/options.h"
-#include "internal/bits.h"
+#include "bucketalloc/units.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc::harness {
@@ -46,11 +46,6 @@ struct Schedule {
   std::int64_t peak_block_tokens = 0;  // the most tokens held, counting whole blocks of block_tokens
   double end_s = 0.0;                  // when the last step ends
 };
-
-// Token counts are never negative: internal::RoundUp over them.
-std::int64_t RoundUp(std::int64_t n, std::int64_t to) {
-  return static_cast<std::int64_t>(internal::RoundUp(static_cast<std::size_t>(n), static_cast<std::size_t>(to)));
-}
 
 absl::Status Validate(const ServingOptions& o) {
   auto bad = [](absl::string_view what, auto value, absl::string_view accepted) {

@@ -11,13 +11,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "bucketalloc/units.h"
+
 namespace bucketalloc::internal {
 
 constexpr bool IsPowerOfTwo(std::size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
-// Rounds `x` up to a multiple of `align` (any positive value). Precondition: no overflow
-// (callers bound x by kMaxRequestBytes).
-constexpr std::size_t RoundUp(std::size_t x, std::size_t align) { return (x + align - 1) / align * align; }
+// Rounds up to a multiple of any positive value (bucketalloc/units.h). Precondition: no overflow
+// (callers bound sizes by kMaxRequestBytes).
+using ::bucketalloc::RoundUp;
 
 // floor(log2(x)) for x > 0.
 constexpr int Log2Floor(std::size_t x) { return 63 - std::countl_zero(static_cast<std::uint64_t>(x)); }

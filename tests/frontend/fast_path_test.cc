@@ -139,6 +139,9 @@ TEST_P(FastPathHeapTest, ACacheHitMakesNoHeapAllocationAndNoBackendCall) {
   absl::StatusOr<std::unique_ptr<Allocator>> created = Allocator::Create(*options);
   ASSERT_TRUE(created.ok()) << created.status();
   Allocator& a = **created;
+  // With tenants, the requests go to a tenant's own pools (the thread's tenant), through the
+  // tenant routing and its accounting.
+  if (!options->tenants.empty()) ASSERT_TRUE(a.SetThreadTenant(options->tenants.back().name).ok());
   const std::size_t sizes[] = {512, 4096, 256 * kKiB, kMiB, 3 * kMiB, 9 * kMiB, 12 * kMiB};
   for (Stream stream : {Stream{nullptr}, TestStream(1)}) {
     for (std::size_t size : sizes) {
@@ -180,6 +183,13 @@ TEST_P(FastPathHeapTest, ACacheHitMakesNoHeapAllocationAndNoBackendCall) {
     }
   }
   EXPECT_TRUE(a.CheckInvariants(0).ok());
+  if (!options->tenants.empty()) {  // the blocks were the tenant's
+    const std::vector<TenantStats> tenants = *a.GetTenantStats(0);
+    ASSERT_EQ(tenants.size(), options->tenants.size() + 1);
+    EXPECT_GT(tenants.back().reserved, 0u);
+    EXPECT_EQ(tenants.front().reserved, 0u) << "the default tenant (the device's own pools) served nothing";
+    ASSERT_TRUE(a.SetThreadTenant("default").ok());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, FastPathHeapTest, ::testing::ValuesIn(bucketalloc::testing::AllConfigs()),

@@ -51,7 +51,7 @@ std::vector<TimelineSample> Generate(const std::function<std::pair<double, doubl
 
 std::vector<std::string> Names(const std::vector<Verdict>& v) {
   std::vector<std::string> names;
-  for (const Verdict& x : v) names.push_back(x.verdict);
+  for (const Verdict& x : v) names.push_back(std::string(FindingName(x.verdict)));
   return names;
 }
 bool Has(const std::vector<Verdict>& v, const std::string& name) {
@@ -59,11 +59,11 @@ bool Has(const std::vector<Verdict>& v, const std::string& name) {
   return std::find(n.begin(), n.end(), name) != n.end();
 }
 const Verdict& Get(const std::vector<Verdict>& v, const std::string& name) {
-  return *std::find_if(v.begin(), v.end(), [&](const Verdict& x) { return x.verdict == name; });
+  return *std::find_if(v.begin(), v.end(), [&](const Verdict& x) { return FindingName(x.verdict) == name; });
 }
 std::string Joined(const std::vector<Verdict>& v) {
   std::string s;
-  for (const Verdict& x : v) s += x.verdict + ": " + x.evidence + "\n";
+  for (const Verdict& x : v) absl::StrAppend(&s, FindingName(x.verdict), ": ", x.evidence, "\n");
   return s;
 }
 double Tri(double t, double period) {  // 0..1..0
@@ -271,19 +271,19 @@ TEST(DoctorTest, SamplesThatContradictThemselvesAreInconsistentNotHealthy) {
   const auto v = Diagnose(over_cap, 0);
   ASSERT_TRUE(Has(v, "over_cap")) << Joined(v);
   EXPECT_FALSE(Has(v, "healthy")) << Joined(v);
-  EXPECT_FALSE(Has(v, kInconsistent)) << Joined(v);
+  EXPECT_FALSE(Has(v, "inconsistent")) << Joined(v);
   EXPECT_TRUE(absl::StrContains(Joined(v),
                                 "201 of device 0's 201 samples reserve more than the cap, from 0.0 s "
                                 "(reserved 1024.00 GiB is 104857600% of the 1.00 MiB cap)"))
       << Joined(v);
   for (const Verdict& x : v) {
-    if (x.verdict == "over_cap") EXPECT_TRUE(absl::StrContains(x.lever, "empty_cache")) << x.lever;
+    if (x.verdict == Finding::kOverCap) EXPECT_TRUE(absl::StrContains(x.lever, "empty_cache")) << x.lever;
   }
 
   auto live_over_reserved = Generate([](double t) { return std::pair{40.0, 30.0 + 8 * Tri(t, 60)}; });
   live_over_reserved[100].allocated_bytes = live_over_reserved[100].reserved_bytes + 1;
   const auto w = Diagnose(live_over_reserved, 0);
-  ASSERT_EQ(Names(w), std::vector<std::string>{kInconsistent}) << Joined(w);
+  ASSERT_EQ(Names(w), std::vector<std::string>{"inconsistent"}) << Joined(w);
   EXPECT_TRUE(absl::StrContains(w[0].evidence, "1 of device 0's 201 samples")) << Joined(w);
   EXPECT_TRUE(absl::StrContains(w[0].evidence, "at 500.0 s: allocated (live)")) << Joined(w);
   EXPECT_EQ(w[0].from_s, 500.0);
@@ -291,13 +291,13 @@ TEST(DoctorTest, SamplesThatContradictThemselvesAreInconsistentNotHealthy) {
                      &TimelineSample::largest_free_block_bytes}) {
     auto bad = Generate([](double) { return std::pair{40.0, 30.0}; });
     bad[7].*field = bad[7].reserved_bytes + 1;
-    EXPECT_EQ(Names(Diagnose(bad, 0)), std::vector<std::string>{kInconsistent});
+    EXPECT_EQ(Names(Diagnose(bad, 0)), std::vector<std::string>{"inconsistent"});
   }
 
   // set_per_process_memory_fraction lowered the cap below what was reserved: consistent, and said.
   auto lowered = Generate([](double) { return std::pair{60.0, 30.0}; });
   for (std::size_t i = 100; i < lowered.size(); ++i) lowered[i].capacity_bytes = static_cast<std::int64_t>(50 * kGiB);
-  EXPECT_FALSE(Has(Diagnose(lowered, 0), kInconsistent)) << Joined(Diagnose(lowered, 0));
+  EXPECT_FALSE(Has(Diagnose(lowered, 0), "inconsistent")) << Joined(Diagnose(lowered, 0));
   EXPECT_TRUE(Has(Diagnose(lowered, 0), "over_cap")) << Joined(Diagnose(lowered, 0));
   // The HTML marks no span for a contradiction.
   EXPECT_FALSE(absl::StrContains(DoctorHtml(w, live_over_reserved, "x"), "data-marked="));
@@ -332,8 +332,8 @@ TEST(DoctorTest, ManyDevicesAreDiagnosedInOnePass) {
     EXPECT_EQ(all[d].verdict, one[0].verdict);
     EXPECT_EQ(all[d].evidence, one[0].evidence);
   }
-  EXPECT_EQ(all[7].verdict, "fragmentation");
-  EXPECT_EQ(all[8].verdict, "healthy");
+  EXPECT_EQ(all[7].verdict, Finding::kFragmentation);
+  EXPECT_EQ(all[8].verdict, Finding::kHealthy);
   EXPECT_TRUE(DiagnoseAll({}).empty());
 }
 

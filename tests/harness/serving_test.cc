@@ -411,8 +411,8 @@ TEST(ServingTest, SplitPoolsKeepShortRequestsServedThroughALongBurstThatBreaksTh
   const std::vector<Verdict> verdicts = Diagnose(sampled->samples, 0);
   bool tenant_cap = false;
   for (const Verdict& v : verdicts) {
-    EXPECT_NE(v.verdict, "fragmentation") << v.evidence;
-    if (v.verdict == "tenant_cap") {
+    EXPECT_NE(v.verdict, Finding::kFragmentation) << v.evidence;
+    if (v.verdict == Finding::kTenantCap) {
       tenant_cap = true;
       EXPECT_TRUE(absl::StrContains(v.evidence, "tenant 'long' (cap 4.00 GiB)")) << v.evidence;
       EXPECT_TRUE(absl::StrContains(v.lever, "raise tenant 'long' (cap 4.00 GiB)'s cap")) << v.lever;
