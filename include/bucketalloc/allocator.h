@@ -34,6 +34,7 @@
 #include "bucketalloc/capture.h"
 #include "bucketalloc/metrics.h"
 #include "bucketalloc/options.h"
+#include "bucketalloc/sharing.h"
 #include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
 
@@ -42,30 +43,6 @@ namespace bucketalloc {
 namespace internal {
 class DeviceAllocator;
 }
-
-// The largest request accepted (2^46 bytes = 64 TiB); anything larger is an invalid size (this also
-// catches a negative ssize_t converted to size_t).
-inline constexpr std::size_t kMaxRequestBytes = std::size_t{1} << 46;
-
-// CUDA IPC (PyTorch's shareIpcHandle / getIpcDevPtr): what another process needs to map the memory
-// of a live allocation (Allocator::ShareBlock).
-// A physical piece of a virtual-memory segment: a POSIX file descriptor of the sharing process
-// (the backend's, valid while the piece exists) and its bytes.
-struct SharedPiece {
-  int fd = -1;
-  std::size_t bytes = 0;
-};
-struct SharedMemory {
-  // false: a plain backend allocation (cudaMalloc): [base, base + bytes) is the segment holding the
-  // allocation, which cudaIpcGetMemHandle(base) shares. true: the physical pieces mapped under the
-  // allocation (the vmm backend's stitched segments), side by side from `base`; another process
-  // maps them with Allocator::OpenShared.
-  bool virtual_memory = false;
-  std::uintptr_t base = 0;
-  std::size_t bytes = 0;
-  std::size_t offset = 0;  // the allocation's address - base
-  std::vector<SharedPiece> pieces;
-};
 
 class Allocator {
  public:
@@ -207,8 +184,6 @@ class Allocator {
   // The same as a change of the pool's settings as they are, under the device's lock (no other
   // call's change is lost between reading and setting them).
   absl::Status UpdatePoolSettings(int device, GraphPoolId pool, absl::FunctionRef<void(PrivatePoolSettings&)> change);
-  // The settings of private pool `pool` (NotFound for a pool the device does not hold).
-  absl::StatusOr<PrivatePoolSettings> PoolSettings(int device, GraphPoolId pool) const;
   // The use count of `pool` on `device` (0 when the device holds no such pool).
   absl::StatusOr<int> PoolUseCount(int device, GraphPoolId pool) const;
   // emptyCache(mempool_id): releases the wholly free memory of `pool` after synchronizing the

@@ -1,7 +1,8 @@
 // bucketalloc/units.h — byte units, and sizes as text (layer L0: usable by every layer).
 //
-// Owns: the binary units every layer counts in (kKiB, kMiB, kGiB), the "no limit" size, RoundUp, the one
-// parser and formatter of sizes, and the exact text of a number, used by the option table, the reports and the tools.
+// Owns: the binary units every layer counts in (kKiB, kMiB, kGiB), the largest request, the "no
+// limit" size, RoundUp, the one parser and formatter of sizes, and the exact text of a number, used
+// by the option table, the reports and the tools.
 // Thread-safety: constants and pure functions.
 //
 // Example:
@@ -22,6 +23,10 @@ namespace bucketalloc {
 inline constexpr std::size_t kKiB = std::size_t{1} << 10;
 inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 inline constexpr std::size_t kGiB = std::size_t{1} << 30;
+
+// The largest request accepted (2^46 bytes = 64 TiB); anything larger is an invalid size (this also
+// catches a negative ssize_t converted to size_t).
+inline constexpr std::size_t kMaxRequestBytes = std::size_t{1} << 46;
 // "No limit" for size options (PyTorch's SIZE_MAX default of max_split_size).
 inline constexpr std::size_t kUnlimited = ~std::size_t{0};
 

@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "backend/registry.h"
+#include "backend/stream_keys.h"
 #include "frontend/device_allocator.h"
 #include "frontend/fork_registry.h"
 #include "frontend/tenants.h"
@@ -20,7 +21,9 @@ using internal::DeviceAllocator;
 // The device states, and their part in fork(2) (frontend/fork_registry.h): creation's lock, then
 // every created device's (in device order).
 struct Allocator::Devices final : internal::ForkParticipant {
-  explicit Devices(int n) : ptrs(n), owned(n), id(NextId()) { internal::RegisterForFork(this); }
+  Devices(int n, std::shared_ptr<internal::Tenants> t) : ptrs(n), owned(n), tenants(std::move(t)) {
+    internal::RegisterForFork(this);
+  }
   ~Devices() { internal::UnregisterForFork(this); }
   void PrepareFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
     create_mu.lock();
@@ -41,25 +44,16 @@ struct Allocator::Devices final : internal::ForkParticipant {
     create_mu.unlock();
   }
 
-  // The ids of allocators, for the threads' tenants (frontend/tenants.h): unique in the process.
-  static std::uint64_t NextId() {
-    static std::atomic<std::uint64_t> next{1};
-    return next.fetch_add(1, std::memory_order_relaxed);
-  }
-
   std::vector<std::atomic<DeviceAllocator*>> ptrs;  // published once, read without a lock
   std::mutex create_mu;
   std::vector<std::unique_ptr<DeviceAllocator>> owned;
-  const std::uint64_t id;
+  // The tenants' names, bindings, thread tenants and caps (frontend/tenants.h), shared by the devices.
+  const std::shared_ptr<internal::Tenants> tenants;
   std::unique_ptr<Backend> preset_backend;  // CreateWithBackend: device 0's backend
   // History recording, applied to each device when it is created (guarded by create_mu).
   bool history = false;
   std::size_t history_entries = 0;
   TraceHook trace_hook;  // SetTraceHook's, given to each device when it is created
-  // Tenants: the stream bindings and the caps changed at run time, applied to each device when it
-  // is created (guarded by create_mu).
-  absl::flat_hash_map<Stream, int> stream_tenants;
-  absl::flat_hash_map<int, std::size_t> tenant_caps;
 };
 
 namespace {
@@ -74,7 +68,8 @@ const internal::BackendEntry& DeviceBackendEntry(const Options& o) {
 }  // namespace
 
 Allocator::Allocator(const Options& options, int device_count)
-    : options_(options), devices_(std::make_unique<Devices>(device_count)) {}
+    : options_(options),
+      devices_(std::make_unique<Devices>(device_count, std::make_shared<internal::Tenants>(options.tenants))) {}
 
 Allocator::~Allocator() = default;
 
@@ -124,12 +119,8 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
     backend = std::move(*b);
   }
   absl::StatusOr<std::unique_ptr<DeviceAllocator>> created =
-      DeviceAllocator::Create(options_, std::move(backend), device, /*tenant_owner=*/devices_->id);
+      DeviceAllocator::Create(options_, std::move(backend), device, devices_->tenants);  // with the caps set so far
   if (!created.ok()) return created.status();
-  for (const auto& [stream, index] : devices_->stream_tenants) (*created)->BindStream(stream, index);
-  for (const auto& [index, cap] : devices_->tenant_caps) {
-    if (absl::Status s = (*created)->SetTenantCap(index, cap); !s.ok()) return s;  // a new device: nothing to release
-  }
   if (devices_->history) {
     if (absl::Status s = (*created)->SetHistory(true, devices_->history_entries); !s.ok()) return s;
   }
@@ -151,10 +142,7 @@ absl::StatusOr<void*> Allocator::Allocate(std::size_t size, int device, Stream s
   return AllocateOnNewDevice(size, device, stream);
 }
 
-Stream Allocator::PerThreadKey() {
-  static thread_local const Stream key = NewPseudoStream();  // one per thread, never reused
-  return key;
-}
+Stream Allocator::PerThreadKey() { return internal::PerThreadKey(); }
 
 absl::StatusOr<void*> Allocator::AllocateOnNewDevice(std::size_t size, int device, Stream stream) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
@@ -350,12 +338,6 @@ absl::Status Allocator::UpdatePoolSettings(int device, GraphPoolId pool,
   return (*d)->ConfigurePool(pool, change);
 }
 
-absl::StatusOr<PrivatePoolSettings> Allocator::PoolSettings(int device, GraphPoolId pool) const {
-  absl::StatusOr<DeviceAllocator*> d = Device(device);
-  if (!d.ok()) return d.status();
-  return (*d)->PoolSettings(pool);
-}
-
 absl::StatusOr<int> Allocator::PoolUseCount(int device, GraphPoolId pool) const {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
@@ -376,44 +358,27 @@ absl::Status Allocator::EmptyPoolCache(int device, GraphPoolId pool) {
 }
 
 absl::Status Allocator::BindStream(Stream stream, absl::string_view tenant) {
-  absl::StatusOr<int> index = internal::TenantIndex(options_, tenant);
+  absl::StatusOr<int> index = devices_->tenants->Index(tenant);
   if (!index.ok()) return index.status();
-  stream = PoolKey(stream);
-  std::lock_guard<std::mutex> lock(devices_->create_mu);
-  if (*index == 0) {
-    devices_->stream_tenants.erase(stream);
-  } else {
-    devices_->stream_tenants[stream] = *index;
-  }
-  for (int device = 0; device < device_count(); ++device) {
-    if (DeviceAllocator* d = Published(devices_->ptrs, device)) d->BindStream(stream, *index);
-  }
+  devices_->tenants->Bind(PoolKey(stream), *index);
   return absl::OkStatus();
 }
 
 absl::Status Allocator::SetThreadTenant(absl::string_view tenant) {
-  absl::StatusOr<int> index = internal::TenantIndex(options_, tenant);
+  absl::StatusOr<int> index = devices_->tenants->Index(tenant);
   if (!index.ok()) return index.status();
-  internal::SetThreadTenant(devices_->id, *index);
+  devices_->tenants->SetThreadTenant(*index);
   return absl::OkStatus();
 }
 
-std::string Allocator::ThreadTenant() const {
-  return internal::TenantName(options_, internal::ThreadTenant(devices_->id));
-}
+std::string Allocator::ThreadTenant() const { return devices_->tenants->Name(devices_->tenants->ThreadTenant()); }
 
 absl::Status Allocator::SetTenantCap(absl::string_view tenant, std::size_t cap) {
-  absl::StatusOr<int> index = internal::TenantIndex(options_, tenant);
+  absl::StatusOr<int> index = devices_->tenants->Index(tenant);
   if (!index.ok()) return index.status();
-  if (*index == 0) {
-    return absl::InvalidArgumentError(
-        "bucketalloc: the default tenant's cap is the device's; accepted: a tenant named in tenants:[...] (set the "
-        "device's cap with capacity or memory_fraction)");
-  }
-  if (absl::Status s = internal::ValidateTenantCap(tenant, cap); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(devices_->create_mu);
-  devices_->tenant_caps[*index] = cap;  // devices created later start with it
-  absl::Status first;                   // every device is asked; the first refusal is reported
+  std::lock_guard<std::mutex> lock(devices_->create_mu);  // a device created meanwhile starts with the new cap
+  if (absl::Status s = devices_->tenants->SetCap(*index, cap); !s.ok()) return s;
+  absl::Status first;  // every device is asked; the first refusal is reported
   for (int device = 0; device < device_count(); ++device) {
     DeviceAllocator* d = Published(devices_->ptrs, device);
     if (d == nullptr) continue;
@@ -439,11 +404,8 @@ absl::Status Allocator::EmptyCache() {
 }
 
 absl::Status Allocator::RetireStream(Stream stream) {
-  {
-    std::lock_guard<std::mutex> lock(devices_->create_mu);
-    devices_->stream_tenants.erase(stream);  // a new stream with this handle is bound to no tenant
-  }
-  absl::Status first;  // every device is asked; the first failure is reported
+  devices_->tenants->Forget(stream);  // a new stream with this handle is bound to no tenant
+  absl::Status first;                 // every device is asked; the first failure is reported
   for (int device = 0; device < device_count(); ++device) {
     DeviceAllocator* d = Published(devices_->ptrs, device);
     if (d == nullptr) continue;

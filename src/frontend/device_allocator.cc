@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "bucketalloc/allocator.h"
+#include "backend/stream_keys.h"
 #include "bucketalloc/units.h"
 #include "frontend/oom_diagnosis.h"
 #include "frontend/snapshot_walk.h"
@@ -58,7 +58,7 @@ absl::StatusOr<std::size_t> ComputeCap(std::size_t capacity, double fraction, st
 }  // namespace
 
 DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device,
-                                 std::uint64_t tenant_owner)
+                                 std::shared_ptr<const Tenants> tenants)
     : options_(options),
       device_(device),
       backend_(std::move(backend)),
@@ -82,8 +82,11 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
                                        std::move(large), /*no_split=*/settings.no_split);
       }),
       imports_(backend_.get()),
-      tenant_owner_(tenant_owner) {
+      tenants_(std::move(tenants), &private_, &registry_) {
   registry_.set_collector([this](std::size_t incoming) ABSL_NO_THREAD_SAFETY_ANALYSIS { CollectGarbage(incoming); });
+  registry_.set_segment_allocators([this](std::uint16_t tag) ABSL_NO_THREAD_SAFETY_ANALYSIS -> SegmentAllocator* {
+    return private_.contains(tag) ? private_.at(tag).settings.segment_allocator.get() : nullptr;
+  });
   history_.set_pool_ids([this](std::uint16_t tag) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return private_.contains(tag) ? private_.at(tag).id : GraphPoolId{};
   });
@@ -91,7 +94,7 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
 
 absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const Options& options,
                                                                          std::unique_ptr<Backend> backend, int device,
-                                                                         std::uint64_t tenant_owner) {
+                                                                         std::shared_ptr<const Tenants> tenants) {
   const std::size_t granularity = backend->Granularity();
   if (!IsPowerOfTwo(granularity) || kSlabBytes % granularity != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -106,7 +109,8 @@ absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const O
   }
   absl::StatusOr<DeviceMemInfo> info = backend->GetMemInfo();
   if (!info.ok()) return info.status();
-  std::unique_ptr<DeviceAllocator> d(new DeviceAllocator(options, std::move(backend), device, tenant_owner));
+  if (tenants == nullptr && !options.tenants.empty()) tenants = std::make_shared<const Tenants>(options.tenants);
+  std::unique_ptr<DeviceAllocator> d(new DeviceAllocator(options, std::move(backend), device, std::move(tenants)));
   d->device_total_ = info->total_bytes;
   absl::StatusOr<std::size_t> cap =
       ComputeCap(options.capacity, options.memory_fraction, info->total_bytes, granularity, device);
@@ -116,17 +120,7 @@ absl::StatusOr<std::unique_ptr<DeviceAllocator>> DeviceAllocator::Create(const O
   d->stats_.SetCapacity(static_cast<std::int64_t>(d->registry_.cap()));
   d->stats_.SetMaxSplitSize(options.max_split_size == kUnlimited ? -1
                                                                  : static_cast<std::int64_t>(options.max_split_size));
-  if (!options.tenants.empty()) {
-    // Tenant i's pool is a private pool of its own, whose growth the registry holds to its cap.
-    d->tenant_tags_.push_back(0);  // the default tenant: the device's own pools
-    for (std::size_t i = 0; i < options.tenants.size(); ++i) {
-      absl::StatusOr<std::uint16_t> tag = d->private_.AddTenant(static_cast<int>(i) + 1, device);
-      if (!tag.ok()) return tag.status();
-      d->tenant_tags_.push_back(*tag);
-      d->registry_.SetOwnerCap(*tag, options.tenants[i].cap, options.tenants[i].name);
-    }
-    d->tenant_ooms_.assign(d->tenant_tags_.size(), {});
-  }
+  if (absl::Status s = d->tenants_.AddPools(device); !s.ok()) return s;
   return d;
 }
 
@@ -172,7 +166,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream)
     return fork_child_error_;
   // One call of AllocateIn, so that the fast path stays inlined in this function.
   std::uint16_t tag = 0;
-  StreamPools& sp = private_.routing() || has_tenants() ? RoutedPoolsFor(stream, &tag) : PoolsFor(stream);
+  StreamPools& sp = private_.routing() || tenants_.enabled() ? RoutedPoolsFor(stream, &tag) : PoolsFor(stream);
   return PoolsOf(tag).Route(
       size, [&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS { return AllocateIn(pool, sp, size, stream, tag); });
 }
@@ -244,7 +238,7 @@ StreamPools& DeviceAllocator::RoutedPoolsFor(Stream stream, std::uint16_t* tag) 
       private_.routing()
           ? private_.TagFor(stream, [&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, false); })
           : 0;
-  if (*tag == 0 && has_tenants()) *tag = tenant_tags_[TenantOf(stream)];  // a capture's routing comes first
+  if (*tag == 0 && tenants_.enabled()) *tag = tenants_.TagFor(stream);  // a capture's routing comes first
   if (*tag == 0) return PoolsFor(stream);
   if (stream == last_routed_stream_ && *tag == last_routed_tag_ && last_routed_pools_ != nullptr) [[likely]]
     return *last_routed_pools_;
@@ -274,7 +268,7 @@ inline absl::StatusOr<void*> DeviceAllocator::AllocateIn(P& pool, StreamPools& s
   CommitLive(pool, ptr, *h, size, private_pool);
   history_.Record(TraceAction::kAlloc, ptr, size, stream, 0, private_pool);
   if (!hit) {
-    if (over_cap_) [[unlikely]]
+    if (tenants_.over_cap()) [[unlikely]]
       TrimTenantsToCaps();  // pending frees of a tenant over its cap may have come back on this slow path
     MaybeCheckInvariants();
   }
@@ -288,8 +282,8 @@ inline void DeviceAllocator::CommitLive(const P& pool, std::uintptr_t ptr, typen
   stats_.Increase(&DeviceStats::allocated_bytes, P::kIndex, static_cast<std::int64_t>(P::BlockSize(h)));
   stats_.Increase(&DeviceStats::allocation, P::kIndex, 1);
   if (pool.Oversize(h)) stats_.device(&DeviceStats::oversize_allocations).Increase(1);
-  if (has_tenants()) [[unlikely]]
-    StepUse(private_pool, P::kIndex, P::BlockSize(h), P::BlockSize(h), size, 1);
+  if (tenants_.enabled()) [[unlikely]]
+    tenants_.StepUse(private_pool, P::kIndex, P::BlockSize(h), P::BlockSize(h), size, 1);
   live_.Emplace(ptr, h, size, private_pool);
 }
 
@@ -326,7 +320,7 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
   // the cache and retrying.
   const bool rejected =
       options_.throw_on_cudamalloc_oom && stats_.counter(&DeviceStats::num_oom_rejections) != rejections;
-  const bool tenant = TenantOfTag(private_pool) != 0;
+  const bool tenant = tenants_.OwnsPool(private_pool);
   if (!capturing && !rejected && absl::IsResourceExhausted(h.status()) && tenant) {
     // A tenant gives back its own cache first (after synchronizing pending stream events): its cap
     // is usually what refused, and the other tenants' caches stay theirs.
@@ -337,7 +331,7 @@ absl::StatusOr<typename P::Handle> DeviceAllocator::AllocateSlow(P& pool, typena
   }
   // Releasing the other tenants' caches cannot help when the tenant's own cap refuses the growth.
   if (!capturing && !rejected && absl::IsResourceExhausted(h.status()) &&
-      !(tenant && registry_.OverOwnerCap(private_pool, pool.OomSizes(request).second))) {
+      !(tenant && tenants_.AtCap(private_pool, pool.OomSizes(request).second))) {
     // Release the cache (after synchronizing pending stream events) and try once more.
     SyncAndReleaseAll();
     stats_.Count(&DeviceStats::num_alloc_retries);
@@ -382,7 +376,7 @@ std::optional<typename P::Handle> DeviceAllocator::BorrowFromUseOnOomPools(Strea
 }
 
 bool DeviceAllocator::StreamCaptures(Stream stream, bool if_unknown) {
-  stream = Allocator::StreamOfKey(stream);        // this thread's per-thread key: cudaStreamPerThread
+  stream = StreamOfKey(stream);                   // this thread's per-thread key: cudaStreamPerThread
   if (IsPseudoStream(stream)) return if_unknown;  // another thread's per-thread stream cannot be asked
   absl::StatusOr<bool> capturing = backend_->IsCapturing(stream);
   return capturing.ok() ? *capturing : if_unknown;
@@ -393,7 +387,6 @@ void DeviceAllocator::EndAbandonedCaptures() {
   const int ended =
       private_.EndAbandoned([&](Stream s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return StreamCaptures(s, true); });
   if (ended > 0) stats_.Count(&DeviceStats::num_abandoned_captures, ended);
-  ForgetMarksIfNotRouting();
 }
 
 bool DeviceAllocator::CaptureRestricts(Stream stream) {
@@ -462,39 +455,10 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   s.stitching = options_.Stitching() && pool == kLargePool;
   s.movable = PoolsOf(private_pool).large().movable_bytes();
   s.fragmentation = FragmentationLocked();
-  const int tenant = TenantOfTag(private_pool);
-  const std::optional<std::size_t> tenant_cap = registry_.OwnerCap(private_pool);  // a tenant's only
-  const bool at_tenant_cap = registry_.OverOwnerCap(private_pool, segment);
-  if (at_tenant_cap) {
-    // The tenant's own cap refused the growth: diagnose within the tenant, as a device of its cap.
-    const TenantUse use = UseOf(private_pool);
-    s.capacity = *tenant_cap;
-    s.reserved = registry_.OwnedNow(private_pool);
-    s.allocated = use.allocated[kAllPools];
-    s.live_requested = use.requested[kAllPools];
-    s.active = use.active[kAllPools];
-    const StatArray* owned = registry_.OwnedReserved(private_pool);
-    const auto pool_reserved = owned == nullptr ? 0 : static_cast<std::size_t>((*owned)[pool].current);
-    s.pool_cached = pool_reserved - std::min(pool_reserved, use.active[pool]);
-    s.fragmentation = FragmentationOf(private_pool, use);
-  }
+  const bool at_tenant_cap = tenants_.NarrowOom(private_pool, segment, &s);
   OomReport r = DiagnoseOom(s);
-  if (at_tenant_cap) {
-    // One cause for every reader (stats, metrics, the timeline, a replay's count): the tenant's cap;
-    // the diagnosis within the tenant stays in the text.
-    r.diagnosis =
-        absl::StrCat("tenant cap: the tenant's own cap refused the growth, not the device's; within the tenant, ",
-                     r.diagnosis, " (or raise the tenant's cap, or bind less to it)");
-    r.cause = OomCause::kTenantCap;
-  }
+  tenants_.AccountOom(private_pool, at_tenant_cap, &r);
   r.rejected = rejected;
-  if (has_tenants()) {
-    r.tenant = TenantName(options_, tenant);
-    r.tenant_cap = tenant_cap.value_or(registry_.cap());
-    r.at_tenant_cap = at_tenant_cap;
-    ++tenant_ooms_[static_cast<std::size_t>(tenant)].all;
-    if (at_tenant_cap) ++tenant_ooms_[static_cast<std::size_t>(tenant)].at_cap;
-  }
   switch (r.cause) {
     case OomCause::kCapacity:
       stats_.Count(&DeviceStats::num_ooms_capacity);
@@ -566,8 +530,8 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   } else {
     PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       using P = PoolType<decltype(pool)>;
-      if (has_tenants()) [[unlikely]]  // no longer live, nor active
-        StepUse(entry.private_pool, P::kIndex, -P::BlockSize(h), -P::BlockSize(h), -entry.requested, -1);
+      if (tenants_.enabled()) [[unlikely]]  // no longer live, nor active
+        tenants_.StepUse(entry.private_pool, P::kIndex, -P::BlockSize(h), -P::BlockSize(h), -entry.requested, -1);
       Release(pool, addr, h, entry);
       Complete(pool, addr, h, entry);
     });
@@ -575,28 +539,13 @@ absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   // Blocks awaiting stream events are polled on every free and every slow path, never on a hit, and
   // never during a capture (CUDA forbids event queries then).
   if (!pending_.empty() && !CaptureMayRun()) RetirePending(PendingFrees::Mode::kPollUntilBusy);
-  if (over_cap_) [[unlikely]]
+  if (tenants_.over_cap()) [[unlikely]]
     TrimTenantsToCaps();
   return absl::OkStatus();
 }
 
 void DeviceAllocator::TrimTenantsToCaps() {
-  if (CaptureMayRun()) return;
-  bool released = false;
-  over_cap_ = false;
-  for (std::size_t t = 1; t < tenant_tags_.size(); ++t) {
-    const std::uint16_t tag = tenant_tags_[t];
-    const std::optional<std::size_t> cap = registry_.OwnerCap(tag);
-    if (!cap.has_value() || registry_.OwnedNow(tag) <= *cap) continue;
-    const std::uint16_t owner = registry_.owner();
-    registry_.set_owner(tag);
-    private_.at(tag).pools->ForEach([&](auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      while (registry_.OwnedNow(tag) > *cap && pool.ReleaseOldest() > 0) released = true;
-    });
-    registry_.set_owner(owner);
-    over_cap_ = over_cap_ || registry_.OwnedNow(tag) > *cap;  // live memory above it: later frees
-  }
-  if (!released) return;
+  if (CaptureMayRun() || !tenants_.TrimToCaps()) return;
   registry_.TrimAddressSpace();
   MaybeCheckInvariants();
 }
@@ -637,9 +586,9 @@ void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry) {
   }
   PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     using P = PoolType<decltype(pool)>;
-    if (has_tenants()) [[unlikely]]  // no longer live; still active while it awaits its streams
-      StepUse(entry.private_pool, P::kIndex, uses.empty() ? -P::BlockSize(h) : 0, -P::BlockSize(h), -entry.requested,
-              -1);
+    if (tenants_.enabled()) [[unlikely]]  // no longer live; still active while it awaits its streams
+      tenants_.StepUse(entry.private_pool, P::kIndex, uses.empty() ? -P::BlockSize(h) : 0, -P::BlockSize(h),
+                       -entry.requested, -1);
     Release(pool, addr, h, entry);
     if (!uses.empty()) {
       PoolType<decltype(pool)>::MarkPending(h);
@@ -653,8 +602,8 @@ void DeviceAllocator::FreeInUse(std::uintptr_t addr, const LiveEntry& entry) {
 void DeviceAllocator::ReturnEntry(std::uintptr_t ptr, const LiveEntry& entry) {
   PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     using P = PoolType<decltype(pool)>;
-    if (has_tenants()) [[unlikely]]  // its streams are done: no longer active
-      StepUse(entry.private_pool, P::kIndex, -P::BlockSize(h), 0, 0, 0);
+    if (tenants_.enabled()) [[unlikely]]  // its streams are done: no longer active
+      tenants_.StepUse(entry.private_pool, P::kIndex, -P::BlockSize(h), 0, 0, 0);
     Complete(pool, ptr, h, entry);
   });
 }
@@ -678,7 +627,7 @@ void DeviceAllocator::SyncAndReleaseAll() {
   absl::Cleanup restore = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { registry_.set_owner(owner); };
   registry_.set_owner(0);
   pools_.ForEach([](auto& pool) { pool.ReleaseAll(); });
-  for (std::size_t t = 1; t < tenant_tags_.size(); ++t) ReleasePoolCache(tenant_tags_[t]);
+  for (std::uint16_t tag : tenants_.pool_tags()) ReleasePoolCache(tag);
   ReleasePrivatePools(/*all=*/false);
   registry_.TrimAddressSpace();
 }
@@ -741,35 +690,18 @@ absl::StatusOr<SharedMemory> DeviceAllocator::ShareBlock(void* ptr) {
     return absl::InvalidArgumentError(absl::StrCat("bucketalloc: sharing ", PtrStr(ptr), " on device ", device_,
                                                    ": no live allocation starts at this address"));
   }
-  SharedMemory shared;
-  if (!range->virtual_memory) {
-    shared.base = range->base;
-    shared.bytes = range->bytes;
-    shared.offset = addr - range->base;
-    return shared;
-  }
-  // A stitched segment: the physical pieces under the block, each exported by the backend.
-  std::vector<PhysicalPiece> pieces;
-  absl::Status s = PoolsOf(entry->private_pool).Visit(entry->handle, [&](auto& pool, auto h) -> absl::Status {
-    if constexpr (std::is_same_v<PoolType<decltype(pool)>, LargePool>) {
-      return pool.PiecesUnder(h.block, &shared.base, &pieces);
-    } else {
-      return absl::InternalError("bucketalloc: a slab block in a virtual-memory range");
-    }
-  });
-  if (!s.ok()) return s;
-  for (const PhysicalPiece& piece : pieces) {
-    absl::StatusOr<int> fd = backend_->ExportPhysical(piece.handle);
-    if (!fd.ok()) {
-      return absl::Status(fd.status().code(), absl::StrCat("bucketalloc: sharing ", PtrStr(ptr), " on device ", device_,
-                                                           ": ", fd.status().message()));
-    }
-    shared.pieces.push_back(SharedPiece{*fd, piece.bytes});
-    shared.bytes += piece.bytes;
-  }
-  shared.virtual_memory = true;
-  shared.offset = addr - shared.base;
-  return shared;
+  return ShareRange(
+      backend_.get(), *range, addr,
+      [&](std::uintptr_t* base, std::vector<PhysicalPiece>* pieces) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return PoolsOf(entry->private_pool).Visit(entry->handle, [&](auto& pool, auto h) -> absl::Status {
+          if constexpr (std::is_same_v<PoolType<decltype(pool)>, LargePool>) {
+            return pool.PiecesUnder(h.block, base, pieces);
+          } else {
+            return absl::InternalError("bucketalloc: a slab block in a virtual-memory range");
+          }
+        });
+      },
+      device_);
 }
 
 absl::StatusOr<void*> DeviceAllocator::OpenShared(int pid, absl::Span<const SharedPiece> pieces) {
@@ -875,7 +807,6 @@ absl::Status DeviceAllocator::RetireStream(Stream stream) {
     last_pools_ = nullptr;
     last_routed_pools_ = nullptr;
   }
-  stream_tenants_.erase(stream);  // a new stream with this handle is bound to no tenant
   // A pool key is remembered as retired; a stream that is only a use (RecordStream) is waited for.
   if (absl::Status s = key ? registry_.RetireStream(stream) : registry_.SynchronizeStream(stream); !s.ok()) return s;
   pending_.ForgetStream(stream);  // its work is done: no use of it needs waiting for
@@ -911,9 +842,7 @@ absl::Status DeviceAllocator::EndCapture(GraphPoolId pool) {
   MutexLock lock(mu_);
   if (!fork_child_error_.ok()) [[unlikely]]
     return fork_child_error_;
-  absl::Status s = private_.End(pool, device_);
-  ForgetMarksIfNotRouting();
-  return s;
+  return private_.End(pool, device_);
 }
 
 absl::Status DeviceAllocator::ReleasePool(GraphPoolId pool) {
@@ -924,7 +853,6 @@ absl::Status DeviceAllocator::ReleasePool(GraphPoolId pool) {
   // release-and-retry, empty_cache), after a device synchronization, as in PyTorch.
   // A pool with nothing to give back is forgotten now.
   ForgetPrivatePoolIfEmpty(private_.Release(pool));
-  ForgetMarksIfNotRouting();
   MaybeCheckInvariants();
   return absl::OkStatus();
 }
@@ -962,12 +890,7 @@ absl::Status DeviceAllocator::IncrefPool(GraphPoolId pool) {
 
 void DeviceAllocator::MarkCapture(bool begin) {
   MutexLock lock(mu_);
-  captures_marked_ = true;
-  if (begin) {
-    ++marked_captures_;
-  } else if (marked_captures_ > 0) {
-    --marked_captures_;
-  }
+  private_.MarkCapture(begin);
 }
 
 absl::Status DeviceAllocator::ConfigurePool(GraphPoolId pool, absl::FunctionRef<void(PrivatePoolSettings&)> change) {
@@ -977,24 +900,11 @@ absl::Status DeviceAllocator::ConfigurePool(GraphPoolId pool, absl::FunctionRef<
   const std::uint16_t found = private_.TagOf(pool);
   PrivatePoolSettings settings = found == 0 ? PrivatePoolSettings{} : private_.at(found).settings;
   change(settings);
-  std::shared_ptr<SegmentAllocator> segments = settings.segment_allocator;
   if (absl::Status s = private_.Configure(pool, std::move(settings), device_); !s.ok()) return s;
   const std::uint16_t tag = private_.TagOf(pool);
-  registry_.SetOwnerSegmentAllocator(tag, std::move(segments));
   if (last_routed_tag_ == tag) last_routed_pools_ = nullptr;  // its free lists were rebuilt
   MaybeCheckInvariants();
   return absl::OkStatus();
-}
-
-absl::StatusOr<PrivatePoolSettings> DeviceAllocator::PoolSettings(GraphPoolId pool) const {
-  MutexLock lock(mu_);
-  const std::uint16_t tag = private_.TagOf(pool);
-  if (tag == 0) {
-    return absl::NotFoundError(absl::StrCat("bucketalloc: private pool (", pool.first, ", ", pool.second,
-                                            ") on device ", device_,
-                                            ": no such pool is in use (no capture or MemPool began into it)"));
-  }
-  return private_.at(tag).settings;
 }
 
 void DeviceAllocator::SetUseOnOom(GraphPoolId pool, bool use_on_oom) {
@@ -1091,138 +1001,41 @@ DeviceMetrics DeviceAllocator::GetMetrics() const {
   m.fragmentation = FragmentationLocked();
   m.backend_calls = backend_->counters();
   m.recent_ooms.assign(recent_ooms_.begin(), recent_ooms_.end());
-  m.tenants = TenantStatsLocked();
+  m.tenants = tenants_.Stats();
   return m;
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tenants.
-
-int DeviceAllocator::TenantOf(Stream stream) const {
-  if (!stream_tenants_.empty()) {
-    if (auto it = stream_tenants_.find(stream); it != stream_tenants_.end()) return it->second;
-  }
-  return ThreadTenant(tenant_owner_);  // set through Allocator, which checked it against these tenants
-}
-
-void DeviceAllocator::BindStream(Stream stream, int index) {
-  MutexLock lock(mu_);
-  if (index == 0) {
-    stream_tenants_.erase(stream);
-  } else {
-    stream_tenants_[stream] = index;
-  }
-}
+// Tenants (frontend/tenants.h).
 
 absl::Status DeviceAllocator::SetTenantCap(int index, std::size_t cap) {
   MutexLock lock(mu_);
-  BA_CHECK(index >= 1 && static_cast<std::size_t>(index) < tenant_tags_.size(), "SetTenantCap of no tenant");
   if (!fork_child_error_.ok()) [[unlikely]]
     return fork_child_error_;
-  const std::uint16_t tag = tenant_tags_[static_cast<std::size_t>(index)];
-  const std::string& name = options_.tenants[static_cast<std::size_t>(index) - 1].name;
   EndAbandonedCaptures();
-  if (CaptureMayRun() && registry_.OwnedNow(tag) > cap) {
+  if (CaptureMayRun() && tenants_.ReservesOver(index, cap)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "bucketalloc: lowering tenant '", name, "''s cap below what it reserves on device ", device_,
+        "bucketalloc: lowering tenant '", tenants_.tenants().Name(index), "''s cap below what it reserves on device ",
+        device_,
         " during CUDA graph capture: releasing its cache needs the synchronization and frees CUDA forbids then; "
         "the cap is unchanged. Set it after the capture ends"));
   }
-  registry_.SetOwnerCap(tag, cap, name);
-  if (registry_.OwnedNow(tag) <= cap) return absl::OkStatus();
+  tenants_.ApplyCap(index, cap);
+  if (!tenants_.ReservesOver(index, cap)) return absl::OkStatus();
   // Over the new cap: give back what the tenant caches (after waiting for every pending free's
   // stream events); live blocks stay, and its growth is refused until it fits
   // (SegmentRegistry::Headroom).
   SyncPendingFrees();
-  ReleasePoolCache(tag);
+  ReleasePoolCache(tenants_.PoolTag(index));
   registry_.TrimAddressSpace();
-  if (registry_.OwnedNow(tag) > cap) over_cap_ = true;  // live memory above it: its frees give it back
+  if (tenants_.ReservesOver(index, cap)) tenants_.set_over_cap();  // live memory above it: its frees give it back
   MaybeCheckInvariants();
   return absl::OkStatus();
 }
 
 std::vector<TenantStats> DeviceAllocator::GetTenantStats() const {
   MutexLock lock(mu_);
-  return TenantStatsLocked();
-}
-
-void DeviceAllocator::AddUses(absl::FunctionRef<TenantUse*(std::uint16_t tag)> use_of) const {
-  auto add = [&](const LiveEntry& e, bool live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    TenantUse* use = use_of(e.private_pool);
-    if (use == nullptr) return;
-    PoolsOf(e.private_pool).Visit(e.handle, [&](const auto& pool, auto h) {
-      const PoolIndex p = PoolType<decltype(pool)>::kIndex;
-      const std::size_t block = PoolType<decltype(pool)>::BlockSize(h);
-      for (PoolIndex i : {p, kAllPools}) {
-        use->active[i] += block;
-        if (live) {
-          use->allocated[i] += block;
-          use->requested[i] += e.requested;
-        }
-      }
-    });
-    if (live) ++use->live;
-  };
-  live_.ForEach([&](std::uintptr_t, const LiveEntry& e) { add(e, true); });
-  pending_.ForEach([&](std::uintptr_t, const LiveEntry& e) { add(e, false); });
-}
-
-void DeviceAllocator::GrowTagUses(std::uint16_t tag) { tag_uses_.resize(std::size_t{tag} + 1); }
-
-DeviceAllocator::TenantUse DeviceAllocator::UseOf(std::uint16_t tag) const {
-  TenantUse use = tag < tag_uses_.size() ? tag_uses_[tag] : TenantUse{};
-  use.active[kAllPools] = use.allocated[kAllPools] = use.requested[kAllPools] = 0;
-  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
-    use.active[kAllPools] += use.active[p];
-    use.allocated[kAllPools] += use.allocated[p];
-    use.requested[kAllPools] += use.requested[p];
-  }
-  return use;
-}
-
-FragmentationReport DeviceAllocator::FragmentationOf(std::uint16_t tag, const TenantUse& use) const {
-  FragmentationReport r;
-  if (tag == 0) {
-    pools_.AddFragmentation(streams_, &r);
-  } else {
-    const PrivatePools::Pool& p = private_.at(tag);
-    p.pools->AddFragmentation(p.streams, &r);
-  }
-  const StatArray* owned = registry_.OwnedReserved(tag);
-  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
-    r.pools[p].requested = static_cast<std::int64_t>(use.requested[p]);
-    r.pools[p].allocated = static_cast<std::int64_t>(use.allocated[p]);
-    r.pools[p].reserved = owned == nullptr ? 0 : (*owned)[p].current;
-    r.all().Merge(r.pools[p]);
-  }
-  return r;
-}
-
-std::vector<TenantStats> DeviceAllocator::TenantStatsLocked() const {
-  std::vector<TenantStats> out;
-  if (!has_tenants()) return out;
-  // What each tenant's blocks hold, kept as they move: no walk over the blocks.
-  std::vector<TenantUse> uses(tenant_tags_.size());
-  for (std::size_t t = 0; t < tenant_tags_.size(); ++t) uses[t] = UseOf(tenant_tags_[t]);
-  for (std::size_t t = 0; t < tenant_tags_.size(); ++t) {
-    const std::uint16_t tag = tenant_tags_[t];
-    TenantStats ts;
-    ts.name = TenantName(options_, static_cast<int>(t));
-    ts.cap = t == 0 ? registry_.cap() : registry_.OwnerCap(tag).value_or(0);
-    ts.ooms = tenant_ooms_[t].all;
-    ts.ooms_at_cap = tenant_ooms_[t].at_cap;
-    if (const StatArray* owned = registry_.OwnedReserved(tag)) {
-      ts.reserved = static_cast<std::size_t>((*owned)[kAllPools].current);
-      ts.peak_reserved = static_cast<std::size_t>((*owned)[kAllPools].peak);
-    }
-    const TenantUse& use = uses[t];
-    ts.allocated = use.allocated[kAllPools];
-    ts.requested = use.requested[kAllPools];
-    ts.live_allocations = use.live;
-    ts.cached = ts.reserved - std::min(ts.reserved, use.active[kAllPools]);
-    out.push_back(std::move(ts));
-  }
-  return out;
+  return tenants_.Stats();
 }
 
 void DeviceAllocator::ResetPeakStats() {
@@ -1286,10 +1099,7 @@ std::vector<TraceEntry> DeviceAllocator::AppendSnapshot(std::vector<SegmentSnaps
           return {BlockSnapshotState::kActivePendingFree, it == pending.end() ? 0 : it->second};
         },
         segments);
-    std::string tenant;  // "" without tenants and for a graph pool's
-    if (has_tenants() && (id == GraphPoolId{} || id.first == PrivatePools::kTenantIdFirst)) {
-      tenant = TenantName(options_, id == GraphPoolId{} ? 0 : static_cast<int>(id.second));
-    }
+    const std::string tenant = tenants_.NameOfPool(id);
     for (std::size_t i = before; i < segments->size(); ++i) {
       (*segments)[i].pool_id = id;
       (*segments)[i].tenant = tenant;

@@ -48,11 +48,12 @@
 #include "bucketalloc/snapshot.h"
 #include "bucketalloc/stats.h"
 #include "frontend/history.h"
-#include "frontend/ipc_imports.h"
+#include "frontend/ipc.h"
 #include "frontend/pending_frees.h"
 #include "frontend/pools.h"
 #include "frontend/private_pools.h"
 #include "frontend/segment_registry.h"
+#include "frontend/tenants.h"
 #include "internal/live_map.h"
 #include "internal/mutex.h"
 #include "internal/stat_ledger.h"
@@ -62,10 +63,11 @@ namespace bucketalloc::internal {
 class DeviceAllocator final {
  public:
   // Creates the state of `device` over `backend`; reads the device's memory to set the cap.
-  // `tenant_owner` is the id of the allocator whose thread tenants (frontend/tenants.h) apply.
+  // `tenants` are the allocator's (frontend/tenants.h); null: the device makes its own from
+  // options.tenants.
   static absl::StatusOr<std::unique_ptr<DeviceAllocator>> Create(const Options& options,
                                                                  std::unique_ptr<Backend> backend, int device,
-                                                                 std::uint64_t tenant_owner = 0);
+                                                                 std::shared_ptr<const Tenants> tenants = nullptr);
   ~DeviceAllocator();
 
   absl::StatusOr<void*> Allocate(std::size_t size, Stream stream);
@@ -107,20 +109,15 @@ class DeviceAllocator final {
   // releases and retries, empties the cache and records events as outside one. A caller that never
   // marks (the C ABI's captures, the LD_PRELOAD shim) has every routing counted as a capture.
   void MarkCapture(bool begin);
-  absl::StatusOr<PrivatePoolSettings> PoolSettings(GraphPoolId pool) const;
   int PoolUseCount(GraphPoolId pool) const;
   absl::Status EmptyPoolCache(GraphPoolId pool);
   std::size_t CacheInfo(bool with_headroom);
   void ResetAccumulatedStats();
   void SetTraceHook(TraceHook hook);
 
-  // Tenants (Options::tenants; index 1 up, 0 the default tenant). Binds `stream` (a pool key) to
-  // tenant `index` (0: unbinds it); a request on a bound stream goes to its tenant, on any other
-  // stream to the calling thread's tenant (frontend/tenants.h).
-  void BindStream(Stream stream, int index);
-  // Sets tenant `index`'s cap (index >= 1). A cap under what the tenant reserves releases its
-  // cache (after synchronizing pending frees) and refuses its growth until it fits under the cap;
-  // live memory stays.
+  // Tenants (frontend/tenants.h; index 1 up, 0 the default tenant): applies tenant `index`'s cap
+  // (index >= 1). A cap under what the tenant reserves releases its cache (after synchronizing
+  // pending frees) and refuses its growth until it fits under the cap; live memory stays.
   // FailedPrecondition when the release it needs falls during a CUDA graph capture (the cap is
   // then unchanged), or in a fork child that cannot use the device.
   absl::Status SetTenantCap(int index, std::size_t cap);
@@ -154,7 +151,8 @@ class DeviceAllocator final {
 
  private:
   friend class DeviceAllocatorTestPeer;  // corrupts state on purpose to test CheckInvariants
-  DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device, std::uint64_t tenant_owner);
+  DeviceAllocator(const Options& options, std::unique_ptr<Backend> backend, int device,
+                  std::shared_ptr<const Tenants> tenants);
 
   // The pools of private pool `tag` (0: the device's own).
   Pools& PoolsOf(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -164,8 +162,8 @@ class DeviceAllocator final {
     return tag == 0 ? pools_ : *private_.at(tag).pools;
   }
   // While a capture or MemPool context routes requests: the free lists of `stream` in the private
-  // pool its filter accepts it for (*tag set); else, with tenants, in the pool of the stream's or
-  // the thread's tenant (*tag set; 0 for the default tenant); else the device's own (*tag = 0).
+  // pool its filter accepts it for (*tag set); else, with tenants, in the pool of the request's
+  // tenant (DeviceTenants::TagFor; 0 for the default tenant); else the device's own (*tag = 0).
   ABSL_ATTRIBUTE_NOINLINE StreamPools& RoutedPoolsFor(Stream stream, std::uint16_t* tag)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The free lists of `stream` (the last stream's without a lookup).
@@ -222,15 +220,8 @@ class DeviceAllocator final {
   // as the device goes away), after a device synchronization (the last replay of a graph may still
   // run), and forgets the pools left with no memory.
   void ReleasePrivatePools(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a CUDA graph capture may be running: a marked one (MarkCapture), or, for a caller that
-  // does not mark them, any routing.
-  bool CaptureMayRun() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return private_.routing() && (!captures_marked_ || marked_captures_ > 0);
-  }
-  // A mark left unbalanced (a capture that failed between its marks) ends with the last routing.
-  void ForgetMarksIfNotRouting() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!private_.routing()) marked_captures_ = 0;
-  }
+  // Whether a CUDA graph capture may be running (PrivatePools::CaptureMayRun).
+  bool CaptureMayRun() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return private_.CaptureMayRun(); }
   // Forgets private pool `tag` and the registry's counts for it when it holds no memory.
   void ForgetPrivatePoolIfEmpty(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!private_.ForgetIfEmpty(tag)) return;
@@ -264,55 +255,15 @@ class DeviceAllocator final {
   // when the backend cannot allocate during a capture.
   absl::Status CaptureMiss(std::size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   FragmentationReport FragmentationLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<TenantStats> TenantStatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What the live and pending blocks of pool tag `tag` hold, per pool index (kAllPools: all).
-  struct TenantUse {
-    std::array<std::size_t, kNumPoolIndices> allocated{}, requested{}, active{};
-    std::int64_t live = 0;
-  };
-  // What pool tag `tag`'s blocks hold (kept: tag_uses_; all zero without tenants).
-  TenantUse UseOf(std::uint16_t tag) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // With tenants: adds to pool tag `tag`'s kept use (tag_uses_) as one of its blocks moves: in
-  // `pool`, `active` bytes held by a caller or awaiting stream events, `allocated` and `requested`
-  // bytes live, `live` allocations (unsigned: a step down wraps back exactly). The "all pools"
-  // figures are summed when read (UseOf). Inlined behind has_tenants() (CommitLive is inlined too).
-  ABSL_ATTRIBUTE_ALWAYS_INLINE void StepUse(std::uint16_t tag, PoolIndex pool, std::size_t active,
-                                            std::size_t allocated, std::size_t requested, std::int64_t live)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (tag >= tag_uses_.size()) [[unlikely]]
-      GrowTagUses(tag);
-    TenantUse& use = tag_uses_[tag];
-    use.active[pool] += active;
-    use.allocated[pool] += allocated;
-    use.requested[pool] += requested;
-    use.live += live;
-  }
-  // Makes room in tag_uses_ for `tag` (a new private pool's first block).
-  ABSL_ATTRIBUTE_NOINLINE void GrowTagUses(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds each live and pending block to use_of(its pool's tag) (nullptr: not counted).
-  void AddUses(absl::FunctionRef<TenantUse*(std::uint16_t tag)> use_of) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The fragmentation report of pool tag `tag` alone.
-  FragmentationReport FragmentationOf(std::uint16_t tag, const TenantUse& use) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The tenant a request on `stream` belongs to: the stream's binding, else the thread's tenant.
-  int TenantOf(Stream stream) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The tenant index of pool tag `tag` (0: the device's own pools, or not a tenant's).
-  int TenantOfTag(std::uint16_t tag) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return tag != 0 && private_.contains(tag) ? private_.at(tag).tenant() : 0;
-  }
-  bool has_tenants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !tenant_tags_.empty(); }
   // Releases the wholly free memory of private pool `tag` (a graph pool's or a tenant's), counted as
   // its own.
   void ReleasePoolCache(std::uint16_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // While a tenant is over its cap (over_cap_), after every free and slow path (its own frees, or
-  // its pending frees retired on any call): each such tenant gives back its wholly free memory,
-  // oldest first, until it is within its cap again (its reserved bytes come down to its cap as its
-  // frees allow, not only at its next allocation). Nothing during a registered capture (CUDA
-  // forbids the frees then): the next free or slow path after it trims.
+  // While a tenant is over its cap (DeviceTenants::over_cap), after every free and slow path (its
+  // own frees, or its pending frees retired on any call): each such tenant gives back its wholly
+  // free memory, oldest first, until it is within its cap again (its reserved bytes come down to
+  // its cap as its frees allow, not only at its next allocation). Nothing during a registered
+  // capture (CUDA forbids the frees then): the next free or slow path after it trims.
   void TrimTenantsToCaps() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True while some tenant may reserve more than its cap: only SetTenantCap, lowering a cap below
-  // what the tenant holds live, makes it so (growth past a cap is refused); TrimTenantsToCaps clears
-  // it once every tenant fits. Without it the free path pays one test.
-  bool over_cap_ ABSL_GUARDED_BY(mu_) = false;
   // Waits for the stream events of every pending free and returns those blocks to their pools.
   void SyncPendingFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `since_start`: counters and totals since the device was made, whatever a reset zeroed (metrics).
@@ -353,25 +304,11 @@ class DeviceAllocator final {
   LiveMap<LiveEntry> live_ ABSL_GUARDED_BY(mu_);
   PendingFrees pending_ ABSL_GUARDED_BY(mu_);
   PrivatePools private_ ABSL_GUARDED_BY(mu_);
-  IpcImports imports_ ABSL_GUARDED_BY(mu_);            // memory other processes shared, mapped here
-  bool captures_marked_ ABSL_GUARDED_BY(mu_) = false;  // MarkCapture was called
-  int marked_captures_ ABSL_GUARDED_BY(mu_) = 0;       // marked captures underway
+  IpcImports imports_ ABSL_GUARDED_BY(mu_);  // memory other processes shared, mapped here
   std::optional<OomReport> last_oom_ ABSL_GUARDED_BY(mu_);
   std::deque<OomEvent> recent_ooms_ ABSL_GUARDED_BY(mu_);  // the last DeviceMetrics::kRecentOoms
-  // Tenants: the pool tag of each tenant index (index 0, the default tenant: 0; empty without
-  // tenants), the streams bound to one, its OOMs, and whose thread tenants apply.
-  const std::uint64_t tenant_owner_;
-  std::vector<std::uint16_t> tenant_tags_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<Stream, int> stream_tenants_ ABSL_GUARDED_BY(mu_);
-  struct TenantOoms {
-    std::int64_t all = 0;
-    std::int64_t at_cap = 0;  // refused by the tenant's own cap
-  };
-  std::vector<TenantOoms> tenant_ooms_ ABSL_GUARDED_BY(mu_);
-  // With tenants, per pool tag (0: the device's own, the default tenant's): what its live and
-  // pending blocks hold, kept as they move (StepUse) so that a scrape reads each tenant's figures
-  // without walking the blocks. Invariant: equal to AddUses's walk (CheckInvariants).
-  std::vector<TenantUse> tag_uses_ ABSL_GUARDED_BY(mu_);
+  // Tenants: each tenant's pool here, what its blocks hold, its OOMs (frontend/tenants.h).
+  DeviceTenants tenants_ ABSL_GUARDED_BY(mu_);
   // In a child of fork whose backend cannot serve it: the reason, given for every request.
   absl::Status fork_child_error_ ABSL_GUARDED_BY(mu_);
 };

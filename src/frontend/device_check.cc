@@ -163,36 +163,18 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
     check_owned(tag, *p.pools, absl::StrCat("private pool (", p.id.first, ", ", p.id.second, ")"));
     check_pools(tag, *p.pools, p.streams);
   });
-  // Tenants: each has its pool, with its cap; bound streams name a tenant.
-  for (std::size_t t = 1; t < tenant_tags_.size() && pools.ok(); ++t) {
-    const std::uint16_t tag = tenant_tags_[t];
-    if (!private_.contains(tag) || private_.at(tag).tenant() != static_cast<int>(t) ||
-        !registry_.OwnerCap(tag).has_value()) {
-      pools = absl::InternalError(absl::StrCat("tenant ", t, " has no pool or no cap"));
-    }
-  }
-  // Each tenant's kept use (what a scrape reads) is what a walk over the blocks finds.
-  if (has_tenants() && pools.ok()) {
-    std::vector<TenantUse> walked(tenant_tags_.size());
-    AddUses([&](std::uint16_t tag) ABSL_NO_THREAD_SAFETY_ANALYSIS -> TenantUse* {
-      const int t = tag == 0 ? 0 : TenantOfTag(tag);
-      return tag != 0 && t == 0 ? nullptr : &walked[static_cast<std::size_t>(t)];  // a graph pool's: no tenant's
+  // Tenants: their pools, caps and kept uses (a walk over the live and pending blocks).
+  if (pools.ok()) {
+    pools = tenants_.CheckInvariants([&](DeviceTenants::AddBlock add) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      auto walk = [&](const LiveEntry& e, bool live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        PoolsOf(e.private_pool).Visit(e.handle, [&](const auto& pool, auto h) {
+          using P = PoolType<decltype(pool)>;
+          add(e.private_pool, P::kIndex, P::BlockSize(h), e.requested, live);
+        });
+      };
+      live_.ForEach([&](std::uintptr_t, const LiveEntry& e) { walk(e, true); });
+      pending_.ForEach([&](std::uintptr_t, const LiveEntry& e) { walk(e, false); });
     });
-    for (std::size_t t = 0; t < tenant_tags_.size() && pools.ok(); ++t) {
-      const TenantUse kept = UseOf(tenant_tags_[t]);
-      const TenantUse& w = walked[t];
-      if (kept.active != w.active || kept.allocated != w.allocated || kept.requested != w.requested ||
-          kept.live != w.live) {
-        pools = absl::InternalError(absl::StrCat("tenant ", t, "'s kept use (", kept.allocated[kAllPools],
-                                                 " bytes allocated, ", kept.live, " live) differs from a walk's (",
-                                                 w.allocated[kAllPools], ", ", w.live, ")"));
-      }
-    }
-  }
-  for (const auto& [stream, t] : stream_tenants_) {
-    if (pools.ok() && (t <= 0 || static_cast<std::size_t>(t) >= tenant_tags_.size())) {
-      pools = absl::InternalError(absl::StrCat("a stream is bound to tenant ", t, ", which does not exist"));
-    }
   }
   if (!pools.ok()) return fail(pools.message());
   const SegmentRegistry::Totals totals = registry_.totals();

@@ -1,10 +1,10 @@
 // src/frontend/pending_frees.cc — stream uses and pending frees (frontend/pending_frees.h).
 #include "frontend/pending_frees.h"
 
-#include "bucketalloc/allocator.h"
-
 #include <algorithm>
 #include <utility>
+
+#include "backend/stream_keys.h"
 
 namespace bucketalloc::internal {
 
@@ -53,7 +53,7 @@ void PendingFrees::ForgetStream(Stream stream) {
 
 absl::Status PendingFrees::RecordEvents(absl::Span<const Stream> uses, Events* events) {
   for (Stream s : uses) {
-    s = Allocator::StreamOfKey(s);
+    s = StreamOfKey(s);
     if (IsPseudoStream(s)) {
       if (absl::Status sync = backend_->SynchronizeDevice(); !sync.ok()) {
         for (Event done : *events) backend_->DestroyEvent(done);

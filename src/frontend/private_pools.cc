@@ -1,6 +1,8 @@
 // src/frontend/private_pools.cc — captures and their private pools (frontend/private_pools.h).
 #include "frontend/private_pools.h"
 
+#include "absl/cleanup/cleanup.h"
+
 #include <algorithm>
 #include <limits>
 #include <utility>
@@ -91,6 +93,7 @@ absl::Status PrivatePools::Incref(GraphPoolId id, int device) {
 }
 
 absl::Status PrivatePools::End(GraphPoolId id, int device) {
+  absl::Cleanup forget = [&] { ForgetMarksIfNotRouting(); };
   const std::uint16_t tag = Find(id);
   if (tag == 0 || pools_[tag]->freeable()) return NotInUse(id, "end allocating to", device);
   auto it = std::find_if(routings_.rbegin(), routings_.rend(), [&](const Routing& r) { return r.tag == tag; });
@@ -154,6 +157,7 @@ absl::StatusOr<std::uint16_t> PrivatePools::Store(GraphPoolId id, int device) {
 }
 
 std::uint16_t PrivatePools::Release(GraphPoolId id) {
+  absl::Cleanup forget = [&] { ForgetMarksIfNotRouting(); };
   const std::uint16_t tag = Find(id);
   if (tag == 0 || pools_[tag]->freeable() || pools_[tag]->tenant() != 0) return 0;
   // A routing still running into it was abandoned (cudaStreamEndCapture failed, so End never came).
@@ -163,6 +167,8 @@ std::uint16_t PrivatePools::Release(GraphPoolId id) {
 }
 
 int PrivatePools::EndAbandoned(absl::FunctionRef<bool(Stream)> capturing) {
+  if (!routing()) return 0;
+  absl::Cleanup forget = [&] { ForgetMarksIfNotRouting(); };
   const std::size_t before = routings_.size();
   routings_.erase(std::remove_if(routings_.begin(), routings_.end(),
                                  [&](const Routing& r) {

@@ -66,6 +66,21 @@ class PrivatePools {
 
   // True while some routing runs (a capture or a MemPool context).
   bool routing() const { return !routings_.empty(); }
+  // PyTorch's markCaptureBegin/markCaptureEnd: a CUDA graph capture starts or ends on the device.
+  // From the first mark on, only a marked capture counts as one (CaptureMayRun); a routing with
+  // none underway is a MemPool context. A mark left unbalanced (a capture that failed between its
+  // marks) is forgotten when End, Release or EndAbandoned leave no routing.
+  void MarkCapture(bool begin) {
+    captures_marked_ = true;
+    if (begin) {
+      ++marked_captures_;
+    } else if (marked_captures_ > 0) {
+      --marked_captures_;
+    }
+  }
+  // Whether a CUDA graph capture may be running: a marked one, or, for a caller that never marks
+  // them (the C ABI's captures, the LD_PRELOAD shim), any routing.
+  bool CaptureMayRun() const { return routing() && (!captures_marked_ || marked_captures_ > 0); }
   // The tag of the pool a request on `stream` goes to now: the latest routing whose filter accepts
   // it, else 0 (the device's own pools). The first time a routing serves a stream it remembers it,
   // and asks `capturing(stream)`: a routing that served a capturing stream is a capture's (else a
@@ -144,6 +159,9 @@ class PrivatePools {
   // The tag of pool `id` (stored, in use or freeable), or 0.
   std::uint16_t Find(GraphPoolId id) const;
   absl::Status NotInUse(GraphPoolId id, absl::string_view what, int device) const;
+  void ForgetMarksIfNotRouting() {
+    if (!routing()) marked_captures_ = 0;
+  }
 
   MakePools make_pools_;
   std::vector<Routing> routings_;
@@ -154,6 +172,8 @@ class PrivatePools {
   // free_slots_ holds exactly the null slots above 0.
   absl::flat_hash_map<GraphPoolId, std::uint16_t> by_id_;
   std::vector<std::uint16_t> free_slots_;
+  bool captures_marked_ = false;  // MarkCapture was called
+  int marked_captures_ = 0;       // marked captures underway
 };
 
 }  // namespace bucketalloc::internal

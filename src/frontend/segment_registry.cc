@@ -42,11 +42,7 @@ std::size_t SegmentRegistry::OwnedNow(std::uint16_t tag) const {
 absl::StatusOr<std::uintptr_t> SegmentRegistry::AllocateSegment(std::size_t bytes, PoolIndex pool) {
   if (collect_ && !capturing_) collect_(bytes);  // no release during a capture
   if (absl::Status s = CheckHeadroom(bytes); !s.ok()) return s;
-  SegmentAllocator* external = nullptr;
-  if (!owner_allocators_.empty()) {
-    auto it = owner_allocators_.find(owner_);
-    if (it != owner_allocators_.end()) external = it->second.get();
-  }
+  SegmentAllocator* const external = owner_ != 0 && allocator_of_ ? allocator_of_(owner_) : nullptr;
   absl::StatusOr<void*> p =
       external != nullptr ? external->Allocate(bytes, slow_path_stream_) : backend_->Allocate(bytes);
   if (!p.ok()) return p.status();
@@ -64,7 +60,9 @@ bool SegmentRegistry::ReleaseSegment(std::uintptr_t base, std::size_t bytes, Poo
   auto it = ranges_.find(base);
   BA_CHECK(it != ranges_.end(), "releasing a segment that is not registered");
   if (it->second.external) {
-    owner_allocators_.at(it->second.owner)->Free(reinterpret_cast<void*>(base), bytes);
+    SegmentAllocator* const external = allocator_of_(it->second.owner);
+    BA_CHECK(external != nullptr, "a segment of another allocator outlived its allocator");
+    external->Free(reinterpret_cast<void*>(base), bytes);
   } else if (absl::Status s = backend_->Free(reinterpret_cast<void*>(base), bytes); !s.ok()) {
     stats_->Count(&DeviceStats::num_device_free_failures);
     return false;
@@ -237,7 +235,7 @@ absl::Status SegmentRegistry::CheckInvariants(std::size_t spare_bytes) const {
       return fail(absl::StrCat("the range at ", absl::Hex(base), " is inconsistent"));
     }
     end = base + r.bytes;
-    if (r.external && (r.virtual_memory || !owner_allocators_.contains(r.owner))) {
+    if (r.external && (r.virtual_memory || !allocator_of_ || allocator_of_(r.owner) == nullptr)) {
       return fail(absl::StrCat("the segment at ", absl::Hex(base), " of another allocator has no allocator"));
     }
     const bool backend_allocation = !r.virtual_memory && !r.external;  // what the backend's counts hold

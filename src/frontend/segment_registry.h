@@ -101,21 +101,15 @@ class SegmentRegistry final : public MemorySource {
   // The reserved bytes counted for private pool `tag` (0: the device's own pools), or nullptr when
   // it never reserved any.
   const StatArray* OwnedReserved(std::uint16_t tag) const;
-  // Private pool `tag`'s segments come from `segments` (nullptr: from the backend), as PyTorch's
-  // MemPool(allocator) gets them: the cap and the stats count them as any other; the backend's
-  // counts do not.
-  void SetOwnerSegmentAllocator(std::uint16_t tag, std::shared_ptr<SegmentAllocator> segments) {
-    if (segments == nullptr) {
-      owner_allocators_.erase(tag);
-    } else {
-      owner_allocators_[tag] = std::move(segments);
-    }
+  // `allocator_of(tag)`: where private pool `tag`'s segments come from (nullptr: the backend), as
+  // PyTorch's MemPool(allocator) gets them; the pool's settings own it (PrivatePoolSettings), and
+  // it stays while the pool holds memory. The cap and the stats count such segments as any other;
+  // the backend's counts do not.
+  void set_segment_allocators(std::function<SegmentAllocator*(std::uint16_t tag)> allocator_of) {
+    allocator_of_ = std::move(allocator_of);
   }
-  // Forgets the counts and the segment allocator of private pool `tag` (the pool is gone).
-  void ForgetOwner(std::uint16_t tag) {
-    owned_.erase(tag);
-    owner_allocators_.erase(tag);
-  }
+  // Forgets the counts of private pool `tag` (the pool is gone).
+  void ForgetOwner(std::uint16_t tag) { owned_.erase(tag); }
   void ResetOwnedPeaks();
   void ResetOwnedAccumulated();
   bool Capturing() const override { return capturing_; }
@@ -177,7 +171,7 @@ class SegmentRegistry final : public MemorySource {
   };
   absl::flat_hash_map<std::uint16_t, OwnerCapEntry> owner_caps_;  // tenants' pools
   // The private pools whose segments another allocator gives (PyTorch's MemPool(allocator)).
-  absl::flat_hash_map<std::uint16_t, std::shared_ptr<SegmentAllocator>> owner_allocators_;
+  std::function<SegmentAllocator*(std::uint16_t tag)> allocator_of_;
   absl::btree_map<std::uintptr_t, Range> ranges_;
   AddressArena arena_;
   std::int64_t physical_handles_ = 0;  // physical allocations created and not released, and their bytes

@@ -4,7 +4,11 @@
 // tenant); each tenant's reserved bytes stay within its cap; the tenants' figures add up to the
 // device's; an OOM names the tenant and its cap; a cap lowered at run time releases the tenant's
 // cache and refuses its growth, and never frees live memory; bad names and caps are refused with
-// the accepted values.
+// the accepted values. Then the component alone (frontend/tenants.h): Tenants' lookups, caches and
+// caps, and DeviceTenants' pools, accounting and check over a registry and private pools of the
+// simulated device.
+#include "frontend/tenants.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -19,6 +23,8 @@
 #include "bucketalloc/metrics.h"
 #include "bucketalloc/testing/sim_backend.h"
 #include "bucketalloc/timeline.h"
+#include "frontend/private_pools.h"
+#include "frontend/segment_registry.h"
 #include "test_util.h"
 
 namespace bucketalloc {
@@ -516,5 +522,201 @@ TEST(TenantOptionsTest, ParsesFormatsAndRefusesBadLists) {
   EXPECT_TRUE(plain->SetThreadTenant("default").ok());
 }
 
+// ---- The component alone (frontend/tenants.h) ----------------------------------------------------
+
+namespace tenant_component {
+
+using internal::DeviceTenants;
+using internal::Tenants;
+
+std::vector<TenantSpec> ShortAndLong() { return {{"short", 16 * kMiB}, {"long", 24 * kMiB}}; }
+
+TEST(TenantsComponentTest, ABindingComesBeforeTheThreadsTenantAndEveryChangeIsSeenAtOnce) {
+  Tenants t(ShortAndLong());
+  const Stream s1 = TestStream(1), s2 = TestStream(2);
+  EXPECT_EQ(t.Of(s1), 0) << "nothing bound, no thread tenant: the default";
+  t.Bind(s1, 1);
+  EXPECT_EQ(t.Of(s1), 1);
+  EXPECT_EQ(t.Of(s2), 0);
+  t.SetThreadTenant(2);
+  EXPECT_EQ(t.Of(s2), 2) << "an unbound stream: the thread's tenant";
+  EXPECT_EQ(t.Of(s1), 1) << "a binding comes first";
+  t.Bind(s1, 2);  // the thread's cached answer for s1 is for the old bindings
+  EXPECT_EQ(t.Of(s1), 2);
+  t.Forget(s1);
+  t.SetThreadTenant(1);
+  EXPECT_EQ(t.Of(s1), 1) << "unbound again: the thread's tenant, read at each request";
+  t.SetThreadTenant(0);
+  EXPECT_EQ(t.Of(s1), 0);
+  EXPECT_TRUE(t.CheckInvariants().ok());
+}
+
+TEST(TenantsComponentTest, AnotherThreadsBindingIsSeenByAThreadThatCachedTheOldOne) {
+  Tenants t(ShortAndLong());
+  const Stream s = TestStream(3);
+  t.Bind(s, 1);
+  EXPECT_EQ(t.Of(s), 1);  // cached on this thread
+  std::thread([&] {
+    EXPECT_EQ(t.Of(s), 1);
+    t.Bind(s, 2);
+  }).join();
+  EXPECT_EQ(t.Of(s), 2);
+  std::thread([&] { t.Forget(s); }).join();
+  EXPECT_EQ(t.Of(s), 0);
+}
+
+TEST(TenantsComponentTest, TwoAllocatorsTenantsShareNoBindingThreadTenantOrCache) {
+  Tenants a(ShortAndLong()), b(ShortAndLong());
+  const Stream s = TestStream(4);
+  a.Bind(s, 1);
+  a.SetThreadTenant(2);
+  b.Bind(TestStream(5), 2);                  // b has bindings too: its lookups go through its own cache
+  for (int round = 0; round < 3; ++round) {  // alternating: a's cached answer never answers b
+    EXPECT_EQ(a.Of(s), 1);
+    EXPECT_EQ(b.Of(s), 0);
+  }
+  EXPECT_EQ(b.ThreadTenant(), 0);
+  EXPECT_EQ(a.ThreadTenant(), 2);
+  a.SetThreadTenant(0);
+}
+
+TEST(TenantsComponentTest, NamesAndCapsAreCheckedAndABadCapChangesNothing) {
+  Tenants t(ShortAndLong());
+  EXPECT_TRUE(t.enabled());
+  EXPECT_EQ(t.count(), 3);
+  EXPECT_EQ(*t.Index("default"), 0);
+  EXPECT_EQ(*t.Index("long"), 2);
+  EXPECT_EQ(t.Name(1), "short");
+  absl::StatusOr<int> none = t.Index("medium");
+  ASSERT_TRUE(absl::IsNotFound(none.status()));
+  EXPECT_TRUE(absl::StrContains(none.status().message(), "accepted: default, short, long")) << none.status();
+  EXPECT_EQ(t.Cap(1), 16 * kMiB);
+  absl::Status s = t.SetCap(1, kMiB);
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_TRUE(absl::StrContains(s.message(), "accepted: 2MiB to 16TiB")) << s;
+  EXPECT_EQ(t.Cap(1), 16 * kMiB) << "unchanged";
+  EXPECT_TRUE(absl::IsInvalidArgument(t.SetCap(0, 8 * kMiB))) << "the default tenant's cap is the device's";
+  ASSERT_TRUE(t.SetCap(2, 8 * kMiB).ok());
+  EXPECT_EQ(t.Cap(2), 8 * kMiB);
+  EXPECT_TRUE(t.CheckInvariants().ok());
+  EXPECT_FALSE(Tenants({}).enabled());
+}
+
+// DeviceTenants over a registry and private pools of the simulated device, as a device holds them.
+class DeviceTenantsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<SimBackend>> made = MakeSimBackend({.total_memory = 64 * kMiB});
+    ASSERT_TRUE(made.ok());
+    sim_ = std::move(*made);
+    registry_ = std::make_unique<internal::SegmentRegistry>(sim_.get(), &ledger_, &history_);
+    registry_->set_cap(48 * kMiB);
+    private_ = std::make_unique<internal::PrivatePools>([this](const PrivatePoolSettings&) {
+      return std::make_unique<internal::Pools>(internal::PoolContext{&ledger_, registry_.get(), &clock_},
+                                               internal::kMaxSmallSize, internal::kMaxSmallSize,
+                                               internal::LargePoolConfig{});
+    });
+    tenants_ = std::make_shared<Tenants>(ShortAndLong());
+    device_ = std::make_unique<DeviceTenants>(tenants_, private_.get(), registry_.get());
+    ASSERT_TRUE(device_->AddPools(0).ok());
+  }
+  internal::StatLedger ledger_;
+  internal::HistoryRing history_;
+  std::uint64_t clock_ = 0;
+  std::unique_ptr<SimBackend> sim_;
+  std::unique_ptr<internal::SegmentRegistry> registry_;
+  std::unique_ptr<internal::PrivatePools> private_;
+  std::shared_ptr<Tenants> tenants_;
+  std::unique_ptr<DeviceTenants> device_;
+};
+
+TEST_F(DeviceTenantsTest, EachTenantHasAPoolWithItsCapAndRequestsRouteToIt) {
+  ASSERT_TRUE(device_->enabled());
+  ASSERT_EQ(device_->pool_tags().size(), 2u);
+  const std::uint16_t short_tag = device_->PoolTag(1), long_tag = device_->PoolTag(2);
+  EXPECT_EQ(registry_->OwnerCap(short_tag), 16 * kMiB);
+  EXPECT_EQ(registry_->OwnerCap(long_tag), 24 * kMiB);
+  EXPECT_EQ(device_->TenantOfTag(long_tag), 2);
+  EXPECT_TRUE(device_->OwnsPool(short_tag));
+  EXPECT_FALSE(device_->OwnsPool(0)) << "the default tenant's pools are the device's own";
+  tenants_->Bind(TestStream(1), 2);
+  EXPECT_EQ(device_->TagFor(TestStream(1)), long_tag);
+  EXPECT_EQ(device_->TagFor(TestStream(2)), 0);
+  EXPECT_EQ(device_->NameOfPool(internal::PrivatePools::TenantPoolId(1)), "short");
+  EXPECT_EQ(device_->NameOfPool(GraphPoolId{}), "default");
+  EXPECT_EQ(device_->NameOfPool(GraphPoolId{7, 1}), "") << "a graph's pool belongs to no tenant";
+  EXPECT_TRUE(device_->AtCap(short_tag, 17 * kMiB));
+  EXPECT_FALSE(device_->AtCap(short_tag, 16 * kMiB));
+  device_->ApplyCap(1, 4 * kMiB);
+  EXPECT_EQ(registry_->OwnerCap(short_tag), 4 * kMiB);
+  EXPECT_FALSE(device_->ReservesOver(1, 4 * kMiB));
+  EXPECT_TRUE(device_->CheckInvariants([](DeviceTenants::AddBlock) {}).ok());
+}
+
+TEST_F(DeviceTenantsTest, TheCheckHoldsTheKeptUseToAWalkOverTheBlocks) {
+  const std::uint16_t tag = device_->PoolTag(2);
+  device_->StepUse(tag, kLargePool, 4 * kMiB, 4 * kMiB, 3 * kMiB, 1);  // a live 4 MiB block of "long"
+  auto one_block = [&](DeviceTenants::AddBlock add) { add(tag, kLargePool, 4 * kMiB, 3 * kMiB, true); };
+  EXPECT_TRUE(device_->CheckInvariants(one_block).ok());
+  absl::Status s = device_->CheckInvariants([](DeviceTenants::AddBlock) {});
+  EXPECT_TRUE(absl::StrContains(s.message(), "tenant 2's kept use")) << s;
+  const std::vector<TenantStats> stats = device_->Stats();
+  ASSERT_EQ(stats.size(), 3u);
+  EXPECT_EQ(stats[2].name, "long");
+  EXPECT_EQ(stats[2].allocated, 4 * kMiB);
+  EXPECT_EQ(stats[2].requested, 3 * kMiB);
+  EXPECT_EQ(stats[2].live_allocations, 1);
+  EXPECT_EQ(stats[2].cap, 24 * kMiB);
+  EXPECT_EQ(stats[0].cap, 48 * kMiB) << "the default tenant's cap is the device's";
+  // The block goes back: the kept use steps down exactly.
+  device_->StepUse(tag, kLargePool, -4 * kMiB, -4 * kMiB, -3 * kMiB, -1);
+  EXPECT_TRUE(device_->CheckInvariants([](DeviceTenants::AddBlock) {}).ok());
+}
+
+TEST_F(DeviceTenantsTest, AnOomAtTheTenantsCapIsNarrowedToTheTenantAndCounted) {
+  const std::uint16_t tag = device_->PoolTag(1);
+  internal::OomSituation s;
+  s.capacity = 48 * kMiB;
+  EXPECT_FALSE(device_->NarrowOom(tag, 8 * kMiB, &s)) << "within its cap";
+  EXPECT_EQ(s.capacity, 48 * kMiB);
+  ASSERT_TRUE(device_->NarrowOom(tag, 32 * kMiB, &s));
+  EXPECT_EQ(s.capacity, 16 * kMiB) << "diagnosed as a device of the tenant's cap";
+  OomReport r;
+  r.diagnosis = "fragmentation: ...";
+  device_->AccountOom(tag, /*at_cap=*/true, &r);
+  EXPECT_EQ(r.cause, OomCause::kTenantCap);
+  EXPECT_EQ(r.tenant, "short");
+  EXPECT_EQ(r.tenant_cap, 16 * kMiB);
+  EXPECT_TRUE(absl::StartsWith(r.diagnosis, "tenant cap:")) << r.diagnosis;
+  OomReport other;
+  device_->AccountOom(0, /*at_cap=*/false, &other);
+  EXPECT_EQ(other.tenant, "default");
+  EXPECT_EQ(other.tenant_cap, 48 * kMiB);
+  const std::vector<TenantStats> stats = device_->Stats();
+  EXPECT_EQ(stats[1].ooms, 1);
+  EXPECT_EQ(stats[1].ooms_at_cap, 1);
+  EXPECT_EQ(stats[0].ooms, 1);
+  EXPECT_EQ(stats[0].ooms_at_cap, 0);
+}
+
+TEST(DeviceTenantsNoneTest, WithoutTenantsNothingIsAddedOrCounted) {
+  internal::StatLedger ledger;
+  internal::HistoryRing history;
+  absl::StatusOr<std::unique_ptr<SimBackend>> sim = MakeSimBackend({.total_memory = 64 * kMiB});
+  ASSERT_TRUE(sim.ok());
+  internal::SegmentRegistry registry(sim->get(), &ledger, &history);
+  internal::PrivatePools pools([](const PrivatePoolSettings&) -> std::unique_ptr<internal::Pools> { return nullptr; });
+  DeviceTenants none(nullptr, &pools, &registry);
+  ASSERT_TRUE(none.AddPools(0).ok());
+  EXPECT_FALSE(none.enabled());
+  EXPECT_EQ(pools.num_tags(), 1u) << "no pool was made";
+  EXPECT_TRUE(none.Stats().empty());
+  EXPECT_EQ(none.NameOfPool(GraphPoolId{}), "");
+  OomReport r;
+  none.AccountOom(0, false, &r);
+  EXPECT_EQ(r.tenant, "");
+}
+
+}  // namespace tenant_component
 }  // namespace
 }  // namespace bucketalloc

@@ -1,6 +1,6 @@
 // src/frontend/ipc_imports.cc — opening and closing memory other processes shared
-// (frontend/ipc_imports.h).
-#include "frontend/ipc_imports.h"
+// (frontend/ipc.h).
+#include "frontend/ipc.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -35,6 +35,34 @@ absl::StatusOr<int> FdOfProcess(int pidfd, int pid, int fd) {
 }
 
 }  // namespace
+
+absl::StatusOr<SharedMemory> ShareRange(
+    Backend* backend, const SegmentRegistry::Range& range, std::uintptr_t addr,
+    absl::FunctionRef<absl::Status(std::uintptr_t* base, std::vector<PhysicalPiece>* pieces)> pieces_under,
+    int device) {
+  SharedMemory shared;
+  if (!range.virtual_memory) {
+    shared.base = range.base;
+    shared.bytes = range.bytes;
+    shared.offset = addr - range.base;
+    return shared;
+  }
+  // A stitched segment: the physical pieces under the block, each exported by the backend.
+  std::vector<PhysicalPiece> pieces;
+  if (absl::Status s = pieces_under(&shared.base, &pieces); !s.ok()) return s;
+  for (const PhysicalPiece& piece : pieces) {
+    absl::StatusOr<int> fd = backend->ExportPhysical(piece.handle);
+    if (!fd.ok()) {
+      return absl::Status(fd.status().code(), absl::StrCat("bucketalloc: sharing 0x", absl::Hex(addr), " on device ",
+                                                           device, ": ", fd.status().message()));
+    }
+    shared.pieces.push_back(SharedPiece{*fd, piece.bytes});
+    shared.bytes += piece.bytes;
+  }
+  shared.virtual_memory = true;
+  shared.offset = addr - shared.base;
+  return shared;
+}
 
 absl::StatusOr<Backend*> IpcImports::Mapper(int device) {
   if (backend_->SupportsVirtualMemory()) return backend_;

@@ -1,8 +1,11 @@
-// src/frontend/ipc_imports.h — the memory other processes shared with this one, mapped on one
-// device (layer L4): the receiving side of CUDA IPC of virtual-memory segments (PyTorch's
-// getIpcDevPtr of an expandable segment's handle).
+// src/frontend/ipc.h — CUDA IPC on one device (layer L4): what sharing a live block gives another
+// process (ShareRange: PyTorch's shareIpcHandle), and the memory other processes shared with this
+// one, mapped here (IpcImports: the receiving side of CUDA IPC of virtual-memory segments,
+// PyTorch's getIpcDevPtr of an expandable segment's handle).
 //
-// Owns: each opening of shared pieces: an address range reserved for it, the physical allocations
+// ShareRange owns nothing: it describes the registered range under a block, or exports the
+// physical pieces under it (the backend's POSIX descriptors).
+// IpcImports owns: each opening of shared pieces: an address range reserved for it, the physical allocations
 // imported from the sender's descriptors (read from that process with pidfd_getfd, as PyTorch
 // reads them), mapped side by side from the range's start with access for the device and its
 // peers; and their release at Close (a device synchronization, the unmap, the handles, the range).
@@ -11,10 +14,11 @@
 // Thread-safety: none; the device lock guards it (the backend is used under it).
 //
 // Example:
+//   absl::StatusOr<SharedMemory> shared = ShareRange(backend, *registry.Holding(addr), addr, under, device);
 //   absl::StatusOr<std::uintptr_t> base = imports.Open(sender_pid, pieces, device);
 //   imports.Close(*base, device);
-#ifndef BUCKETALLOC_FRONTEND_IPC_IMPORTS_H_
-#define BUCKETALLOC_FRONTEND_IPC_IMPORTS_H_
+#ifndef BUCKETALLOC_FRONTEND_IPC_H_
+#define BUCKETALLOC_FRONTEND_IPC_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -22,13 +26,23 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "bucketalloc/allocator.h"
 #include "bucketalloc/backend.h"
+#include "bucketalloc/sharing.h"
+#include "frontend/segment_registry.h"
 
 namespace bucketalloc::internal {
+
+// What another process needs to map the live block at `addr` in registered `range`: the range
+// itself for a plain backend allocation; for a virtual-memory range, the physical pieces under the
+// block (`pieces_under(&base, &pieces)`: the pool's, from their first piece's address), each
+// exported by `backend` as a POSIX descriptor. The backend's error names the block and device.
+absl::StatusOr<SharedMemory> ShareRange(
+    Backend* backend, const SegmentRegistry::Range& range, std::uintptr_t addr,
+    absl::FunctionRef<absl::Status(std::uintptr_t* base, std::vector<PhysicalPiece>* pieces)> pieces_under, int device);
 
 class IpcImports {
  public:
@@ -74,4 +88,4 @@ class IpcImports {
 
 }  // namespace bucketalloc::internal
 
-#endif  // BUCKETALLOC_FRONTEND_IPC_IMPORTS_H_
+#endif  // BUCKETALLOC_FRONTEND_IPC_H_
