@@ -1,4 +1,4 @@
-// fuzz/doctor_fuzz.cc — the doctor's input and verdicts (src/harness/doctor_input.cc, doctor.cc), on
+// fuzz/doctor_fuzz.cc — the doctor's input and verdicts (src/harness/operations/doctor_input.cc, doctor.cc), on
 // any bytes (the timeline reader alone: fuzz/timeline_fuzz.cc):
 //   - the doctor's input, the bytes as a file (a timeline, a snapshot or an RMM trace, replayed on a
 //     64 MiB simulated card): it reads, with samples, or fails with an error that names the file;
@@ -19,7 +19,7 @@
 #include "absl/strings/match.h"
 #include "bucketalloc/timeline.h"
 #include "fuzz_util.h"
-#include "harness/doctor.h"
+#include "harness/operations/doctor.h"
 #include "nlohmann/json.hpp"
 
 namespace {

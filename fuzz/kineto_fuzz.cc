@@ -1,4 +1,4 @@
-// fuzz/kineto_fuzz.cc — the Kineto importers (src/harness/importers.cc), JSON and CSV: any input
+// fuzz/kineto_fuzz.cc — the Kineto importers (src/harness/replay/importers.cc), JSON and CSV: any input
 // is a trace or an InvalidArgument (never an exception or a crash), and what they import is a
 // trace that replay reads back (its CSV parses and passes CheckTrace).
 #include <cstddef>
@@ -6,8 +6,8 @@
 #include <string>
 
 #include "fuzz_util.h"
-#include "harness/importers.h"
-#include "harness/trace.h"
+#include "harness/replay/importers.h"
+#include "harness/replay/trace.h"
 
 namespace {
 

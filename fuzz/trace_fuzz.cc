@@ -1,4 +1,4 @@
-// fuzz/trace_fuzz.cc — the RMM trace reader (src/harness/trace.cc): any text is a trace or an
+// fuzz/trace_fuzz.cc — the RMM trace reader (src/harness/replay/trace.cc): any text is a trace or an
 // InvalidArgument naming a line; a trace it reads passes CheckTrace, and its CSV reads back to the
 // same events.
 #include <cstddef>
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fuzz_util.h"
-#include "harness/trace.h"
+#include "harness/replay/trace.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using bucketalloc::fuzz::Broken;

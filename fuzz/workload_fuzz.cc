@@ -1,4 +1,4 @@
-// fuzz/workload_fuzz.cc — the generator's readers (src/harness/model_config.cc, requests.cc): a
+// fuzz/workload_fuzz.cc — the generator's readers (src/harness/workload/model_config.cc, requests.cc): a
 // model config or request file is a result or an InvalidArgument naming the key or line, never
 // a crash, a hang or a huge allocation; a model that parses has weights that add up without
 // wrapping. The first byte picks the reader (a model config, or requests in one of the formats).
@@ -7,8 +7,8 @@
 #include <string>
 
 #include "fuzz_util.h"
-#include "harness/model_config.h"
-#include "harness/requests.h"
+#include "harness/workload/model_config.h"
+#include "harness/workload/requests.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using bucketalloc::fuzz::Broken;

@@ -14,10 +14,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/options.h"
-#include "harness/model_config.h"
-#include "harness/planner.h"
-#include "harness/requests.h"
-#include "harness/serving.h"
+#include "harness/planning/planner.h"
+#include "harness/workload/model_config.h"
+#include "harness/workload/requests.h"
+#include "harness/workload/serving.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc::bench {

@@ -1,5 +1,5 @@
 // tools/bench_generate.h — `bucketalloc-bench generate serving`: the serving workload generator's
-// command line (src/harness/serving.h, docs/harness.md).
+// command line (src/harness/workload/serving.h, docs/harness.md).
 #ifndef BUCKETALLOC_TOOLS_BENCH_GENERATE_H_
 #define BUCKETALLOC_TOOLS_BENCH_GENERATE_H_
 

@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "bench_generate.h"
 #include "bucketalloc/options.h"
-#include "harness/model_config.h"
-#include "harness/planner.h"
-#include "harness/requests.h"
+#include "harness/planning/planner.h"
+#include "harness/workload/model_config.h"
+#include "harness/workload/requests.h"
 
 namespace bucketalloc::bench {
 
@@ -72,7 +72,7 @@ int PlanCommand::Run() const {
     return 1;
   };
   harness::PlanOptions o = f.plan;
-  // Sizes: what the user wrote is named, with what the planner accepts (harness/planner.h).
+  // Sizes: what the user wrote is named, with what the planner accepts (harness/planning/planner.h).
   const std::string max_card = absl::StrCat(harness::kMaxPlanCardBytes >> 40, "TiB");
   absl::StatusOr<std::size_t> card = ParseSize(f.card);
   if (!card.ok()) {

@@ -1,5 +1,5 @@
 // tools/bench_plan.h — `bucketalloc-bench plan`: the card's budget before serving, checked by replay
-// (src/harness/planner.h, docs/planner.md).
+// (src/harness/planning/planner.h, docs/planner.md).
 #ifndef BUCKETALLOC_TOOLS_BENCH_PLAN_H_
 #define BUCKETALLOC_TOOLS_BENCH_PLAN_H_
 

@@ -27,13 +27,13 @@
 #include "bench_plan.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/timeline.h"
-#include "harness/doctor.h"
-#include "harness/importers.h"
-#include "harness/policies.h"
-#include "harness/replay.h"
-#include "harness/report.h"
-#include "harness/serving.h"
-#include "harness/trace.h"
+#include "harness/operations/doctor.h"
+#include "harness/replay/importers.h"
+#include "harness/replay/policies.h"
+#include "harness/replay/replay.h"
+#include "harness/replay/trace.h"
+#include "harness/reports/report.h"
+#include "harness/workload/serving.h"
 
 namespace {
 

@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/units.h"
 
@@ -115,6 +116,27 @@ absl::StatusOr<Options> ParseOptions(absl::string_view conf, const Options& base
 // PYTORCH_ALLOC_CONF when both are set, although torch documents the other order).
 inline constexpr const char* kConfVariable = "BUCKETALLOC_CONF";
 inline constexpr const char* kPyTorchConfVariables[] = {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"};
+
+// The process environment variables bucketalloc reads, one row each, beside the option table:
+// what reads it, the values it accepts and what it does (docs/configuration.md, "Environment
+// variables", is EnvVariablesMarkdownTable()). Every read of the environment goes through ReadEnv.
+struct EnvVariable {
+  const char* name;
+  const char* read_by;   // which part reads it, and when
+  const char* accepted;  // the values it accepts
+  const char* meaning;
+};
+// The rows, BUCKETALLOC_CONF and PyTorch's variables first (a constant table: reading it allocates
+// nothing, as an LD_PRELOAD library must not before the program's allocator is up).
+absl::Span<const EnvVariable> EnvVariables();
+// The value of environment variable `name`, nullptr when it is unset or not a row of EnvVariables
+// (a name outside the table is never read; options_test checks that every name the sources pass is
+// a row, and that nothing else reads the environment).
+const char* ReadEnv(const char* name);
+// The table as Markdown, and the variables set in this process as `NAME=value` lines (a dump for
+// diagnostics; values as set).
+std::string EnvVariablesMarkdownTable();
+std::string DumpEnv();
 
 // Where OptionsFromEnv takes its options from.
 struct OptionsSource {

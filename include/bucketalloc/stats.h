@@ -13,6 +13,7 @@
 #ifndef BUCKETALLOC_STATS_H_
 #define BUCKETALLOC_STATS_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -53,6 +54,23 @@ enum class OomCause {
 };
 
 inline constexpr int kNumOomCauses = 5;
+
+// The counter of each cause (stat_list.h declares them; num_ooms is their sum), indexed by OomCause:
+// the one place that pairs a cause with its counter.
+inline constexpr std::array<std::int64_t DeviceStats::*, kNumOomCauses> kOomCounters = {
+    &DeviceStats::num_ooms_capacity, &DeviceStats::num_ooms_fragmentation, &DeviceStats::num_ooms_cache_held,
+    &DeviceStats::num_ooms_device_exhausted, &DeviceStats::num_ooms_tenant_cap};
+static_assert(static_cast<int>(OomCause::kCapacity) == 0 && static_cast<int>(OomCause::kFragmentation) == 1 &&
+                  static_cast<int>(OomCause::kCacheHeld) == 2 && static_cast<int>(OomCause::kDeviceExhausted) == 3 &&
+                  static_cast<int>(OomCause::kTenantCap) == 4 && kNumOomCauses == 5,
+              "kOomCounters pairs each OomCause with its counter in this order");
+inline constexpr std::int64_t DeviceStats::*OomCounter(OomCause cause) { return kOomCounters[static_cast<int>(cause)]; }
+// Each cause's count in `s`, indexed by OomCause.
+inline std::array<std::int64_t, kNumOomCauses> OomCounts(const DeviceStats& s) {
+  std::array<std::int64_t, kNumOomCauses> counts{};
+  for (int c = 0; c < kNumOomCauses; ++c) counts[c] = s.*kOomCounters[c];
+  return counts;
+}
 
 const char* OomCauseName(OomCause cause);
 // The cause as a key or label value: "capacity", "fragmentation", "cache_held", "device_exhausted",

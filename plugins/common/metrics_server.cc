@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "bucketalloc/metrics.h"
+#include "bucketalloc/options.h"
 
 namespace bucketalloc::plugins {
 namespace {
@@ -478,7 +479,7 @@ std::atomic<bool> g_fork_child{false};
 
 void StartMetricsServerFromEnv(const Allocator* allocator, const char* who) {
   if (allocator == nullptr) return;
-  const char* addr = std::getenv("BUCKETALLOC_METRICS_ADDR");
+  const char* addr = ReadEnv("BUCKETALLOC_METRICS_ADDR");
   if (addr == nullptr) {
     int not_asked = 0;
     g_env_state.compare_exchange_strong(not_asked, 1);
@@ -558,7 +559,7 @@ absl::StatusOr<int> ProcessMetricsPort() {
     default:
       break;
   }
-  if (const char* addr = std::getenv("BUCKETALLOC_METRICS_ADDR"); addr != nullptr) {
+  if (const char* addr = ReadEnv("BUCKETALLOC_METRICS_ADDR"); addr != nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("bucketalloc: no metrics server yet: the server of BUCKETALLOC_METRICS_ADDR=", addr,
                      " starts with the allocator, at the first allocation"));

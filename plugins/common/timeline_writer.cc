@@ -23,6 +23,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bucketalloc/options.h"
 #include "bucketalloc/timeline.h"
 
 namespace bucketalloc::plugins {
@@ -246,7 +247,7 @@ void StopTimeline() {
 }
 
 void StartTimelineFromEnv(const Allocator* allocator, const char* who) {
-  const char* spec = std::getenv("BUCKETALLOC_TIMELINE");
+  const char* spec = ReadEnv("BUCKETALLOC_TIMELINE");
   if (spec == nullptr || allocator == nullptr) return;
   static std::once_flag once;
   std::call_once(once, [&] {

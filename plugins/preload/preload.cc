@@ -102,7 +102,7 @@ const internal::CudaRuntime& Real() { return internal::CudaRuntimeApi(); }
 
 bool VerboseOn() {
   static const bool on = [] {
-    const char* v = std::getenv("BUCKETALLOC_VERBOSE");
+    const char* v = ReadEnv("BUCKETALLOC_VERBOSE");
     return v != nullptr && std::strcmp(v, "1") == 0;
   }();
   return on;
@@ -143,7 +143,7 @@ Allocator* CreateAllocator() {
       g_unavailable.store(true, std::memory_order_relaxed);
       return nullptr;
     }
-    if (std::getenv("BUCKETALLOC_STATS_ON_EXIT") != nullptr) std::atexit(&PrintStatsAtExit);
+    if (ReadEnv("BUCKETALLOC_STATS_ON_EXIT") != nullptr) std::atexit(&PrintStatsAtExit);
     return std::move(*created);
   });
 }
@@ -309,7 +309,7 @@ std::optional<cudaError_t> Free(absl::string_view call, void* ptr, cudaStream_t 
 
 void PrintStatsAtExit() {
   Allocator* a = g_process.get();
-  const char* target = std::getenv("BUCKETALLOC_STATS_ON_EXIT");
+  const char* target = ReadEnv("BUCKETALLOC_STATS_ON_EXIT");
   if (a == nullptr || target == nullptr) return;
   const std::string where(target);
   const bool json = absl::EndsWith(where, ".json");

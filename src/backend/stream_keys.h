@@ -2,8 +2,9 @@
 //
 // Owns: each thread's per-thread pool key (a pseudo stream, bucketalloc/backend.h) and the mapping
 // between that key and the cudaStreamPerThread handle that names the stream on that thread. The
-// public Allocator::PoolKey/StreamOfKey are these; the front end calls them here, not through the
-// public Allocator.
+// public Allocator::PoolKey/StreamOfKey (bucketalloc/allocator.h, inline there for callers of the
+// public header) give the same answers through Allocator::PerThreadKey, which returns this
+// PerThreadKey; the front end calls these, not the public Allocator.
 // Thread-safety: a thread-local, made on first use; pure otherwise.
 //
 // Example:

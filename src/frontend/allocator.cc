@@ -19,7 +19,7 @@ namespace bucketalloc {
 using internal::DeviceAllocator;
 
 // The device states, and their part in fork(2) (frontend/fork_registry.h): creation's lock, then
-// every created device's (in device order).
+// every created device's (in device order), then the tenants'.
 struct Allocator::Devices final : internal::ForkParticipant {
   Devices(int n, std::shared_ptr<internal::Tenants> t) : ptrs(n), owned(n), tenants(std::move(t)) {
     internal::RegisterForFork(this);
@@ -30,14 +30,17 @@ struct Allocator::Devices final : internal::ForkParticipant {
     for (const auto& d : owned) {
       if (d != nullptr) d->PrepareFork();
     }
+    tenants->PrepareFork();  // last: a device takes it under its own lock
   }
   void ParentAfterFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    tenants->AfterFork();
     for (auto it = owned.rbegin(); it != owned.rend(); ++it) {
       if (*it != nullptr) (*it)->ParentAfterFork();
     }
     create_mu.unlock();
   }
   void ChildAfterFork() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    tenants->AfterFork();
     for (auto it = owned.rbegin(); it != owned.rend(); ++it) {
       if (*it != nullptr) (*it)->ChildAfterFork();
     }

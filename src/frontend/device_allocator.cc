@@ -33,7 +33,6 @@ LargePoolConfig MakeLargeConfig(const Options& o, std::size_t granularity) {
   c.tiers = o.ResolvedTiers(granularity);
   c.tier_min_fill = o.tier_min_fill;
   c.granularity = granularity;
-  c.stitching = o.Stitching();
   if (o.Stitching()) c.keep_remainder = 0;
   return c;
 }
@@ -65,21 +64,22 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
       memory_fraction_(options.memory_fraction),
       registry_(backend_.get(), &stats_, &history_),
       large_config_(MakeLargeConfig(options, backend_->Granularity())),
-      pools_(PoolContext{&stats_, &registry_, &clock_}, options.slab_limit, options.small_pool_limit, large_config_),
+      pools_(PoolContext{&stats_, &registry_, &clock_}, options.slab_limit, options.small_pool_limit, large_config_,
+             /*stitching=*/options.Stitching()),
       pending_(backend_.get()),
       // A private pool's small and large pool: configured as the device's own, except that a
       // no-split pool has no slabs and keeps every remainder in its block, and that neither it nor
       // a pool whose segments another allocator gives stitches.
       private_([this](const PrivatePoolSettings& settings) {
         LargePoolConfig large = large_config_;
+        const bool stitching = options_.Stitching() && !settings.no_split && settings.segment_allocator == nullptr;
         if (settings.no_split || settings.segment_allocator != nullptr) {
-          large.stitching = false;
           large.keep_remainder = LargePoolConfig{}.keep_remainder;  // PyTorch's, as without stitching
         }
         if (settings.no_split) large.keep_remainder = kUnlimited;
         return std::make_unique<Pools>(PoolContext{&stats_, &registry_, &clock_},
                                        settings.no_split ? 0 : options_.slab_limit, options_.small_pool_limit,
-                                       std::move(large), /*no_split=*/settings.no_split);
+                                       std::move(large), stitching, /*no_split=*/settings.no_split);
       }),
       imports_(backend_.get()),
       tenants_(std::move(tenants), &private_, &registry_) {
@@ -459,23 +459,7 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   OomReport r = DiagnoseOom(s);
   tenants_.AccountOom(private_pool, at_tenant_cap, &r);
   r.rejected = rejected;
-  switch (r.cause) {
-    case OomCause::kCapacity:
-      stats_.Count(&DeviceStats::num_ooms_capacity);
-      break;
-    case OomCause::kFragmentation:
-      stats_.Count(&DeviceStats::num_ooms_fragmentation);
-      break;
-    case OomCause::kCacheHeld:
-      stats_.Count(&DeviceStats::num_ooms_cache_held);
-      break;
-    case OomCause::kDeviceExhausted:
-      stats_.Count(&DeviceStats::num_ooms_device_exhausted);
-      break;
-    case OomCause::kTenantCap:
-      stats_.Count(&DeviceStats::num_ooms_tenant_cap);
-      break;
-  }
+  stats_.Count(OomCounter(r.cause));
   history_.Record(TraceAction::kOom, 0, size, registry_.slow_path_stream(), r.device_free, private_pool);
   std::string message = r.ToString();
   if (recent_ooms_.size() == DeviceMetrics::kRecentOoms) recent_ooms_.pop_front();

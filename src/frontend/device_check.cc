@@ -213,8 +213,9 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
       now.oversize_allocations.current != oversize) {
     return fail("oversize_segments or oversize_allocations does not match the blocks");
   }
-  if (now.num_ooms != now.num_ooms_capacity + now.num_ooms_fragmentation + now.num_ooms_cache_held +
-                          now.num_ooms_device_exhausted + now.num_ooms_tenant_cap) {
+  std::int64_t by_cause = 0;
+  for (std::int64_t n : OomCounts(now)) by_cause += n;
+  if (now.num_ooms != by_cause) {
     return fail(absl::StrCat("num_ooms is ", now.num_ooms, " but its causes add up to another count"));
   }
   return absl::OkStatus();

@@ -1,5 +1,5 @@
-// src/frontend/ipc_imports.cc — opening and closing memory other processes shared
-// (frontend/ipc.h).
+// src/frontend/ipc.cc — CUDA IPC on one device: sharing a block (ShareRange), and opening and
+// closing memory other processes shared (IpcImports) (frontend/ipc.h).
 #include "frontend/ipc.h"
 
 #include <sys/syscall.h>

@@ -183,13 +183,10 @@ void AddDevice(const DeviceMetrics& m, Families* out) {
   out->Add("bucketalloc_allocations_total", "counter", "allocations served", dev,
            Int(s.allocation[kAllPools].allocated));
   out->Add("bucketalloc_frees_total", "counter", "allocations freed", dev, Int(s.allocation[kAllPools].freed));
-  const std::pair<const char*, std::int64_t> causes[] = {
-      {OomCauseKey(OomCause::kCapacity), s.num_ooms_capacity},
-      {OomCauseKey(OomCause::kFragmentation), s.num_ooms_fragmentation},
-      {OomCauseKey(OomCause::kCacheHeld), s.num_ooms_cache_held},
-      {OomCauseKey(OomCause::kDeviceExhausted), s.num_ooms_device_exhausted},
-      {OomCauseKey(OomCause::kTenantCap), s.num_ooms_tenant_cap}};
-  for (const auto& [cause, n] : causes) {
+  const std::array<std::int64_t, kNumOomCauses> counts = OomCounts(s);
+  for (int c = 0; c < kNumOomCauses; ++c) {
+    const char* cause = OomCauseKey(static_cast<OomCause>(c));
+    const std::int64_t n = counts[c];
     out->Add("bucketalloc_ooms_total", "counter",
              "out-of-memory failures by cause: capacity (live memory plus the request exceed the cap), fragmentation "
              "(enough is free but no piece fits), cache_held (memory held for unsynchronized stream events), "

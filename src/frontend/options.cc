@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
 
@@ -821,10 +822,55 @@ absl::StatusOr<Options> ParseOptions(absl::string_view conf, const Options& base
   return Parse(conf, base, ConfKind::kBucketalloc, nullptr);
 }
 
+namespace {
+
+constexpr EnvVariable kEnvVariables[] = {
+    {kConfVariable, "the library, when the allocator is made (OptionsFromEnv)",
+     "options as `key:value,...` (the option table)", "bucketalloc's options; set, PyTorch's variables are ignored"},
+    {kPyTorchConfVariables[0], "the library, when BUCKETALLOC_CONF is not set",
+     "PyTorch 2.15's CONF (its keys, and bucketalloc's)", "PyTorch's options, read as PyTorch reads them"},
+    {kPyTorchConfVariables[1], "the library, when neither of the above is set",
+     "PyTorch 2.15's CONF (its keys, and bucketalloc's)", "PyTorch's options, read as PyTorch reads them"},
+    {"BUCKETALLOC_METRICS_ADDR", "the C ABI and the LD_PRELOAD shim, at the allocator's first allocation",
+     "`HOST:PORT` (port 0: any free port)", "serves Prometheus metrics there (docs/operations.md)"},
+    {"BUCKETALLOC_TIMELINE", "the C ABI and the LD_PRELOAD shim, at the allocator's first allocation",
+     "`PATH[,interval_ms]` (default 1000 ms)", "writes the timeline there (docs/operations.md)"},
+    {"BUCKETALLOC_VERBOSE", "the LD_PRELOAD shim", "`1`", "prints every refused or failed CUDA call on stderr"},
+    {"BUCKETALLOC_STATS_ON_EXIT", "the LD_PRELOAD shim, at exit", "`stderr`, or a file path (`.json`: JSON)",
+     "prints each used device's stats at exit (docs/preload.md)"},
+};
+
+}  // namespace
+
+absl::Span<const EnvVariable> EnvVariables() { return kEnvVariables; }
+
+const char* ReadEnv(const char* name) {
+  for (const EnvVariable& v : kEnvVariables) {
+    if (std::strcmp(v.name, name) == 0) return std::getenv(name);
+  }
+  return nullptr;
+}
+
+std::string EnvVariablesMarkdownTable() {
+  std::string out = "| variable | read by | accepted values | what it does |\n|---|---|---|---|\n";
+  for (const EnvVariable& v : EnvVariables()) {
+    absl::StrAppend(&out, "| `", v.name, "` | ", v.read_by, " | ", v.accepted, " | ", v.meaning, " |\n");
+  }
+  return out;
+}
+
+std::string DumpEnv() {
+  std::string out;
+  for (const EnvVariable& v : EnvVariables()) {
+    if (const char* value = std::getenv(v.name)) absl::StrAppend(&out, v.name, "=", value, "\n");
+  }
+  return out;
+}
+
 OptionsSource OptionsSourceFromEnv() {
   OptionsSource source;
   auto read = [&](const char* name) {
-    const char* value = std::getenv(name);
+    const char* value = ReadEnv(name);
     if (value == nullptr) return;
     if (source.variable.empty()) {
       source.variable = name;

@@ -5,7 +5,8 @@
 // request goes to the first pool whose limit it is within) and the means to run one piece of code
 // over every pool (ForEach) or over the pool of a handle (Visit); `StreamPools`, every pool's free lists of one
 // stream; `PoolHandle`, a block of any pool (typed: the pool it came from is its type);
-// `LiveEntry`, one live or pending allocation.
+// `LiveEntry`, one live or pending allocation. It chooses what backs the large pool's segments
+// (pool/segment_backing.h): virtual memory with stitching, else plain.
 // Adding a pool: its files (pool/); here its member, its routing rule, its place in ForEach and
 // PoolHandle and StreamPools; and its index and names in bucketalloc/stat_types.h.
 // Thread-safety: none; the device lock guards it.
@@ -27,8 +28,11 @@
 
 #include "pool/large_pool.h"
 #include "pool/packed_pool.h"
+#include "pool/plain_backing.h"
 #include "pool/pool.h"
+#include "pool/segment_backing.h"
 #include "pool/small_pool.h"
+#include "pool/virtual_backing.h"
 
 namespace bucketalloc::internal {
 
@@ -67,15 +71,17 @@ class StreamPools {
 class Pools {
  public:
   // Requests up to `slab_limit` go to the slabs, up to `small_limit` to the packed pool, and
-  // above it to the large pool. `no_split`: the packed pool never splits a block (the large pool's
-  // is `large.keep_remainder`).
+  // above it to the large pool. `stitching`: the large pool's segments are virtual memory
+  // (pool/virtual_backing.h: stitched at the cap), else plain allocations (pool/plain_backing.h);
+  // the packed pool's are always plain. `no_split`: the packed pool never splits a block (the
+  // large pool's is `large.keep_remainder`).
   Pools(const PoolContext& ctx, std::size_t slab_limit, std::size_t small_limit, LargePoolConfig large,
-        bool no_split = false)
+        bool stitching = false, bool no_split = false)
       : slab_limit_(std::min(slab_limit, small_limit)),
         small_limit_(small_limit),
         small_(ctx),
         packed_(ctx, large.roundup_power2_divisions, no_split),
-        large_(ctx, std::move(large)) {}
+        large_(ctx, large, LargeBacking(ctx, large.granularity, stitching)) {}
   // The number of pools, and the place of pool type P among them (ForEach's order).
   static constexpr int kNumPools = 3;
   template <typename P>
@@ -180,6 +186,12 @@ class Pools {
     } else {
       return large();
     }
+  }
+
+  // The large pool's segment backing: virtual memory in granules of `granularity` bytes, or plain.
+  static std::unique_ptr<SegmentBacking> LargeBacking(const PoolContext& ctx, std::size_t granularity, bool stitching) {
+    if (stitching) return std::make_unique<VirtualBacking>(ctx, granularity);
+    return std::make_unique<PlainBacking>(ctx.source);
   }
 
   const std::size_t slab_limit_;

@@ -1,12 +1,11 @@
 // src/frontend/private_pools.cc — captures and their private pools (frontend/private_pools.h).
 #include "frontend/private_pools.h"
 
-#include "absl/cleanup/cleanup.h"
-
 #include <algorithm>
 #include <limits>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 
 namespace bucketalloc::internal {

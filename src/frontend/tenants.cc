@@ -26,14 +26,16 @@ constexpr int kSlots = 8;
 thread_local ThreadBinding t_bindings[kSlots];
 thread_local int t_next = 0;
 
-// The thread's last answer of Tenants::OfBound: valid for one object's bindings at one version.
+// The thread's last answers of Tenants::OfBound, each valid for one object's bindings at one
+// version; replaced round robin.
 struct BoundCache {
-  std::uint64_t owner = 0;
+  std::uint64_t owner = 0;  // 0: empty
   std::uint64_t version = 0;
   Stream stream = nullptr;
   int index = 0;  // the binding's tenant, -1 for none (the thread's tenant applies)
 };
-thread_local BoundCache t_bound;
+thread_local BoundCache t_bound[Tenants::kCachedStreams];
+thread_local int t_bound_next = 0;
 
 const std::string& DefaultName() {
   static const std::string* const name = new std::string("default");
@@ -84,8 +86,12 @@ void Tenants::Bind(Stream stream, int index) {
 
 int Tenants::OfBound(Stream stream) const {
   const std::uint64_t version = version_.load(std::memory_order_acquire);
-  BoundCache& c = t_bound;
-  if (c.owner != id_ || c.version != version || c.stream != stream) {
+  for (const BoundCache& c : t_bound) {
+    if (c.owner == id_ && c.version == version && c.stream == stream) return c.index >= 0 ? c.index : ThreadTenant();
+  }
+  BoundCache& c = t_bound[t_bound_next];
+  t_bound_next = (t_bound_next + 1) % kCachedStreams;
+  {
     MutexLock lock(mu_);
     auto it = bindings_.find(stream);
     c = BoundCache{id_, version_.load(std::memory_order_relaxed), stream, it == bindings_.end() ? -1 : it->second};

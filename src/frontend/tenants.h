@@ -14,11 +14,13 @@
 // pool tag 0); tenants[i] is index i + 1.
 //
 // Invariants (CheckInvariants): a binding names an existing tenant other than the default; each
-// tenant has its pool, that pool carries the tenant's cap in the registry, and its kept use equals
-// a walk over the live and pending blocks.
-// Thread-safety: Tenants takes its own lock (never while holding it does it call out); a request's
-// lookup (Of) reads a thread-local cache and takes no lock while the bindings do not change.
-// DeviceTenants is guarded by the device's lock.
+// tenant has its pool, that pool has a cap in the registry (the device's copy of Tenants::Cap; the
+// two differ after a SetTenantCap a device refused during a capture), and its kept use equals a
+// walk over the live and pending blocks.
+// Thread-safety: Tenants takes its own lock (never while holding it does it call out; a device
+// takes it under its own lock, so it comes last in the fork handlers too). A request's lookup (Of)
+// reads a thread-local cache of the thread's last few streams and takes no lock while the bindings
+// stay as they are. DeviceTenants is guarded by the device's lock.
 //
 // Example:
 //   auto tenants = std::make_shared<Tenants>(options.tenants);   // tenants:[short:20GiB,long:40GiB]
@@ -71,9 +73,12 @@ class Tenants {
   // Binds `stream` (a pool key) to tenant `index`; index 0 unbinds it.
   void Bind(Stream stream, int index);
   // Forgets `stream`'s binding (a retired stream: a new stream with this handle is bound to none).
-  void Forget(Stream stream) { Bind(stream, 0); }
+  void Forget(Stream stream) {
+    if (has_bindings_.load(std::memory_order_acquire)) Bind(stream, 0);
+  }
   // The tenant of a request on `stream`: its binding, else the calling thread's tenant.
-  // No lock while the bindings stay as they are (a thread-local cache of the last answer).
+  // No lock while the bindings stay as they are: a thread-local cache holds the answers for the
+  // thread's last kCachedStreams streams (of any Tenants object).
   int Of(Stream stream) const {
     if (!has_bindings_.load(std::memory_order_acquire)) return ThreadTenant();
     return OfBound(stream);
@@ -90,6 +95,13 @@ class Tenants {
   std::size_t Cap(int index) const;
 
   absl::Status CheckInvariants() const;
+
+  // fork(2) (the Allocator's handlers, after every device's lock): the lock, so that the child's
+  // copy of the bindings is whole.
+  void PrepareFork() ABSL_EXCLUSIVE_LOCK_FUNCTION(mu_) { mu_.Lock(); }
+  void AfterFork() ABSL_UNLOCK_FUNCTION(mu_) { mu_.Unlock(); }
+
+  static constexpr int kCachedStreams = 4;
 
  private:
   ABSL_ATTRIBUTE_NOINLINE int OfBound(Stream stream) const;

@@ -155,8 +155,7 @@ TimelineSample TimelineSampleOf(const DeviceMetrics& m, double time_s, std::uint
   s.frees_total = st.allocation[kAllPools].freed;
   s.cache_hits_total = st.num_cache_hits;
   s.alloc_retries_total = st.num_alloc_retries;
-  s.ooms_total = {st.num_ooms_capacity, st.num_ooms_fragmentation, st.num_ooms_cache_held, st.num_ooms_device_exhausted,
-                  st.num_ooms_tenant_cap};
+  s.ooms_total = OomCounts(st);
   for (const OomEvent& e : m.recent_ooms) {
     if (e.seq > after_seq) s.ooms.push_back(e);
   }

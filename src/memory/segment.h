@@ -46,7 +46,7 @@ struct Segment;
 struct Block;
 
 // A mapped piece of a virtual-memory segment: granules [g0, g0 + n) of it, backed by one physical
-// allocation mapped whole (pool/segment_backing.h).
+// allocation mapped whole (pool/virtual_backing.h).
 struct Piece {
   std::size_t g0 = 0;
   std::size_t n = 0;

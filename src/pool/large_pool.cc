@@ -3,14 +3,11 @@
 #include "pool/large_pool.h"
 
 #include <algorithm>
-#include <bit>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "internal/bits.h"
 #include "internal/check.h"
-#include "pool/segment_backing.h"
-#include "pool/stitcher.h"
 
 namespace bucketalloc::internal {
 
@@ -22,22 +19,14 @@ LargePool::StreamState& StateOf(const Segment* seg) { return *static_cast<LargeP
 
 }  // namespace
 
-LargePool::LargePool(const PoolContext& ctx, LargePoolConfig config)
-    : ctx_(ctx),
-      config_(std::move(config)),
-      granule_shift_(config_.stitching ? std::countr_zero(config_.granularity) : 0) {
-  BA_CHECK(!config_.stitching || config_.index == kLargePool, "only the large pool stitches");
+LargePool::LargePool(const PoolContext& ctx, LargePoolConfig config, std::unique_ptr<SegmentBacking> backing)
+    : ctx_(ctx), config_(std::move(config)), backing_(std::move(backing)) {
+  BA_CHECK(backing_ != nullptr, "a large pool without a segment backing");
+  BA_CHECK(!backing_->virtual_memory() || config_.index == kLargePool, "only the large pool maps virtual memory");
   tier_use_.resize(config_.tiers.size());
   tier_segments_.assign(config_.tiers.size(), 0);
   for (std::size_t t = 0; t < config_.tiers.size(); ++t) {
     tier_use_[t].tier_bytes = static_cast<std::int64_t>(config_.tiers[t]);
-  }
-  if (config_.stitching) {
-    auto backing = std::make_unique<VirtualBacking>(ctx_, config_.granularity);
-    stitcher_ = std::make_unique<Stitcher>(ctx_, backing.get());
-    backing_ = std::move(backing);
-  } else {
-    backing_ = std::make_unique<PlainBacking>(ctx_.source);
   }
 }
 
@@ -56,15 +45,6 @@ inline void LargePool::UpdateInactiveSplit(const InactiveSplit& before, const Se
     ctx_.stats->Add(&DeviceStats::inactive_split, config_.index, after.count - before.count);
 }
 
-std::size_t LargePool::WholeGranules(const Block* block, std::size_t* g0, std::size_t* g1) const {
-  const std::uintptr_t base = block->segment->base;
-  const std::size_t lo = RoundUp(block->ptr - base, config_.granularity) >> granule_shift_;
-  const std::size_t hi = (block->ptr + block->size - base) >> granule_shift_;
-  if (g0 != nullptr) *g0 = lo;
-  if (g1 != nullptr) *g1 = hi;
-  return hi > lo ? hi - lo : 0;
-}
-
 inline void LargePool::InsertFree(Block* block) {
   Segment* seg = block->segment;
   StreamState& ss = StateOf(seg);
@@ -72,7 +52,6 @@ inline void LargePool::InsertFree(Block* block) {
   seg->free_blocks += 1;
   seg->free_bytes += block->size;
   free_.Add(block->size);
-  if (config_.stitching) free_granules_ += WholeGranules(block);
   if (seg->tier >= 0) {
     tier_use_[seg->tier].cached += 1;
     ss.tier_free[seg->tier].PushFront(block);
@@ -92,7 +71,6 @@ inline void LargePool::RemoveFree(Block* block) {
   seg->free_blocks -= 1;
   seg->free_bytes -= block->size;
   free_.Remove(block->size);
-  if (config_.stitching) free_granules_ -= WholeGranules(block);
 }
 
 Block* LargePool::FindFree(StreamState& ss, std::size_t rounded) {
@@ -226,17 +204,14 @@ absl::StatusOr<LargePool::Handle> LargePool::Serve(StreamState& ss, Stream strea
   }
   *served = Served::kFromNewMemory;
   if (block.ok()) return Handle{*block};
-  // No stitching during a capture: it unmaps granules, which CUDA forbids then.
-  if (!absl::IsResourceExhausted(block.status()) || stitcher_ == nullptr || ctx_.source->Capturing()) {
-    return block.status();
-  }
-  // At the cap, with stitching: the granules of free blocks.
-  absl::StatusOr<Block*> stitched = stitcher_->Stitch(*this, ss, stream, r.rounded, r.tier);
-  if (stitched.ok()) return Handle{*stitched};
-  // A failed stitch changed nothing a caller can see (even a backend fault): release-and-retry
+  if (!absl::IsResourceExhausted(block.status())) return block.status();
+  // At the cap: whatever else the backing can do (nullopt: nothing).
+  std::optional<absl::StatusOr<Block*>> at_cap = backing_->ServeAtCap(*this, ss, stream, r.rounded, r.tier);
+  if (!at_cap.has_value()) return block.status();
+  if (at_cap->ok()) return Handle{**at_cap};
+  // A failure there changed nothing a caller can see (even a backend fault): release-and-retry
   // and the OOM report follow, which names both failures.
-  return absl::ResourceExhaustedError(
-      absl::StrCat(block.status().message(), "; stitching: ", stitched.status().message()));
+  return absl::ResourceExhaustedError(absl::StrCat(block.status().message(), "; ", at_cap->status().message()));
 }
 
 Segment* LargePool::AddSegment(StreamState& ss, Stream stream, std::uintptr_t base, std::size_t bytes, int tier,
@@ -348,14 +323,12 @@ std::size_t LargePool::ReleaseOldest() {
 
 void LargePool::ReleaseAll() {
   ReleaseOldestUntil(*this, std::numeric_limits<std::size_t>::max());
-  if (stitcher_ != nullptr) stitcher_->ReleaseFreeGranules(*this);
+  backing_->ReleaseFreeMemory(*this);
 }
 
 std::size_t LargePool::spare_bytes() const { return backing_->spare_bytes(); }
 
-std::size_t LargePool::movable_bytes() const {
-  return config_.stitching ? static_cast<const VirtualBacking&>(*backing_).MovableBytes(*this) : 0;
-}
+std::size_t LargePool::movable_bytes() const { return backing_->MovableBytes(*this); }
 
 std::size_t LargePool::MappedBytes(const Segment& seg) const {
   std::size_t holes = 0;
@@ -428,8 +401,9 @@ void LargePool::WalkFragmentation(FragmentationReport* report) const {
 }
 
 void LargePool::Describe(std::vector<SpanView>* spans) const {
+  const bool virtual_memory = backing_->virtual_memory();
   for (const Segment* s : segments_) {
-    // A stitched segment's holes are not memory: each mapped run is a span of its own.
+    // A segment's holes are not memory: each mapped run is a span of its own.
     SpanView* span = nullptr;
     for (const Block* b = s->first; b != nullptr; b = b->next) {
       if (b->state == BlockState::kUnmapped) {
@@ -442,7 +416,7 @@ void LargePool::Describe(std::vector<SpanView>* spans) const {
         span->stream = s->stream;
         span->pool = config_.index;
         span->tier = s->tier;
-        span->virtual_memory = config_.stitching;
+        span->virtual_memory = virtual_memory;
       }
       span->size += b->size;
       span->blocks.push_back({b->ptr, b->size, b->state != BlockState::kFree});
@@ -467,7 +441,6 @@ absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
   };
   std::int64_t active = 0;
   std::int64_t wholly_free = 0;
-  std::size_t whole = 0;
   for (const Segment* seg : segments_) {
     if (seg->first == nullptr || seg->first->ptr != seg->base || seg->first->prev != nullptr) {
       return fail(seg, "its first block does not start it");
@@ -488,7 +461,6 @@ absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
       } else if (b->state == BlockState::kFree) {
         ++seg_free;
         seg_free_bytes += b->size;
-        if (config_.stitching) whole += WholeGranules(b);
         if (b->free_node.linked() == b->tree_node.linked)
           return fail(seg, "a free block is not in exactly one free list");
         if (b->next != nullptr && b->next->state == BlockState::kFree) {
@@ -513,10 +485,6 @@ absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
   }
   if (wholly_free != release_order_.Count()) return absl::InternalError("large pool: release order is inconsistent");
   if (absl::Status s = backing_->CheckInvariants(*this); !s.ok()) return s;
-  if (whole != free_granules_) {
-    return absl::InternalError(
-        absl::StrCat("large pool: free blocks hold ", whole, " whole granules but ", free_granules_, " are counted"));
-  }
   if (active != active_blocks) {
     return absl::InternalError(
         absl::StrCat("large pool: segments hold ", active, " active blocks but ", active_blocks, " are recorded"));
@@ -574,20 +542,7 @@ absl::Status LargePool::CheckStreamState(const StreamState& ss) const {
 
 absl::Status LargePool::PiecesUnder(const Block* block, std::uintptr_t* first_va,
                                     std::vector<PhysicalPiece>* out) const {
-  const Segment* seg = block->segment;
-  if (!config_.stitching || seg->pieces == nullptr) {
-    return absl::FailedPreconditionError("bucketalloc: the block is not in a virtual-memory segment");
-  }
-  const std::size_t g = config_.granularity;
-  const std::size_t lo = (block->ptr - seg->base) / g;                        // its first granule
-  const std::size_t hi = (block->ptr + block->size - seg->base + g - 1) / g;  // past its last
-  *first_va = 0;
-  for (const Piece& p : *seg->pieces) {
-    if (p.g0 + p.n <= lo || p.g0 >= hi) continue;
-    if (*first_va == 0) *first_va = seg->base + p.g0 * g;
-    out->push_back(PhysicalPiece{p.handle, p.n * g});
-  }
-  return absl::OkStatus();
+  return backing_->PiecesUnder(*this, block, first_va, out);
 }
 
 }  // namespace bucketalloc::internal

@@ -10,15 +10,16 @@
 //     most max_split_size is split when the remainder exceeds keep_remainder; larger blocks serve
 //     only requests within max_non_split_rounding of their size; free neighbours coalesce;
 //   - the release order of wholly free segments (oldest first) for GC and release-and-retry.
-// What backs a segment is not its business: a SegmentBacking (pool/segment_backing.h) makes and
-// gives back segments' memory, plain device allocations or, with stitching, address ranges of
-// physical granules, whose holes (kUnmapped blocks) this pool carves and keeps out of its lists.
-// With stitching a Stitcher (pool/stitcher.h) serves what a grow at the cap cannot. The fast path
-// is the same in both modes. It has the shape of every pool (pool/pool.h).
+// What backs a segment is not its business: the SegmentBacking it is built with (the interface,
+// pool/segment_backing.h) makes and gives back segments' memory, and may serve what a grow at the
+// cap cannot, give back free memory inside segments, and leave holes (kUnmapped blocks), which this
+// pool carves and keeps out of its lists. Backings change blocks only through the block-level calls
+// below. The fast path never calls the backing. It has the shape of every pool (pool/pool.h).
 // Stats it keeps: active, cached, inactive_split, the split/merge counters and oversize counts.
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
+//   LargePool pool(ctx, config, std::make_unique<PlainBacking>(ctx.source));
 //   LargePool::Request r = pool.RequestFor(size);
 //   std::optional<LargePool::Handle> h = pool.TryAllocate(ss, r);
 //   if (!h) h = *pool.Serve(ss, stream, r, &served);   // or ResourceExhausted
@@ -48,11 +49,11 @@
 #include "memory/size_classes.h"
 #include "pool/memory_source.h"
 #include "pool/pool.h"
+#include "pool/segment_backing.h"
 
 namespace bucketalloc::internal {
 
-class SegmentBacking;
-class Stitcher;
+class LargePool;
 
 struct LargePoolConfig {
   // The pool its stats and segments count in: the large pool, or the small pool for the packed part
@@ -66,13 +67,18 @@ struct LargePoolConfig {
   double tier_min_fill = 0.5;
   // The backend's granularity: a segment is a multiple of it.
   std::size_t granularity = 2 * kMiB;
-  // True: segments are address ranges of physical granules of `granularity` bytes, and a Stitcher
-  // serves at the cap (the vmm backends).
-  bool stitching = false;
   // A split leaves a remainder larger than this; a smaller one stays inside the block. PyTorch keeps
-  // up to 1 MiB (it could never serve a large request alone). With stitching every remainder is
-  // split off (0): free, it joins its free neighbours' granules, which can then move whole.
+  // up to 1 MiB (it could never serve a large request alone). Over virtual memory the front end
+  // splits every remainder off (0): free, it joins its free neighbours' granules, which can then
+  // move whole.
   std::size_t keep_remainder = kMaxSmallSize;
+};
+
+// The free lists of one stream (LargePool::StreamState).
+struct LargeStreamState {
+  explicit LargeStreamState(const LargePool& pool);
+  BlockTree tree;  // the free blocks of non-tier segments, by (size, address)
+  std::unique_ptr<IntrusiveList<Block, &Block::free_node>[]> tier_free;
 };
 
 class LargePool {
@@ -87,14 +93,10 @@ class LargePool {
   struct Handle {
     Block* block = nullptr;
   };
-  // The free lists of one stream.
-  struct StreamState {
-    explicit StreamState(const LargePool& pool) : tier_free(new FreeList[pool.num_tiers()]) {}
-    BlockTree tree;  // the free blocks of non-tier segments, by (size, address)
-    std::unique_ptr<FreeList[]> tier_free;
-  };
+  using StreamState = LargeStreamState;
 
-  LargePool(const PoolContext& ctx, LargePoolConfig config);
+  // Segments come from `backing` (what kind is the caller's choice).
+  LargePool(const PoolContext& ctx, LargePoolConfig config, std::unique_ptr<SegmentBacking> backing);
   ~LargePool();
   LargePool(const LargePool&) = delete;
   LargePool& operator=(const LargePool&) = delete;
@@ -135,7 +137,8 @@ class LargePool {
   }
   // Slow path: a cached block (looked up again); else a new segment (the preferred size,
   // then just the request rounded to the granularity), which serves the request it was made for;
-  // else, with stitching, a stitch (pool/stitcher.h). ResourceExhausted names every failure.
+  // else, at the cap, whatever the backing serves (SegmentBacking::ServeAtCap). ResourceExhausted
+  // names every failure.
   absl::StatusOr<Handle> Serve(StreamState& ss, Stream stream, const Request& r, Served* served);
   // Rounding to the tier is a preference: a tier request falls back to its exact rounded size.
   std::optional<Request> Fallback(std::size_t size, const Request& r) const {
@@ -169,8 +172,8 @@ class LargePool {
   // Release order of wholly free segments.
   std::uint64_t OldestFree() const { return release_order_.OldestAge(); }
   std::size_t ReleaseOldest();
-  // Releases every wholly free segment, oldest first; with stitching also the spare pieces and
-  // the whole granules of the free blocks of partly used segments.
+  // Releases every wholly free segment, oldest first, then lets the backing give back what else
+  // it can (SegmentBacking::ReleaseFreeMemory).
   void ReleaseAll();
 
   // Adds the free-block histogram and the tiers' use, kept as blocks move (no walk).
@@ -183,7 +186,8 @@ class LargePool {
   // check compares them with the kept ones.
   void WalkFragmentation(FragmentationReport* report) const;
   void ForEachUnit(UnitFn f) const {
-    for (const Segment* s : segments_) f(s->base, s->size, MappedBytes(*s), config_.stitching);
+    const bool virtual_memory = backing_->virtual_memory();
+    for (const Segment* s : segments_) f(s->base, s->size, MappedBytes(*s), virtual_memory);
   }
   absl::Status CheckHandle(Handle h, bool live) const;
   void Describe(std::vector<SpanView>* spans) const;
@@ -200,30 +204,24 @@ class LargePool {
 
   // The largest free block (slow: a walk).
   std::size_t largest_free_block() const;
-  // Bytes of reserved memory in no segment (with stitching: the spare pieces).
+  // Bytes of reserved memory in no segment (the backing's spares).
   std::size_t spare_bytes() const;
+  // Bytes the backing could move out of free blocks (SegmentBacking::MovableBytes; a walk).
+  std::size_t movable_bytes() const;
   // Bytes of `seg` backed by memory: its size, less its holes.
   std::size_t MappedBytes(const Segment& seg) const;
+  // CUDA IPC: the physical pieces under allocated `block` (SegmentBacking::PiecesUnder).
+  absl::Status PiecesUnder(const Block* block, std::uintptr_t* first_va, std::vector<PhysicalPiece>* out) const;
+
+  // ---- Block-level calls, for whatever backs the segments (pool/segment_backing.h) ----
+  // Slow paths only, under the same lock; each keeps the pool's lists, counts and stats true.
+
+  // Every segment.
+  const absl::flat_hash_set<Segment*>& segments() const { return segments_; }
   template <typename F>
   void ForEachSegment(F&& f) const {
     for (const Segment* s : segments_) f(*s);
   }
-
-  // ---- For the segment backings and the stitcher (block-level changes, under the same lock) ----
-
-  // The stitcher (nullptr without stitching); the slow path reaches it through Serve.
-  Stitcher* stitcher() { return stitcher_.get(); }
-  // Whole granules inside free blocks (0 without stitching): a bound on what a stitch may take,
-  // kept on every free-list change (pieces hold whole granules, but one shared with a live block
-  // cannot move).
-  std::size_t free_granules() const { return free_granules_; }
-  // Bytes of the pieces wholly inside free blocks: what a stitch may take (a walk; 0 without
-  // stitching).
-  std::size_t movable_bytes() const;
-  // The whole granules inside `block`, as [*g0, *g1) of its segment (stitching only).
-  std::size_t WholeGranules(const Block* block, std::size_t* g0 = nullptr, std::size_t* g1 = nullptr) const;
-  // Every segment (a stitch walks their free blocks).
-  const absl::flat_hash_set<Segment*>& segments() const { return segments_; }
   // A new segment over [base, base + bytes): one free block of its first `mapped` bytes (all of it
   // by default), and a hole after them (virtual memory: a map that failed part-way). Counts the
   // mapped bytes cached and puts the segment in the release order.
@@ -239,11 +237,6 @@ class LargePool {
   void MakeHole(Block* block, std::uintptr_t lo, std::uintptr_t hi);
   // Takes free `block` (in a free list) for `rounded` bytes: splits off the rest when allowed.
   void Take(Block* block, std::size_t rounded, int tier);
-
-  // CUDA IPC of a stitched segment's block: appends the physical pieces mapped under allocated
-  // `block` (each whole, in address order) to `out` and sets `*first_va` to the first one's
-  // address. FailedPrecondition when the pool does not stitch.
-  absl::Status PiecesUnder(const Block* block, std::uintptr_t* first_va, std::vector<PhysicalPiece>* out) const;
 
  private:
   bool Admissible(std::size_t block_size, std::size_t rounded) const {
@@ -263,12 +256,10 @@ class LargePool {
 
   PoolContext ctx_;
   LargePoolConfig config_;
-  int granule_shift_ = 0;  // log2(granularity) when stitching
   BlockPool blocks_;
   ObjectPool<Segment, 64> segment_meta_;
   ReleaseOrder<Segment, &Segment::release_node, &Segment::free_since> release_order_;  // wholly free, oldest first
   absl::flat_hash_set<Segment*> segments_;  // all segments; changes only on slow paths
-  std::size_t free_granules_ = 0;           // sum of WholeGranules over free blocks (kept by Insert/RemoveFree)
   // The free blocks by size (kept by Insert/RemoveFree), per tier the free blocks of its segments
   // (kept by Insert/RemoveFree) and its segments (kept by Add/DropSegment and MakeHole: slow paths
   // only); a tier segment is one block, so the blocks in use are segments - cached (TierUse).
@@ -277,8 +268,10 @@ class LargePool {
   std::vector<TierUsage> tier_use_;
   std::vector<std::int64_t> tier_segments_;
   std::unique_ptr<SegmentBacking> backing_;
-  std::unique_ptr<Stitcher> stitcher_;  // with stitching only
 };
+
+inline LargeStreamState::LargeStreamState(const LargePool& pool)
+    : tier_free(new LargePool::FreeList[pool.num_tiers()]) {}
 
 }  // namespace bucketalloc::internal
 

@@ -4,9 +4,10 @@
 // Owns: nothing of its own but a LargePool configured as PyTorch's small pool (reference/pytorch.md
 // §1.3-§1.7): sizes rounded to 512 B, 2 MiB segments, best fit by stream, size and address, a block
 // split whenever 512 B or more remain, free neighbours coalesced, wholly free segments released
-// oldest first; no tiers, no stitching. Its stats and segments count in the small pool (with the
-// slabs: PyTorch's small pool is every request up to 1 MiB), and its handles are a type of their
-// own, so the front end tells its blocks from the large pool's.
+// oldest first; no tiers, plain segments (a PlainBacking, pool/plain_backing.h), never virtual
+// memory. Its stats and segments count in the small pool (with the slabs: PyTorch's small pool is
+// every request up to 1 MiB), and its handles are a type of their own, so the front end tells its
+// blocks from the large pool's.
 // Why both: a slab holds one size class, so a partly used slab per class stays reserved, where
 // shared split segments hold any mix of sizes; slabs are exact for sizes that divide 2 MiB and
 // serve a hit with a pop. slab_limit chooses (docs/configuration.md).
@@ -21,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -28,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "memory/size_classes.h"
 #include "pool/large_pool.h"
+#include "pool/plain_backing.h"
 #include "pool/pool.h"
 
 namespace bucketalloc::internal {
@@ -47,7 +50,7 @@ class PackedPool {
   // `divisions`: roundup_power2_divisions, which PyTorch applies to small sizes too. `no_split`:
   // a block is handed out whole, never split (a private pool's setting).
   PackedPool(const PoolContext& ctx, std::vector<std::uint32_t> divisions, bool no_split = false)
-      : pool_(ctx, Config(std::move(divisions), no_split)) {}
+      : pool_(ctx, Config(std::move(divisions), no_split), std::make_unique<PlainBacking>(ctx.source)) {}
 
   Request RequestFor(std::size_t size) const { return pool_.RequestFor(size); }
   std::optional<Handle> TryAllocate(StreamState& ss, const Request& r) {

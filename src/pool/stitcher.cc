@@ -99,37 +99,43 @@ bool ChooseUnits(const std::vector<Unit>& units, std::size_t want, absl::Span<co
   return true;
 }
 
+// True when a free block of `pool` holds a whole granule (a walk that stops at the first).
+bool AnyFreeWholeGranule(const LargePool& pool, const VirtualBacking& backing) {
+  for (const Segment* seg : pool.segments()) {
+    if (seg->free_blocks == 0) continue;
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      if (b->state == BlockState::kFree && backing.WholeGranules(b) > 0) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 Stitcher::Stitcher(const PoolContext& ctx, VirtualBacking* backing)
     : ctx_(ctx), backing_(backing), granule_(backing->granule()), shift_(std::countr_zero(granule_)) {}
 
-absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargePool::StreamState& ss, Stream stream, std::size_t rounded,
+absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargeStreamState& ss, Stream stream, std::size_t rounded,
                                         int tier) {
   const std::size_t bytes = RoundUp(rounded, granule_);
   // Stitch runs after a grow of `bytes` failed. With headroom for all of it, the device refused
   // (another process holds memory), not the cap: then nothing is created, all of it moves.
   std::size_t headroom = ctx_.source->Headroom() & ~(granule_ - 1);
   if (headroom >= bytes) headroom = 0;
-  // A plain segment is granule pieces (pool/segment_backing.h): a larger piece is not mapped into
+  // A plain segment is granule pieces (pool/virtual_backing.h): a larger piece is not mapped into
   // it, whether a spare or moved. A tier segment holds one block, and takes pieces of any size.
   const std::size_t max_piece = tier >= 0 ? bytes : granule_;
   const std::size_t spares = backing_->SpareBytesWithin(bytes - headroom, max_piece);
   const std::size_t want = bytes - headroom - spares;
-  // A cheap bound first: whole granules inside free blocks (pieces hold whole granules).
-  const std::size_t free_bytes = pool.free_granules() << shift_;
-  if (free_bytes < want) {
-    return absl::ResourceExhaustedError(absl::StrCat("bucketalloc: stitching ", bytes, " bytes needs ", want,
-                                                     " bytes of free pieces but free blocks hold only ", free_bytes,
-                                                     " bytes of whole granules"));
-  }
+  // The units a stitch may take: the whole pieces of free blocks (a walk; too few of them and the
+  // choice below refuses, naming the bytes, before any stream wait or backend call).
   std::vector<Unit> units;
   std::size_t movable = 0;
   for (Segment* seg : pool.segments()) {
     for (Block* b = seg->first; b != nullptr && want > 0; b = b->next) {
       std::size_t first = 0, last = 0;
       if (b->state != BlockState::kFree) continue;
-      const std::size_t whole = backing_->WholePieces(pool, b, &first, &last);
+      const std::size_t whole = backing_->WholePieces(b, &first, &last);
       if (whole == 0) continue;
       movable += whole;
       absl::Span<const Piece> table = backing_->pieces(seg);
@@ -230,7 +236,9 @@ absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargePool::StreamState&
 }
 
 void Stitcher::ReleaseFreeGranules(LargePool& pool) {
-  if (pool.free_granules() == 0 && backing_->spare_bytes() == 0) return;
+  // Nothing to give back: no spare and no whole granule inside a free block (then no stream is
+  // synchronized).
+  if (backing_->spare_bytes() == 0 && !AnyFreeWholeGranule(pool, *backing_)) return;
   std::vector<PhysicalPiece> pieces = backing_->TakeAllSpares();
   // The segments left (partly used ones, and wholly free ones whose release failed): their free
   // blocks' whole pieces, once the segment's stream has passed their last use.
@@ -247,8 +255,7 @@ void Stitcher::ReleaseFreeGranules(LargePool& pool) {
     }
     for (Block* b : free_blocks) {
       std::size_t first = 0, last = 0;
-      if (backing_->WholePieces(pool, b, &first, &last) > 0 &&
-          !backing_->UnmapPieces(pool, b, first, last, &pieces).ok()) {
+      if (backing_->WholePieces(b, &first, &last) > 0 && !backing_->UnmapPieces(pool, b, first, last, &pieces).ok()) {
         break;
       }
     }

@@ -10,8 +10,10 @@
 // range, the chosen pieces unmapped into holes, one call per run side by side, what is missing
 // created within the headroom, all mapped there), and giving back the free pieces of partly used
 // segments (empty_cache, release-and-retry).
-// It works on the large pool's blocks through the pool's block-level calls and on pieces through
-// the pool's VirtualBacking. Live blocks are never touched.
+// Its VirtualBacking (pool/virtual_backing.h) owns it and calls it (ServeAtCap, ReleaseFreeMemory);
+// the large pool never sees it. It works on the pool's blocks through the pool's block-level calls
+// (pool/large_pool.h) and on pieces through the backing. Live blocks are never touched.
+// Depends on: large_pool.h and virtual_backing.h; neither includes this header.
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
@@ -25,7 +27,7 @@
 #include "memory/segment.h"
 #include "pool/large_pool.h"
 #include "pool/memory_source.h"
-#include "pool/segment_backing.h"
+#include "pool/virtual_backing.h"
 
 namespace bucketalloc::internal {
 
@@ -39,8 +41,7 @@ class Stitcher {
   // device refused) and, for the rest, moved from free blocks. Returns ResourceExhausted, having
   // changed nothing, when too few granules can move; another error when a backend call failed
   // (the granules unmapped by then go back to the device, a refused release keeps one as a spare).
-  absl::StatusOr<Block*> Stitch(LargePool& pool, LargePool::StreamState& ss, Stream stream, std::size_t rounded,
-                                int tier);
+  absl::StatusOr<Block*> Stitch(LargePool& pool, LargeStreamState& ss, Stream stream, std::size_t rounded, int tier);
   // Unmaps and releases the spare pieces and the whole pieces of the free blocks of the
   // segments left (partly used ones, and wholly free ones whose release failed), once each
   // segment's stream has passed their last use.

@@ -112,5 +112,61 @@ TEST_P(ConcurrencyTest, ThreadsAndStreams) {
 INSTANTIATE_TEST_SUITE_P(Configs, ConcurrencyTest, ::testing::ValuesIn(AllConfigs()),
                          [](const auto& info) { return info.param.name; });
 
+// Tenants' bindings change while threads allocate on the streams being bound and retired: each
+// request's lookup (Tenants::Of, a thread-local cache checked against the bindings' version) runs
+// under the device lock while another thread changes the bindings under the tenants' lock.
+TEST(TenantConcurrencyTest, BindingsChangeWhileThreadsAllocateOnTheirStreams) {
+  auto allocator = testing::MakeAllocator("backend:sim,capacity:256MiB,tenants:[a:64MiB,b:64MiB]");
+  ASSERT_NE(allocator, nullptr);
+  constexpr int kStreams = 6;
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  std::thread binder([&] {
+    std::mt19937_64 rng(7);
+    const char* names[] = {"default", "a", "b"};
+    while (!stop.load()) {
+      const Stream s = TestStream(static_cast<int>(rng() % kStreams));
+      if (!allocator->BindStream(s, names[rng() % 3]).ok()) errors.fetch_add(1);
+    }
+  });
+  auto worker = [&](int t) {
+    std::mt19937_64 rng(100 + t);
+    std::vector<std::pair<void*, Stream>> live;
+    for (int i = 0; i < 20000; ++i) {
+      if (live.size() < 32 && rng() % 2 == 0) {
+        const Stream s = TestStream(static_cast<int>(rng() % kStreams));
+        absl::StatusOr<void*> p = allocator->Allocate(std::size_t{1} << (9 + rng() % 13), 0, s);
+        if (p.ok()) {
+          live.emplace_back(*p, s);
+        } else if (!absl::IsResourceExhausted(p.status())) {
+          errors.fetch_add(1);
+        }
+      } else if (!live.empty()) {
+        const std::size_t k = rng() % live.size();
+        if (!allocator->Free(live[k].first, 0).ok()) errors.fetch_add(1);
+        live[k] = live.back();
+        live.pop_back();
+      }
+    }
+    for (const auto& [p, s] : live) {
+      if (!allocator->Free(p, 0).ok()) errors.fetch_add(1);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) threads.emplace_back(worker, t);
+  for (std::thread& t : threads) t.join();
+  stop.store(true);
+  binder.join();
+  EXPECT_EQ(errors.load(), 0);
+  absl::Status s = allocator->CheckInvariants(0);
+  EXPECT_TRUE(s.ok()) << s;
+  absl::StatusOr<std::vector<TenantStats>> tenants = allocator->GetTenantStats(0);
+  ASSERT_TRUE(tenants.ok()) << tenants.status();
+  for (const TenantStats& t : *tenants) {
+    EXPECT_EQ(t.allocated, 0u) << t.name;
+    EXPECT_LE(t.peak_reserved, t.cap) << t.name;
+  }
+}
+
 }  // namespace
 }  // namespace bucketalloc

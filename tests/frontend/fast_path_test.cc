@@ -141,7 +141,9 @@ TEST_P(FastPathHeapTest, ACacheHitMakesNoHeapAllocationAndNoBackendCall) {
   Allocator& a = **created;
   // With tenants, the requests go to a tenant's own pools (the thread's tenant), through the
   // tenant routing and its accounting.
-  if (!options->tenants.empty()) ASSERT_TRUE(a.SetThreadTenant(options->tenants.back().name).ok());
+  if (!options->tenants.empty()) {
+    ASSERT_TRUE(a.SetThreadTenant(options->tenants.back().name).ok());
+  }
   const std::size_t sizes[] = {512, 4096, 256 * kKiB, kMiB, 3 * kMiB, 9 * kMiB, 12 * kMiB};
   for (Stream stream : {Stream{nullptr}, TestStream(1)}) {
     for (std::size_t size : sizes) {

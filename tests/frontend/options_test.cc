@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -563,6 +565,51 @@ TEST(OptionsTest, DocsEmbedTheGeneratedTable) {
   EXPECT_TRUE(absl::StrContains(doc.str(), PyTorchKeysMarkdownTable()))
       << "docs/configuration.md's table of PyTorch's keys is out of date; it is:\n"
       << PyTorchKeysMarkdownTable();
+  EXPECT_TRUE(absl::StrContains(doc.str(), EnvVariablesMarkdownTable()))
+      << "docs/configuration.md's table of environment variables is out of date; regenerate it with "
+         "bucketalloc_options_doc --environment:\n"
+      << EnvVariablesMarkdownTable();
+}
+
+std::size_t CountOccurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+TEST(OptionsTest, EveryEnvironmentVariableIsReadThroughTheTable) {
+  // The table names each variable once, and a dump shows exactly the ones set.
+  std::set<std::string> names;
+  for (const EnvVariable& v : EnvVariables()) EXPECT_TRUE(names.insert(v.name).second) << v.name;
+  EXPECT_TRUE(names.contains(kConfVariable));
+  ASSERT_EQ(setenv("BUCKETALLOC_VERBOSE", "1", 1), 0);
+  EXPECT_STREQ(ReadEnv("BUCKETALLOC_VERBOSE"), "1");
+  EXPECT_TRUE(absl::StrContains(DumpEnv(), "BUCKETALLOC_VERBOSE=1\n")) << DumpEnv();
+  ASSERT_EQ(unsetenv("BUCKETALLOC_VERBOSE"), 0);
+  EXPECT_EQ(ReadEnv("BUCKETALLOC_VERBOSE"), nullptr);
+  EXPECT_FALSE(absl::StrContains(DumpEnv(), "BUCKETALLOC_VERBOSE"));
+  EXPECT_EQ(ReadEnv("BUCKETALLOC_NOT_A_VARIABLE"), nullptr) << "a name outside the table is never read";
+  // No source file reads the environment except through ReadEnv (the table's one reader), and every
+  // name passed to ReadEnv is a row.
+  for (const char* dir : {"src", "plugins", "cuda"}) {
+    for (const auto& entry :
+         std::filesystem::recursive_directory_iterator(std::string(BUCKETALLOC_SOURCE_DIR) + "/" + dir)) {
+      const std::string path = entry.path().string();
+      if (!absl::EndsWith(path, ".cc") && !absl::EndsWith(path, ".h")) continue;
+      std::ifstream in(path);
+      std::stringstream text;
+      text << in.rdbuf();
+      const bool reader = absl::EndsWith(path, "src/frontend/options.cc");
+      const std::size_t getenvs = CountOccurrences(text.str(), "getenv(");
+      EXPECT_EQ(getenvs, reader ? 2u : 0u) << path << " reads the environment outside ReadEnv";
+      const std::string call = "ReadEnv(\"";
+      for (std::size_t at = text.str().find(call); at != std::string::npos; at = text.str().find(call, at + 1)) {
+        const std::size_t start = at + call.size();
+        const std::string name = text.str().substr(start, text.str().find('"', start) - start);
+        EXPECT_TRUE(names.contains(name)) << path << " reads " << name << ", which is not in EnvVariables()";
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// The doctor (src/harness/doctor.cc) on timelines generated to show each pattern of the runbook:
+// The doctor (src/harness/operations/doctor.cc) on timelines generated to show each pattern of the runbook:
 // each gets the verdict it was made to show, with its evidence, lever and span; a healthy one gets
 // only "healthy"; the peaks of a repeat's rounds settle or rise; the JSON and HTML carry it all.
-#include "harness/doctor.h"
+#include "harness/operations/doctor.h"
 
 #include <gtest/gtest.h>
 
@@ -277,7 +277,9 @@ TEST(DoctorTest, SamplesThatContradictThemselvesAreInconsistentNotHealthy) {
                                 "(reserved 1024.00 GiB is 104857600% of the 1.00 MiB cap)"))
       << Joined(v);
   for (const Verdict& x : v) {
-    if (x.verdict == Finding::kOverCap) EXPECT_TRUE(absl::StrContains(x.lever, "empty_cache")) << x.lever;
+    if (x.verdict == Finding::kOverCap) {
+      EXPECT_TRUE(absl::StrContains(x.lever, "empty_cache")) << x.lever;
+    }
   }
 
   auto live_over_reserved = Generate([](double t) { return std::pair{40.0, 30.0 + 8 * Tri(t, 60)}; });

@@ -1,6 +1,6 @@
-// Kineto memory events to traces (src/harness/importers.cc): CSV, JSON (out of time order), gzip,
+// Kineto memory events to traces (src/harness/replay/importers.cc): CSV, JSON (out of time order), gzip,
 // device selection, frees of memory allocated before the log, and errors.
-#include "harness/importers.h"
+#include "harness/replay/importers.h"
 
 #include <zlib.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "harness/replay.h"
+#include "harness/replay/replay.h"
 
 namespace bucketalloc::harness {
 namespace {

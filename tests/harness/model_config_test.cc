@@ -1,6 +1,6 @@
-// Hugging Face config.json to ModelSpec (src/harness/model_config.cc): the weight tensors of each
+// Hugging Face config.json to ModelSpec (src/harness/workload/model_config.cc): the weight tensors of each
 // modelled architecture against known parameter counts, KV bytes per token, and errors.
-#include "harness/model_config.h"
+#include "harness/workload/model_config.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// The planner (src/harness/planner.cc): its formulas against hand-computed cases (Llama-3.1-8B:
+// The planner (src/harness/planning/planner.cc): its formulas against hand-computed cases (Llama-3.1-8B:
 // 8,030,261,248 parameters, 14.96 GiB of weights in bf16, 128 KiB of KV per token), the length
 // profile of the vendored Azure conversation trace against counts computed apart from this code
 // (a Python reading of the same CSV), and the plan's recommendations served by replay with no OOM.
-#include "harness/planner.h"
+#include "harness/planning/planner.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/units.h"
-#include "harness/replay.h"
+#include "harness/replay/replay.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc::harness {
@@ -325,7 +325,9 @@ void ExpectSane(const Plan& p, const PlanOptions& o, const ModelSpec& m, const s
   EXPECT_LE(p.max_kv_tokens_paged, p.kv_cache_tokens);
   for (std::size_t i = 0; i < p.tiers_tokens.size(); ++i) {
     EXPECT_GE(p.tiers_tokens[i], 1);
-    if (i > 0) EXPECT_GT(p.tiers_tokens[i], p.tiers_tokens[i - 1]);
+    if (i > 0) {
+      EXPECT_GT(p.tiers_tokens[i], p.tiers_tokens[i - 1]);
+    }
   }
   if (p.fits) {
     EXPECT_GE(p.max_num_seqs, 1);

@@ -1,4 +1,4 @@
-// The model of PyTorch's expandable segments (src/harness/policy_pytorch_expandable.cc): pages,
+// The model of PyTorch's expandable segments (src/harness/replay/policy_pytorch_expandable.cc): pages,
 // growth at the lowest address, best fit by expandable size, splitting, release of whole free pages
 // and its driver calls, each checked on a case computed by hand from reference/pytorch.md §1.9 and
 // CUDACachingAllocator.cpp; and the two cases the issue names: one where PyTorch's native policy
@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
-#include "harness/policies.h"
+#include "harness/replay/policies.h"
 
 namespace bucketalloc::harness {
 namespace {

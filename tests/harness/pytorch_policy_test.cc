@@ -1,7 +1,7 @@
-// The model of PyTorch's caching allocator (src/harness/policy_pytorch.cc): its segment sizes,
+// The model of PyTorch's caching allocator (src/harness/replay/policy_pytorch.cc): its segment sizes,
 // packing, splitting, per-stream best fit, coalescing, and release-and-retry, each checked on a case
 // whose answer follows from reference/pytorch.md §1.
-#include "harness/policies.h"
+#include "harness/replay/policies.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
-// Trace replay, its metrics and the min-capacity bisection (src/harness/replay.cc), on small traces
+// Trace replay, its metrics and the min-capacity bisection (src/harness/replay/replay.cc), on small traces
 // whose answers are known.
-#include "harness/replay.h"
-#include "harness/policies.h"
+#include "harness/replay/replay.h"
+#include "harness/replay/policies.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>

@@ -1,7 +1,7 @@
-// compare's JSON and HTML report (src/harness/report.cc): the data is embedded and complete, caller
+// compare's JSON and HTML report (src/harness/reports/report.cc): the data is embedded and complete, caller
 // text cannot break out of its element, and nothing refers to the network. Rendering in a browser is
 // tests/harness/check_html_report.sh's.
-#include "harness/report.h"
+#include "harness/reports/report.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
-// Request trace readers (src/harness/requests.cc): the three formats, sampling, limit, time scale,
+// Request trace readers (src/harness/workload/requests.cc): the three formats, sampling, limit, time scale,
 // Poisson arrivals for length-only files, and errors with line numbers.
-#include "harness/requests.h"
+#include "harness/workload/requests.h"
 
 #include <gtest/gtest.h>
 

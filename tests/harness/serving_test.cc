@@ -1,6 +1,6 @@
-// The serving workload generator (src/harness/serving.cc): balanced, deterministic traces; the
+// The serving workload generator (src/harness/workload/serving.cc): balanced, deterministic traces; the
 // scheduler's limits; each KV layout's allocation sizes; the true need; meta files.
-#include "harness/serving.h"
+#include "harness/workload/serving.h"
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/units.h"
-#include "harness/doctor.h"
-#include "harness/replay.h"
+#include "harness/operations/doctor.h"
+#include "harness/replay/replay.h"
 
 namespace bucketalloc::harness {
 namespace {

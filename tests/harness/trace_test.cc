@@ -1,5 +1,5 @@
-// RMM replay-log CSV reading and writing (src/harness/trace.cc).
-#include "harness/trace.h"
+// RMM replay-log CSV reading and writing (src/harness/replay/trace.cc).
+#include "harness/replay/trace.h"
 
 #include <gtest/gtest.h>
 

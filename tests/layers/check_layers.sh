@@ -13,43 +13,12 @@ set -uo pipefail
 cxx=$1
 root=$2
 source_dir=$3
-failed=0
-probe_log=$(mktemp)
-trap 'rm -f "$probe_log"' EXIT
+kind=layer
+prefix=""
+# shellcheck source=tests/layers/include_probes.sh
+source "$(dirname "${BASH_SOURCE[0]}")/include_probes.sh"
 
-probe() {  # probe LAYER HEADER: 0 when the header compiles with LAYER's include paths
-  local layer=$1 header=$2 flags=() dir
-  while IFS= read -r dir; do
-    [[ -z $dir || $dir == /usr/include || $dir == /usr/local/include ]] && continue  # system paths
-    flags+=(-I "$dir")
-  done <"$root/$layer.include_dirs"
-  printf '#include "%s"\n' "$header" | "$cxx" -std=c++20 -fsyntax-only "${flags[@]}" -x c++ - 2>"$probe_log"
-}
-
-expect_found() {
-  if probe "$1" "$2"; then
-    echo "ok: layer $1 includes $2"
-  else
-    echo "FAIL: layer $1 cannot include $2, which is its own or below:"; cat "$probe_log"
-    failed=1
-  fi
-}
-
-expect_refused() {
-  if probe "$1" "$2"; then
-    echo "FAIL: layer $1 includes $2, a header of a layer above, and it compiled"
-    failed=1
-  elif grep -q "No such file or directory" "$probe_log"; then
-    echo "ok: layer $1 cannot include $2 (not found)"
-  else
-    echo "FAIL: layer $1 including $2 failed, but not because the header is out of reach:"; cat "$probe_log"
-    failed=1
-  fi
-}
-
-for l in internal backend cuda memory pool frontend; do
-  [[ -f $root/$l.include_dirs ]] || { echo "FAIL: no include paths $root/$l.include_dirs"; exit 1; }
-done
+expect_include_dirs internal backend cuda memory pool frontend
 
 # Each layer reaches its own headers and those below.
 expect_found internal internal/live_map.h

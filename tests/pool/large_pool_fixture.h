@@ -1,5 +1,7 @@
 // tests/pool/large_pool_fixture.h — the large pool over a fake memory source, allocating as the
-// front end does; with stitching, over fake 2 MiB granules (large_pool_test, stitcher_test).
+// front end does, with the segment backing the test chooses: plain (pool/plain_backing.h) or
+// virtual memory over fake 2 MiB granules (pool/virtual_backing.h, whose stitcher the stitching
+// tests call directly) (large_pool_test, segment_backing_test, stitcher_test).
 #ifndef BUCKETALLOC_TESTS_POOL_LARGE_POOL_FIXTURE_H_
 #define BUCKETALLOC_TESTS_POOL_LARGE_POOL_FIXTURE_H_
 
@@ -12,18 +14,43 @@
 
 #include "internal/stat_ledger.h"
 #include "pool/large_pool.h"
+#include "pool/plain_backing.h"
+#include "pool/segment_backing.h"
 #include "pool/stitcher.h"
+#include "pool/virtual_backing.h"
 #include "test_util.h"
 
 namespace bucketalloc::internal {
 
+// The fake source, which can also say that a graph capture is under way.
+class PoolSource : public bucketalloc::testing::FakeSource {
+ public:
+  using FakeSource::FakeSource;
+  bool Capturing() const override { return capturing; }
+  bool capturing = false;
+};
+
 class LargePoolTest : public ::testing::Test {
  protected:
-  void Init(LargePoolConfig config, std::size_t limit = 1024 * kMiB) {
+  // What backs the pool's segments: plain allocations, or virtual memory in granules of the
+  // config's granularity (the front end's choice with stitching).
+  enum class Backing { kPlain, kVirtual };
+
+  void Init(LargePoolConfig config, std::size_t limit = 1024 * kMiB, Backing backing = Backing::kPlain) {
     config.roundup_power2_divisions.assign(16, 0);
     ledger_ = StatLedger();
-    source_ = std::make_unique<bucketalloc::testing::FakeSource>(&ledger_, limit);
-    pool_ = std::make_unique<LargePool>(PoolContext{&ledger_, source_.get(), &clock_}, config);
+    source_ = std::make_unique<PoolSource>(&ledger_, limit);
+    const PoolContext ctx{&ledger_, source_.get(), &clock_};
+    std::unique_ptr<SegmentBacking> segments;
+    virtual_ = nullptr;
+    if (backing == Backing::kVirtual) {
+      auto v = std::make_unique<VirtualBacking>(ctx, config.granularity);
+      virtual_ = v.get();
+      segments = std::move(v);
+    } else {
+      segments = std::make_unique<PlainBacking>(source_.get());
+    }
+    pool_ = std::make_unique<LargePool>(ctx, config, std::move(segments));
     ss_ = std::make_unique<LargePool::StreamState>(*pool_);
   }
   DeviceStats Stats() const { return ledger_.Snapshot(); }
@@ -54,8 +81,9 @@ class LargePoolTest : public ::testing::Test {
 
   StatLedger ledger_;
   std::uint64_t clock_ = 0;
-  std::unique_ptr<bucketalloc::testing::FakeSource> source_;
+  std::unique_ptr<PoolSource> source_;
   std::unique_ptr<LargePool> pool_;
+  VirtualBacking* virtual_ = nullptr;  // the pool's backing when it is virtual memory
   std::unique_ptr<LargePool::StreamState> ss_;
 };
 
@@ -65,13 +93,13 @@ class StitchingPoolTest : public LargePoolTest {
  protected:
   static constexpr std::size_t kG = bucketalloc::testing::FakeSource::kGranule;
   void InitStitching(std::size_t limit, LargePoolConfig config = {}) {
-    config.stitching = true;
     config.granularity = kG;
-    Init(std::move(config), limit);
+    Init(std::move(config), limit, Backing::kVirtual);
   }
-  // A stitch of `rounded` bytes (the slow path runs it after a grow at the cap failed).
+  // A stitch of `rounded` bytes (the slow path runs it, through the backing's ServeAtCap, after a
+  // grow at the cap failed).
   absl::StatusOr<Block*> Stitch(std::size_t rounded, int tier) {
-    return pool_->stitcher()->Stitch(*pool_, *ss_, nullptr, rounded, tier);
+    return virtual_->stitcher()->Stitch(*pool_, *ss_, nullptr, rounded, tier);
   }
   // An 8 MiB tier, a 16 MiB cap reached by two tier blocks; the first is freed, the second returned.
   Block* TwoTierBlocksTheFirstFreed() {

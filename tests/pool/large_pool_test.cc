@@ -298,15 +298,17 @@ class LargePoolTakeAtTest : public LargePoolTest {
  protected:
   // The configurations the large pool's tests use: PyTorch's defaults, stitching (every remainder
   // split off), tiers, a max_split_size.
-  static std::vector<std::pair<const char*, LargePoolConfig>> Configs() {
-    std::vector<std::pair<const char*, LargePoolConfig>> c;
-    c.emplace_back("default", LargePoolConfig{});
-    LargePoolConfig stitching;
-    stitching.stitching = true;
-    stitching.keep_remainder = 0;
-    c.emplace_back("stitching", stitching);
-    c.emplace_back("tiers", LargePoolConfig{.tiers = {64 * kMiB, 128 * kMiB}});
-    c.emplace_back("max_split_size", LargePoolConfig{.max_split_size = 32 * kMiB});
+  struct NamedConfig {
+    const char* name;
+    LargePoolConfig config;
+    Backing backing = Backing::kPlain;
+  };
+  static std::vector<NamedConfig> Configs() {
+    std::vector<NamedConfig> c;
+    c.push_back({"default", LargePoolConfig{}});
+    c.push_back({"stitching", LargePoolConfig{.keep_remainder = 0}, Backing::kVirtual});
+    c.push_back({"tiers", LargePoolConfig{.tiers = {64 * kMiB, 128 * kMiB}}});
+    c.push_back({"max_split_size", LargePoolConfig{.max_split_size = 32 * kMiB}});
     return c;
   }
   TakeAtView View() const {
@@ -343,9 +345,9 @@ class LargePoolTakeAtTest : public LargePoolTest {
 };
 
 TEST_F(LargePoolTakeAtTest, FreedBlocksComeBackAtTheirAddressesInEveryConfiguration) {
-  for (const auto& [name, config] : Configs()) {
+  for (const auto& [name, config, backing] : Configs()) {
     SCOPED_TRACE(name);
-    Init(config);
+    Init(config, 1024 * kMiB, backing);
     Block* a = Allocate(3 * kMiB);
     Block* b = Allocate(5 * kMiB);
     Block* c = Allocate(4 * kMiB);
@@ -383,9 +385,9 @@ TEST_F(LargePoolTakeAtTest, FreedBlocksComeBackAtTheirAddressesInEveryConfigurat
 }
 
 TEST_F(LargePoolTakeAtTest, RefusesRangesOutsideOneFreeBlockAndChangesNothing) {
-  for (const auto& [name, config] : Configs()) {
+  for (const auto& [name, config, backing] : Configs()) {
     SCOPED_TRACE(name);
-    Init(config);
+    Init(config, 1024 * kMiB, backing);
     Block* a = Allocate(3 * kMiB);
     Block* b = Allocate(5 * kMiB);
     ASSERT_TRUE(a != nullptr && b != nullptr);
@@ -447,22 +449,27 @@ TEST_F(LargePoolTakeAtTest, TierAndOversizeBlocksAreTakenOnlyWhole) {
   CheckAll(0);
 }
 
-TEST_F(LargePoolTakeAtTest, StitchingKeepsTheFreeGranuleCount) {
+// Over virtual memory, a carve that cuts granules keeps every invariant: the pool's (lists, counts,
+// gauges) and the backing's (each granule's mapping matches its block).
+TEST_F(LargePoolTakeAtTest, AnOddCarveOverVirtualMemoryKeepsTheInvariants) {
   LargePoolConfig config;
-  config.stitching = true;
   config.keep_remainder = 0;
-  Init(config);
+  Init(config, 1024 * kMiB, Backing::kVirtual);
   Block* a = Allocate(6 * kMiB);
   ASSERT_NE(a, nullptr);
   const std::uintptr_t base = a->segment->base;
   Return(a);
-  CheckAll(0);  // compares the kept free granules with a walk's
-  // An odd carve: 1.5 MiB into the segment, 3 MiB long; the granules around it stay counted.
+  CheckAll(0);
+  EXPECT_EQ(pool_->movable_bytes(), 20 * kMiB);
+  // An odd carve: 1.5 MiB into the segment, 3 MiB long, across three granules. The free rests
+  // [0, 1.5) and [4.5, 6) MiB hold no whole granule; [6, 20) MiB holds seven.
   absl::StatusOr<LargePool::Handle> h = pool_->TakeAt(base + 3 * kMiB / 2, 3 * kMiB, nullptr);
   ASSERT_TRUE(h.ok()) << h.status();
   CheckAll(1);
+  EXPECT_EQ(pool_->movable_bytes(), 14 * kMiB);
   Return(h->block);
   CheckAll(0);
+  EXPECT_EQ(pool_->movable_bytes(), 20 * kMiB);
 }
 
 }  // namespace

@@ -1,15 +1,70 @@
-// What backs the large pool's segments (src/pool/segment_backing.cc): a plain segment whose release
-// the source refuses stays cached; a virtual-memory segment maps one granule piece per granule, a
-// map that fails part-way leaves its mapped prefix as cached memory and gives the rest back, and one
-// that cannot be undone abandons its range.
+// What backs the large pool's segments, through the interface the pool calls
+// (src/pool/segment_backing.h): a plain segment (src/pool/plain_backing.cc) whose release the source
+// refuses stays cached, and a plain backing keeps every optional call's default; a virtual-memory
+// segment (src/pool/virtual_backing.cc) maps one granule piece per granule, a map that fails
+// part-way leaves its mapped prefix as cached memory and gives the rest back, and one that cannot be
+// undone abandons its range.
 #include "pool/segment_backing.h"
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "pool/large_pool_fixture.h"
+#include "pool/plain_backing.h"
+#include "pool/virtual_backing.h"
 
 namespace bucketalloc::internal {
 namespace {
+
+// A plain backing has no other way at the cap, nothing to give back inside segments, nothing to
+// move and no pieces: the pool's slow path at the cap returns the grow's error as it is.
+TEST_F(LargePoolTest, APlainBackingKeepsTheDefaults) {
+  Init({}, 20 * kMiB);
+  Block* a = Allocate(20 * kMiB);
+  ASSERT_NE(a, nullptr);
+  PlainBacking plain(source_.get());
+  EXPECT_FALSE(plain.virtual_memory());
+  EXPECT_FALSE(plain.ServeAtCap(*pool_, *ss_, nullptr, 2 * kMiB, -1).has_value());
+  EXPECT_EQ(plain.MovableBytes(*pool_), 0u);
+  EXPECT_EQ(pool_->movable_bytes(), 0u);
+  std::uintptr_t first_va = 0;
+  std::vector<PhysicalPiece> pieces;
+  EXPECT_EQ(pool_->PiecesUnder(a, &first_va, &pieces).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(pieces.empty());
+  Served served;
+  absl::StatusOr<LargePool::Handle> more = pool_->Serve(*ss_, nullptr, pool_->RequestFor(4 * kMiB), &served);
+  ASSERT_TRUE(absl::IsResourceExhausted(more.status())) << more.status();
+  EXPECT_EQ(more.status().message(), "fake source: limit");
+  std::vector<SpanView> spans;
+  pool_->Describe(&spans);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_FALSE(spans[0].virtual_memory);
+  Return(a);
+  Check(0);
+}
+
+// A virtual backing names the pieces under a block, in address order, whole.
+TEST_F(StitchingPoolTest, AVirtualBackingNamesThePiecesUnderABlock) {
+  InitStitching(64 * kMiB);
+  Block* a = Allocate(3 * kMiB);  // [0, 3) MiB of a 20 MiB segment: granules 0 and 1
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(virtual_->virtual_memory());
+  std::uintptr_t first_va = 0;
+  std::vector<PhysicalPiece> pieces;
+  ASSERT_TRUE(pool_->PiecesUnder(a, &first_va, &pieces).ok());
+  EXPECT_EQ(first_va, a->ptr);
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[0].handle, source_->HandleAt(a->ptr));
+  EXPECT_EQ(pieces[1].handle, source_->HandleAt(a->ptr + kG));
+  for (const PhysicalPiece& p : pieces) EXPECT_EQ(p.bytes, kG);
+  std::vector<SpanView> spans;
+  pool_->Describe(&spans);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_TRUE(spans[0].virtual_memory);
+  Return(a);
+  Check(0);
+}
 
 TEST_F(LargePoolTest, APlainSegmentWhoseReleaseIsRefusedStaysCached) {
   Init({});

@@ -1,7 +1,8 @@
-// Stitching (src/pool/stitcher.cc, src/pool/segment_backing.cc): a large pool over fake 2 MiB
+// Stitching (src/pool/stitcher.cc, src/pool/virtual_backing.cc): a large pool over fake 2 MiB
 // granules; pieces (granule pieces for plain segments, one piece for a tier segment), the choice of
 // pieces, oldest first, partial granules, tier blocks, one unmap per run, unmap and map faults,
-// split remainders, spares.
+// split remainders, spares; the pool's slow path at the cap (the backing's ServeAtCap), refused
+// during a capture; a full release that has nothing to give back waits on no stream.
 #include "pool/stitcher.h"
 
 #include <gtest/gtest.h>
@@ -9,8 +10,9 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "pool/large_pool_fixture.h"
-#include "pool/segment_backing.h"
+#include "pool/virtual_backing.h"
 
 namespace bucketalloc::internal {
 namespace {
@@ -296,6 +298,65 @@ TEST_F(StitchingPoolTest, ARefusedReleaseKeepsASpareThatTheNextGrowUses) {
   EXPECT_EQ(source_->handles(), 0u);
   EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, 0);
   Check(0);
+}
+
+// The pool's slow path at the cap: the grow fails and the backing stitches; when too few pieces
+// can move, the error names the grow's failure and the stitch's.
+TEST_F(StitchingPoolTest, ServeStitchesAtTheCapAndNamesBothFailures) {
+  InitStitching(40 * kMiB);
+  FragmentTwoSegments();
+  Served served = Served::kFromCache;
+  absl::StatusOr<LargePool::Handle> h = pool_->Serve(*ss_, nullptr, pool_->RequestFor(12 * kMiB), &served);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(served, Served::kFromNewMemory);
+  EXPECT_EQ(LargePool::BlockSize(*h), 12 * kMiB);
+  EXPECT_EQ(Stats().num_stitches, 1);
+  Check(6);
+  // Two free blocks of two granules are left: 8 MiB can move, 20 MiB cannot.
+  EXPECT_EQ(pool_->movable_bytes(), 8 * kMiB);
+  const std::int64_t cached = Stats().cached_bytes[kLargePool].current;
+  absl::StatusOr<LargePool::Handle> more = pool_->Serve(*ss_, nullptr, pool_->RequestFor(20 * kMiB), &served);
+  ASSERT_TRUE(absl::IsResourceExhausted(more.status())) << more.status();
+  EXPECT_EQ(more.status().message(),
+            absl::StrCat("fake source: limit; stitching: bucketalloc: stitching ", 20 * kMiB, " bytes needs ",
+                         20 * kMiB, " bytes of free pieces; ", 8 * kMiB, " bytes are free in whole pieces"));
+  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, cached) << "nothing changed";
+  EXPECT_EQ(source_->synced.size(), 1u) << "the refused stitch waited on no stream";
+  Check(6);
+}
+
+// During a capture nothing is unmapped: the grow's error, as it is.
+TEST_F(StitchingPoolTest, ServeDoesNotStitchDuringACapture) {
+  InitStitching(40 * kMiB);
+  FragmentTwoSegments();
+  source_->capturing = true;
+  Served served;
+  absl::StatusOr<LargePool::Handle> h = pool_->Serve(*ss_, nullptr, pool_->RequestFor(12 * kMiB), &served);
+  ASSERT_TRUE(absl::IsResourceExhausted(h.status())) << h.status();
+  EXPECT_EQ(h.status().message(), "fake source: limit");
+  EXPECT_EQ(Stats().num_stitches, 0);
+  EXPECT_EQ(source_->unmaps, 0);
+  EXPECT_TRUE(source_->synced.empty());
+  Check(5);
+}
+
+// A full release whose segments' free blocks hold no whole granule, and no spare, waits on no
+// stream; once a free block holds one, its stream is waited on and the granule goes back.
+TEST_F(StitchingPoolTest, AReleaseWithNoFreeGranuleWaitsOnNoStream) {
+  LargePoolConfig config;
+  config.keep_remainder = 0;
+  InitStitching(64 * kMiB, config);
+  Block* a = Allocate(3 * kMiB);   // [0, 3) MiB of a 20 MiB segment
+  Block* b = Allocate(16 * kMiB);  // [3, 19) MiB: the free rest [19, 20) MiB holds no whole granule
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  ASSERT_EQ(a->segment, b->segment);
+  EXPECT_EQ(ReleaseAll(), 0u);
+  EXPECT_TRUE(source_->synced.empty());
+  Return(a);  // [0, 3) MiB free: granule [0, 2) MiB is whole
+  EXPECT_EQ(ReleaseAll(), kG);
+  EXPECT_EQ(source_->synced.size(), 1u);
+  EXPECT_EQ(Stats().num_granules_released, 1);
+  Check(1);
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ import pathlib
 import pytest
 
 import bucketalloc_torch as ba
-from bucketalloc_torch import _lib
+from bucketalloc_torch import _config, _lib
 from helpers import MiB, STREAM_A
 
 U64 = 2**64 - 1  # uintptr_t and size_t on the platforms bucketalloc supports (x86-64, aarch64)
@@ -151,8 +151,8 @@ def test_every_public_function_with_c_arguments_is_swept():
 
 def test_values_at_the_ends_of_the_c_ranges_pass_the_checks():
     # The checks refuse only what ctypes would change: the library is reached with the ends of each range.
-    assert ba._device_index(2**31 - 1) == 2**31 - 1
-    assert ba._device_index("cuda:2147483647") == 2**31 - 1
+    assert _config._device_index(2**31 - 1) == 2**31 - 1
+    assert _config._device_index("cuda:2147483647") == 2**31 - 1
     assert _lib.checked_int("stream", U64, 0, U64) == U64
     assert _lib.checked_text("name", "tenant-\u00e9") == "tenant-\u00e9".encode()
     assert _lib.checked_text("path", pathlib.PurePosixPath("a/b"), path=True) == b"a/b"

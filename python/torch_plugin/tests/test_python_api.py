@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import bucketalloc_torch as ba
-from bucketalloc_torch import _lib
+from bucketalloc_torch import _config, _lib
 from helpers import KiB, MiB, STREAM_A, STREAM_B, fresh_process, run_python
 
 SIM = "backend:sim,capacity:1GiB"
@@ -51,37 +51,38 @@ def free(ptr: int, size: int, device: int = 0, stream: int = 0) -> None:
 
 
 def test_options_extend_the_conf_in_its_syntax():
-    conf = ba._compose_conf("backend:sim", {"capacity": "4GiB", "debug_check_invariants": True,
-                                            "tiers": ["64MiB", "128MiB"], "tier_min_fill": 0.25})
+    conf = _config._compose_conf("backend:sim", {"capacity": "4GiB", "debug_check_invariants": True,
+                                                 "tiers": ["64MiB", "128MiB"], "tier_min_fill": 0.25})
     assert conf == "backend:sim,capacity:4GiB,debug_check_invariants:True,tiers:[64MiB,128MiB],tier_min_fill:0.25"
 
 
 def test_options_without_conf_extend_the_environment(monkeypatch):
     monkeypatch.setenv("BUCKETALLOC_CONF", "backend:sim,sim_devices:2")
-    conf = ba._compose_conf(None, {"capacity": "4GiB"})  # every key of the environment's, then ours
+    conf = _config._compose_conf(None, {"capacity": "4GiB"})  # every key of the environment's, then ours
     assert conf.startswith("backend:sim,") and ",sim_devices:2," in conf and conf.endswith(",capacity:4GiB"), conf
-    assert ba._compose_conf(None, {}) is None  # nothing to set: the library reads the environment itself
-    assert ba._compose_conf("", {}) == ""  # explicit defaults
+    assert _config._compose_conf(None, {}) is None  # nothing to set: the library reads the environment itself
+    assert _config._compose_conf("", {}) == ""  # explicit defaults
 
 
 @pytest.mark.parametrize("value", ["1GiB,sim_devices:2", "[1GiB],x", "1GiB]"])
 def test_an_option_value_cannot_set_another_key(value):
     with pytest.raises(ValueError, match=r"option capacity=.* is not one value; accepted"):
-        ba._compose_conf("backend:sim", {"capacity": value})
+        _config._compose_conf("backend:sim", {"capacity": value})
 
 
 def test_an_option_value_may_be_one_bracketed_list_or_a_python_list():
-    assert ba._compose_conf("", {"roundup_power2_divisions": "[256:1,>:8]"}) == "roundup_power2_divisions:[256:1,>:8]"
-    assert ba._compose_conf("", {"tiers": ["64MiB", "128MiB"]}) == "tiers:[64MiB,128MiB]"
+    conf = _config._compose_conf("", {"roundup_power2_divisions": "[256:1,>:8]"})
+    assert conf == "roundup_power2_divisions:[256:1,>:8]"
+    assert _config._compose_conf("", {"tiers": ["64MiB", "128MiB"]}) == "tiers:[64MiB,128MiB]"
     with pytest.raises(ValueError, match="not one value"):
-        ba._compose_conf("", {"tiers": ["64MiB,sim_devices:2"]})
+        _config._compose_conf("", {"tiers": ["64MiB,sim_devices:2"]})
     with pytest.raises(TypeError, match="has type dict"):
-        ba._compose_conf("", {"capacity": {"a": 1}})
+        _config._compose_conf("", {"capacity": {"a": 1}})
 
 
 def test_conf_must_be_a_string():
     with pytest.raises(TypeError, match="conf must be a string"):
-        ba._compose_conf({"backend": "sim"}, {})
+        _config._compose_conf({"backend": "sim"}, {})
 
 
 @fresh_process("backend:sim")
@@ -114,7 +115,7 @@ def test_configure_after_creation_accepts_only_the_same_configuration():
 
 
 class FakeTorchDevice:
-    """Has what a torch.device has for _device_index: type and index."""
+    """Has what a torch.device has for _config._device_index: type and index."""
 
     def __init__(self, kind: str, index):
         self.type = kind
@@ -128,7 +129,7 @@ class FakeTorchDevice:
 )
 def test_device_arguments(device, index):
     assert "torch" not in sys.modules  # None and bare "cuda" then mean device 0
-    assert ba._device_index(device) == index
+    assert _config._device_index(device) == index
 
 
 @pytest.mark.parametrize(
@@ -142,7 +143,7 @@ def test_device_arguments(device, index):
 )
 def test_bad_device_arguments(device, error, message):
     with pytest.raises(error, match=message) as info:
-        ba._device_index(device)
+        _config._device_index(device)
     accepted = "accepted: None, an int from 0 to 2147483647, 'cuda', 'cuda:N' or a torch.device"
     assert accepted in str(info.value)
 

@@ -3,8 +3,8 @@
 // a driver: CUDAPluggableAllocator::malloc (what allocate() calls after asking for the device and
 // stream), raw_delete, and the CUDAGraph / MemPool pool hooks. Errors propagate as torch's bindings
 // propagate them (c10::OutOfMemoryError -> torch.cuda.OutOfMemoryError).
-#include <torch/extension.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <torch/extension.h>
 
 namespace {
 
@@ -20,7 +20,8 @@ cudaStream_t AsStream(std::uint64_t s) { return reinterpret_cast<cudaStream_t>(s
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("malloc", [](std::uint64_t size, int device, std::uint64_t stream) {
-    return reinterpret_cast<std::uint64_t>(Current().malloc(size, static_cast<c10::DeviceIndex>(device), AsStream(stream)));
+    return reinterpret_cast<std::uint64_t>(
+        Current().malloc(size, static_cast<c10::DeviceIndex>(device), AsStream(stream)));
   });
   m.def("free", [](std::uint64_t ptr) { Current().raw_delete(reinterpret_cast<void*>(ptr)); });
   // CUDAGraph::capture_begin's call: the filter accepts the capturing stream.

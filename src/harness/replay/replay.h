@@ -1,0 +1,192 @@
+// src/harness/replay/replay.h — replays an allocation trace against an allocator policy on the simulated
+// device (or a GPU) and measures what it costs in bytes, failures, nanoseconds and backend calls,
+// and finds the smallest card that serves it (layer L5).
+//
+// The policies (bucketalloc[:CONF], pytorch-policy, pytorch-expandable[:CONF], nocache) are named by
+// harness/replay/policies.h; each runs on a device of exactly `capacity` bytes (simulated: unbacked, addresses and no
+// memory), so a request that the policy cannot place fails as it would on a card of that size.
+//
+// The replay is sequential in file order (RMM's logs are in timestamp order even for several
+// threads). A free of a pointer whose allocation failed in the replay is skipped; "allocate
+// failure" lines (failures of the logged run) are skipped. Backend calls are priced by a cost model
+// (CostModel: published figures for cudaMalloc and cudaFree, whose implicit synchronization is part
+// of its price), so an allocator cannot win on memory by hiding driver calls.
+//
+// For compare's report, a replay can also record (ReplayOptions::record_timeline) the trace's live
+// bytes and the allocator's reserved bytes after every event, downsampled to a bounded number of
+// points, and the allocator's free blocks by size at the moment reserved bytes peaked.
+//
+// Thread-safety: none; one replay at a time per allocator.
+#ifndef BUCKETALLOC_HARNESS_REPLAY_REPLAY_H_
+#define BUCKETALLOC_HARNESS_REPLAY_REPLAY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "bucketalloc/backend.h"
+#include "bucketalloc/stat_types.h"
+#include "bucketalloc/timeline.h"
+#include "harness/replay/replay_allocator.h"
+#include "harness/replay/trace.h"
+
+namespace bucketalloc::harness {
+
+// The price of backend calls in simulated time. Defaults: cudaMalloc ~50 us, cudaFree ~10 us
+// (reference/pytorch.md §6: the only published per-call figures found; to be calibrated on a GPU).
+struct CostModel {
+  double malloc_us = 50.0;
+  double free_us = 10.0;
+  // One virtual-memory driver call (cuMemCreate, cuMemRelease, cuMemMap of a handle, cuMemSetAccess
+  // of a run, cuMemUnmap, cuMemAddressReserve or cuMemAddressFree).
+  double vmm_call_us = 10.0;
+};
+
+// The simulated cost of one backend call is at most a second; a cost that is not a number in
+// [0, kMaxCallMicroseconds] is InvalidArgument naming its flag (CheckCostModel; Replay and
+// MinCapacity check it).
+inline constexpr double kMaxCallMicroseconds = 1e6;
+absl::Status CheckCostModel(const CostModel& cost);
+
+struct ReplayOptions {
+  std::string allocator = "bucketalloc";
+  std::size_t capacity = 0;  // bytes, > 0
+  ReplayDeviceKind device = ReplayDeviceKind::kSim;
+  int repeat = 1;  // rounds of the trace on the same allocator
+  CostModel cost;
+  // Records ReplayResult::timeline (at most `timeline_points` points) and peak_fragmentation. Off
+  // by default: it reads the reserved bytes after every event, and the histogram costs a second
+  // replay, which min-capacity's probes need not pay.
+  bool record_timeline = false;
+  std::size_t timeline_points = 2000;  // >= 1
+  // Stops the replay at the first OOM (min-capacity's probes: whether a capacity serves the trace
+  // is all they ask); an OOM a tenant's own cap refused does not stop it. Not with record_timeline.
+  bool stop_at_first_oom = false;
+  // > 0: ReplayResult::samples, the memory timeline (bucketalloc/timeline.h) at the trace's time
+  // (its Time column: HH:MM:SS.ffffff, a day added where it wraps past midnight, or microseconds;
+  // from its first event): a sample at each multiple of the interval, with the state after the
+  // last event at or before it, and one at the last event; round k of a repeat starts one interval
+  // after round k - 1 ends. At most 1e6 samples.
+  double sample_interval_s = 0.0;
+};
+
+// One point of a timeline: the events [event, event + Timeline::bucket_events) summarized by their
+// maxima (so no peak is lost however long the trace), and the trough of live bytes.
+struct TimelinePoint {
+  std::uint64_t event = 0;  // the first event of the bucket (index over all rounds)
+  // The most bytes the replay held for the trace after any event of the bucket: its blocks that
+  // were served (an OOM's are not), earlier rounds' unfreed blocks included.
+  std::size_t live_bytes = 0;
+  std::size_t live_min_bytes = 0;  // the fewest
+  std::size_t reserved_bytes = 0;  // the most bytes the allocator held after any event of the bucket
+  std::uint64_t ooms = 0;          // failed allocations in the bucket
+};
+
+// Live and reserved bytes over the replay. Every event of the trace counts (frees of failed
+// allocations and the logged run's failures too), so the x axis is the trace's event index; round
+// k's event i is k * events_per_round + i.
+struct Timeline {
+  std::uint64_t events = 0;         // events replayed, all rounds
+  std::uint64_t bucket_events = 1;  // events per point: ceil(events / timeline_points)
+  std::vector<TimelinePoint> points;
+};
+
+// The allocator's free blocks when its reserved bytes peaked: after the first event at which the
+// reserved bytes (read after each event) reached their highest value. Found by a second replay that
+// stops there, because snapshotting at every new peak would walk the free lists once per backend
+// growth; replays are deterministic, and the second one checks that it reached the same reserved
+// bytes at that event.
+struct PeakFragmentation {
+  std::uint64_t event = 0;        // index over all rounds
+  std::size_t live_bytes = 0;     // the bytes the replay held for the trace then (TimelinePoint::live_bytes)
+  PoolFragmentation free_blocks;  // ReplayAllocator::Fragmentation() then
+};
+
+// What a replay measured (the JSON keys of docs/harness.md).
+struct ReplayResult {
+  std::string allocator;
+  std::string device = "sim";  // "sim" or "cuda"
+  std::size_t capacity = 0;
+  std::uint64_t allocations = 0;    // allocate events replayed (all rounds)
+  std::size_t peak_live_bytes = 0;  // the most bytes the trace holds at once: no allocator can do with less
+  std::size_t peak_reserved_bytes = 0;
+  double reserved_over_live = 0.0;
+  std::uint64_t ooms = 0;
+  // The OOMs by cause, which add up to `ooms`: the card's (capacity: live + request > capacity, no
+  // allocator could have served it; fragmentation: the others), and those a tenant's own cap
+  // refused (tenant_cap_ooms, below).
+  std::uint64_t capacity_ooms = 0;
+  std::uint64_t fragmentation_ooms = 0;
+  // The OOMs by the trace's stream (JSON "ooms_by_stream", when any stream other than 0 failed):
+  // with generate serving --tenant-split, stream 2's are long requests', stream 0's the rest.
+  std::map<std::uint64_t, std::uint64_t> ooms_by_stream;
+  // bucketalloc with tenants: each tenant's figures at the end (peaks of the last round; JSON
+  // "tenants"), the default tenant first.
+  std::vector<TenantStats> tenants;
+  // Of the OOMs, those a tenant's own cap refused (a bigger card would not serve them).
+  std::uint64_t tenant_cap_ooms = 0;
+  // The OOMs a bigger card could serve: what min-capacity drives to 0.
+  std::uint64_t card_ooms() const { return ooms - tenant_cap_ooms; }
+  double p50_ns = 0.0;  // per operation (allocate or free)
+  double p99_ns = 0.0;
+  // Backend allocations + frees, and the virtual-memory driver calls: creates (failed ones too),
+  // releases, maps (one per handle), access grants, unmaps, address reserves and releases.
+  std::uint64_t backend_calls = 0;
+  // The same calls by kind (the JSON's "backend_call_counts"): which calls a policy pays for.
+  BackendCounters backend_counters;
+  std::uint64_t granules_stitched = 0;  // granules of free blocks moved into stitched ranges (vmm)
+  double simulated_backend_ms = 0.0;    // backend calls priced by the cost model
+  std::vector<std::size_t> per_round_peak_reserved_bytes;
+  // The bytes the trace still held at the end of each round (what it never frees carries over).
+  std::vector<std::size_t> per_round_end_live_bytes;
+  // "stable"; "rising" (peak reserved still grows in the second half of the rounds, with two rounds
+  // in the second, or the bytes held at the end of a round grow round over round: a leak);
+  // "single round".
+  std::string verdict;
+  // With ReplayOptions::record_timeline only; not part of ToJson() (compare's JSON has them under
+  // "timeline" and "peak_fragmentation"). No peak_fragmentation when nothing was ever reserved.
+  Timeline timeline;
+  std::optional<PeakFragmentation> peak_fragmentation;
+  // With ReplayOptions::sample_interval_s only; not part of ToJson() (bucketalloc-bench replay
+  // --timeline writes them as JSON lines).
+  std::vector<TimelineSample> samples;
+  std::string ToJson() const;
+};
+
+// The peak of bytes held at once by the trace's allocations (failures of the logged run excluded),
+// over `rounds` rounds of it: what one round never frees stays held through the later ones.
+std::size_t PeakLiveBytes(const Trace& trace, int rounds = 1);
+
+absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
+
+// The seconds from the trace's first event to its last (its Time column, as the timeline reads
+// it); InvalidArgument naming the line of a time it cannot read.
+absl::StatusOr<double> TraceDuration(const Trace& trace);
+
+// The smallest capacity (2 MiB resolution) at which `allocator` serves the trace with zero OOMs
+// (with tenants: zero OOMs but those the tenants' own caps refuse, ReplayResult::card_ooms), found
+// by bisection, then a grid of five probes below the answer and a bisection below the
+// smallest that passes (serving is not always monotone in capacity; see docs/harness.md).
+// `progress` (may be null) receives one line per probe.
+struct MinCapacityResult {
+  std::size_t min_capacity_bytes = 0;
+  double min_capacity_over_live = 0.0;
+  // From the trace's meta file (harness/workload/serving.h) when it has one: the workload's true peak need
+  // (no layout rounding), so min_capacity_over_true_need shows the layout's and the allocator's cost.
+  std::optional<std::size_t> true_need_bytes;
+  ReplayResult at_min;                         // the replay at that capacity
+  double min_capacity_over_true_need() const;  // 0 without a true need
+  std::string ToJson() const;                  // true_need_bytes and min_capacity_over_true_need only when known
+};
+absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
+                                              void (*progress)(const std::string& line) = nullptr);
+
+}  // namespace bucketalloc::harness
+
+#endif  // BUCKETALLOC_HARNESS_REPLAY_REPLAY_H_
