@@ -8,8 +8,8 @@
 // Thread-safety: a thread-local, made on first use; pure otherwise.
 //
 // Example:
-//   Stream key = PoolKeyOf(kPerThreadStream);  // this thread's key (unique in the process)
-//   StreamOfKey(key) == kPerThreadStream;      // on this thread; another thread's key stays a key
+//   Stream key = PerThreadKey();          // this thread's key (unique in the process)
+//   StreamOfKey(key) == kPerThreadStream;  // on this thread; another thread's key stays a key
 #ifndef BUCKETALLOC_BACKEND_STREAM_KEYS_H_
 #define BUCKETALLOC_BACKEND_STREAM_KEYS_H_
 
@@ -19,13 +19,6 @@ namespace bucketalloc::internal {
 
 // The calling thread's per-thread key: made on its first call, never reused in the process.
 Stream PerThreadKey();
-
-// The pool key of a request for `stream` on this thread: the stream, except cudaStreamPerThread.
-inline Stream PoolKeyOf(Stream stream) {
-  if (stream != kPerThreadStream) [[likely]]
-    return stream;
-  return PerThreadKey();
-}
 
 // The stream handle that names pool key `key` on this thread (this thread's key:
 // cudaStreamPerThread); another pseudo key stays as it is (it names no stream).

@@ -42,6 +42,13 @@ const std::string& DefaultName() {
   return *name;
 }
 
+// OK for a tenant cap of 2 MiB to 16 TiB, else InvalidArgument naming the tenant and the range.
+absl::Status ValidateTenantCap(absl::string_view name, std::size_t cap) {
+  if (TenantCapInRange(cap)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("bucketalloc: cap ", cap, " bytes for tenant '", name, "' is invalid; accepted: 2MiB to 16TiB"));
+}
+
 }  // namespace
 
 // ---- Tenants ------------------------------------------------------------------------------------
@@ -158,12 +165,6 @@ absl::Status Tenants::CheckInvariants() const {
   return absl::OkStatus();
 }
 
-absl::Status ValidateTenantCap(absl::string_view name, std::size_t cap) {
-  if (TenantCapInRange(cap)) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("bucketalloc: cap ", cap, " bytes for tenant '", name, "' is invalid; accepted: 2MiB to 16TiB"));
-}
-
 // ---- DeviceTenants ------------------------------------------------------------------------------
 
 absl::Status DeviceTenants::AddPools(int device) {
@@ -174,7 +175,6 @@ absl::Status DeviceTenants::AddPools(int device) {
     absl::StatusOr<std::uint16_t> tag = pools_->AddTenant(i, device);
     if (!tag.ok()) return tag.status();
     tags_.push_back(*tag);
-    own_tags_.push_back(*tag);
     registry_->SetOwnerCap(*tag, tenants_->Cap(i), tenants_->Name(i));
   }
   ooms_.assign(tags_.size(), {});
@@ -183,8 +183,9 @@ absl::Status DeviceTenants::AddPools(int device) {
 
 int DeviceTenants::TenantOfTag(std::uint16_t tag) const {
   if (tag == 0) return 0;
-  auto it = std::find(own_tags_.begin(), own_tags_.end(), tag);
-  return it == own_tags_.end() ? 0 : static_cast<int>(it - own_tags_.begin()) + 1;
+  const absl::Span<const std::uint16_t> own = pool_tags();
+  auto it = std::find(own.begin(), own.end(), tag);
+  return it == own.end() ? 0 : static_cast<int>(it - own.begin()) + 1;
 }
 
 std::string DeviceTenants::NameOfPool(GraphPoolId id) const {
@@ -261,7 +262,7 @@ bool DeviceTenants::TrimToCaps() {
   bool released = false;
   over_cap_ = false;
   const std::uint16_t owner = registry_->owner();
-  for (std::uint16_t tag : own_tags_) {
+  for (std::uint16_t tag : pool_tags()) {
     const std::optional<std::size_t> cap = registry_->OwnerCap(tag);
     if (!cap.has_value() || registry_->OwnedNow(tag) <= *cap) continue;
     registry_->set_owner(tag);  // its releases are counted as its own

@@ -47,6 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/stats.h"
@@ -116,9 +117,6 @@ class Tenants {
   std::atomic<std::uint64_t> version_{0};
 };
 
-// OK for a tenant cap of 2 MiB to 16 TiB, else InvalidArgument naming the tenant and the range.
-absl::Status ValidateTenantCap(absl::string_view name, std::size_t cap);
-
 class DeviceTenants {
  public:
   // What the live and pending blocks of one pool tag hold, per pool index (kAllPools: all).
@@ -146,7 +144,7 @@ class DeviceTenants {
   bool OwnsPool(std::uint16_t tag) const { return TenantOfTag(tag) != 0; }
   bool AtCap(std::uint16_t tag, std::size_t bytes) const { return registry_->OverOwnerCap(tag, bytes); }
   // The pool tags of the tenants' own pools (index 1 up).
-  const std::vector<std::uint16_t>& pool_tags() const { return own_tags_; }
+  absl::Span<const std::uint16_t> pool_tags() const { return absl::MakeConstSpan(tags_).subspan(enabled() ? 1 : 0); }
   // The tenant name a snapshot shows for pool `id`'s segments ("" without tenants and for a graph
   // pool's).
   std::string NameOfPool(GraphPoolId id) const;
@@ -179,7 +177,7 @@ class DeviceTenants {
   // Whether tenant `index` reserves more than `bytes` here.
   bool ReservesOver(int index, std::size_t bytes) const { return registry_->OwnedNow(PoolTag(index)) > bytes; }
   // The pool tag of tenant `index` (index >= 1).
-  std::uint16_t PoolTag(int index) const { return own_tags_.at(static_cast<std::size_t>(index) - 1); }
+  std::uint16_t PoolTag(int index) const { return tags_.at(static_cast<std::size_t>(index)); }
   // Whether some tenant may reserve more than its cap (its live memory was above a lowered cap):
   // the free path then trims (TrimToCaps). One test on the free path without it.
   bool over_cap() const { return over_cap_; }
@@ -207,7 +205,6 @@ class DeviceTenants {
   SegmentRegistry* const registry_;
   // The pool tag of each tenant index (index 0: 0); empty without tenants.
   std::vector<std::uint16_t> tags_;
-  std::vector<std::uint16_t> own_tags_;  // tags_ without the default tenant's
   struct Ooms {
     std::int64_t all = 0;
     std::int64_t at_cap = 0;  // refused by the tenant's own cap
