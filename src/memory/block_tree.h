@@ -69,6 +69,21 @@ class BlockTree {
     return best;
   }
 
+  // The first block after `key` in key order (the next larger (size, address)), which need not be
+  // in the tree; nullptr if none.
+  Block* After(const Block* key) const {
+    Block* best = nullptr;
+    for (Block* b = root_; b != nullptr;) {
+      if (Less(key, b)) {
+        best = b;
+        b = b->tree_node.left;
+      } else {
+        b = b->tree_node.right;
+      }
+    }
+    return best;
+  }
+
   // The largest block (the highest address among equals); nullptr if the tree is empty.
   Block* Last() const {
     Block* b = root_;

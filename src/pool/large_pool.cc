@@ -84,6 +84,10 @@ Block* LargePool::FindFree(StreamState& ss, std::size_t rounded) {
 }
 
 Block* LargePool::FindAndTake(StreamState& ss, const Request& r) {
+  if (deferred_ != nullptr) {
+    if (Block* block = TakeDeferred(ss, r)) return block;
+    SettleDeferred();
+  }
   Block* block = r.tier >= 0 ? ss.tier_free[r.tier].front() : FindFree(ss, r.rounded);
   if (block != nullptr) Take(block, r.rounded, r.tier);
   return block;
@@ -104,7 +108,8 @@ void LargePool::Take(Block* block, std::size_t rounded, int tier) {
   Segment* seg = block->segment;
   const InactiveSplit before = InactiveOf(seg);
   RemoveFree(block);
-  if (tier < 0 && ShouldSplit(block, rounded)) {
+  BA_DCHECK(deferred_ == nullptr, "a block-level call with a block deferred");
+  if (tier < 0 && ShouldSplit(block->size, rounded)) {
     InsertFree(SplitBlock(block, rounded, blocks_));
     ctx_.stats->Count(&DeviceStats::num_splits);
   }
@@ -112,7 +117,50 @@ void LargePool::Take(Block* block, std::size_t rounded, int tier) {
   UpdateInactiveSplit(before, seg);
 }
 
+inline Block* LargePool::TakeDeferred(StreamState& ss, const Request& r) {
+  Block* block = deferred_;
+  Segment* seg = block->segment;
+  if (r.tier >= 0 || block->size != r.rounded || &StateOf(seg) != &ss) return nullptr;
+  Block* next = block->next != nullptr && block->next->state == BlockState::kFree ? block->next : nullptr;
+  const std::size_t merged = block->size + (next != nullptr ? next->size : 0);
+  // The merged block must be admissible and, with a neighbour, split at r.rounded (its remainder
+  // is then `next` as it stands) ...
+  if (!Admissible(merged, r.rounded) || (next != nullptr && !ShouldSplit(merged, r.rounded))) return nullptr;
+  // ... and best fit: no free block of the stream comes before it in (size, address) order (the
+  // tree holds `next` where the merged block stands).
+  Block* rival = ss.tree.LowerBound(r.rounded);
+  if (rival != nullptr && rival == next) rival = ss.tree.After(next);
+  if (rival != nullptr && (rival->size < merged || (rival->size == merged && rival->ptr < block->ptr))) return nullptr;
+  // Take(merged) in every figure: out of the free lists, and `next` back in as the remainder.
+  const InactiveSplit before = InactiveOf(seg);
+  seg->free_bytes -= block->size;
+  free_.Remove(merged);
+  if (next != nullptr) {
+    free_.Add(next->size);
+    next->free_since = block->free_since;
+    ctx_.stats->Count(&DeviceStats::num_splits);
+  } else {
+    seg->free_blocks -= 1;
+  }
+  deferred_ = nullptr;
+  Activate(block);
+  UpdateInactiveSplit(before, seg);
+  return block;
+}
+
+void LargePool::SettleDeferred() const {
+  Block* block = deferred_;
+  deferred_ = nullptr;
+  StreamState& ss = StateOf(block->segment);
+  if (Block* next = block->next; next != nullptr && next->state == BlockState::kFree) {
+    ss.tree.Erase(next);
+    MergeBlocks(block, next, blocks_);
+  }
+  ss.tree.Insert(block);
+}
+
 absl::StatusOr<LargePool::Handle> LargePool::TakeAt(std::uintptr_t addr, std::size_t size, Stream stream) {
+  Settle();
   const char* pool_name = config_.index == kLargePool ? "large pool" : "packed small pool";
   auto refuse = [&](absl::string_view why) {
     return absl::StrCat("cannot allocate ", size, " bytes at 0x", absl::Hex(addr), " in the ", pool_name, ": ", why);
@@ -183,6 +231,7 @@ absl::StatusOr<LargePool::Handle> LargePool::TakeAt(std::uintptr_t addr, std::si
 absl::StatusOr<Block*> LargePool::Grow(StreamState& ss, Stream stream, std::size_t bytes, std::size_t rounded,
                                        int tier) {
   BA_DCHECK(bytes >= rounded, "a segment smaller than its request");
+  Settle();
   absl::StatusOr<Segment*> seg = backing_->Grow(*this, ss, stream, bytes, tier);
   if (!seg.ok()) return seg.status();
   // The new segment serves the request it was made for, whatever the admission rules for cached
@@ -216,6 +265,7 @@ absl::StatusOr<LargePool::Handle> LargePool::Serve(StreamState& ss, Stream strea
 
 Segment* LargePool::AddSegment(StreamState& ss, Stream stream, std::uintptr_t base, std::size_t bytes, int tier,
                                std::size_t mapped) {
+  BA_DCHECK(deferred_ == nullptr, "a block-level call with a block deferred");
   mapped = std::min(mapped, bytes);
   BA_DCHECK(mapped > 0, "a segment with nothing mapped");
   Segment* seg = segment_meta_.New();
@@ -249,6 +299,7 @@ Segment* LargePool::AddSegment(StreamState& ss, Stream stream, std::uintptr_t ba
 }
 
 void LargePool::DropSegment(Segment* seg) {
+  BA_DCHECK(deferred_ == nullptr, "a block-level call with a block deferred");
   BA_DCHECK(seg->active_blocks == 0 && seg->free_blocks == 0, "dropping a segment that holds blocks");
   decltype(release_order_)::Remove(seg);
   if (seg->tier >= 0) tier_segments_[seg->tier] -= 1;
@@ -270,6 +321,7 @@ void LargePool::DropFreeSegment(Segment* seg) {
 }
 
 void LargePool::MakeHole(Block* block, std::uintptr_t lo, std::uintptr_t hi) {
+  BA_DCHECK(deferred_ == nullptr, "a block-level call with a block deferred");
   Segment* seg = block->segment;
   const InactiveSplit before = InactiveOf(seg);
   RemoveFree(block);
@@ -291,6 +343,7 @@ void LargePool::MakeHole(Block* block, std::uintptr_t lo, std::uintptr_t hi) {
 }
 
 void LargePool::Return(Handle h) {
+  Settle();
   Block* block = h.block;
   Segment* seg = block->segment;
   const InactiveSplit before = InactiveOf(seg);
@@ -300,20 +353,42 @@ void LargePool::Return(Handle h) {
   ctx_.stats->Increase(&DeviceStats::cached_bytes, config_.index, size);
   seg->active_blocks -= 1;
   block->state = BlockState::kFree;
-  for (Block* neighbour : {block->prev, block->next}) {
-    if (neighbour != nullptr && neighbour->state == BlockState::kFree) {
-      RemoveFree(neighbour);
-      block = MergeBlocks(block, neighbour, blocks_);
-      ctx_.stats->Count(&DeviceStats::num_merges);
+  if (seg->tier < 0 && (block->prev == nullptr || block->prev->state != BlockState::kFree)) {
+    Defer(block);
+  } else {
+    for (Block* neighbour : {block->prev, block->next}) {
+      if (neighbour != nullptr && neighbour->state == BlockState::kFree) {
+        RemoveFree(neighbour);
+        block = MergeBlocks(block, neighbour, blocks_);
+        ctx_.stats->Count(&DeviceStats::num_merges);
+      }
     }
+    block->free_since = *ctx_.clock;
+    InsertFree(block);
   }
-  block->free_since = *ctx_.clock;
-  InsertFree(block);
   if (seg->active_blocks == 0) release_order_.Push(seg, *ctx_.clock);
   UpdateInactiveSplit(before, seg);
 }
 
+inline void LargePool::Defer(Block* block) {
+  // RemoveFree(next), the merge and InsertFree(merged) in every figure; the tree stays as it is.
+  Segment* seg = block->segment;
+  std::size_t merged = block->size;
+  if (Block* next = block->next; next != nullptr && next->state == BlockState::kFree) {
+    merged += next->size;
+    free_.Remove(next->size);
+    ctx_.stats->Count(&DeviceStats::num_merges);
+  } else {
+    seg->free_blocks += 1;
+  }
+  seg->free_bytes += block->size;
+  free_.Add(merged);
+  block->free_since = *ctx_.clock;
+  deferred_ = block;
+}
+
 std::size_t LargePool::ReleaseOldest() {
+  Settle();
   Segment* seg = release_order_.Oldest();
   if (seg == nullptr) return 0;
   BA_CHECK(seg->active_blocks == 0, "releasing a segment that is not wholly free");
@@ -322,13 +397,17 @@ std::size_t LargePool::ReleaseOldest() {
 }
 
 void LargePool::ReleaseAll() {
+  Settle();
   ReleaseOldestUntil(*this, std::numeric_limits<std::size_t>::max());
   backing_->ReleaseFreeMemory(*this);
 }
 
 std::size_t LargePool::spare_bytes() const { return backing_->spare_bytes(); }
 
-std::size_t LargePool::movable_bytes() const { return backing_->MovableBytes(*this); }
+std::size_t LargePool::movable_bytes() const {
+  Settle();
+  return backing_->MovableBytes(*this);
+}
 
 std::size_t LargePool::MappedBytes(const Segment& seg) const {
   std::size_t holes = 0;
@@ -337,6 +416,7 @@ std::size_t LargePool::MappedBytes(const Segment& seg) const {
 }
 
 std::size_t LargePool::largest_free_block() const {
+  Settle();
   std::size_t largest = 0;
   for (const Segment* seg : segments_) {
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
@@ -373,6 +453,7 @@ std::vector<TierUsage> LargePool::TierUse() const {
 }
 
 std::size_t LargePool::LargestFree(const StreamState& ss) const {
+  Settle();
   const Block* last = ss.tree.Last();
   std::size_t largest = last == nullptr ? 0 : last->size;
   for (std::size_t t = 0; t < num_tiers(); ++t) {
@@ -382,6 +463,7 @@ std::size_t LargePool::LargestFree(const StreamState& ss) const {
 }
 
 void LargePool::WalkFragmentation(FragmentationReport* report) const {
+  Settle();
   PoolFragmentation& out = report->pools[config_.index];
   std::vector<TierUsage>& tiers = report->tiers;
   // The device's large pool and every private pool's share the tiers: the first sizes the list,
@@ -401,6 +483,7 @@ void LargePool::WalkFragmentation(FragmentationReport* report) const {
 }
 
 void LargePool::Describe(std::vector<SpanView>* spans) const {
+  Settle();
   const bool virtual_memory = backing_->virtual_memory();
   for (const Segment* s : segments_) {
     // A segment's holes are not memory: each mapped run is a span of its own.
@@ -439,6 +522,15 @@ absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
     return absl::InternalError(
         absl::StrCat("large pool: segment ", absl::Hex(seg->base), " (", seg->size, " bytes): ", what));
   };
+  if (const Block* d = deferred_; d != nullptr) {
+    // The deferred block's own rules; settled, every rule below holds with its figures.
+    if (!segments_.contains(d->segment) || d->segment->tier >= 0 || d->state != BlockState::kFree ||
+        d->tree_node.linked || d->free_node.linked() || (d->prev != nullptr && d->prev->state == BlockState::kFree) ||
+        (d->next != nullptr && d->next->state == BlockState::kFree && !d->next->tree_node.linked)) {
+      return fail(d->segment, "the deferred free block breaks its rules (free, in no list, no free block before it)");
+    }
+    Settle();
+  }
   std::int64_t active = 0;
   std::int64_t wholly_free = 0;
   for (const Segment* seg : segments_) {
@@ -520,6 +612,7 @@ absl::Status LargePool::CheckHandle(Handle h, bool live) const {
 }
 
 absl::Status LargePool::CheckStreamState(const StreamState& ss) const {
+  Settle();
   if (const char* error = ss.tree.Check(); error != nullptr)
     return absl::InternalError(absl::StrCat("large pool: ", error));
   absl::Status status;
@@ -542,6 +635,7 @@ absl::Status LargePool::CheckStreamState(const StreamState& ss) const {
 
 absl::Status LargePool::PiecesUnder(const Block* block, std::uintptr_t* first_va,
                                     std::vector<PhysicalPiece>* out) const {
+  Settle();
   return backing_->PiecesUnder(*this, block, first_va, out);
 }
 

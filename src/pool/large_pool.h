@@ -9,7 +9,13 @@
 //     (memory/block_tree.h); a block of at
 //     most max_split_size is split when the remainder exceeds keep_remainder; larger blocks serve
 //     only requests within max_non_split_rounding of their size; free neighbours coalesce;
-//   - the release order of wholly free segments (oldest first) for GC and release-and-retry.
+//   - the release order of wholly free segments (oldest first) for GC and release-and-retry;
+//   - one deferred free block: the last block returned stays out of the size tree, unmerged with
+//     its free next neighbour, while every figure (stats, histogram, segment counts, release order,
+//     split and merge counters) already counts it merged; the next request that the merged block
+//     would have served exactly as best fit takes it back without touching the tree (the hit path of
+//     an alloc+free pair: no erase, insert, split or merge); any other call settles it first (does
+//     the merge and the insert), so the pool's choices are PyTorch's best fit, block for block.
 // What backs a segment is not its business: the SegmentBacking it is built with (the interface,
 // pool/segment_backing.h) makes and gives back segments' memory, and may serve what a grow at the
 // cap cannot, give back free memory inside segments, and leave holes (kUnmapped blocks), which this
@@ -128,8 +134,8 @@ class LargePool {
     return {tier >= 0 ? tier_bytes(tier) : RoundSize(size), tier};
   }
   // Fast path: a cached block for the request (a tier request: a block of that tier), or nullopt:
-  // PyTorch's best fit, the stream's size tree's lower bound. The block returned is kAllocated and
-  // counted active.
+  // PyTorch's best fit, the stream's size tree's lower bound (or the deferred block, when it is
+  // exactly what that best fit gives). The block returned is kAllocated and counted active.
   std::optional<Handle> TryAllocate(StreamState& ss, const Request& r) {
     Block* b = FindAndTake(ss, r);
     if (b == nullptr) return std::nullopt;
@@ -148,7 +154,9 @@ class LargePool {
   std::pair<std::size_t, std::size_t> OomSizes(const Request& r) const {
     return {r.rounded, RoundUp(r.rounded, config_.granularity)};
   }
-  // Returns an active block to the free lists (coalescing); it is no longer active.
+  // Returns an active block to the free lists (coalescing); it is no longer active. The block is
+  // kept deferred (see above) when it merges with no free previous neighbour, after the previously
+  // deferred one is settled.
   void Return(Handle h);
   // Carves [addr, addr + size) out of the free block that holds it, on the free lists of `stream`
   // (the stream of the segment that holds it), and returns it as an active block: the free
@@ -217,9 +225,13 @@ class LargePool {
   // Slow paths only, under the same lock; each keeps the pool's lists, counts and stats true.
 
   // Every segment.
-  const absl::flat_hash_set<Segment*>& segments() const { return segments_; }
+  const absl::flat_hash_set<Segment*>& segments() const {
+    Settle();
+    return segments_;
+  }
   template <typename F>
   void ForEachSegment(F&& f) const {
+    Settle();
     for (const Segment* s : segments_) f(*s);
   }
   // A new segment over [base, base + bytes): one free block of its first `mapped` bytes (all of it
@@ -242,10 +254,23 @@ class LargePool {
   bool Admissible(std::size_t block_size, std::size_t rounded) const {
     return block_size <= config_.max_split_size || block_size - rounded <= config_.max_non_split_rounding;
   }
-  bool ShouldSplit(const Block* block, std::size_t rounded) const {
-    return block->size <= config_.max_split_size && block->size - rounded > config_.keep_remainder;
+  bool ShouldSplit(std::size_t block_size, std::size_t rounded) const {
+    return block_size <= config_.max_split_size && block_size - rounded > config_.keep_remainder;
   }
   Block* FindAndTake(StreamState& ss, const Request& r);
+  // The deferred block for `r` when the merged block it stands for is exactly what best fit and the
+  // split would give for `r` on `ss`: taken, counted as Take would count it; else nullptr (nothing
+  // changed).
+  Block* TakeDeferred(StreamState& ss, const Request& r);
+  // Returns `block` as Return does in every figure, but leaves it out of the tree, unmerged.
+  void Defer(Block* block);
+  // Merges the deferred block with its free next neighbour and puts it in its size tree (the pool's
+  // figures count it so already): logically const, every reader of blocks or trees calls it first.
+  void Settle() const {
+    if (deferred_ != nullptr) [[unlikely]]
+      SettleDeferred();
+  }
+  void SettleDeferred() const;
   Block* FindFree(StreamState& ss, std::size_t rounded);
   ABSL_ATTRIBUTE_ALWAYS_INLINE void InsertFree(Block* block);
   ABSL_ATTRIBUTE_ALWAYS_INLINE void RemoveFree(Block* block);
@@ -256,7 +281,11 @@ class LargePool {
 
   PoolContext ctx_;
   LargePoolConfig config_;
-  BlockPool blocks_;
+  mutable BlockPool blocks_;  // mutable: Settle merges blocks
+  // The deferred free block: kFree, in no list, its previous neighbour not free; counted everywhere
+  // as merged with its next neighbour when that is free (which stays in the tree meanwhile).
+  // nullptr when none. Its segment is never a tier's.
+  mutable Block* deferred_ = nullptr;
   ObjectPool<Segment, 64> segment_meta_;
   ReleaseOrder<Segment, &Segment::release_node, &Segment::free_since> release_order_;  // wholly free, oldest first
   absl::flat_hash_set<Segment*> segments_;  // all segments; changes only on slow paths

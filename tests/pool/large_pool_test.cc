@@ -472,5 +472,161 @@ TEST_F(LargePoolTakeAtTest, AnOddCarveOverVirtualMemoryKeepsTheInvariants) {
   EXPECT_EQ(pool_->movable_bytes(), 20 * kMiB);
 }
 
+// ---- The deferred free block (the hit path of an alloc+free pair) ----
+
+// One pool and everything it needs, so that two can run side by side.
+struct PoolTwin {
+  explicit PoolTwin(const LargePoolConfig& config, std::size_t limit)
+      : source(&ledger, limit),
+        pool(PoolContext{&ledger, &source, &clock}, config, std::make_unique<PlainBacking>(&source)),
+        ss(pool) {}
+  StatLedger ledger;
+  std::uint64_t clock = 0;
+  PoolSource source;
+  LargePool pool;
+  LargePool::StreamState ss;
+
+  Block* Allocate(std::size_t size) {
+    const LargePool::Request r = pool.RequestFor(size);
+    Served served;
+    absl::StatusOr<LargePool::Handle> h = pool.Serve(ss, nullptr, r, &served);
+    return h.ok() ? h->block : nullptr;
+  }
+};
+
+// Every stat, counter and device gauge of two ledgers, field by field; the first difference.
+std::string FirstStatDifference(const DeviceStats& a, const DeviceStats& b) {
+  std::string diff;
+  auto stat = [&](const char* name, int pool, const Stat& x, const Stat& y) {
+    if (diff.empty() &&
+        (x.current != y.current || x.peak != y.peak || x.allocated != y.allocated || x.freed != y.freed)) {
+      diff = absl::StrCat(name, "[", pool, "]: ", x.current, "/", x.peak, " vs ", y.current, "/", y.peak);
+    }
+  };
+#define BUCKETALLOC_TEST_POOL_STAT(name, doc) \
+  for (int p = 0; p < kNumPoolIndices; ++p) stat(#name, p, a.name[p], b.name[p]);
+  BUCKETALLOC_POOL_STATS(BUCKETALLOC_TEST_POOL_STAT)
+#undef BUCKETALLOC_TEST_POOL_STAT
+#define BUCKETALLOC_TEST_COUNTER(name, doc) \
+  if (diff.empty() && a.name != b.name) diff = absl::StrCat(#name, ": ", a.name, " vs ", b.name);
+  BUCKETALLOC_COUNTERS(BUCKETALLOC_TEST_COUNTER)
+#undef BUCKETALLOC_TEST_COUNTER
+#define BUCKETALLOC_TEST_DEVICE_STAT(name, doc) stat(#name, -1, a.name, b.name);
+  BUCKETALLOC_DEVICE_STATS(BUCKETALLOC_TEST_DEVICE_STAT)
+#undef BUCKETALLOC_TEST_DEVICE_STAT
+  return diff;
+}
+
+// The pool with its deferred free block against the same pool settled after every call (a read
+// settles it: the pool as it was before the deferral), through a random churn in the packed small
+// pool's configuration and two large pool ones: the same block (address and size) for every
+// request, and the same stats, histogram, inactive split and release order after every step.
+TEST(LargePoolDeferredTest, TheDeferredFreeChangesNoChoiceAndNoFigure) {
+  struct Case {
+    const char* name;
+    LargePoolConfig config;
+    std::vector<std::size_t> sizes;
+  };
+  std::vector<Case> cases(3);
+  cases[0].name = "packed";
+  cases[0].config.index = kSmallPool;
+  cases[0].config.large_segment_size = kSlabBytes;
+  cases[0].config.keep_remainder = kMinBlockSize - 1;
+  cases[0].sizes = {512, 1024, 1536, 4096, 8192, 65536, 300 << 10, kMiB};
+  cases[1].name = "large";
+  cases[1].sizes = {kMiB + 512, 2 * kMiB, 3 * kMiB, 7 * kMiB, 17 * kMiB, 30 * kMiB};
+  cases[2].name = "large, max_split_size and tiers";
+  cases[2].config.max_split_size = 40 * kMiB;
+  cases[2].config.tiers = {32 * kMiB, 64 * kMiB};
+  cases[2].sizes = {kMiB + 512, 3 * kMiB, 7 * kMiB, 17 * kMiB, 30 * kMiB, 60 * kMiB, 90 * kMiB};
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    c.config.roundup_power2_divisions.assign(16, 0);
+    PoolTwin deferred(c.config, 1024 * kMiB);
+    PoolTwin settled(c.config, 1024 * kMiB);
+    std::mt19937_64 rng(41);
+    std::vector<std::pair<Block*, Block*>> live;  // (deferred's, settled's)
+    std::vector<std::size_t> last_freed;          // sizes freed lately: a pair's reuse is the common case
+    for (int step = 0; step < 6000; ++step) {
+      ++deferred.clock;
+      ++settled.clock;
+      const auto dice = rng() % 20;
+      if (dice < 9 || live.empty()) {
+        const std::size_t size = !last_freed.empty() && rng() % 2 == 0 ? last_freed[rng() % last_freed.size()]
+                                                                       : c.sizes[rng() % c.sizes.size()];
+        Block* a = deferred.Allocate(size);
+        Block* b = settled.Allocate(size);
+        ASSERT_EQ(a == nullptr, b == nullptr) << "step " << step;
+        if (a != nullptr) {
+          ASSERT_EQ(a->ptr, b->ptr) << "step " << step;  // both sources start at the same address
+          ASSERT_EQ(a->size, b->size) << "step " << step;
+          live.emplace_back(a, b);
+        }
+      } else if (dice < 19) {
+        const std::size_t i = rng() % live.size();
+        last_freed.push_back(live[i].first->size);
+        if (last_freed.size() > 4) last_freed.erase(last_freed.begin());
+        deferred.pool.Return({live[i].first});
+        settled.pool.Return({live[i].second});
+        live[i] = live.back();
+        live.pop_back();
+      } else {
+        ASSERT_EQ(deferred.pool.ReleaseOldest(), settled.pool.ReleaseOldest()) << "step " << step;
+      }
+      settled.pool.LargestFree(settled.ss);  // settles
+      ASSERT_EQ(FirstStatDifference(deferred.ledger.Snapshot(), settled.ledger.Snapshot()), "") << "step " << step;
+      FragmentationReport kd, ks;
+      deferred.pool.AddFragmentation(&kd);
+      settled.pool.AddFragmentation(&ks);
+      ASSERT_EQ(kd.pools[c.config.index].free_count, ks.pools[c.config.index].free_count) << "step " << step;
+      ASSERT_EQ(kd.pools[c.config.index].free_bytes, ks.pools[c.config.index].free_bytes) << "step " << step;
+      ASSERT_EQ(deferred.pool.inactive_split().bytes, settled.pool.inactive_split().bytes) << "step " << step;
+      ASSERT_EQ(deferred.pool.OldestFree(), settled.pool.OldestFree()) << "step " << step;
+    }
+    EXPECT_GT(deferred.ledger.Snapshot().num_splits, 0);
+    EXPECT_GT(deferred.ledger.Snapshot().num_merges, 0);
+    const auto active = static_cast<std::int64_t>(live.size());
+    EXPECT_TRUE(deferred.pool.CheckInvariants(active).ok()) << deferred.pool.CheckInvariants(active);
+    EXPECT_TRUE(deferred.pool.CheckStreamState(deferred.ss).ok()) << deferred.pool.CheckStreamState(deferred.ss);
+    for (auto& [a, b] : live) {
+      deferred.pool.Return({a});
+      settled.pool.Return({b});
+    }
+    EXPECT_EQ(deferred.pool.LargestFree(deferred.ss), settled.pool.LargestFree(settled.ss));
+    EXPECT_TRUE(deferred.pool.CheckInvariants(0).ok()) << deferred.pool.CheckInvariants(0);
+  }
+}
+
+// The pair itself touches no tree: the block freed last stays out of it, its free neighbour in
+// it as the remainder, and the next request of its size takes it back; a read settles it.
+TEST_F(LargePoolTest, AFreedBlockWaitsOutOfTheTreeForTheNextRequestOfItsSize) {
+  LargePoolConfig config;
+  config.keep_remainder = kMinBlockSize - 1;
+  Init(config);
+  Block* a = Allocate(2 * kMiB);  // a 20 MiB segment: the block and an 18 MiB remainder
+  ASSERT_NE(a, nullptr);
+  const std::uintptr_t at = a->ptr;
+  Return(a);
+  ASSERT_EQ(ss_->tree.size(), 1u);
+  EXPECT_EQ(ss_->tree.Last()->size, 18 * kMiB);  // the remainder, not yet merged with it
+  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, static_cast<std::int64_t>(20 * kMiB));
+  Block* again = TryAllocate(2 * kMiB, -1);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->ptr, at);
+  EXPECT_EQ(Stats().num_splits, 2);
+  EXPECT_EQ(Stats().num_merges, 1);
+  Check(1);
+  Return(again);
+  EXPECT_EQ(pool_->LargestFree(*ss_), 20 * kMiB);  // settled: one free block again
+  EXPECT_EQ(ss_->tree.Last()->size, 20 * kMiB);
+  // A request of another size settles it first: best fit over the merged block.
+  Block* other = TryAllocate(4 * kMiB, -1);
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(other->ptr, at);
+  Check(1);
+  Return(other);
+  Check(0);
+}
+
 }  // namespace
 }  // namespace bucketalloc::internal
