@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "bench_plan.h"
 #include "bucketalloc/options.h"
 #include "harness/planning/planner.h"
 #include "harness/workload/model_config.h"
@@ -90,9 +91,9 @@ struct GenerateCommand::Flags {
 
 GenerateCommand::GenerateCommand(CLI::App& app) : flags_(std::make_unique<Flags>()) {
   Flags& f = *flags_;
-  generate_ = app.add_subcommand("generate", "generate an allocation trace from a workload model");
-  generate_->require_subcommand(1);
-  CLI::App* s = generate_->add_subcommand(
+  sub_ = app.add_subcommand("generate", "generate an allocation trace from a workload model");
+  sub_->require_subcommand(1);
+  CLI::App* s = sub_->add_subcommand(
       "serving", "the allocation trace of an LLM server on PyTorch for a request trace and a model (docs/harness.md)");
   f.serving_app = s;
   s->add_option("--requests", f.requests_path,
@@ -171,14 +172,9 @@ GenerateCommand::GenerateCommand(CLI::App& app) : flags_(std::make_unique<Flags>
 
 GenerateCommand::~GenerateCommand() = default;
 
-bool GenerateCommand::parsed() const { return generate_->parsed(); }
-
 int GenerateCommand::Run() const {
   const Flags& f = *flags_;
-  auto fail = [](const absl::Status& s) {
-    std::fprintf(stderr, "bucketalloc-bench generate serving: %s\n", std::string(s.message()).c_str());
-    return 1;
-  };
+  auto fail = [](const absl::Status& s) { return Fail(s, "bucketalloc-bench generate serving"); };
   if (absl::EndsWith(f.output, ".gz")) {
     return fail(absl::InvalidArgumentError(absl::StrCat("-o ", f.output,
                                                         ": the trace is written as plain CSV; accepted a name "
@@ -192,7 +188,7 @@ int GenerateCommand::Run() const {
   if (!model.ok()) return fail(model.status());
   if (!f.dtype.empty() || f.tensor_parallel != 1) {
     model = harness::PerGpuModel(*model, f.dtype, f.tensor_parallel);
-    if (!model.ok()) return fail(model.status());
+    if (!model.ok()) return fail(NamingTheFlag(model.status()));
   }
   absl::StatusOr<harness::RequestSet> requests = harness::ReadRequestsFile(f.requests_path, f.requests);
   if (!requests.ok()) return fail(requests.status());

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "bench_common.h"
 
 namespace bucketalloc::bench {
 
@@ -23,19 +24,17 @@ CLI::Validator Unsigned64();
 // A real number that a double holds without overflow or underflow (the command checks its range).
 CLI::Validator RealNumber(const std::string& accepted);
 
-class GenerateCommand {
+class GenerateCommand : public Command {
  public:
   // Adds `generate` (with its `serving` subcommand) to `app`.
   explicit GenerateCommand(CLI::App& app);
-  ~GenerateCommand();
-  bool parsed() const;
-  // Writes the trace and its meta file; prints a summary. Returns the process's exit status.
-  int Run() const;
+  ~GenerateCommand() override;
+  // Writes the trace and its meta file; prints a summary.
+  int Run() const override;
 
  private:
   struct Flags;
   std::unique_ptr<Flags> flags_;
-  CLI::App* generate_ = nullptr;
 };
 
 }  // namespace bucketalloc::bench

@@ -6,22 +6,27 @@
 #include <memory>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "bench_common.h"
 
 namespace bucketalloc::bench {
 
-class PlanCommand {
+// `s`, when it is an error of the planner about one of its options (harness::PlanOptionOf), with
+// the option named as this command line's flag ("max_model_len 1: ..." becomes "--max-model-len 1:
+// ..."); any other status as it is. Also for `generate serving`'s --dtype and --tensor-parallel.
+absl::Status NamingTheFlag(const absl::Status& s);
+
+class PlanCommand : public Command {
  public:
   // Adds `plan` to `app`.
   explicit PlanCommand(CLI::App& app);
-  ~PlanCommand();
-  bool parsed() const;
-  // Prints the plan (and writes --json, --html). Returns the process's exit status.
-  int Run() const;
+  ~PlanCommand() override;
+  // Prints the plan (and writes --json, --html).
+  int Run() const override;
 
  private:
   struct Flags;
   std::unique_ptr<Flags> flags_;
-  CLI::App* plan_ = nullptr;
 };
 
 }  // namespace bucketalloc::bench

@@ -46,6 +46,15 @@ expect_error "--check-requests: 99999999999999999999 is out of range" "${plan[@]
 expect_error "--max-batched-tokens: 2097152 is out of range; accepted 1 to 1048576" "${plan[@]}" --max-batched-tokens 2097152
 expect_error "--card 65TiB: accepted a size above 0 and up to 64TiB" plan --model "$model" --card 65TiB --no-check
 expect_error "--runtime-reserve 1000000TiB" "${plan[@]}" --runtime-reserve 1000000TiB
+# The planner names its options as PlanOptions does (max_model_len, tensor_parallel, ...); the
+# command line names them as its flags.
+expect_error "--max-model-len 16: every request of the profile is longer" \
+  "${plan[@]}" --max-model-len 16 --requests "$requests"
+expect_error "--tensor-parallel 3: LlamaForCausalLM has 32 attention heads; accepted a divisor of them" \
+  "${plan[@]}" --tensor-parallel 3
+expect_error "--dtype fp4: accepted bf16, fp16, fp8 or int4" "${plan[@]}" --dtype fp4
+expect_error "--dtype fp4: accepted bf16, fp16, fp8 or int4" "${gen[@]}" --dtype fp4
+expect_error "--tensor-parallel 3: LlamaForCausalLM has 32 attention heads" "${gen[@]}" --tensor-parallel 3
 # A card as large as the planner accepts: planned, its replay skipped by name, not failed.
 out=$("$bench" plan --model "$model" --card 3TiB --requests "$requests" --check-requests 20) || fail "--card 3TiB: $out"
 grep -qF "not checked by replay: --card 3072.00 GiB" <<<"$out" || fail "--card 3TiB: no note naming the card: $out"

@@ -244,6 +244,31 @@ TEST(DoctorTest, RoundsThatSettleAreFragmentationsSteadyStateAndWhatCarriesOverA
   EXPECT_TRUE(DiagnoseRounds(flat, std::vector<std::size_t>{0, 0, 0}, 0).empty()) << "within 1%: nothing to say";
 }
 
+// Every decision reads its threshold from DoctorThresholds: moving one moves the verdict.
+TEST(DoctorTest, TheThresholdsDecide) {
+  const auto jump = Generate([](double t) { return t < 600 ? std::pair{30.0, 25.0} : std::pair{60.0, 50.0}; });
+  ASSERT_TRUE(Has(Diagnose(jump, 0), "spike_long_request"));
+  const auto strict = Diagnose(jump, 0, DoctorThresholds{.spike_live = 0.9});
+  EXPECT_TRUE(Has(strict, "fragmentation")) << "live memory rose by 83% of the jump: " << Joined(strict);
+  EXPECT_TRUE(Has(Diagnose(jump, 0, DoctorThresholds{.jump = 0.35}), "healthy")) << "a jump of 30% of the cap";
+  EXPECT_TRUE(Has(Diagnose(jump, 0, DoctorThresholds{.curve_samples = 1000}), "healthy")) << "too few samples";
+
+  double peak = 0;
+  const auto climb = Generate([&](double t) {
+    const double a = 10 + (5 + 0.06 * t) * Tri(t, 50);
+    peak = std::max(peak, a + 1);
+    return std::pair{peak, a};
+  });
+  ASSERT_TRUE(Has(Diagnose(climb, 0), "climbs_capacity"));
+  EXPECT_FALSE(Has(Diagnose(climb, 0, DoctorThresholds{.climb_steps = 10}), "climbs_capacity"));
+
+  const std::vector<std::size_t> rise = {100, 120, 140, 160, 180}, none = {0, 0, 0, 0, 0};
+  EXPECT_TRUE(DiagnoseRounds(rise, none, 0, DoctorThresholds{.settle_rounds = 6}).empty());
+  const std::vector<std::size_t> flat = {100, 100, 101};
+  EXPECT_EQ(Names(DiagnoseRounds(flat, std::vector<std::size_t>{0, 0, 0}, 0, DoctorThresholds{.round_rise = 0.001})),
+            std::vector<std::string>{"fragmentation"});
+}
+
 TEST(DoctorTest, JsonAndHtmlCarryTheVerdicts) {
   const auto samples = Generate([](double t) { return t < 600 ? std::pair{30.0, 25.0} : std::pair{60.0, 27.0}; });
   const auto v = Diagnose(samples, 0);

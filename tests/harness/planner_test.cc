@@ -88,7 +88,7 @@ TEST(PlannerTest, BadOptionsNameWhatIsAccepted) {
   EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .tensor_parallel = 3}), "32 attention heads"));
   EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .gpu_memory_utilization = 1.5}), "from 0.01 to 1"));
   EXPECT_TRUE(absl::StrContains(error({.card_bytes = 0}), "above 0"));
-  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .max_model_len = -1}), "--max-model-len"));
+  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .max_model_len = -1}), "max_model_len -1: accepted"));
 }
 
 TEST(PlannerTest, BucketsAndTheirRules) {
@@ -210,8 +210,9 @@ ModelSpec Degenerate(const std::string& extra = "") {
 
 // Issue 27: values past what the planner can size wrapped (--max-model-len 2147483647 failed naming
 // --max-kv-tokens -2147483632, a utilization of 1e-300 recommended an 8 EiB card); each is refused
-// naming the flag, the value given and what is accepted.
-TEST(PlannerTest, OutOfRangeOptionsNameTheFlagTheValueAndTheRange) {
+// naming the option (as PlanOptions does: the command line names its flag), the value given and what
+// is accepted.
+TEST(PlannerTest, OutOfRangeOptionsNameTheOptionTheValueAndTheRange) {
   const ModelSpec m = Llama8B();
   auto error = [&](PlanOptions o) {
     absl::StatusOr<Plan> p = MakePlan(m, o, {});
@@ -220,18 +221,19 @@ TEST(PlannerTest, OutOfRangeOptionsNameTheFlagTheValueAndTheRange) {
   };
   const std::string len = error({.card_bytes = 80 * kGiB, .max_model_len = 2147483647});
   EXPECT_TRUE(absl::StrContains(len,
-                                "--max-model-len 2147483647: accepted 0 (from the profile) or 2 to the model's "
+                                "max_model_len 2147483647: accepted 0 (from the profile) or 2 to the model's "
                                 "max_position_embeddings (131072 in "))
       << len;
-  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .max_model_len = 131073}), "--max-model-len 131073"));
-  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .max_model_len = 1}), "--max-model-len 1"));
+  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .max_model_len = 131073}), "max_model_len 131073"));
+  EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .max_model_len = 1}), "max_model_len 1"));
   const std::string util = error({.card_bytes = 80 * kGiB, .gpu_memory_utilization = 1e-300});
-  EXPECT_TRUE(absl::StrContains(util, "--gpu-memory-utilization 1e-300: accepted a fraction from 0.01 to 1")) << util;
-  EXPECT_TRUE(absl::StrContains(error({.card_bytes = kMaxPlanCardBytes + 1}), "--card"));
+  EXPECT_TRUE(absl::StrContains(util, "gpu_memory_utilization 1e-300: accepted a fraction from 0.01 to 1")) << util;
+  EXPECT_TRUE(absl::StrContains(error({.card_bytes = kMaxPlanCardBytes + 1}),
+                                "card_bytes 70368744177665: accepted a size in bytes above 0 and up to "));
   EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .runtime_reserve_bytes = ~std::uint64_t{0}}),
-                                "--runtime-reserve"));
+                                "runtime_reserve_bytes 18446744073709551615: accepted a size in bytes from 0 to "));
   EXPECT_TRUE(absl::StrContains(error({.card_bytes = 80 * kGiB, .max_batched_tokens = kMaxPlanBatchedTokens + 1}),
-                                "--max-batched-tokens 1048577: accepted 1 to 1048576"));
+                                "max_batched_tokens 1048577: accepted 1 to 1048576"));
   // The boundaries themselves are planned, with figures that did not wrap.
   absl::StatusOr<Plan> p = MakePlan(m, {.card_bytes = 80 * kGiB, .gpu_memory_utilization = 0.01}, {});
   ASSERT_TRUE(p.ok()) << p.status();
@@ -255,6 +257,13 @@ TEST(PlannerTest, AConfigLimitIsNamedByItsKey) {
   ASSERT_FALSE(p.ok());
   EXPECT_TRUE(absl::StrContains(p.status().message(), "degenerate.json: \"max_position_embeddings\" 16: every request"))
       << p.status();
+  EXPECT_EQ(PlanOptionOf(p.status()), std::nullopt) << "a config's key is no option";
+  // The same limit given as the option is named as the option.
+  p = MakePlan(Llama8B(), {.card_bytes = 80 * kGiB, .max_model_len = 16}, AzureConv());
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(absl::StartsWith(p.status().message(), "max_model_len 16: every request of the profile is longer"))
+      << p.status();
+  EXPECT_EQ(PlanOptionOf(p.status()), PlanOption::kMaxModelLen);
 }
 
 // A degenerate model's steps last femtoseconds: with the check's arrivals a microsecond apart its
@@ -349,7 +358,8 @@ void ExpectSane(const Plan& p, const PlanOptions& o, const ModelSpec& m, const s
 
 // One sweep (issue 27): each plan option at its boundaries and past them, and each numeric key of
 // the model's config mutated, one at a time, with and without a profile. Each plan either has sane
-// figures or fails naming the flag (or config key) that was changed. Formulas only (no replay):
+// figures or fails naming the option (first, as PlanOptions does, and as PlanOptionOf; never a
+// command line's flag) or the config key that was changed. Formulas only (no replay):
 // a few hundred plans, well under a few seconds.
 TEST(PlannerTest, SweepOfOptionsAndConfigsPlansSanelyOrNamesTheCause) {
   const ModelSpec llama = Llama8B();
@@ -359,7 +369,7 @@ TEST(PlannerTest, SweepOfOptionsAndConfigsPlansSanelyOrNamesTheCause) {
   constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
   constexpr double kInf = std::numeric_limits<double>::infinity();
   struct Case {
-    std::string flag;
+    PlanOption option;
     PlanOptions options;
   };
   std::vector<Case> cases;
@@ -368,58 +378,61 @@ TEST(PlannerTest, SweepOfOptionsAndConfigsPlansSanelyOrNamesTheCause) {
                           kMaxPlanCardBytes, kMaxPlanCardBytes + 1, ~std::uint64_t{0}}) {
     PlanOptions o = base;
     o.card_bytes = v;
-    cases.push_back({"--card", o});
+    cases.push_back({PlanOption::kCardBytes, o});
   }
   for (double v : {kNan, -1.0, 0.0, 1e-300, 0.0099, 0.01, 0.5, 1.0, 1.0000001, kInf}) {
     PlanOptions o = base;
     o.gpu_memory_utilization = v;
-    cases.push_back({"--gpu-memory-utilization", o});
+    cases.push_back({PlanOption::kGpuMemoryUtilization, o});
   }
   for (int v : {kIntMin, -1, 0, 1, 2, 3, 4096, 131072, 131073, kIntMax}) {
     PlanOptions o = base;
     o.max_model_len = v;
-    cases.push_back({"--max-model-len", o});
+    cases.push_back({PlanOption::kMaxModelLen, o});
   }
   for (int v : {kIntMin, 0, 1, 2, 255, 256, kMaxPlanBatchedTokens, kMaxPlanBatchedTokens + 1, kIntMax}) {
     PlanOptions o = base;
     o.max_batched_tokens = v;
-    cases.push_back({"--max-batched-tokens", o});
+    cases.push_back({PlanOption::kMaxBatchedTokens, o});
   }
   for (std::uint64_t v :
        {std::uint64_t{0}, kGiB, 79 * kGiB, 80 * kGiB, kMaxPlanCardBytes, kMaxPlanCardBytes + 1, ~std::uint64_t{0}}) {
     PlanOptions o = base;
     o.runtime_reserve_bytes = v;
-    cases.push_back({"--runtime-reserve", o});
+    cases.push_back({PlanOption::kRuntimeReserveBytes, o});
   }
   for (int v : {kIntMin, -1, 0, 1, 2, 3, 8, 16, 32, 64, 1024, 1025, kIntMax}) {
     PlanOptions o = base;
     o.tensor_parallel = v;
-    cases.push_back({"--tensor-parallel", o});
+    cases.push_back({PlanOption::kTensorParallel, o});
   }
   for (const char* v : {"", "bf16", "fp16", "fp8", "int4", "fp4", "BF16"}) {
     PlanOptions o = base;
     o.dtype = v;
-    cases.push_back({"--dtype", o});
+    cases.push_back({PlanOption::kDtype, o});
   }
   for (std::int64_t v :
        {std::int64_t{-1}, std::int64_t{0}, std::int64_t{1}, std::numeric_limits<std::int64_t>::max()}) {
     PlanOptions o = base;
     o.check_requests = v;
-    cases.push_back({"--check-requests", o});
+    cases.push_back({PlanOption::kCheckRequests, o});
   }
   int planned = 0, refused = 0;
   for (const Case& c : cases) {
     for (const std::vector<Request>* requests : {&few, static_cast<const std::vector<Request>*>(nullptr)}) {
       const std::vector<Request> none;
       absl::StatusOr<Plan> p = MakePlan(llama, c.options, requests ? *requests : none);
-      const std::string what =
-          absl::StrCat(c.flag, " case ", &c - cases.data(), requests ? " with" : " without", " a profile");
+      const std::string what = absl::StrCat(PlanOptionName(c.option), " case ", &c - cases.data(),
+                                            requests ? " with" : " without", " a profile");
       if (p.ok()) {
         ++planned;
         ExpectSane(*p, c.options, llama, what);
       } else {
         ++refused;
-        EXPECT_TRUE(absl::StrContains(p.status().message(), c.flag)) << what << ": " << p.status();
+        EXPECT_EQ(PlanOptionOf(p.status()), c.option) << what << ": " << p.status();
+        EXPECT_TRUE(absl::StartsWith(p.status().message(), absl::StrCat(PlanOptionName(c.option), " ")))
+            << what << ": " << p.status();
+        EXPECT_FALSE(absl::StrContains(p.status().message(), "--")) << what << ": " << p.status();
       }
     }
   }
@@ -451,7 +464,7 @@ TEST(PlannerTest, SweepOfOptionsAndConfigsPlansSanelyOrNamesTheCause) {
         } else {
           const std::string message(p.status().message());
           EXPECT_TRUE(absl::StrContains(message, "sweep.json") &&
-                      (absl::StrContains(message, key) || absl::StrContains(message, "--max-batched-tokens")))
+                      (absl::StrContains(message, key) || absl::StrContains(message, "max_batched_tokens")))
               << what << ": " << message;
         }
       }

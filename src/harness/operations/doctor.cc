@@ -40,9 +40,9 @@ constexpr char kLeverCache[] =
     "release the cache at quiet times (empty_cache) or before the cap (garbage_collection_threshold:0.8), so that "
     "memory held but unused does not stand in the way";
 
-// A window whose peak of reserved memory passes every earlier one by this much of the cap is a
-// step of a climb.
-constexpr double kClimbStep = 0.02;
+// Just past the body's end, so that the range of the run's last part holds the body's last sample
+// (a bound of a range, not a threshold).
+constexpr double kPastTheEnd = 1e-12;
 
 std::string Bytes(double b) { return FormatBytes(static_cast<std::size_t>(std::max(0.0, b))); }
 std::string Pct(double part, double whole) { return absl::StrFormat("%.0f%%", whole > 0 ? 100.0 * part / whole : 0.0); }
@@ -191,307 +191,372 @@ void Add(std::vector<Verdict>* out, int device, Finding verdict, std::string evi
   out->push_back(Verdict{verdict, std::move(evidence), std::move(lever), from, to, device});
 }
 
-// The verdicts of one device's series (not empty).
-std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThresholds& th) {
-  std::vector<Verdict> out;
-  if (s.contradictions > 0) {
-    // Figures that contradict themselves cannot be read as a curve: no other verdict.
-    out.push_back(Verdict{
-        Finding::kInconsistent,
-        absl::StrCat(s.contradictions, " of device ", device, "'s ", s.size(),
-                     " samples contradict themselves, which no bucketalloc timeline does; the first, at ",
-                     At(s.first_contradiction_at), ": ", s.first_contradiction),
-        "check the input: it is not a bucketalloc timeline (BUCKETALLOC_TIMELINE, replay --timeline), or it was "
-        "corrupted or edited; no other verdict is given, since its figures cannot be trusted",
-        s.first_contradiction_at, s.first_contradiction_at, device});
-    return out;
+// What every check of one device's series reads (a series that used memory: scale > 0).
+struct Context {
+  Context(const Series& series, int device_index, const DoctorThresholds& thresholds)
+      : s(series), th(thresholds), device(device_index), cap(series.scale) {
+    n = s.size();
+    peak_reserved = Max(s.reserved, 0, n);
+    peak_live = Max(s.allocated, 0, n);
+    of_cap = s.cap > 0 ? " of the cap" : " of the peak of reserved memory (no cap in the timeline)";
+    // The device's OOMs: a tenant refused at its own cap does not make the device short.
+    for (int c = 0; c < kNumOomCauses; ++c) ooms += c == static_cast<int>(OomCause::kTenantCap) ? 0 : s.oom_counts[c];
+    pressure = ooms > 0 || s.retries > 0;
+    body = n;
+    while (body > 1 && s.Position(s.t[body - 1]) > th.body_end) --body;
   }
-  if (s.over_cap > 0) {
-    Add(&out, device, Finding::kOverCap,
-        absl::StrCat(s.over_cap, " of device ", device, "'s ", s.size(), " samples reserve more than the cap, from ",
-                     At(s.first_over_cap_at), " (", s.first_over_cap,
-                     "): a cap lowered below what was reserved, whose cache above it stays until released; no "
-                     "growth is possible meanwhile"),
-        "release the cache above the cap (empty_cache) after lowering it, or raise the cap back; if the cap was "
-        "never lowered, check the input: a bucketalloc process never reserves above its cap otherwise",
-        s.first_over_cap_at, s.last_over_cap_at);
-  }
-  const std::size_t n = s.size();
-  const double peak_r = Max(s.reserved, 0, n);
-  const double peak_a = Max(s.allocated, 0, n);
-  if (s.scale <= 0) {
-    out.push_back(Verdict{Finding::kHealthy, absl::StrCat("device ", device, " used no memory over ", At(s.duration)),
-                          "nothing to do", s.t0, s.t.back(), device});
-    return out;
-  }
-  const double cap = s.scale;
-  const std::string of_cap = s.cap > 0 ? " of the cap" : " of the peak of reserved memory (no cap in the timeline)";
-  std::int64_t ooms = 0;  // the device's: a tenant refused at its own cap does not make the device short
-  for (int c = 0; c < kNumOomCauses; ++c) ooms += c == static_cast<int>(OomCause::kTenantCap) ? 0 : s.oom_counts[c];
-  const bool pressure = ooms > 0 || s.retries > 0;  // the allocator ran short at least once
-  std::string calm;                                 // what a healthy verdict should also say
-  // The body of the run: without its last 2%, where a process tears down and a replay ends.
-  std::size_t body = n;
-  while (body > 1 && s.Position(s.t[body - 1]) > 0.98) --body;
+  const Series& s;
+  const DoctorThresholds& th;
+  int device;
+  double cap;          // what the thresholds are fractions of (the cap, else the peak of reserved)
+  std::string of_cap;  // what `cap` is, for the evidence
+  std::size_t n = 0;
+  double peak_reserved = 0, peak_live = 0;
+  std::int64_t ooms = 0;
+  bool pressure = false;  // the allocator ran short at least once (an OOM or a retry)
+  std::size_t body = 0;   // the samples of the run's body: its teardown (after th.body_end) left out
+};
 
-  // Full at start: near the cap in the first part of the run, and short of memory at some point.
-  if (s.cap > 0) {
-    for (std::size_t i = 0; i < n; ++i) {
-      if (s.Position(s.t[i]) > th.start_fraction) break;
-      if (std::max(s.reserved[i], s.allocated[i]) < th.full * cap) continue;
-      const std::string evidence = absl::StrCat("reserved ", Bytes(s.reserved[i]), " (", Pct(s.reserved[i], cap),
-                                                " of the ", Bytes(cap), " cap; live ", Bytes(s.allocated[i]), ") at ",
-                                                At(s.t[i]), ", ", Pct(s.t[i] - s.t0, s.duration), " into the timeline");
-      if (pressure) {
-        Add(&out, device, Finding::kFullAtStart,
-            absl::StrCat(evidence, "; later ", ooms, " OOMs and ", s.retries, " retries of a released cache"),
-            kLeverFull, s.t0, s.t[i]);
-      } else {
-        calm = absl::StrCat("; near the cap from start-up (", evidence,
-                            ") but never short of memory: fine if intended (a preallocated KV cache)");
-      }
-      break;
+// The body of the run in th.windows windows of equal time: the index range [lo, hi) of window `w`.
+std::pair<std::size_t, std::size_t> Window(const Context& c, int w) {
+  const double body_end = c.s.Position(c.s.t[c.body - 1]);
+  auto r = Range(c.s, body_end * w / c.th.windows, body_end * (w + 1) / c.th.windows);
+  r.second = std::min(r.second, c.body);
+  if (w == c.th.windows - 1) r.second = c.body;
+  return r;
+}
+
+// Samples that contradict themselves cannot be read as a curve: this verdict and no other.
+Verdict Inconsistent(const Series& s, int device) {
+  return Verdict{Finding::kInconsistent,
+                 absl::StrCat(s.contradictions, " of device ", device, "'s ", s.size(),
+                              " samples contradict themselves, which no bucketalloc timeline does; the first, at ",
+                              At(s.first_contradiction_at), ": ", s.first_contradiction),
+                 "check the input: it is not a bucketalloc timeline (BUCKETALLOC_TIMELINE, replay --timeline), or it "
+                 "was corrupted or edited; no other verdict is given, since its figures cannot be trusted",
+                 s.first_contradiction_at,
+                 s.first_contradiction_at,
+                 device};
+}
+
+// Reserved memory above the cap (a cap lowered below what was reserved), said beside the others.
+void FindOverCap(const Series& s, int device, std::vector<Verdict>* out) {
+  if (s.over_cap == 0) return;
+  Add(out, device, Finding::kOverCap,
+      absl::StrCat(s.over_cap, " of device ", device, "'s ", s.size(), " samples reserve more than the cap, from ",
+                   At(s.first_over_cap_at), " (", s.first_over_cap,
+                   "): a cap lowered below what was reserved, whose cache above it stays until released; no "
+                   "growth is possible meanwhile"),
+      "release the cache above the cap (empty_cache) after lowering it, or raise the cap back; if the cap was "
+      "never lowered, check the input: a bucketalloc process never reserves above its cap otherwise",
+      s.first_over_cap_at, s.last_over_cap_at);
+}
+
+// Full at start: near the cap in the first part of the run, and short of memory at some point.
+// Near the cap but never short is said in `calm` (what a healthy verdict also says).
+void FindFullAtStart(const Context& c, std::vector<Verdict>* out, std::string* calm) {
+  const Series& s = c.s;
+  if (s.cap <= 0) return;
+  for (std::size_t i = 0; i < c.n; ++i) {
+    if (s.Position(s.t[i]) > c.th.start_fraction) break;
+    if (std::max(s.reserved[i], s.allocated[i]) < c.th.full * c.cap) continue;
+    const std::string evidence = absl::StrCat("reserved ", Bytes(s.reserved[i]), " (", Pct(s.reserved[i], c.cap),
+                                              " of the ", Bytes(c.cap), " cap; live ", Bytes(s.allocated[i]), ") at ",
+                                              At(s.t[i]), ", ", Pct(s.t[i] - s.t0, s.duration), " into the timeline");
+    if (c.pressure) {
+      Add(out, c.device, Finding::kFullAtStart,
+          absl::StrCat(evidence, "; later ", c.ooms, " OOMs and ", s.retries, " retries of a released cache"),
+          kLeverFull, s.t0, s.t[i]);
+    } else {
+      *calm = absl::StrCat("; near the cap from start-up (", evidence,
+                           ") but never short of memory: fine if intended (a preallocated KV cache)");
     }
+    return;
   }
+}
 
-  if (body >= 3 && s.duration > 0) {
-    // Leak: the troughs of live memory rise window after window (the first window, start-up, and
-    // the teardown left out).
-    constexpr int kWindows = 10;
-    const double body_end = s.Position(s.t[body - 1]);
-    auto window = [&](int w) {
-      auto r = Range(s, body_end * w / kWindows, body_end * (w + 1) / kWindows);
-      r.second = std::min(r.second, body);
-      if (w == kWindows - 1) r.second = body;
-      return r;
-    };
-    std::vector<double> troughs, trough_at;
-    for (int w = 1; w < kWindows; ++w) {
-      auto [lo, hi] = window(w);
-      if (lo >= hi) continue;
-      troughs.push_back(Min(s.allocated, lo, hi));
-      trough_at.push_back(s.t[lo]);
-    }
-    // A leak rises in most steps and falls in few, by more than noise (0.5% of the cap), and no one
-    // step makes most of the rise: one jump that stays is a spike, not a leak.
-    const double noise = 0.005 * cap;
-    int up = 0, down = 0;
-    double largest_step = 0;
-    for (std::size_t i = 1; i < troughs.size(); ++i) {
-      const double d = troughs[i] - troughs[i - 1];
-      up += d > noise;
-      down += d < -noise;
-      largest_step = std::max(largest_step, d);
-    }
-    const int steps_n = static_cast<int>(troughs.size()) - 1;
-    const double total_rise = troughs.empty() ? 0.0 : troughs.back() - troughs.front();
-    const bool leak = troughs.size() >= 4 && 2 * up >= steps_n && 5 * down <= steps_n && total_rise >= th.climb * cap &&
-                      largest_step <= 0.5 * total_rise;
-    if (leak) {
-      Add(&out, device, Finding::kLeak,
-          absl::StrCat("live memory's troughs rose from ", Bytes(troughs.front()), " (", At(trough_at.front()), ") to ",
-                       Bytes(troughs.back()), " (", At(trough_at.back()),
-                       ") and it never fell back below them; its "
-                       "peak ",
-                       Bytes(peak_a)),
-          kLeverLeak, trough_at.front(), s.t[body - 1]);
-    }
-    // Climbs without coming back down: reserved's peaks rise from the first third to the last, in
-    // steps over at least three windows (one step is a jump, below), and it stays near its peak at
-    // the end, while live memory falls back (by 10% of the cap within the last third).
-    auto [f_lo, f_hi] = Range(s, 0.0, body_end / 3);
-    auto [l_lo, l_hi] = Range(s, body_end * 2 / 3, body_end + 1e-12);
-    l_hi = std::min(l_hi, body);
-    const double first_peak = Max(s.reserved, f_lo, f_hi), last_peak = Max(s.reserved, l_lo, l_hi);
-    const double body_peak_r = Max(s.reserved, 0, body);
-    int steps = 0;
-    double running = 0;
-    for (int w = 0; w < kWindows; ++w) {
-      auto [lo, hi] = window(w);
-      if (lo >= hi) continue;
-      const double peak = Max(s.reserved, lo, hi);
-      if (w > 0 && peak >= running + kClimbStep * cap) ++steps;
-      running = std::max(running, peak);
-    }
-    const bool falls_back =
-        l_lo < l_hi && Max(s.allocated, l_lo, l_hi) - Min(s.allocated, l_lo, l_hi) >= th.climb * cap;
-    if (!leak && f_lo < f_hi && l_lo < l_hi && steps >= 3 && last_peak - first_peak >= th.climb * cap &&
-        s.reserved[body - 1] >= th.settle * body_peak_r && falls_back) {
-      Add(&out, device, Finding::kClimbsCapacity,
-          absl::StrCat("reserved climbed from a peak of ", Bytes(first_peak), " in the first third to ",
-                       Bytes(last_peak), " in the last, in ", steps, " steps, and did not come back down (",
-                       Bytes(s.reserved[body - 1]), " at the end, ", Pct(s.reserved[body - 1], cap), of_cap,
-                       "); live memory fell back to ", Bytes(Min(s.allocated, l_lo, l_hi)), " in the last third"),
-          kLeverCapacity, s.t[f_lo], s.t[body - 1]);
-    }
-
-    // A sudden jump after a long plateau: for each start i, the largest rise of reserved within
-    // the jump span after it (a sliding maximum), and the band of reserved over the plateau before
-    // it (sliding maximum and minimum); linear in the samples.
-    const double span = th.jump_span * s.duration, plateau = th.plateau * s.duration;
-    double best = 0;
-    std::size_t best_i = 0, best_j = 0;
-    std::deque<std::size_t> ahead, hi_q, lo_q;  // indices: max ahead; max and min behind
-    std::size_t next = 0, behind = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      while (next < n && s.t[next] - s.t[i] <= span) {
-        while (!ahead.empty() && s.reserved[ahead.back()] < s.reserved[next])
-          ahead.pop_back();  // the first of equal maxima
-        ahead.push_back(next++);
-      }
-      while (!ahead.empty() && ahead.front() < i) ahead.pop_front();
-      while (!hi_q.empty() && s.reserved[hi_q.back()] <= s.reserved[i]) hi_q.pop_back();
-      while (!lo_q.empty() && s.reserved[lo_q.back()] >= s.reserved[i]) lo_q.pop_back();
-      hi_q.push_back(i);
-      lo_q.push_back(i);
-      while (s.t[i] - s.t[behind] > plateau) ++behind;
-      while (hi_q.front() < behind) hi_q.pop_front();
-      while (lo_q.front() < behind) lo_q.pop_front();
-      if (s.t[i] - s.t0 < plateau) continue;
-      const std::size_t top = ahead.front();
-      const double rise = s.reserved[top] - s.reserved[i];
-      if (rise < th.jump * cap || rise < best) continue;  // among equal rises the latest start: where it jumps
-      if (s.reserved[hi_q.front()] - s.reserved[lo_q.front()] > th.plateau_band * cap) continue;
-      best = rise;
-      best_i = i;
-      best_j = top;
-    }
-    if (best > 0) {
-      const double live_rise = Max(s.allocated, best_i, best_j + 1) - s.allocated[best_i];
-      const std::string evidence =
-          absl::StrCat("after ", At(s.t[best_i] - s.t0), " within ", Bytes(th.plateau_band * cap),
-                       ", reserved jumped by ", Bytes(best), " (", Pct(best, cap), of_cap, ") between ",
-                       At(s.t[best_i]), " and ", At(s.t[best_j]), "; live memory rose by ", Bytes(live_rise));
-      if (live_rise >= 0.7 * best) {
-        Add(&out, device, Finding::kSpikeLongRequest, absl::StrCat(evidence, ": the requests in flight grew"),
-            kLeverLong, s.t[best_i], s.t[best_j]);
-      } else {
-        Add(&out, device, Finding::kFragmentation,
-            absl::StrCat(evidence, ": new memory for requests that the free cache (", Bytes(s.cached[best_i]),
-                         ") could not serve"),
-            kLeverFragmentation, s.t[best_i], s.t[best_j]);
-      }
-    }
+// Leak: the troughs of live memory rise window after window (the first window, start-up, and the
+// teardown left out), in most steps and falling in few, by more than noise, and no one step makes
+// most of the rise (one jump that stays is a spike, not a leak). Returns whether it is one.
+bool FindLeak(const Context& c, std::vector<Verdict>* out) {
+  const Series& s = c.s;
+  const DoctorThresholds& th = c.th;
+  std::vector<double> troughs, trough_at;
+  for (int w = 1; w < th.windows; ++w) {
+    auto [lo, hi] = Window(c, w);
+    if (lo >= hi) continue;
+    troughs.push_back(Min(s.allocated, lo, hi));
+    trough_at.push_back(s.t[lo]);
   }
+  const double noise = th.leak_noise * c.cap;
+  int up = 0, down = 0;
+  double largest_step = 0;
+  for (std::size_t i = 1; i < troughs.size(); ++i) {
+    const double d = troughs[i] - troughs[i - 1];
+    up += d > noise;
+    down += d < -noise;
+    largest_step = std::max(largest_step, d);
+  }
+  const int steps = static_cast<int>(troughs.size()) - 1;
+  const double total_rise = troughs.empty() ? 0.0 : troughs.back() - troughs.front();
+  const bool leak = troughs.size() >= static_cast<std::size_t>(th.leak_troughs) && up >= th.leak_rising * steps &&
+                    down <= th.leak_falling * steps && total_rise >= th.climb * c.cap &&
+                    largest_step <= th.leak_largest_step * total_rise;
+  if (leak) {
+    Add(out, c.device, Finding::kLeak,
+        absl::StrCat("live memory's troughs rose from ", Bytes(troughs.front()), " (", At(trough_at.front()), ") to ",
+                     Bytes(troughs.back()), " (", At(trough_at.back()),
+                     ") and it never fell back below them; its peak ", Bytes(c.peak_live)),
+        kLeverLeak, trough_at.front(), s.t[c.body - 1]);
+  }
+  return leak;
+}
 
-  // OOMs, counted from the totals (a process lists at most 64 per line), timed from the lists.
-  auto span_of = [&](OomCause cause, double* from, double* to) {
-    *from = s.t0;
-    *to = s.t.back();
-    bool any = false;
-    for (const OomEvent& e : s.ooms) {
-      if (e.cause != cause) continue;
-      if (!any) *from = e.time_s;
-      *to = e.time_s;
-      any = true;
+// Climbs without coming back down: reserved's peaks rise from the first part of the run to the
+// last, in steps over several windows (one step is a jump, FindJump), and it stays near its peak at
+// the end, while live memory falls back within the last part.
+void FindClimb(const Context& c, std::vector<Verdict>* out) {
+  const Series& s = c.s;
+  const DoctorThresholds& th = c.th;
+  const std::size_t body = c.body;
+  const double body_end = s.Position(s.t[body - 1]);
+  auto [f_lo, f_hi] = Range(s, 0.0, body_end / th.climb_parts);
+  auto [l_lo, l_hi] = Range(s, body_end * (th.climb_parts - 1) / th.climb_parts, body_end + kPastTheEnd);
+  l_hi = std::min(l_hi, body);
+  const double first_peak = Max(s.reserved, f_lo, f_hi), last_peak = Max(s.reserved, l_lo, l_hi);
+  const double body_peak = Max(s.reserved, 0, body);
+  int steps = 0;
+  double running = 0;
+  for (int w = 0; w < th.windows; ++w) {
+    auto [lo, hi] = Window(c, w);
+    if (lo >= hi) continue;
+    const double peak = Max(s.reserved, lo, hi);
+    if (w > 0 && peak >= running + th.climb_step * c.cap) ++steps;
+    running = std::max(running, peak);
+  }
+  const bool falls_back =
+      l_lo < l_hi && Max(s.allocated, l_lo, l_hi) - Min(s.allocated, l_lo, l_hi) >= th.climb * c.cap;
+  if (f_lo < f_hi && l_lo < l_hi && steps >= th.climb_steps && last_peak - first_peak >= th.climb * c.cap &&
+      s.reserved[body - 1] >= th.settle * body_peak && falls_back) {
+    Add(out, c.device, Finding::kClimbsCapacity,
+        absl::StrCat("reserved climbed from a peak of ", Bytes(first_peak), " in the first third to ", Bytes(last_peak),
+                     " in the last, in ", steps, " steps, and did not come back down (", Bytes(s.reserved[body - 1]),
+                     " at the end, ", Pct(s.reserved[body - 1], c.cap), c.of_cap, "); live memory fell back to ",
+                     Bytes(Min(s.allocated, l_lo, l_hi)), " in the last third"),
+        kLeverCapacity, s.t[f_lo], s.t[body - 1]);
+  }
+}
+
+// A sudden jump after a long plateau: for each start i, the largest rise of reserved within the
+// jump span after it (a sliding maximum), and the band of reserved over the plateau before it
+// (sliding maximum and minimum); linear in the samples. Live memory that explains the jump makes
+// it a long request (a spike), else fragmentation.
+void FindJump(const Context& c, std::vector<Verdict>* out) {
+  const Series& s = c.s;
+  const DoctorThresholds& th = c.th;
+  const std::size_t n = c.n;
+  const double span = th.jump_span * s.duration, plateau = th.plateau * s.duration;
+  double best = 0;
+  std::size_t best_i = 0, best_j = 0;
+  std::deque<std::size_t> ahead, hi_q, lo_q;  // indices: max ahead; max and min behind
+  std::size_t next = 0, behind = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    while (next < n && s.t[next] - s.t[i] <= span) {
+      while (!ahead.empty() && s.reserved[ahead.back()] < s.reserved[next]) ahead.pop_back();  // the first of equals
+      ahead.push_back(next++);
     }
-    return any ? absl::StrCat(" between ", At(*from), " and ", At(*to)) : std::string(" over the run");
-  };
+    while (!ahead.empty() && ahead.front() < i) ahead.pop_front();
+    while (!hi_q.empty() && s.reserved[hi_q.back()] <= s.reserved[i]) hi_q.pop_back();
+    while (!lo_q.empty() && s.reserved[lo_q.back()] >= s.reserved[i]) lo_q.pop_back();
+    hi_q.push_back(i);
+    lo_q.push_back(i);
+    while (s.t[i] - s.t[behind] > plateau) ++behind;
+    while (hi_q.front() < behind) hi_q.pop_front();
+    while (lo_q.front() < behind) lo_q.pop_front();
+    if (s.t[i] - s.t0 < plateau) continue;
+    const std::size_t top = ahead.front();
+    const double rise = s.reserved[top] - s.reserved[i];
+    if (rise < th.jump * c.cap || rise < best) continue;  // among equal rises the latest start: where it jumps
+    if (s.reserved[hi_q.front()] - s.reserved[lo_q.front()] > th.plateau_band * c.cap) continue;
+    best = rise;
+    best_i = i;
+    best_j = top;
+  }
+  if (best <= 0) return;
+  const double live_rise = Max(s.allocated, best_i, best_j + 1) - s.allocated[best_i];
+  const std::string evidence =
+      absl::StrCat("after ", At(s.t[best_i] - s.t0), " within ", Bytes(th.plateau_band * c.cap),
+                   ", reserved jumped by ", Bytes(best), " (", Pct(best, c.cap), c.of_cap, ") between ",
+                   At(s.t[best_i]), " and ", At(s.t[best_j]), "; live memory rose by ", Bytes(live_rise));
+  if (live_rise >= th.spike_live * best) {
+    Add(out, c.device, Finding::kSpikeLongRequest, absl::StrCat(evidence, ": the requests in flight grew"), kLeverLong,
+        s.t[best_i], s.t[best_j]);
+  } else {
+    Add(out, c.device, Finding::kFragmentation,
+        absl::StrCat(evidence, ": new memory for requests that the free cache (", Bytes(s.cached[best_i]),
+                     ") could not serve"),
+        kLeverFragmentation, s.t[best_i], s.t[best_j]);
+  }
+}
+
+// The OOMs of `cause`: how many (from the totals: a process lists at most 64 per line), and when
+// (from the lists; the whole run when none is listed).
+struct OomSpan {
+  std::int64_t count = 0;
   double from = 0, to = 0;
-  if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kFragmentation)]; k > 0) {
-    const std::string when = span_of(OomCause::kFragmentation, &from, &to);
-    Add(&out, device, Finding::kFragmentation,
-        absl::StrCat(k, " fragmentation OOMs", when, ": enough memory was free, in pieces no request fitted"),
-        kLeverFragmentation, from, to);
+  std::string when;  // " between A and B", or " over the run"
+};
+OomSpan OomsOf(const Series& s, OomCause cause) {
+  OomSpan o;
+  o.count = s.oom_counts[static_cast<int>(cause)];
+  o.from = s.t0;
+  o.to = s.t.back();
+  bool any = false;
+  for (const OomEvent& e : s.ooms) {
+    if (e.cause != cause) continue;
+    if (!any) o.from = e.time_s;
+    o.to = e.time_s;
+    any = true;
   }
-  if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kCacheHeld)]; k > 0) {
-    const std::string when = span_of(OomCause::kCacheHeld, &from, &to);
-    Add(&out, device, Finding::kCacheHeld,
-        absl::StrCat(k, " OOMs", when, " while memory was held for stream events not yet complete (record_stream)"),
-        kLeverCache, from, to);
+  o.when = any ? absl::StrCat(" between ", At(o.from), " and ", At(o.to)) : std::string(" over the run");
+  return o;
+}
+
+// The tenants the listed OOMs at a tenant's cap name, each with its cap: "tenant 'a' (cap 3.00 GiB)'s".
+std::string TenantsAtCap(const Series& s) {
+  std::map<std::string, std::size_t> caps;
+  for (const OomEvent& e : s.ooms) {
+    if (e.cause == OomCause::kTenantCap && !e.tenant.empty()) caps[e.tenant] = e.tenant_cap;
   }
-  if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kDeviceExhausted)]; k > 0) {
-    const std::string when = span_of(OomCause::kDeviceExhausted, &from, &to);
-    Add(&out, device, Finding::kFullAtStart,
-        absl::StrCat(k, " OOMs", when,
+  std::string named;
+  for (const auto& [tenant, tenant_cap] : caps) {
+    absl::StrAppend(&named, named.empty() ? "" : ", ", "'", tenant, "' (cap ", Bytes(static_cast<double>(tenant_cap)),
+                    ")");
+  }
+  return named.empty() ? std::string("a tenant's") : absl::StrCat("tenant ", named, "'s");
+}
+
+// The OOMs by cause: each cause's verdict, or (capacity) the evidence of the first verdict that is
+// not fragmentation or cache held.
+void FindOoms(const Context& c, std::vector<Verdict>* out) {
+  const Series& s = c.s;
+  if (const OomSpan o = OomsOf(s, OomCause::kFragmentation); o.count > 0) {
+    Add(out, c.device, Finding::kFragmentation,
+        absl::StrCat(o.count, " fragmentation OOMs", o.when, ": enough memory was free, in pieces no request fitted"),
+        kLeverFragmentation, o.from, o.to);
+  }
+  if (const OomSpan o = OomsOf(s, OomCause::kCacheHeld); o.count > 0) {
+    Add(out, c.device, Finding::kCacheHeld,
+        absl::StrCat(o.count, " OOMs", o.when,
+                     " while memory was held for stream events not yet complete (record_stream)"),
+        kLeverCache, o.from, o.to);
+  }
+  if (const OomSpan o = OomsOf(s, OomCause::kDeviceExhausted); o.count > 0) {
+    Add(out, c.device, Finding::kFullAtStart,
+        absl::StrCat(o.count, " OOMs", o.when,
                      " that the device refused under the cap: its memory is used outside this allocator (another "
                      "process, the CUDA context, communication buffers); lower the cap to what is really free"),
-        kLeverFull, from, to);
+        kLeverFull, o.from, o.to);
   }
-  if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kTenantCap)]; k > 0) {
-    const std::string when = span_of(OomCause::kTenantCap, &from, &to);
-    // The tenants the listed OOMs name, each with its cap (a process lists at most 64 a line).
-    std::map<std::string, std::size_t> caps;
-    for (const OomEvent& e : s.ooms) {
-      if (e.cause == OomCause::kTenantCap && !e.tenant.empty()) caps[e.tenant] = e.tenant_cap;
-    }
-    std::string named;
-    for (const auto& [tenant, tenant_cap] : caps) {
-      absl::StrAppend(&named, named.empty() ? "" : ", ", "'", tenant, "' (cap ", Bytes(static_cast<double>(tenant_cap)),
-                      ")");
-    }
-    const std::string whose = named.empty() ? std::string("a tenant's") : absl::StrCat("tenant ", named, "'s");
-    Add(&out, device, Finding::kTenantCap,
-        absl::StrCat(k, " OOMs", when, " were refused by ", whose,
-                     " own cap, not by the device's: the card had room "
-                     "for them"),
+  if (const OomSpan o = OomsOf(s, OomCause::kTenantCap); o.count > 0) {
+    const std::string whose = TenantsAtCap(s);
+    Add(out, c.device, Finding::kTenantCap,
+        absl::StrCat(o.count, " OOMs", o.when, " were refused by ", whose,
+                     " own cap, not by the device's: the card had room for them"),
         absl::StrCat(
             "raise ", whose,
             " cap if its working set is right (tenants:[NAME:SIZE] in BUCKETALLOC_CONF, or "
             "bucketalloc_set_tenant_cap / bucketalloc_torch.set_tenant_cap at run time), or bind fewer or "
             "shorter requests to it; tiers or stitching do not help here, the device's memory was not the limit"),
-        from, to);
+        o.from, o.to);
   }
-  if (const std::int64_t k = s.oom_counts[static_cast<int>(OomCause::kCapacity)]; k > 0) {
-    const std::string when = span_of(OomCause::kCapacity, &from, &to);
+  if (const OomSpan o = OomsOf(s, OomCause::kCapacity); o.count > 0) {
     const std::string evidence =
-        absl::StrCat(k, " capacity OOMs", when, ": live memory plus the request exceeded the cap");
-    bool joined = false;
-    for (Verdict& v : out) {
+        absl::StrCat(o.count, " capacity OOMs", o.when, ": live memory plus the request exceeded the cap");
+    for (Verdict& v : *out) {
       if (v.verdict == Finding::kFragmentation || v.verdict == Finding::kCacheHeld) continue;
       absl::StrAppend(&v.evidence, "; ", evidence);
-      joined = true;
-      break;
+      return;
     }
-    if (!joined) Add(&out, device, Finding::kClimbsCapacity, evidence, kLeverCapacity, from, to);
+    Add(out, c.device, Finding::kClimbsCapacity, evidence, kLeverCapacity, o.from, o.to);
   }
+}
 
-  // Cache held but unused, for long, while memory was short (near the cap, or an OOM or retry).
+// Cache held but unused, for long, while memory was short (near the cap, or an OOM or retry).
+// Held while memory was never short is said in `calm`.
+void FindCacheHeld(const Context& c, std::vector<Verdict>* out, std::string* calm) {
+  const Series& s = c.s;
+  const DoctorThresholds& th = c.th;
+  auto held = [&](std::size_t i) {
+    return s.cached[i] >= th.cache_share * s.reserved[i] && s.cached[i] >= th.cache_cap * c.cap;
+  };
   double held_time = 0, held_bytes = 0, held_from = -1, held_to = 0, held_reserved = 0;
-  for (std::size_t i = 0; i + 1 < body; ++i) {
-    if (s.cached[i] >= th.cache_share * s.reserved[i] && s.cached[i] >= th.cache_cap * cap) {
-      held_time += s.t[i + 1] - s.t[i];
-      held_bytes = std::max(held_bytes, s.cached[i]);
-      held_reserved = std::max(held_reserved, s.reserved[i]);
-      if (held_from < 0) held_from = s.t[i];
-      held_to = s.t[i + 1];
-    }
+  for (std::size_t i = 0; i + 1 < c.body; ++i) {
+    if (!held(i)) continue;
+    held_time += s.t[i + 1] - s.t[i];
+    held_bytes = std::max(held_bytes, s.cached[i]);
+    held_reserved = std::max(held_reserved, s.reserved[i]);
+    if (held_from < 0) held_from = s.t[i];
+    held_to = s.t[i + 1];
   }
-  const bool held_long =
-      s.duration > 0 ? held_time >= th.cache_time * s.duration
-                     : s.cached.back() >= th.cache_share * s.reserved.back() && s.cached.back() >= th.cache_cap * cap;
+  const bool held_long = s.duration > 0 ? held_time >= th.cache_time * s.duration : held(c.n - 1);
   if (s.duration == 0) {
     held_bytes = s.cached.back();
     held_reserved = s.reserved.back();
     held_from = held_to = s.t0;
   }
-  const bool short_of_memory = pressure || (s.cap > 0 && held_reserved >= th.full * cap);
-  if (held_long) {
-    const std::string evidence =
-        s.duration > 0
-            ? absl::StrCat("for ", Pct(held_time, s.duration), " of the run (", At(held_from), " to ", At(held_to),
-                           ") the cache held but unused (reserved - allocated) was at least ", Pct(th.cache_share, 1.0),
-                           " of reserved, up to ", Bytes(held_bytes), " (", Pct(held_bytes, cap), of_cap, ")")
-            : absl::StrCat("cache held but unused ", Bytes(held_bytes), " of ", Bytes(held_reserved), " reserved (",
-                           Pct(held_bytes, cap), of_cap, ")");
-    if (short_of_memory) {
-      Add(&out, device, Finding::kCacheHeld,
-          absl::StrCat(evidence, ", with reserved memory up to ", Pct(held_reserved, cap), of_cap, ", ", ooms,
-                       " OOMs and ", s.retries, " retries"),
-          kLeverCache, held_from, held_to);
-    } else {
-      absl::StrAppend(&calm, "; ", evidence, ", but memory was never short: keeping it saves allocations");
-    }
+  if (!held_long) return;
+  const std::string evidence =
+      s.duration > 0
+          ? absl::StrCat("for ", Pct(held_time, s.duration), " of the run (", At(held_from), " to ", At(held_to),
+                         ") the cache held but unused (reserved - allocated) was at least ", Pct(th.cache_share, 1.0),
+                         " of reserved, up to ", Bytes(held_bytes), " (", Pct(held_bytes, c.cap), c.of_cap, ")")
+          : absl::StrCat("cache held but unused ", Bytes(held_bytes), " of ", Bytes(held_reserved), " reserved (",
+                         Pct(held_bytes, c.cap), c.of_cap, ")");
+  const bool short_of_memory = c.pressure || (s.cap > 0 && held_reserved >= th.full * c.cap);
+  if (short_of_memory) {
+    Add(out, c.device, Finding::kCacheHeld,
+        absl::StrCat(evidence, ", with reserved memory up to ", Pct(held_reserved, c.cap), c.of_cap, ", ", c.ooms,
+                     " OOMs and ", s.retries, " retries"),
+        kLeverCache, held_from, held_to);
+  } else {
+    absl::StrAppend(calm, "; ", evidence, ", but memory was never short: keeping it saves allocations");
   }
+}
 
-  if (out.empty()) {
-    out.push_back(Verdict{
-        Finding::kHealthy,
-        absl::StrCat("peak reserved ", Bytes(peak_r), " (", Pct(peak_r, cap), of_cap,
-                     s.cap > 0 ? absl::StrCat(" of ", Bytes(cap)) : "", "), peak live ", Bytes(peak_a), ", ", ooms,
-                     " OOMs, ", s.retries, " retries; no climb, leak or spike over ", At(s.duration), calm),
-        "nothing to do", s.t0, s.t.back(), device});
+Verdict Healthy(const Context& c, const std::string& calm) {
+  const Series& s = c.s;
+  return Verdict{
+      Finding::kHealthy,
+      absl::StrCat("peak reserved ", Bytes(c.peak_reserved), " (", Pct(c.peak_reserved, c.cap), c.of_cap,
+                   s.cap > 0 ? absl::StrCat(" of ", Bytes(c.cap)) : "", "), peak live ", Bytes(c.peak_live), ", ",
+                   c.ooms, " OOMs, ", s.retries, " retries; no climb, leak or spike over ", At(s.duration), calm),
+      "nothing to do",
+      s.t0,
+      s.t.back(),
+      c.device};
+}
+
+// The verdicts of one device's series (not empty).
+std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThresholds& th) {
+  if (s.contradictions > 0) return {Inconsistent(s, device)};
+  std::vector<Verdict> out;
+  FindOverCap(s, device, &out);
+  if (s.scale <= 0) {
+    out.push_back(Verdict{Finding::kHealthy, absl::StrCat("device ", device, " used no memory over ", At(s.duration)),
+                          "nothing to do", s.t0, s.t.back(), device});
+    return out;
   }
+  const Context c(s, device, th);
+  std::string calm;  // what a healthy verdict should also say
+  FindFullAtStart(c, &out, &calm);
+  if (c.body >= static_cast<std::size_t>(th.curve_samples) && s.duration > 0) {
+    if (!FindLeak(c, &out)) FindClimb(c, &out);
+    FindJump(c, &out);
+  }
+  FindOoms(c, &out);
+  FindCacheHeld(c, &out, &calm);
+  if (out.empty()) out.push_back(Healthy(c, calm));
   return out;
 }
 
@@ -500,7 +565,8 @@ std::vector<Verdict> DiagnoseSeries(const Series& s, int device, const DoctorThr
 std::vector<Verdict> DiagnoseInput(const DoctorInput& input, const DoctorThresholds& t) {
   // The samples grouped by device once (a timeline may have thousands).
   std::vector<Verdict> verdicts = DiagnoseAll(input.samples, t);
-  for (const Verdict& v : input.round_verdicts) {
+  for (const Verdict& v :
+       DiagnoseRounds(input.per_round_peak_reserved, input.per_round_end_live, input.rounds_device, t)) {
     auto healthy = std::find_if(verdicts.begin(), verdicts.end(), [&](const Verdict& x) {
       return x.device == v.device && x.verdict == Finding::kHealthy;
     });
@@ -563,7 +629,7 @@ std::vector<Verdict> DiagnoseAll(absl::Span<const TimelineSample> samples, const
 }
 
 std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> peaks, absl::Span<const std::size_t> end_live,
-                                    int device) {
+                                    int device, const DoctorThresholds& th) {
   std::vector<Verdict> out;
   const std::size_t k = peaks.size();
   if (k < 2 || end_live.size() != k) return out;
@@ -581,7 +647,7 @@ std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> peaks, absl::S
                 "trace without its start-up); otherwise find the leak (record_memory_history, snapshot)",
                 0, 0, device});
   }
-  if (k < 3) return out;
+  if (k < static_cast<std::size_t>(th.settle_rounds)) return out;
   // The peaks less what earlier rounds left: fragmentation settling, or not.
   std::vector<double> own(k);
   double top = 0;
@@ -589,7 +655,7 @@ std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> peaks, absl::S
     own[r] = static_cast<double>(peaks[r]) - (r == 0 ? 0.0 : static_cast<double>(end_live[r - 1]));
     top = std::max(top, own[r]);
   }
-  const double tolerance = 0.01 * top;
+  const double tolerance = th.round_rise * top;
   const double settled = own[k / 2];
   if (own.back() > settled + tolerance) {
     out.push_back(Verdict{Finding::kFragmentation,
@@ -644,10 +710,11 @@ std::string DoctorHtml(absl::Span<const Verdict> verdicts, absl::Span<const Time
   // Each device's verdicts, found once (a timeline may have many devices).
   absl::flat_hash_map<int, std::vector<const Verdict*>> by_device;
   for (const Verdict& v : verdicts) by_device[v.device].push_back(&v);
-  constexpr double kW = 900, kH = 300, kPad = 40;
+  constexpr double kW = 900, kH = 300, kPad = 40;  // the plot's size and margin, in pixels
+  constexpr double kTop = 1.05;                    // the plot's top: 5% above the cap or the peak
   for (const auto& [d, indices] : SamplesByDevice(samples)) {
     const Series s = SeriesOf(samples, indices);
-    const double top = std::max(s.cap, Max(s.reserved, 0, s.size())) * 1.05;
+    const double top = std::max(s.cap, Max(s.reserved, 0, s.size())) * kTop;
     auto x = [&](double t) { return kPad + (s.duration > 0 ? (t - s.t0) / s.duration : 0.0) * (kW - 2 * kPad); };
     auto y = [&](double b) { return kH - kPad - (top > 0 ? b / top : 0.0) * (kH - 2 * kPad); };
     absl::StrAppend(&html, "<h2>Device ", d, "</h2><svg class=\"memory\" width=\"", kW, "\" height=\"", kH,

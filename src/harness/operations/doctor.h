@@ -23,9 +23,9 @@
 //     for that device: its figures cannot be trusted.
 // Capacity OOMs join the first verdict found that is not fragmentation or cache_held, or are a
 // climbs_capacity verdict of their own. OOMs are counted from the lines' totals.
-// The thresholds are fractions of the cap (docs/operations.md lists them); `DoctorThresholds`
-// holds them in one place. A repeat of a trace adds the peak over rounds: rising to the end is a leak,
-// rising then settling is fragmentation reaching its steady state (healthy).
+// Every threshold (fractions of the cap, of the run, counts of windows and rounds) is a field of
+// `DoctorThresholds`, documented there (docs/operations.md states them in words). A repeat of a trace adds the peak
+// over rounds: rising to the end is a leak, rising then settling is fragmentation reaching its steady state (healthy).
 // Thread-safety: pure functions.
 //
 // Example:
@@ -72,18 +72,42 @@ struct Verdict {
   int device = 0;
 };
 
+// Every threshold of the doctor's decisions, in one place (docs/operations.md, "The doctor", states
+// them in words). Fractions of the cap are of the peak of reserved memory when the timeline has no cap;
+// "the run" is the device's timeline from its first sample to its last.
 struct DoctorThresholds {
-  double full = 0.90;            // of the cap: "near the limit"
+  // full_at_start.
+  double full = 0.90;            // of the cap: "near the limit" (also what makes a held cache short of memory)
   double start_fraction = 0.10;  // of the run: "right after start-up"
-  double climb = 0.10;           // of the cap: a rise that counts
-  double settle = 0.90;          // of its peak: reserved "does not come back down" while it stays above
-  double jump = 0.15;            // of the cap: a sudden jump
-  double jump_span = 0.05;       // of the run: how sudden
-  double plateau = 0.30;         // of the run: how long stable before it
-  double plateau_band = 0.05;    // of the cap: how stable
-  double cache_share = 0.30;     // of reserved: cache held but unused
-  double cache_cap = 0.10;       // of the cap, at least
-  double cache_time = 0.50;      // of the run: for how long
+  // The curve's patterns (leak, climbs_capacity, a jump) read the run's body, in windows of equal time.
+  double body_end = 0.98;  // of the run: where its body ends; what follows (teardown, a replay's end) is left out
+  int curve_samples = 3;   // samples in the body, at least, to read a curve
+  int windows = 10;        // windows of the body
+  // leak: the troughs of live memory (each window's least, the first window left out) rise.
+  double climb = 0.10;             // of the cap: a rise that counts (a leak's, a climb's, live memory falling back)
+  double leak_noise = 0.005;       // of the cap: a change of the troughs beyond noise (rising or falling)
+  int leak_troughs = 4;            // windows with a trough, at least
+  double leak_rising = 0.5;        // of the troughs' steps, at least: rising
+  double leak_falling = 0.2;       // of the troughs' steps, at most: falling
+  double leak_largest_step = 0.5;  // of the total rise, at most: one step (a larger one is a jump that stays)
+  // climbs_capacity: reserved's peaks rise from the first part of the body to the last, in steps.
+  int climb_parts = 3;       // the body in this many parts: the first part's peak against the last's
+  double climb_step = 0.02;  // of the cap: a window's peak above every earlier one by this much is a step
+  int climb_steps = 3;       // steps, at least (one step is a jump)
+  double settle = 0.90;      // of its peak: reserved "does not come back down" while it stays above
+  // spike_long_request or fragmentation: a sudden jump of reserved memory after a plateau.
+  double jump = 0.15;          // of the cap: a sudden jump
+  double jump_span = 0.05;     // of the run: how sudden
+  double plateau = 0.30;       // of the run: how long stable before it
+  double plateau_band = 0.05;  // of the cap: how stable
+  double spike_live = 0.70;    // of the jump, at least: live memory's rise that makes it a spike
+  // cache_held.
+  double cache_share = 0.30;  // of reserved: cache held but unused
+  double cache_cap = 0.10;    // of the cap, at least
+  double cache_time = 0.50;   // of the run: for how long
+  // A repeat's rounds (DiagnoseRounds).
+  int settle_rounds = 3;     // rounds, at least, to tell fragmentation settling from still rising
+  double round_rise = 0.01;  // of the highest peak (less what earlier rounds left): a rise that counts
 };
 
 // The highest device index the doctor reads: 2^16 devices, as many as `--snapshot-device` takes.
@@ -104,11 +128,12 @@ std::vector<Verdict> DiagnoseAll(absl::Span<const TimelineSample> samples,
 // The rounds of a repeat (ReplayResult's per-round peaks of reserved memory and live bytes at each
 // round's end): a leak when what the trace never frees grows round over round (a trace that loads
 // its weights at its start loads them each round: the lever says so); with three rounds or more,
-// the peaks less what earlier rounds left: still rising in the second half (by more than 1% of
-// the highest) is fragmentation that has not settled, rising then settling is its steady state (a
-// healthy verdict that says so); nothing with one round.
+// the peaks less what earlier rounds left: still rising in the second half (by more than
+// t.round_rise of the highest) is fragmentation that has not settled, rising then settling is its
+// steady state (a healthy verdict that says so); nothing with one round.
 std::vector<Verdict> DiagnoseRounds(absl::Span<const std::size_t> per_round_peak_reserved,
-                                    absl::Span<const std::size_t> per_round_end_live, int device);
+                                    absl::Span<const std::size_t> per_round_end_live, int device,
+                                    const DoctorThresholds& t = DoctorThresholds{});
 
 // What the doctor reads: a timeline (JSON lines), a snapshot (bucketalloc_torch.snapshot() or
 // bucketalloc_snapshot_json, saved as JSON: its history replayed, or without one the moment its
@@ -125,7 +150,11 @@ struct DoctorOptions {
 struct DoctorInput {
   std::string kind;  // "timeline", "snapshot" or "trace"
   std::vector<TimelineSample> samples;
-  std::vector<Verdict> round_verdicts;  // a repeat's (DiagnoseRounds)
+  // A replay's rounds (ReplayResult's per-round peaks and live bytes at each round's end), of the
+  // device `rounds_device` (DoctorOptions::device), which DiagnoseInput reads with DiagnoseRounds;
+  // empty for a timeline or a snapshot without history.
+  std::vector<std::size_t> per_round_peak_reserved, per_round_end_live;
+  int rounds_device = 0;
   // A timeline's lines that are not samples, skipped (ReadTimeline's warnings): for stderr.
   std::vector<std::string> warnings;
 };
@@ -137,7 +166,8 @@ struct DoctorInput {
 absl::StatusOr<DoctorInput> ReadDoctorInput(const std::string& path, const DoctorOptions& options);
 
 // Every device's verdicts of what the doctor read: its samples' (DiagnoseAll), then its rounds'
-// (a leak over the rounds replaces the device's healthy verdict; a settling peak adds to it).
+// (DiagnoseRounds: a leak over the rounds replaces the device's healthy verdict; a settling peak
+// adds to it).
 std::vector<Verdict> DiagnoseInput(const DoctorInput& input, const DoctorThresholds& t = DoctorThresholds{});
 // How many devices' samples contradict themselves (their verdict is kInconsistent): not a diagnosis.
 int InconsistentDevices(absl::Span<const Verdict> verdicts);

@@ -25,6 +25,10 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr absl::string_view kUtf8Bom = "\xEF\xBB\xBF";
+// A replay's sampling interval by default: its duration (all rounds) over this many samples, and
+// at least kShortestInterval seconds.
+constexpr double kSamplesPerReplay = 500.0;
+constexpr double kShortestInterval = 1e-6;
 constexpr char kExpected[] =
     "expected a file: a timeline (JSON lines, one sample per line, as BUCKETALLOC_TIMELINE and replay --timeline "
     "write them), a snapshot (bucketalloc_torch.snapshot() as JSON) or a trace (RMM CSV)";
@@ -46,7 +50,7 @@ absl::StatusOr<DoctorInput> Replayed(const Trace& trace, const DoctorOptions& o,
   if (r.sample_interval_s <= 0) {
     absl::StatusOr<double> duration = TraceDuration(trace);
     if (!duration.ok()) return duration.status();
-    r.sample_interval_s = std::max(*duration * o.repeat / 500.0, 1e-6);
+    r.sample_interval_s = std::max(*duration * o.repeat / kSamplesPerReplay, kShortestInterval);
   }
   absl::StatusOr<ReplayResult> result = Replay(trace, r);
   if (!result.ok()) return result.status();
@@ -54,7 +58,9 @@ absl::StatusOr<DoctorInput> Replayed(const Trace& trace, const DoctorOptions& o,
   in.kind = kind;
   in.samples = std::move(result->samples);
   for (TimelineSample& sample : in.samples) sample.device = o.device;  // a snapshot's device
-  in.round_verdicts = DiagnoseRounds(result->per_round_peak_reserved_bytes, result->per_round_end_live_bytes, o.device);
+  in.per_round_peak_reserved = std::move(result->per_round_peak_reserved_bytes);
+  in.per_round_end_live = std::move(result->per_round_end_live_bytes);
+  in.rounds_device = o.device;
   return in;
 }
 

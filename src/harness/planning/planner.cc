@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/numeric/int128.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -39,6 +40,28 @@ constexpr const char* kBucketNames[] = {"S", "M", "L", "XL"};
 // The bucket bounds: input <= kInputBound[b] and output <= kOutputBound[b] (XL: beyond L's).
 constexpr int kInputBound[] = {512, 2048, 8192};
 constexpr int kOutputBound[] = {128, 256, 512};
+
+// Each option's name (PlanOptionName), and the payload of an error about one: its name.
+constexpr std::pair<PlanOption, absl::string_view> kOptionNames[] = {
+    {PlanOption::kCardBytes, "card_bytes"},
+    {PlanOption::kDtype, "dtype"},
+    {PlanOption::kTensorParallel, "tensor_parallel"},
+    {PlanOption::kGpuMemoryUtilization, "gpu_memory_utilization"},
+    {PlanOption::kMaxModelLen, "max_model_len"},
+    {PlanOption::kRuntimeReserveBytes, "runtime_reserve_bytes"},
+    {PlanOption::kMaxBatchedTokens, "max_batched_tokens"},
+    {PlanOption::kMaxNumSeqsLimit, "max_num_seqs_limit"},
+    {PlanOption::kCheckRequests, "check_requests"},
+};
+constexpr absl::string_view kPlanOptionPayload = "bucketalloc.harness.PlanOption";
+
+// InvalidArgument about `option`: "NAME VALUE...: accepted ...", with `value_and_why` after the name,
+// and the option as the payload (PlanOptionOf).
+absl::Status OptionError(PlanOption option, absl::string_view value_and_why) {
+  absl::Status s = absl::InvalidArgumentError(absl::StrCat(PlanOptionName(option), " ", value_and_why));
+  s.SetPayload(kPlanOptionPayload, absl::Cord(PlanOptionName(option)));
+  return s;
+}
 
 std::int64_t RoundDown(std::int64_t n, std::int64_t to) { return n <= 0 ? 0 : n / to * to; }
 
@@ -261,20 +284,37 @@ std::vector<LengthBucket> LengthProfile(const std::vector<Request>& requests) {
   return out;
 }
 
+absl::string_view PlanOptionName(PlanOption option) {
+  for (const auto& [o, name] : kOptionNames) {
+    if (o == option) return name;
+  }
+  return "unknown";
+}
+
+std::optional<PlanOption> PlanOptionOf(const absl::Status& status) {
+  const auto name = status.GetPayload(kPlanOptionPayload);  // absl::optional<absl::Cord>
+  if (!name.has_value()) return std::nullopt;
+  for (const auto& [option, option_name] : kOptionNames) {
+    if (*name == option_name) return option;
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<ModelSpec> PerGpuModel(const ModelSpec& model, const std::string& dtype, int tp) {
   if (!dtype.empty() && dtype != "bf16" && dtype != "fp16" && dtype != "fp8" && dtype != "int4") {
-    return absl::InvalidArgumentError(absl::StrCat("--dtype ", dtype, ": accepted bf16, fp16, fp8 or int4"));
+    return OptionError(PlanOption::kDtype, absl::StrCat(dtype, ": accepted bf16, fp16, fp8 or int4"));
   }
   if (tp < 1 || tp > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tp, ": accepted 1 to 1024"));
+    return OptionError(PlanOption::kTensorParallel, absl::StrCat(tp, ": accepted 1 to 1024"));
   }
   if (model.heads % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tp, ": ", model.name, " has ", model.heads,
-                                                   " attention heads; accepted a divisor of them"));
+    return OptionError(PlanOption::kTensorParallel, absl::StrCat(tp, ": ", model.name, " has ", model.heads,
+                                                                 " attention heads; accepted a divisor of them"));
   }
   if (model.kv_heads % tp != 0 && tp % model.kv_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tensor-parallel ", tp, ": ", model.name, " has ", model.kv_heads,
+    return OptionError(
+        PlanOption::kTensorParallel,
+        absl::StrCat(tp, ": ", model.name, " has ", model.kv_heads,
                      " KV heads; accepted a divisor or a multiple of them (vLLM splits or replicates KV heads whole)"));
   }
   ModelSpec g = model;
@@ -311,17 +351,19 @@ ServingOptions PlanServingOptions(const Plan& plan, KvLayout layout) {
 absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& o, const std::vector<Request>& requests) {
   const std::string config = model.source.empty() ? "the model config" : model.source;
   if (o.card_bytes == 0 || o.card_bytes > kMaxPlanCardBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--card ", o.card_bytes, " bytes: accepted a size above 0 and up to ", Gib(kMaxPlanCardBytes), ", e.g. 80GiB"));
+    return OptionError(
+        PlanOption::kCardBytes,
+        absl::StrCat(o.card_bytes, ": accepted a size in bytes above 0 and up to ", Gib(kMaxPlanCardBytes)));
   }
   if (!(o.gpu_memory_utilization >= kMinGpuMemoryUtilization && o.gpu_memory_utilization <= 1.0)) {  // NaN fails
-    return absl::InvalidArgumentError(absl::StrCat("--gpu-memory-utilization ", o.gpu_memory_utilization,
-                                                   ": accepted a fraction from ", kMinGpuMemoryUtilization,
-                                                   " to 1 (the share of the card the server may use)"));
+    return OptionError(PlanOption::kGpuMemoryUtilization,
+                       absl::StrCat(o.gpu_memory_utilization, ": accepted a fraction from ", kMinGpuMemoryUtilization,
+                                    " to 1 (the share of the card the server may use)"));
   }
   if (o.runtime_reserve_bytes > kMaxPlanCardBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--runtime-reserve ", o.runtime_reserve_bytes, " bytes: accepted 0 to ", Gib(kMaxPlanCardBytes)));
+    return OptionError(
+        PlanOption::kRuntimeReserveBytes,
+        absl::StrCat(o.runtime_reserve_bytes, ": accepted a size in bytes from 0 to ", Gib(kMaxPlanCardBytes)));
   }
   if (model.max_position_embeddings < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -329,50 +371,50 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& o, cons
         "; the plan needs at least 2 (one prompt token and one output token): accepted a whole number from 2"));
   }
   if (o.max_model_len != 0 && (o.max_model_len < 2 || o.max_model_len > model.max_position_embeddings)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max-model-len ", o.max_model_len, ": accepted 0 (from the profile) or 2 to the model's ",
-                     "max_position_embeddings (", model.max_position_embeddings, " in ", config, ")"));
+    return OptionError(PlanOption::kMaxModelLen,
+                       absl::StrCat(o.max_model_len, ": accepted 0 (from the profile) or 2 to the model's ",
+                                    "max_position_embeddings (", model.max_position_embeddings, " in ", config, ")"));
   }
   if (o.max_batched_tokens < 1 || o.max_batched_tokens > kMaxPlanBatchedTokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max-batched-tokens ", o.max_batched_tokens, ": accepted 1 to ", kMaxPlanBatchedTokens));
+    return OptionError(PlanOption::kMaxBatchedTokens,
+                       absl::StrCat(o.max_batched_tokens, ": accepted 1 to ", kMaxPlanBatchedTokens));
   }
   if (o.max_num_seqs_limit < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the max_num_seqs limit ", o.max_num_seqs_limit, ": accepted a whole number >= 1"));
+    return OptionError(PlanOption::kMaxNumSeqsLimit,
+                       absl::StrCat(o.max_num_seqs_limit, ": accepted a whole number >= 1"));
   }
   if (o.check_requests < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--check-requests ", o.check_requests, ": accepted 0 (all) or a whole number"));
+    return OptionError(PlanOption::kCheckRequests,
+                       absl::StrCat(o.check_requests, ": accepted 0 (all) or a whole number"));
   }
   absl::StatusOr<ModelSpec> gpu = PerGpuModel(model, o.dtype, o.tensor_parallel);
   if (!gpu.ok()) return gpu.status();
   {
-    // One step's largest tensors, in 128 bits: an activation of --max-batched-tokens rows and the
+    // One step's largest tensors, in 128 bits: an activation of max_batched_tokens rows and the
     // float32 logits of the most sampled rows. Over what an allocator accepts, no budget is sane.
     const WideDims d = gpu->wide();
     const absl::uint128 T = static_cast<std::uint64_t>(o.max_batched_tokens);
     const absl::uint128 S = static_cast<std::uint64_t>(std::min(o.max_num_seqs_limit, o.max_batched_tokens));
     const absl::uint128 widest = std::max({d.h, d.q + 2 * d.kv, 2 * d.inter});
     if (T * widest * d.e > kMaxRequestBytes || S * d.vocab * 4 > kMaxRequestBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--max-batched-tokens ", o.max_batched_tokens, " with ", model.name, " (", config,
-          ") gives one step's activations of over 64 TiB, more than an allocator accepts; accepted fewer tokens "
-          "per step or a model of real dimensions"));
+      return OptionError(
+          PlanOption::kMaxBatchedTokens,
+          absl::StrCat(o.max_batched_tokens, " with ", model.name, " (", config,
+                       ") gives one step's activations of over 64 TiB, more than an allocator accepts; accepted "
+                       "fewer tokens per step or a model of real dimensions"));
     }
   }
-  // A profile that the length limit rejects whole: name the limit the user gave.
+  // A profile that the length limit rejects whole: name the limit given (the option, else the config's key).
   if (!requests.empty()) {
     std::int64_t shortest = TotalTokens(requests.front());
     for (const Request& r : requests) shortest = std::min(shortest, TotalTokens(r));
     const std::int64_t cap = o.max_model_len > 0 ? o.max_model_len : model.max_position_embeddings;
     if (shortest > cap) {
-      const std::string limit =
-          o.max_model_len > 0 ? absl::StrCat("--max-model-len ", o.max_model_len)
-                              : absl::StrCat(config, ": \"max_position_embeddings\" ", model.max_position_embeddings);
+      const std::string why = absl::StrCat(": every request of the profile is longer (the shortest is ", shortest,
+                                           " tokens), so none could be served; accepted at least ", shortest);
+      if (o.max_model_len > 0) return OptionError(PlanOption::kMaxModelLen, absl::StrCat(o.max_model_len, why));
       return absl::InvalidArgumentError(
-          absl::StrCat(limit, ": every request of the profile is longer (the shortest is ", shortest,
-                       " tokens), so none could be served; accepted at least ", shortest));
+          absl::StrCat(config, ": \"max_position_embeddings\" ", model.max_position_embeddings, why));
     }
   }
   Plan p;

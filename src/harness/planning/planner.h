@@ -12,7 +12,7 @@
 //   - KV bytes per token per GPU: 2 x layers x KV heads per GPU x head_dim x 2 bytes (the KV cache
 //     stays in the activations' 16 bits; quantization changes the weights only). KV heads per GPU are
 //     kv_heads / N, or 1 when N is a multiple of kv_heads (vLLM replicates them).
-//   - activations: the peak of one step of --max-batched-tokens tokens with max_num_seqs sampled
+//   - activations: the peak of one step of max_batched_tokens tokens with max_num_seqs sampled
 //     rows, as the serving generator's forward pass allocates them (ActivationPeakBytes).
 //   - the allocator's budget: card x gpu-memory-utilization - runtime reserve (the CUDA context,
 //     library workspaces and CUDA graphs, which the allocator never sees; default 1 GiB).
@@ -21,9 +21,9 @@
 //     M (<= 2048, <= 256), L (<= 8192, <= 512), XL (longer input or output over 512); a request is in
 //     the larger of its input's and its output's bucket. Per bucket: share, P50 and P99 of prompt and
 //     output (nearest rank).
-//   - max_model_len: --max-model-len, else the longest request rounded up to 256 tokens, at most the
-//     config's max_position_embeddings and the KV cache tokens (requests longer are rejected: the
-//     plan says how many).
+//   - max_model_len: PlanOptions::max_model_len, else the longest request rounded up to 256 tokens,
+//     at most the config's max_position_embeddings and the KV cache tokens (requests longer are
+//     rejected: the plan says how many).
 //   - max_num_seqs: the most sequences of the P99 length (prompt + output) that the KV cache holds at
 //     once with whole blocks, at most 256 (vLLM's default), with the activations of that many rows.
 //   - tiers for the tiered KV layout: the P50 and P99 of each bucket's length, rounded up to 256
@@ -48,19 +48,23 @@
 #define BUCKETALLOC_HARNESS_PLANNING_PLANNER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "harness/workload/model_config.h"
 #include "harness/workload/requests.h"
 #include "harness/workload/serving.h"
 
 namespace bucketalloc::harness {
 
-// What MakePlan accepts (InvalidArgument names the option, its value and these bounds). They keep
-// every size of the budget within 64 bits: cards and reserves up to 64 TiB, a utilization of at
-// least 1% (the smallest card is a need divided by it), steps of up to 2^20 tokens.
+// What MakePlan accepts (InvalidArgument names the option, its value and these bounds: see
+// PlanOption). They keep every size of the budget within 64 bits: cards and reserves up to 64 TiB,
+// a utilization of at least 1% (the smallest card is a need divided by it), steps of up to 2^20
+// tokens.
 inline constexpr std::uint64_t kMaxPlanCardBytes = std::uint64_t{64} << 40;  // 64 TiB
 inline constexpr double kMinGpuMemoryUtilization = 0.01;
 inline constexpr int kMaxPlanBatchedTokens = 1 << 20;
@@ -144,12 +148,35 @@ struct Plan {
   std::vector<std::string> notes;
 };
 
-// The plan from the formulas (no replay). InvalidArgument for a bad option, naming the option, the
-// value given and what is accepted (a dtype, a tensor-parallel degree that does not divide the heads,
-// a utilization outside [0.01, 1], a --max-model-len past the config's max_position_embeddings, a
-// step whose activations no allocator could hold), and for a profile that no request of can be
-// served (every one longer than --max-model-len, or than the config's max_position_embeddings:
-// the error names the config file and key).
+// The options MakePlan, CheckPlan and PerGpuModel check. An error about one of them is
+// InvalidArgument whose message starts with the option's name as PlanOptions spells it, then the
+// value given and what is accepted ("max_model_len 1: accepted 0 (from the profile) or 2 to ..."),
+// and which carries the option (PlanOptionOf), so that a caller can name it as its own users know it
+// (bucketalloc-bench names the flag: tools/bench_plan.h).
+enum class PlanOption {
+  kCardBytes,
+  kDtype,
+  kTensorParallel,
+  kGpuMemoryUtilization,
+  kMaxModelLen,
+  kRuntimeReserveBytes,
+  kMaxBatchedTokens,
+  kMaxNumSeqsLimit,
+  kCheckRequests,
+};
+// Its name: the PlanOptions field ("card_bytes", "max_model_len", ...), PerGpuModel's "dtype" and
+// "tensor_parallel".
+absl::string_view PlanOptionName(PlanOption option);
+// The option an error of the planner is about; nullopt for any other status (an error of the model's
+// config names its file and key instead).
+std::optional<PlanOption> PlanOptionOf(const absl::Status& status);
+
+// The plan from the formulas (no replay). InvalidArgument for a bad option (see PlanOption: a dtype,
+// a tensor-parallel degree that does not divide the heads, a utilization outside [0.01, 1], a
+// max_model_len past the config's max_position_embeddings, a step whose activations no allocator
+// could hold), and for a profile that no request of can be served (every one longer than
+// max_model_len, or than the config's max_position_embeddings: the error names the config file and
+// key).
 absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& options, const std::vector<Request>& requests);
 
 // Replays the plan's recommendations (see the file comment), filling `plan->checks`, the measured
@@ -162,7 +189,8 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& options, const
                        const std::string& model_path, const std::string& requests_path, Plan* plan);
 
 // One GPU's share of the model in the serving dtype with N-way tensor parallelism: its weight
-// tensors, heads, KV heads and MLP width per GPU, and the activations' element size.
+// tensors, heads, KV heads and MLP width per GPU, and the activations' element size. InvalidArgument
+// about PlanOption::kDtype or kTensorParallel for a dtype or a degree it cannot split the model by.
 absl::StatusOr<ModelSpec> PerGpuModel(const ModelSpec& model, const std::string& dtype, int tensor_parallel);
 
 // The serving options the plan recommends for `layout`.
