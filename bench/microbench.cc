@@ -69,6 +69,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/metrics.h"
 #include "bucketalloc/options.h"
@@ -450,9 +451,8 @@ void BM_BucketAlloc_PairWhileScraped(benchmark::State& state) {
   if (scraper.joinable()) scraper.join();
   state.SetItemsProcessed(state.iterations());
   if (!pair_ns.empty()) {
-    std::sort(pair_ns.begin(), pair_ns.end());
-    state.counters["pair_max_us"] = static_cast<double>(pair_ns.back()) / 1e3;
-    state.counters["pair_p9999_us"] = static_cast<double>(pair_ns[pair_ns.size() * 9999 / 10000]) / 1e3;
+    state.counters["pair_max_us"] = bucketalloc::Percentile(absl::MakeSpan(pair_ns), 1.0) / 1e3;
+    state.counters["pair_p9999_us"] = bucketalloc::Percentile(absl::MakeSpan(pair_ns), 0.9999) / 1e3;
   }
   state.counters["scrapes"] = static_cast<double>(scrapes.load());
   state.counters["scrape_us"] =

@@ -5,7 +5,9 @@
 //
 // Owns: `TimelineSample` (what a line holds: the device's memory figures then, its counters, and
 // the OOMs since its previous line), its JSON line and the reader. docs/operations.md has the
-// format; the keys are the metrics' names without their prefix.
+// format; the keys are the metrics' names without their prefix. The memory figures' members and
+// keys are the figures' keys (BUCKETALLOC_MEMORY_FIGURES, bucketalloc/stats.h): a figure declared
+// there is in every line.
 // Layer: L4 (front end). Thread-safety: pure functions of their arguments.
 //
 // Example:
@@ -34,17 +36,15 @@ struct TimelineSample {
   // Seconds since the Unix epoch (a process), or since the trace's first event (a replay).
   double time_s = 0.0;
   int device = 0;
-  // The memory now (all pools).
+  // The memory now (all pools): the cap, then each memory figure under its key (reserved_bytes,
+  // allocated_bytes, active_bytes, cached_bytes, requested_bytes, largest_free_block_bytes,
+  // live_allocations), set together by SetMemoryFigures.
   std::int64_t capacity_bytes = 0;
-  std::int64_t reserved_bytes = 0;
-  std::int64_t allocated_bytes = 0;
-  std::int64_t active_bytes = 0;
-  std::int64_t cached_bytes = 0;
-  std::int64_t requested_bytes = 0;
-  std::int64_t largest_free_block_bytes = 0;
+#define BUCKETALLOC_DECLARE_SAMPLE_FIGURE(type, name, key, meaning) std::int64_t key = 0;
+  BUCKETALLOC_MEMORY_FIGURES(BUCKETALLOC_DECLARE_SAMPLE_FIGURE)
+#undef BUCKETALLOC_DECLARE_SAMPLE_FIGURE
   double external_fragmentation = 0.0;
   double internal_fragmentation = 0.0;
-  std::int64_t live_allocations = 0;
   // Counters since the start.
   std::int64_t allocations_total = 0;
   std::int64_t frees_total = 0;
@@ -56,8 +56,12 @@ struct TimelineSample {
 };
 
 // The sample of one device's metrics at `time_s`; `ooms` holds its recent OOMs numbered after
-// `after_seq` (the last one a previous sample listed; 0 for all).
+// `after_seq` (the last one a previous sample listed; 0 for all). Its memory figures are
+// MemoryFiguresOf(m.stats, m.fragmentation).
 TimelineSample TimelineSampleOf(const DeviceMetrics& m, double time_s, std::uint64_t after_seq);
+
+// Sets the memory figures of `sample` (each under its key) to `figures`.
+void SetMemoryFigures(const MemoryFigures& figures, TimelineSample* sample);
 
 // One line of JSON (no newline): {"time_s", "device", "capacity_bytes", ..., "ooms_total":
 // {"capacity", "fragmentation", "cache_held", "device_exhausted", "tenant_cap"}, "ooms": [{"seq", "time_s",

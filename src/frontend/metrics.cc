@@ -155,23 +155,13 @@ void AddDevice(const DeviceMetrics& m, Families* out) {
     }
   }
 
-  // Tenants: each one's figures (a label of its name).
+  // Tenants: each one's figures (a label of its name), as its JSON lists them.
   for (const TenantStats& t : m.tenants) {
     const std::string tenant = absl::StrCat(dev, ",tenant=\"", t.name, "\"");
-    const std::pair<const char*, std::pair<std::size_t, const char*>> gauges[] = {
-        {"bucketalloc_tenant_cap_bytes",
-         {t.cap, "the cap on what each tenant's pools reserve (default: the device's)"}},
-        {"bucketalloc_tenant_reserved_bytes", {t.reserved, "bytes reserved by each tenant's pools"}},
-        {"bucketalloc_tenant_peak_reserved_bytes",
-         {t.peak_reserved, "the peak of bucketalloc_tenant_reserved_bytes since the start or the last peak reset"}},
-        {"bucketalloc_tenant_allocated_bytes", {t.allocated, "bytes of each tenant's live blocks"}},
-        {"bucketalloc_tenant_requested_bytes", {t.requested, "bytes each tenant's live allocations asked for"}},
-        {"bucketalloc_tenant_cached_bytes", {t.cached, "bytes each tenant's pools hold free, for it alone"}}};
-    for (const auto& [name, v] : gauges) {
-      out->Add(name, "gauge", v.second, tenant, Int(static_cast<std::int64_t>(v.first)));
-    }
-    out->Add("bucketalloc_tenant_live_allocations", "gauge", "each tenant's live allocations", tenant,
-             Int(t.live_allocations));
+    ForEachTenantField(t, [&](const char* key, auto value, const char* meaning) {
+      out->Add(absl::StrCat("bucketalloc_tenant_", key), "gauge", meaning, tenant,
+               Int(static_cast<std::int64_t>(value)));
+    });
     out->Add("bucketalloc_tenant_ooms_total", "counter", "out-of-memory failures of each tenant's requests", tenant,
              Int(t.ooms));
     out->Add("bucketalloc_tenant_ooms_at_cap_total", "counter",

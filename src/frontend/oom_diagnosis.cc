@@ -10,29 +10,27 @@ namespace bucketalloc::internal {
 
 OomReport DiagnoseOom(const OomSituation& s) {
   OomReport r;
+  static_cast<MemoryFigures&>(r) = s.figures;
+  r.largest_free = static_cast<std::size_t>(s.fragmentation.pools[s.pool].largest_free);
   r.device = s.device;
   r.requested = s.requested;
   r.rounded = s.rounded;
   r.capacity = s.capacity;
-  r.reserved = s.reserved;
-  r.allocated = s.allocated;
-  r.active = s.active;
-  r.cached = s.reserved - s.active;  // reserved >= active >= allocated
   r.fragmentation = s.fragmentation;
-  r.largest_free = static_cast<std::size_t>(s.fragmentation.pools[s.pool].largest_free);
   r.device_free = s.device_free;
   r.segment = s.segment;
   r.device_total = s.device_total;
-  const std::size_t headroom = s.capacity > s.reserved ? s.capacity - s.reserved : 0;
-  const std::size_t pending = s.active - s.allocated;
+  const MemoryFigures& m = s.figures;
+  const std::size_t headroom = s.capacity > m.reserved ? s.capacity - m.reserved : 0;
+  const std::size_t pending = m.active - m.allocated;
   std::string pool_name = kPoolNames[s.pool].key;  // "small_pool" -> "small-pool"
   std::replace(pool_name.begin(), pool_name.end(), '_', '-');
-  if (WorkingSetExceedsCap(s.live_requested, s.requested, s.capacity)) {
+  if (WorkingSetExceedsCap(m.requested, s.requested, s.capacity)) {
     r.cause = OomCause::kCapacity;
     r.diagnosis = absl::StrFormat(
         "capacity: live allocations (%s requested) plus this request (%s) exceed the cap (%s); the working "
         "set needs more memory than the device allows (reduce batch, context or concurrency, or raise the cap)",
-        FormatBytes(s.live_requested), FormatBytes(s.requested), FormatBytes(s.capacity));
+        FormatBytes(m.requested), FormatBytes(s.requested), FormatBytes(s.capacity));
   } else if (headroom >= s.segment) {
     r.cause = OomCause::kDeviceExhausted;
     r.diagnosis = absl::StrFormat(
@@ -44,7 +42,7 @@ OomReport DiagnoseOom(const OomSituation& s) {
     r.diagnosis = absl::StrFormat(
         "cache held: %s is held by freed blocks awaiting stream events that could not be synchronized "
         "(reserved %s, allocated %s); release did not help",
-        FormatBytes(pending), FormatBytes(s.reserved), FormatBytes(s.allocated));
+        FormatBytes(pending), FormatBytes(m.reserved), FormatBytes(m.allocated));
   } else {
     r.cause = OomCause::kFragmentation;
     r.diagnosis = absl::StrFormat(
@@ -52,11 +50,11 @@ OomReport DiagnoseOom(const OomSituation& s) {
         "%s; %s in the other pool; %s under the cap) but no free block fits %s",
         FormatBytes(headroom + r.cached), FormatBytes(s.pool_cached), pool_name, FormatBytes(r.largest_free),
         FormatBytes(r.cached - s.pool_cached), FormatBytes(headroom), FormatBytes(s.rounded));
-    if (s.allocated + s.rounded > s.capacity) {
+    if (m.allocated + s.rounded > s.capacity) {
       absl::StrAppend(&r.diagnosis,
                       absl::StrFormat("; rounding alone exceeds the cap: the live blocks (%s for %s requested) and "
                                       "this request (%s for %s) round up past %s",
-                                      FormatBytes(s.allocated), FormatBytes(s.live_requested), FormatBytes(s.rounded),
+                                      FormatBytes(m.allocated), FormatBytes(m.requested), FormatBytes(s.rounded),
                                       FormatBytes(s.requested), FormatBytes(s.capacity)));
     }
     if (s.stitching) {

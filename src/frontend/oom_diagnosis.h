@@ -1,10 +1,12 @@
 // src/frontend/oom_diagnosis.h — why a request could not be served (layer L4).
 //
 // Owns: `DiagnoseOom`, a pure function from the numbers of a failed request (`OomSituation`) to
-// the OOM report whose first line names the cause. With `allocated` the live bytes, `reserved` the
-// backend bytes, `pending = active - allocated` (freed blocks awaiting stream events), `headroom =
-// cap - reserved`, `rounded` the rounded request, `segment` the backend allocation it needed, and
-// `pool_cached` the free cached bytes of the request's pool, the first matching row names it:
+// the OOM report whose first line names the cause. With the memory figures then (`figures`:
+// `allocated` the live bytes, `reserved` the backend bytes, `live_requested` = figures.requested
+// what the live allocations' callers asked for), `pending = active - allocated` (freed blocks
+// awaiting stream events), `headroom = cap - reserved`, `rounded` the rounded request, `segment`
+// the backend allocation it needed, and `pool_cached` the free cached bytes of the request's pool,
+// the first matching row names it:
 //   capacity          live_requested + requested > cap (WorkingSetExceedsCap: what the callers
 //                     asked for does not fit, whatever any allocator rounds; the harness counts an
 //                     OOM of every replayed policy by the same function)
@@ -16,7 +18,7 @@
 // Thread-safety: pure.
 //
 // Example:
-//   OomReport r = DiagnoseOom({.device = 0, .pool = kLargePool, .requested = n, ...});
+//   OomReport r = DiagnoseOom({.device = 0, .pool = kLargePool, .requested = n, ..., .figures = f, ...});
 //   r.cause == OomCause::kFragmentation;  r.ToString();  // the diagnosis, numbers and histograms
 #ifndef BUCKETALLOC_FRONTEND_OOM_DIAGNOSIS_H_
 #define BUCKETALLOC_FRONTEND_OOM_DIAGNOSIS_H_
@@ -42,12 +44,11 @@ struct OomSituation {
   std::size_t rounded = 0;
   std::size_t segment = 0;   // the backend allocation the request needed
   std::size_t capacity = 0;  // the cap
-  std::size_t reserved = 0;
-  std::size_t allocated = 0;
-  std::size_t live_requested = 0;  // what the live allocations' callers asked for (<= allocated)
-  std::size_t active = 0;          // >= allocated
-  std::size_t pool_cached = 0;     // the request's pool's cached bytes
-  std::size_t device_free = 0;     // as the backend reported it
+  // The memory then (the device's: MemoryFiguresOf; at a tenant's own cap, the tenant's). The
+  // report's largest_free is the request's pool's, from `fragmentation`.
+  MemoryFigures figures;
+  std::size_t pool_cached = 0;  // the request's pool's cached bytes
+  std::size_t device_free = 0;  // as the backend reported it
   std::size_t device_total = 0;
   std::string failure;  // the failed call's message
   // With stitching (large pool): the bytes of whole free pieces a stitch could move.

@@ -1,6 +1,7 @@
-// src/frontend/reports.cc — the reports of bucketalloc/stats.h: stats, fragmentation and OOM reports
-// as JSON and tables. Every rendering iterates the X-macro lists of bucketalloc/stat_types.h, so a
-// stat is declared once.
+// src/frontend/reports.cc — the reports of bucketalloc/stats.h: stats, fragmentation, tenant and OOM
+// reports as JSON and tables, and a device's memory figures. Every rendering iterates the X-macro
+// lists of bucketalloc/stat_types.h and the memory figures' names (BUCKETALLOC_MEMORY_FIGURES), so
+// a stat or a figure is declared once.
 #include "bucketalloc/stats.h"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc {
@@ -107,21 +109,31 @@ std::string StatsToJson(const DeviceStats& stats) {
 
 std::string FragmentationToJson(const FragmentationReport& report) { return FragmentationJson(report).dump(); }
 
+std::string PoolFragmentationToJson(const PoolFragmentation& pool) { return HistogramJson(pool).dump(); }
+
+MemoryFigures MemoryFiguresOf(const DeviceStats& stats, const FragmentationReport& fragmentation) {
+  MemoryFigures f;
+  f.reserved = static_cast<std::size_t>(stats.reserved_bytes[kAllPools].current);
+  f.allocated = static_cast<std::size_t>(stats.allocated_bytes[kAllPools].current);
+  f.active = static_cast<std::size_t>(stats.active_bytes[kAllPools].current);
+  f.cached = static_cast<std::size_t>(stats.cached_bytes[kAllPools].current);
+  f.requested = static_cast<std::size_t>(stats.requested_bytes[kAllPools].current);
+  f.largest_free = static_cast<std::size_t>(fragmentation.all().largest_free);
+  f.live_allocations = stats.allocation[kAllPools].current;
+  return f;
+}
+
 std::string TenantStatsToJson(const std::vector<TenantStats>& tenants) {
-  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  Json list = Json::array();
   for (const TenantStats& t : tenants) {
-    list.push_back({{"tenant", t.name},
-                    {"cap_bytes", t.cap},
-                    {"reserved_bytes", t.reserved},
-                    {"peak_reserved_bytes", t.peak_reserved},
-                    {"allocated_bytes", t.allocated},
-                    {"requested_bytes", t.requested},
-                    {"cached_bytes", t.cached},
-                    {"live_allocations", t.live_allocations},
-                    {"ooms", t.ooms},
-                    {"ooms_at_cap", t.ooms_at_cap}});
+    Json j = Json::object();
+    j["tenant"] = t.name;
+    ForEachTenantField(t, [&](const char* key, auto value, const char*) { j[key] = value; });
+    j["ooms"] = t.ooms;
+    j["ooms_at_cap"] = t.ooms_at_cap;
+    list.push_back(std::move(j));
   }
-  return nlohmann::ordered_json{{"tenants", std::move(list)}}.dump();
+  return Json{{"tenants", std::move(list)}}.dump();
 }
 
 std::string FragmentationToTable(const FragmentationReport& report) {
@@ -156,17 +168,35 @@ static_assert(static_cast<int>(OomCause::kTenantCap) == kNumOomCauses - 1);
 const char* OomCauseKey(OomCause cause) { return kCauseNames[static_cast<int>(cause)].key; }
 const char* OomCauseName(OomCause cause) { return kCauseNames[static_cast<int>(cause)].name; }
 
+namespace {
+
+// The memory figures an OOM report lists (its JSON under their names, its text under their labels),
+// in their order.
+constexpr std::size_t MemoryFigures::*kOomFigures[] = {&MemoryFigures::reserved, &MemoryFigures::allocated,
+                                                       &MemoryFigures::active, &MemoryFigures::cached,
+                                                       &MemoryFigures::largest_free};
+
+// A figure's words in text: its key without the unit, spaced ("largest_free_block_bytes" ->
+// "largest free block").
+std::string FigureLabel(const MemoryFigureName& name) {
+  std::string label(absl::StripSuffix(name.key, "_bytes"));
+  std::replace(label.begin(), label.end(), '_', ' ');
+  return label;
+}
+
+}  // namespace
+
 std::string OomReport::ToString() const {
   std::string out = absl::StrCat(
       "bucketalloc: out of memory on device ", device,
       tenant.empty() ? std::string() : absl::StrCat(" for tenant '", tenant, "' (cap ", FormatBytes(tenant_cap), ")"),
       ": ", diagnosis, "\n");
-  absl::StrAppendFormat(&out,
-                        "  requested %s (rounded %s); cap %s; reserved %s; allocated %s; active %s; "
-                        "cached %s; largest free block %s; device free %s\n",
-                        FormatBytes(requested), FormatBytes(rounded), FormatBytes(capacity), FormatBytes(reserved),
-                        FormatBytes(allocated), FormatBytes(active), FormatBytes(cached), FormatBytes(largest_free),
-                        FormatBytes(device_free));
+  absl::StrAppend(&out, "  requested ", FormatBytes(requested), " (rounded ", FormatBytes(rounded), "); cap ",
+                  FormatBytes(capacity), "; ");
+  for (std::size_t MemoryFigures::*m : kOomFigures) {
+    absl::StrAppend(&out, FigureLabel(MemoryFigureNameOf(m)), " ", FormatBytes(figures().*m), "; ");
+  }
+  absl::StrAppend(&out, "device free ", FormatBytes(device_free), "\n");
   absl::StrAppend(&out, FragmentationToTable(fragmentation));
   return out;
 }
@@ -198,19 +228,12 @@ std::string OomReport::TorchHeader() const {
 }
 
 std::string OomReport::ToJson() const {
-  Json j{{"device", device},
-         {"requested", requested},
-         {"rounded", rounded},
-         {"capacity", capacity},
-         {"reserved", reserved},
-         {"allocated", allocated},
-         {"active", active},
-         {"cached", cached},
-         {"largest_free", largest_free},
-         {"device_free", device_free},
-         {"cause", OomCauseName(cause)},
-         {"diagnosis", diagnosis},
-         {"fragmentation", FragmentationJson(fragmentation)}};
+  Json j{{"device", device}, {"requested", requested}, {"rounded", rounded}, {"capacity", capacity}};
+  for (std::size_t MemoryFigures::*m : kOomFigures) j[MemoryFigureNameOf(m).name] = figures().*m;
+  j["device_free"] = device_free;
+  j["cause"] = OomCauseName(cause);
+  j["diagnosis"] = diagnosis;
+  j["fragmentation"] = FragmentationJson(fragmentation);
   if (!tenant.empty()) {
     j["tenant"] = tenant;
     j["tenant_cap"] = tenant_cap;

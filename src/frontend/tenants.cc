@@ -220,16 +220,30 @@ FragmentationReport DeviceTenants::FragmentationOf(std::uint16_t tag, const Use&
   return r;
 }
 
+namespace {
+
+// The memory figures of a tenant whose pools reserve `owned` (null: nothing yet) and whose blocks
+// hold `use`. Its largest free block is not kept (0).
+MemoryFigures TenantFigures(const StatArray* owned, const DeviceTenants::Use& use) {
+  MemoryFigures f;
+  f.reserved = owned == nullptr ? 0 : static_cast<std::size_t>((*owned)[kAllPools].current);
+  f.allocated = use.allocated[kAllPools];
+  f.active = use.active[kAllPools];
+  f.cached = f.reserved - std::min(f.reserved, f.active);
+  f.requested = use.requested[kAllPools];
+  f.live_allocations = use.live;
+  return f;
+}
+
+}  // namespace
+
 bool DeviceTenants::NarrowOom(std::uint16_t tag, std::size_t segment, OomSituation* s) const {
   if (!OwnsPool(tag) || !AtCap(tag, segment)) return false;
   // The tenant's own cap refused the growth: diagnose within the tenant, as a device of its cap.
   const Use use = UseOf(tag);
-  s->capacity = registry_->OwnerCap(tag).value_or(0);
-  s->reserved = registry_->OwnedNow(tag);
-  s->allocated = use.allocated[kAllPools];
-  s->live_requested = use.requested[kAllPools];
-  s->active = use.active[kAllPools];
   const StatArray* owned = registry_->OwnedReserved(tag);
+  s->capacity = registry_->OwnerCap(tag).value_or(0);
+  s->figures = TenantFigures(owned, use);
   const auto pool_reserved = owned == nullptr ? 0 : static_cast<std::size_t>((*owned)[s->pool].current);
   s->pool_cached = pool_reserved - std::min(pool_reserved, use.active[s->pool]);
   s->fragmentation = FragmentationOf(tag, use);
@@ -279,20 +293,14 @@ std::vector<TenantStats> DeviceTenants::Stats() const {
   std::vector<TenantStats> out;
   for (std::size_t t = 0; t < tags_.size(); ++t) {
     const std::uint16_t tag = tags_[t];
+    const StatArray* owned = registry_->OwnedReserved(tag);
     TenantStats ts;
+    static_cast<MemoryFigures&>(ts) = TenantFigures(owned, UseOf(tag));  // kept as the blocks move: no walk
     ts.name = tenants_->Name(static_cast<int>(t));
     ts.cap = t == 0 ? registry_->cap() : registry_->OwnerCap(tag).value_or(0);
+    ts.peak_reserved = owned == nullptr ? 0 : static_cast<std::size_t>((*owned)[kAllPools].peak);
     ts.ooms = ooms_[t].all;
     ts.ooms_at_cap = ooms_[t].at_cap;
-    if (const StatArray* owned = registry_->OwnedReserved(tag)) {
-      ts.reserved = static_cast<std::size_t>((*owned)[kAllPools].current);
-      ts.peak_reserved = static_cast<std::size_t>((*owned)[kAllPools].peak);
-    }
-    const Use use = UseOf(tag);  // kept as the blocks move: no walk over them
-    ts.allocated = use.allocated[kAllPools];
-    ts.requested = use.requested[kAllPools];
-    ts.live_allocations = use.live;
-    ts.cached = ts.reserved - std::min(ts.reserved, use.active[kAllPools]);
     out.push_back(std::move(ts));
   }
   return out;

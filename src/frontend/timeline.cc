@@ -21,21 +21,18 @@ using Json = nlohmann::ordered_json;
 constexpr OomCause kCauses[kNumOomCauses] = {OomCause::kCapacity, OomCause::kFragmentation, OomCause::kCacheHeld,
                                              OomCause::kDeviceExhausted, OomCause::kTenantCap};
 
-// The figures of a line, in its order: key and member.
+// The figures of a line, in its order: key and member. The memory figures' are their keys
+// (BUCKETALLOC_MEMORY_FIGURES).
 struct IntField {
   const char* key;
   std::int64_t TimelineSample::*member;
 };
 constexpr IntField kIntFields[] = {
     {"capacity_bytes", &TimelineSample::capacity_bytes},
-    {"reserved_bytes", &TimelineSample::reserved_bytes},
-    {"allocated_bytes", &TimelineSample::allocated_bytes},
-    {"active_bytes", &TimelineSample::active_bytes},
-    {"cached_bytes", &TimelineSample::cached_bytes},
-    {"requested_bytes", &TimelineSample::requested_bytes},
-    {"largest_free_block_bytes", &TimelineSample::largest_free_block_bytes},
-    {"live_allocations", &TimelineSample::live_allocations},
-    {"allocations_total", &TimelineSample::allocations_total},
+#define BUCKETALLOC_SAMPLE_FIGURE_FIELD(type, name, key, meaning) {#key, &TimelineSample::key},
+    BUCKETALLOC_MEMORY_FIGURES(BUCKETALLOC_SAMPLE_FIGURE_FIELD)
+#undef BUCKETALLOC_SAMPLE_FIGURE_FIELD
+        {"allocations_total", &TimelineSample::allocations_total},
     {"frees_total", &TimelineSample::frees_total},
     {"cache_hits_total", &TimelineSample::cache_hits_total},
     {"alloc_retries_total", &TimelineSample::alloc_retries_total},
@@ -135,6 +132,12 @@ absl::StatusOr<TimelineSample> ParseLine(absl::string_view line) {
 
 }  // namespace
 
+void SetMemoryFigures(const MemoryFigures& figures, TimelineSample* sample) {
+#define BUCKETALLOC_SET_SAMPLE_FIGURE(type, name, key, meaning) sample->key = static_cast<std::int64_t>(figures.name);
+  BUCKETALLOC_MEMORY_FIGURES(BUCKETALLOC_SET_SAMPLE_FIGURE)
+#undef BUCKETALLOC_SET_SAMPLE_FIGURE
+}
+
 TimelineSample TimelineSampleOf(const DeviceMetrics& m, double time_s, std::uint64_t after_seq) {
   TimelineSample s;
   const DeviceStats& st = m.stats;
@@ -142,15 +145,9 @@ TimelineSample TimelineSampleOf(const DeviceMetrics& m, double time_s, std::uint
   s.time_s = time_s;
   s.device = m.device;
   s.capacity_bytes = st.capacity_bytes;
-  s.reserved_bytes = st.reserved_bytes[kAllPools].current;
-  s.allocated_bytes = st.allocated_bytes[kAllPools].current;
-  s.active_bytes = st.active_bytes[kAllPools].current;
-  s.cached_bytes = st.cached_bytes[kAllPools].current;
-  s.requested_bytes = st.requested_bytes[kAllPools].current;
-  s.largest_free_block_bytes = all.largest_free;
+  SetMemoryFigures(MemoryFiguresOf(st, m.fragmentation), &s);
   s.external_fragmentation = all.external_fragmentation();
   s.internal_fragmentation = all.internal_fragmentation();
-  s.live_allocations = st.allocation[kAllPools].current;
   s.allocations_total = st.allocation[kAllPools].allocated;
   s.frees_total = st.allocation[kAllPools].freed;
   s.cache_hits_total = st.num_cache_hits;

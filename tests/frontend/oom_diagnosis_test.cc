@@ -29,10 +29,11 @@ OomSituation Base() {
   s.rounded = 30 * M;
   s.segment = 30 * M;
   s.capacity = 100 * M;
-  s.reserved = 100 * M;
-  s.allocated = 60 * M;
-  s.live_requested = 60 * M;
-  s.active = 60 * M;
+  s.figures.reserved = 100 * M;
+  s.figures.allocated = 60 * M;
+  s.figures.requested = 60 * M;
+  s.figures.active = 60 * M;
+  s.figures.cached = 40 * M;
   s.pool_cached = 40 * M;
   s.device_free = 5 * M;
   s.failure = "sim backend: out of memory";
@@ -44,7 +45,7 @@ std::vector<Row> Table() {
   std::vector<Row> rows;
   {
     OomSituation s = Base();
-    s.allocated = s.active = s.live_requested = 80 * M;  // 80 live + 30 asked > 100
+    s.figures.allocated = s.figures.active = s.figures.requested = 80 * M;  // 80 live + 30 asked > 100
     s.pool_cached = 20 * M;
     rows.push_back({"capacity: the working set does not fit",
                     s,
@@ -57,7 +58,7 @@ std::vector<Row> Table() {
     // the callers asked for fits (90 <= 100): the rounding is the allocator's, so fragmentation,
     // and the harness counts it the same way (WorkingSetExceedsCap).
     OomSituation s = Base();
-    s.allocated = s.active = 75 * M;
+    s.figures.allocated = s.figures.active = 75 * M;
     s.rounded = s.segment = 32 * M;
     s.pool_cached = 25 * M;
     rows.push_back({"rounding past the cap is fragmentation, not capacity",
@@ -69,7 +70,8 @@ std::vector<Row> Table() {
   }
   {
     OomSituation s = Base();
-    s.reserved = s.active = s.allocated = 20 * M;  // 80 MiB under the cap, yet the device refused
+    s.figures.reserved = s.figures.active = s.figures.allocated =
+        20 * M;  // 80 MiB under the cap, yet the device refused
     s.pool_cached = 0;
     rows.push_back({"device exhausted: the cap allows it, the device refused",
                     s,
@@ -79,7 +81,7 @@ std::vector<Row> Table() {
   }
   {
     OomSituation s = Base();
-    s.active = 90 * M;  // 30 MiB pending on streams that could not be synchronized
+    s.figures.active = 90 * M;  // 30 MiB pending on streams that could not be synchronized
     s.pool_cached = 10 * M;
     rows.push_back({"cache held: pending frees hold what the pool lacks",
                     s,
@@ -98,7 +100,7 @@ std::vector<Row> Table() {
   }
   {
     OomSituation s = Base();
-    s.active = 70 * M;  // pending, but the pool's cache and the headroom would have covered the request
+    s.figures.active = 70 * M;  // pending, but the pool's cache and the headroom would have covered the request
     s.pool_cached = 30 * M;
     rows.push_back(
         {"pending frees that did not matter: fragmentation", s, OomCause::kFragmentation, {"fragmentation:"}});
@@ -127,10 +129,13 @@ std::vector<Row> Table() {
   }
   {
     OomSituation s = Base();
-    s.allocated = s.active = s.live_requested = 71 * M;  // 71 + 30 > 100: capacity wins over every later row
-    s.reserved = 80 * M;                                 // and the device also refused (headroom 20 < 30: no)
+    s.figures.allocated = s.figures.active = s.figures.requested =
+        71 * M;                   // 71 + 30 > 100: capacity wins over every later row
+    s.figures.reserved = 80 * M;  // and the device also refused (headroom 20 < 30: no)
     rows.push_back({"capacity comes first", s, OomCause::kCapacity, {"capacity:"}});
   }
+  // The figures' invariant: cached == reserved - active.
+  for (Row& row : rows) row.situation.figures.cached = row.situation.figures.reserved - row.situation.figures.active;
   return rows;
 }
 
@@ -143,7 +148,7 @@ TEST(OomDiagnosisTableTest, EachSituationNamesItsCauseAndTheNumbers) {
     for (const std::string& s : row.says) EXPECT_TRUE(absl::StrContains(r.diagnosis, s)) << r.diagnosis;
     EXPECT_EQ(r.device, 3);
     EXPECT_EQ(r.requested, row.situation.requested);
-    EXPECT_EQ(r.cached, row.situation.reserved - row.situation.active);
+    EXPECT_EQ(r.cached, row.situation.figures.cached);
     EXPECT_EQ(r.largest_free,
               static_cast<std::size_t>(row.situation.fragmentation.pools[row.situation.pool].largest_free));
     EXPECT_TRUE(absl::StrContains(r.ToString(), r.diagnosis));

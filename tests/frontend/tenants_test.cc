@@ -70,18 +70,23 @@ class TenantsTest : public ::testing::TestWithParam<Config> {
   // The tenants' figures add up to the device's, and each holds its cap.
   void ExpectTenantsAddUp() {
     const DeviceStats d = *allocator_->GetStats(0);
-    std::size_t reserved = 0, allocated = 0, requested = 0;
+    std::size_t reserved = 0, allocated = 0, active = 0, cached = 0, requested = 0;
     std::int64_t live = 0;
     for (const auto& [name, t] : Tenants()) {
       reserved += t.reserved;
       allocated += t.allocated;
+      active += t.active;
+      cached += t.cached;
       requested += t.requested;
       live += t.live_allocations;
       EXPECT_LE(t.reserved, t.cap) << name;
       EXPECT_LE(t.allocated + t.cached, t.reserved) << name;
+      EXPECT_EQ(t.cached, t.reserved - t.active) << name;  // the memory figures' invariant
     }
     EXPECT_EQ(reserved, static_cast<std::size_t>(d.reserved_bytes[kAllPools].current));
     EXPECT_EQ(allocated, static_cast<std::size_t>(d.allocated_bytes[kAllPools].current));
+    EXPECT_EQ(active, static_cast<std::size_t>(d.active_bytes[kAllPools].current));
+    EXPECT_EQ(cached, static_cast<std::size_t>(d.cached_bytes[kAllPools].current));
     EXPECT_EQ(requested, static_cast<std::size_t>(d.requested_bytes[kAllPools].current));
     EXPECT_EQ(live, d.allocation[kAllPools].current);
   }

@@ -64,6 +64,27 @@ TEST(TimelineTest, ASampleSurvivesItsLine) {
       << line;
 }
 
+// A line lists every memory figure under its key (BUCKETALLOC_MEMORY_FIGURES), in the figures'
+// order after the cap, and SetMemoryFigures fills each.
+TEST(TimelineTest, ALineListsEveryMemoryFigureUnderItsKey) {
+  MemoryFigures m;  // figure i of the list (from 1) is 10 * i
+  std::int64_t i = 0;
+  ForEachMemoryFigure([&](const MemoryFigureName&, auto member) { m.*member = 10 * ++i; });
+  TimelineSample s;
+  SetMemoryFigures(m, &s);
+  EXPECT_EQ(s.reserved_bytes, 10);
+  EXPECT_EQ(s.largest_free_block_bytes, 60);
+  EXPECT_EQ(s.live_allocations, 70);
+  const std::string line = TimelineToJsonLine(s);
+  std::string figures = "\"capacity_bytes\":0";
+  ForEachMemoryFigure(
+      [&](const MemoryFigureName& n, auto member) { absl::StrAppend(&figures, ",\"", n.key, "\":", m.*member); });
+  EXPECT_TRUE(absl::StrContains(line, figures)) << line << "\n" << figures;
+  absl::StatusOr<std::vector<TimelineSample>> read = ReadTimeline(line, "t.jsonl");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(TimelineToJsonLine(read->at(0)), line);
+}
+
 // Issue 27 (10): an OOM a tenant's own cap refused is cause tenant_cap with the tenant and its cap,
 // and survives its line; a line written before tenant_cap existed (no such count) reads as 0.
 TEST(TimelineTest, ATenantCapOomNamesTheTenantAndOldLinesReadWithoutIt) {

@@ -51,10 +51,10 @@ for x in c:
     assert t['events'] == 72 and len(t['event']) == 72, t['events']
     if x['at_capacity']['ooms'] == 0:  # every block was served: the replay held what the trace held
         assert max(t['live_bytes']) == x['at_capacity']['peak_live_bytes'], x['at_capacity']['allocator']
-    assert 'peak_fragmentation' in x and x['peak_fragmentation']['reserved_bytes'] > 0
+    assert 'peak_fragmentation' in x and x['peak_fragmentation']['reserved'] > 0
 assert c[3]['at_capacity']['ooms'] > 0, 'nocache should run out at 64 MiB'
 for i in (1, 2):  # pytorch-policy and pytorch-expandable
-    assert any(b['count'] > 0 for b in c[i]['peak_fragmentation']['bins']), c[i]['at_capacity']['allocator'] + ' holds free blocks at its peak'
+    assert any(b['count'] > 0 for b in c[i]['peak_fragmentation']['histogram']), c[i]['at_capacity']['allocator'] + ' holds free blocks at its peak'
 " || fail "compare JSON (timeline, peak_fragmentation)"
 
 # Render it. --dump-dom prints the DOM after the load event, when the inline scripts have run.

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <cmath>
 #include <limits>
 #include <map>
 #include <optional>
@@ -15,7 +14,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 #include "bucketalloc/allocator.h"
+#include "bucketalloc/stats.h"
+#include "bucketalloc/timeline.h"
 #include "bucketalloc/units.h"
 // The harness's one named internal interface (CMakeLists.txt, the harness section): the OOM rules
 // every replayed policy is judged by, the allocator's own (WorkingSetExceedsCap).
@@ -25,15 +27,6 @@
 
 namespace bucketalloc::harness {
 namespace {
-
-double Percentile(std::vector<std::uint32_t>& v, double q) {
-  if (v.empty()) return 0.0;
-  // Nearest rank: the smallest value with at least q of the samples at or below it.
-  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
-  const std::size_t k = std::min(v.size() - 1, rank == 0 ? 0 : rank - 1);
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return v[k];
-}
 
 // A block the replay holds for a trace pointer.
 struct Held {
@@ -262,6 +255,20 @@ class Sampler {
   std::vector<TimelineSample> Take() { return std::move(samples_); }
 
  private:
+  // The memory figures of a model of another allocator (no metrics of its own), from its free
+  // blocks `f` (ReplayAllocator::Fragmentation) and the replay's count of live allocations: nothing
+  // awaits stream events (active is allocated).
+  MemoryFigures ModelFigures(const PoolFragmentation& f) const {
+    MemoryFigures m;
+    m.reserved = a_.reserved_bytes();
+    m.allocated = m.active = static_cast<std::size_t>(f.allocated);
+    m.cached = m.reserved - std::min(m.reserved, m.allocated);
+    m.requested = static_cast<std::size_t>(f.requested);
+    m.largest_free = static_cast<std::size_t>(f.largest_free);
+    m.live_allocations = allocations_ - frees_;
+    return m;
+  }
+
   double TimeOf(std::uint64_t index) const {
     const std::size_t n = trace_.events.size();
     return static_cast<double>(index / n) * round_length_ + times_[index % n];
@@ -279,16 +286,11 @@ class Sampler {
       const PoolFragmentation f = a_.Fragmentation();
       s.time_s = t;
       s.capacity_bytes = static_cast<std::int64_t>(capacity_);
-      s.reserved_bytes = static_cast<std::int64_t>(a_.reserved_bytes());
-      s.allocated_bytes = s.active_bytes = f.allocated;
-      s.requested_bytes = f.requested;
-      s.cached_bytes = std::max<std::int64_t>(0, s.reserved_bytes - f.allocated);
-      s.largest_free_block_bytes = f.largest_free;
+      SetMemoryFigures(ModelFigures(f), &s);
       s.external_fragmentation = f.external_fragmentation();
       s.internal_fragmentation = f.internal_fragmentation();
       s.allocations_total = allocations_;
       s.frees_total = frees_;
-      s.live_allocations = allocations_ - frees_;
     }
     s.time_s = t;
     s.ooms_total = ooms_total_;
@@ -467,8 +469,8 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   r.reserved_over_live = r.peak_live_bytes == 0
                              ? 0.0
                              : static_cast<double>(r.peak_reserved_bytes) / static_cast<double>(r.peak_live_bytes);
-  r.p50_ns = Percentile(counts.latencies, 0.50);
-  r.p99_ns = Percentile(counts.latencies, 0.99);
+  r.p50_ns = Percentile(absl::MakeSpan(counts.latencies), 0.50);
+  r.p99_ns = Percentile(absl::MakeSpan(counts.latencies), 0.99);
   const BackendCounters c = a.backend_counters();
   std::int64_t all_calls = 0, vmm_calls = 0;
   for (const BackendCall& call : BackendCalls(c)) {

@@ -1,7 +1,7 @@
 // src/harness/reports/report.cc — compare's JSON and its self-contained HTML report (see the header).
 #include "harness/reports/report.h"
 
-#include <cstdint>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -36,26 +36,14 @@ Json TimelineJson(const Timeline& t) {
               {"ooms", std::move(ooms)}};
 }
 
-// Only the non-empty bins; bin i holds free blocks with 2^i <= size < 2^(i+1).
+// The event and the bytes the trace held then, followed by the free blocks as the library writes
+// one pool's fragmentation (PoolFragmentationToJson: its byte totals and the non-empty bins of its
+// "histogram").
 Json PeakFragmentationJson(const PeakFragmentation& p) {
-  const PoolFragmentation& f = p.free_blocks;
-  Json bins = Json::array();
-  for (int i = 0; i < kHistogramBins; ++i) {
-    const auto bin = static_cast<std::size_t>(i);
-    if (f.free_count[bin] == 0) continue;
-    bins.push_back(Json{
-        {"bin", i}, {"min_bytes", std::uint64_t{1} << i}, {"count", f.free_count[bin]}, {"bytes", f.free_bytes[bin]}});
-  }
-  return Json{{"event", p.event},
-              {"live_bytes", p.live_bytes},
-              {"reserved_bytes", f.reserved},
-              {"allocated_bytes", f.allocated},
-              {"requested_bytes", f.requested},
-              {"free_bytes", f.total_free},
-              {"largest_free_bytes", f.largest_free},
-              {"external_fragmentation", f.external_fragmentation()},
-              {"internal_fragmentation", f.internal_fragmentation()},
-              {"bins", std::move(bins)}};
+  Json j = {{"event", p.event}, {"live_bytes", p.live_bytes}};
+  Json free_blocks = Json::parse(PoolFragmentationToJson(p.free_blocks));
+  for (auto& [key, value] : free_blocks.items()) j[key] = std::move(value);
+  return j;
 }
 
 Json RowsJson(const std::vector<CompareReport>& reports) {

@@ -134,7 +134,10 @@
     const H = 280;
     const root = chart(figure, 'free blocks at the peak of reserved bytes of ' + row.at_capacity.allocator, H);
     const pf = row.peak_fragmentation;
-    const bins = pf ? pf.bins : [];
+    // The non-empty bins of the histogram, each with its index (bin i: sizes in [2^i, 2^(i+1))).
+    const bins = pf ? pf.histogram.map(function (b) {
+      return { bin: Math.round(Math.log2(b.min_bytes)), min_bytes: b.min_bytes, count: b.count, bytes: b.bytes };
+    }) : [];
     if (bins.length === 0) {
       yAxis(root, [0], function () { return H - M.bottom; }, H);
       emptyMessage(root, H, pf ? 'no cached free blocks at the peak' : 'nothing was reserved');
@@ -176,12 +179,12 @@
   function histogramCaption(row) {
     const pf = row.peak_fragmentation;
     if (!pf) return '';
-    const blocks = pf.bins.reduce(function (s, b) { return s + b.count; }, 0);
+    const blocks = pf.histogram.reduce(function (s, b) { return s + b.count; }, 0);
     return 'After event ' + formatCount(pf.event) + ', when reserved bytes first reached their peak: reserved ' +
-           formatBytes(pf.reserved_bytes) + ', allocated ' + formatBytes(pf.allocated_bytes) + ' (requested ' +
-           formatBytes(pf.requested_bytes) + ', the trace held ' + formatBytes(pf.live_bytes) + '); free and cached ' +
-           formatBytes(pf.free_bytes) + ' in ' + formatCount(blocks) + ' block(s), the largest ' +
-           formatBytes(pf.largest_free_bytes) + ' (external fragmentation ' +
+           formatBytes(pf.reserved) + ', allocated ' + formatBytes(pf.allocated) + ' (requested ' +
+           formatBytes(pf.requested) + ', the trace held ' + formatBytes(pf.live_bytes) + '); free and cached ' +
+           formatBytes(pf.total_free) + ' in ' + formatCount(blocks) + ' block(s), the largest ' +
+           formatBytes(pf.largest_free) + ' (external fragmentation ' +
            (100 * pf.external_fragmentation).toFixed(1) + '%).';
   }
 
