@@ -1,4 +1,4 @@
-// fuzz/conf_fuzz.cc — the CONF parser (src/frontend/options.cc): any text either parses or is an
+// fuzz/conf_fuzz.cc — the CONF parser (src/frontend/core/options.cc): any text either parses or is an
 // InvalidArgument; what parses prints a configuration that parses again to the same options, and
 // printing that again gives the same text (what configures a fresh process to the same options).
 #include <cstddef>

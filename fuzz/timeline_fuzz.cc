@@ -1,4 +1,4 @@
-// fuzz/timeline_fuzz.cc — the timeline reader and writer (src/frontend/timeline.cc) on any bytes:
+// fuzz/timeline_fuzz.cc — the timeline reader and writer (src/frontend/observability/timeline.cc) on any bytes:
 //   - any text is samples (with at most kMaxTimelineWarnings + 1 warnings, each naming the source
 //     and a line) or an InvalidArgument naming the source, never both;
 //   - every sample read has its figures in the ranges the reader accepts, and each device's times

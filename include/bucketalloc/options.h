@@ -1,7 +1,7 @@
 // bucketalloc/options.h — runtime options (BUCKETALLOC_CONF and the C++ API).
 //
 // Owns: the `Options` struct, its parser for the `key:value,key:value` syntax of PyTorch's
-// PYTORCH_ALLOC_CONF, and the one option table (src/frontend/options.cc) whose rows each carry
+// PYTORCH_ALLOC_CONF, and the one option table (src/frontend/core/options.cc) whose rows each carry
 // their key, accepted values, meaning, parsing, validation and formatting, from which parsing,
 // validation, docs/configuration.md and the debug dump are generated. The keys a backend owns (the
 // simulated device's sim_*) are rows of that backend's registry entry (src/backend/registry.h),

@@ -5,7 +5,7 @@
 // memory in age order, report fragmentation and its memory spans, and check itself; `ReleaseOrder`,
 // the age-ordered list of wholly free units (empty slabs, free segments) that both pools keep; and
 // `ReleaseOldestUntil`, the one loop that releases from it.
-// The front end holds its pools in one list (src/frontend/pools.h) and runs the same code over
+// The front end holds its pools in one list (src/frontend/bookkeeping/pools.h) and runs the same code over
 // each; a pool's own file says how it serves.
 // Thread-safety: none; the device lock guards every pool.
 //

@@ -4,7 +4,7 @@
 # target (CMake writes them to LAYER_ROOT/harness_<room>.include_dirs), so its own headers, those of
 # the rooms it uses and the public bucketalloc/*.h are found; a room it does not use, the library's
 # internal headers (src/internal, backend, memory, pool, frontend) and the layers' other roots are
-# not, except the replay room's one named internal interface, frontend/oom_diagnosis.h. And no
+# not, except the replay room's one named internal interface, frontend/observability/oom_diagnosis.h. And no
 # harness source reaches around them with "../", and none includes an internal header but that one.
 #
 # Usage: check_harness_rooms.sh CXX LAYER_ROOT SOURCE_DIR
@@ -37,8 +37,8 @@ expect_found planning harness/workload/serving.h
 expect_found planning harness/replay/policies.h
 expect_found planning harness/reports/page.h
 # The one named internal interface, of the replay room only.
-expect_found replay frontend/oom_diagnosis.h
-for r in workload reports operations planning; do expect_refused "$r" frontend/oom_diagnosis.h; done
+expect_found replay frontend/observability/oom_diagnosis.h
+for r in workload reports operations planning; do expect_refused "$r" frontend/observability/oom_diagnosis.h; done
 
 # Not a room it does not use.
 expect_refused replay harness/workload/serving.h
@@ -59,7 +59,7 @@ for r in "${rooms[@]}"; do
   expect_refused "$r" backend/registry.h
   expect_refused "$r" memory/segment.h
   expect_refused "$r" pool/large_pool.h
-  expect_refused "$r" frontend/device_allocator.h
+  expect_refused "$r" frontend/core/device_allocator.h
   expect_refused "$r" workload/kv_workload.h
 done
 
@@ -69,7 +69,7 @@ if grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"\.\./' "$source_dir/
   failed=1
 fi
 internal=$(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"(internal|frontend|backend|pool|memory|cuda)/' \
-  "$source_dir/src/harness" | grep -v '/src/harness/replay/replay.cc:[0-9]*:#include "frontend/oom_diagnosis.h"')
+  "$source_dir/src/harness" | grep -v '/src/harness/replay/replay.cc:[0-9]*:#include "frontend/observability/oom_diagnosis.h"')
 if [[ -n $internal ]]; then
   echo "FAIL: a harness source includes an internal header that is not its named interface:"
   echo "$internal"

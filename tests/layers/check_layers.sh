@@ -18,7 +18,7 @@ prefix=""
 # shellcheck source=tests/layers/include_probes.sh
 source "$(dirname "${BASH_SOURCE[0]}")/include_probes.sh"
 
-expect_include_dirs internal backend cuda memory pool frontend
+expect_include_dirs internal backend cuda memory pool frontend_observability frontend_bookkeeping frontend_core
 
 # Each layer reaches its own headers and those below.
 expect_found internal internal/live_map.h
@@ -30,8 +30,14 @@ expect_found memory memory/segment.h
 expect_found memory internal/bits.h
 expect_found pool pool/large_pool.h
 expect_found pool bucketalloc/backend.h
-expect_found frontend frontend/device_allocator.h
-expect_found frontend bucketalloc/allocator.h
+expect_found frontend_observability frontend/observability/oom_diagnosis.h
+expect_found frontend_observability bucketalloc/stats.h
+expect_found frontend_observability pool/pool.h
+expect_found frontend_bookkeeping frontend/bookkeeping/tenants.h
+expect_found frontend_bookkeeping frontend/observability/history.h
+expect_found frontend_core frontend/core/device_allocator.h
+expect_found frontend_core frontend/bookkeeping/pools.h
+expect_found frontend_core bucketalloc/allocator.h
 
 # Nothing above is in reach.
 expect_refused internal bucketalloc/backend.h
@@ -41,12 +47,17 @@ expect_refused backend cuda/cuda_backend.h        # src/ never includes CUDA hea
 expect_refused cuda memory/segment.h
 expect_refused memory pool/large_pool.h
 expect_refused memory bucketalloc/options.h
-expect_refused pool frontend/device_allocator.h
+expect_refused pool frontend/core/device_allocator.h
 expect_refused pool bucketalloc/options.h
 expect_refused pool bucketalloc/stats.h
 expect_refused pool bucketalloc/allocator.h
-expect_refused frontend harness/replay.h
-expect_refused frontend bucketalloc/bucketalloc.h  # the C ABI is a plugin
+expect_refused frontend_observability frontend/bookkeeping/tenants.h
+expect_refused frontend_observability frontend/core/device_allocator.h
+expect_refused frontend_observability bucketalloc/allocator.h
+expect_refused frontend_bookkeeping frontend/core/device_allocator.h
+expect_refused frontend_bookkeeping bucketalloc/allocator.h
+expect_refused frontend_core harness/replay/replay.h
+expect_refused frontend_core bucketalloc/bucketalloc.h  # the C ABI is a plugin
 
 # A relative include with ".." resolves from the including file's own folder, around the include
 # paths: none is allowed in the layers.

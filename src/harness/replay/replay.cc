@@ -21,7 +21,7 @@
 #include "bucketalloc/units.h"
 // The harness's one named internal interface (CMakeLists.txt, the harness section): the OOM rules
 // every replayed policy is judged by, the allocator's own (WorkingSetExceedsCap).
-#include "frontend/oom_diagnosis.h"
+#include "frontend/observability/oom_diagnosis.h"
 #include "harness/replay/policies.h"
 #include "nlohmann/json.hpp"
 
@@ -100,7 +100,7 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
           if (counts.last_oom_at_tenant_cap.has_value()) {
             ++counts.tenant_cap_ooms;  // its cause: the tenant's cap, as a process counts it
           } else {
-            // The allocator's own definition (frontend/oom_diagnosis.h): requested bytes, not rounded.
+            // The allocator's own definition (frontend/observability/oom_diagnosis.h): requested bytes, not rounded.
             ++(internal::WorkingSetExceedsCap(live_bytes, e.size, capacity) ? counts.capacity_ooms
                                                                             : counts.fragmentation_ooms);
           }
@@ -206,7 +206,7 @@ absl::StatusOr<std::vector<double>> EventTimes(const Trace& trace) {
 // its own metrics (as a process's writer takes them); the models' are built from their free blocks
 // and the replay's counts. OOMs are the replay's: one a tenant's own cap refused is tenant_cap (with
 // the tenant and its cap), as the allocator counts it in a process; of the others, the allocator's
-// definition of a capacity OOM (frontend/oom_diagnosis.h), and fragmentation.
+// definition of a capacity OOM (frontend/observability/oom_diagnosis.h), and fragmentation.
 class Sampler {
  public:
   Sampler(const Trace& trace, std::vector<double> times, double interval, std::size_t capacity,
