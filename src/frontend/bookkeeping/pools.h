@@ -68,20 +68,28 @@ class StreamPools {
   std::tuple<SmallPool::StreamState, PackedPool::StreamState, LargePool::StreamState> states_;
 };
 
+// What a device's (or a private pool's) pools are made of.
+struct PoolsConfig {
+  // Requests up to `slab_limit` go to the slabs, up to `small_limit` to the packed pool, and
+  // above it to the large pool.
+  std::size_t slab_limit = 0;
+  std::size_t small_limit = kMaxSmallSize;
+  LargePoolConfig large;  // the large pool's (its divisions are the packed pool's too)
+  // The large pool's segments are virtual memory (pool/virtual_backing.h: stitched at the cap),
+  // else plain allocations (pool/plain_backing.h); the packed pool's are always plain.
+  bool stitching = false;
+  // The packed pool never splits a block (the large pool's rule is `large.keep_remainder`).
+  bool no_split = false;
+};
+
 class Pools {
  public:
-  // Requests up to `slab_limit` go to the slabs, up to `small_limit` to the packed pool, and
-  // above it to the large pool. `stitching`: the large pool's segments are virtual memory
-  // (pool/virtual_backing.h: stitched at the cap), else plain allocations (pool/plain_backing.h);
-  // the packed pool's are always plain. `no_split`: the packed pool never splits a block (the
-  // large pool's is `large.keep_remainder`).
-  Pools(const PoolContext& ctx, std::size_t slab_limit, std::size_t small_limit, LargePoolConfig large,
-        bool stitching = false, bool no_split = false)
-      : slab_limit_(std::min(slab_limit, small_limit)),
-        small_limit_(small_limit),
+  Pools(const PoolContext& ctx, const PoolsConfig& config)
+      : slab_limit_(std::min(config.slab_limit, config.small_limit)),
+        small_limit_(config.small_limit),
         small_(ctx),
-        packed_(ctx, large.roundup_power2_divisions, no_split),
-        large_(ctx, large, LargeBacking(ctx, large.granularity, stitching)) {}
+        packed_(ctx, config.large.roundup_power2_divisions, config.no_split),
+        large_(ctx, config.large, LargeBacking(ctx, config.large.granularity, config.stitching)) {}
   // The number of pools, and the place of pool type P among them (ForEach's order).
   static constexpr int kNumPools = 3;
   template <typename P>

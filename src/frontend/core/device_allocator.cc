@@ -44,8 +44,10 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
       memory_fraction_(options.memory_fraction),
       registry_(backend_.get(), &stats_, &history_),
       large_config_(MakeLargeConfig(options, backend_->Granularity())),
-      pools_(PoolContext{&stats_, &registry_, &clock_}, options.slab_limit, options.small_pool_limit, large_config_,
-             /*stitching=*/options.Stitching()),
+      pools_(PoolContext{&stats_, &registry_, &clock_}, PoolsConfig{.slab_limit = options.slab_limit,
+                                                                    .small_limit = options.small_pool_limit,
+                                                                    .large = large_config_,
+                                                                    .stitching = options.Stitching()}),
       pending_(backend_.get()),
       // A private pool's small and large pool: configured as the device's own, except that a
       // no-split pool has no slabs and keeps every remainder in its block, and that neither it nor
@@ -58,8 +60,11 @@ DeviceAllocator::DeviceAllocator(const Options& options, std::unique_ptr<Backend
         }
         if (settings.no_split) large.keep_remainder = kUnlimited;
         return std::make_unique<Pools>(PoolContext{&stats_, &registry_, &clock_},
-                                       settings.no_split ? 0 : options_.slab_limit, options_.small_pool_limit,
-                                       std::move(large), stitching, /*no_split=*/settings.no_split);
+                                       PoolsConfig{.slab_limit = settings.no_split ? 0 : options_.slab_limit,
+                                                   .small_limit = options_.small_pool_limit,
+                                                   .large = std::move(large),
+                                                   .stitching = stitching,
+                                                   .no_split = settings.no_split});
       }),
       imports_(backend_.get()),
       tenants_(std::move(tenants), &private_, &registry_) {

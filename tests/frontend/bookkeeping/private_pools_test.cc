@@ -21,7 +21,7 @@ class PrivatePoolsTest : public ::testing::Test {
  protected:
   PrivatePoolsTest()
       : pools_([this](const PrivatePoolSettings&) {
-          return std::make_unique<Pools>(ctx_, kMaxSmallSize, kMaxSmallSize, LargePoolConfig{});
+          return std::make_unique<Pools>(ctx_, PoolsConfig{.slab_limit = kMaxSmallSize});
         }) {}
   std::uint16_t Tag(Stream s, bool capturing = true) {
     return pools_.TagFor(s, [&](Stream) { return capturing; });

@@ -618,8 +618,7 @@ class DeviceTenantsTest : public ::testing::Test {
     registry_->set_cap(48 * kMiB);
     private_ = std::make_unique<internal::PrivatePools>([this](const PrivatePoolSettings&) {
       return std::make_unique<internal::Pools>(internal::PoolContext{&ledger_, registry_.get(), &clock_},
-                                               internal::kMaxSmallSize, internal::kMaxSmallSize,
-                                               internal::LargePoolConfig{});
+                                               internal::PoolsConfig{.slab_limit = internal::kMaxSmallSize});
     });
     tenants_ = std::make_shared<Tenants>(ShortAndLong());
     device_ = std::make_unique<DeviceTenants>(tenants_, private_.get(), registry_.get());
