@@ -27,7 +27,7 @@ TEST(StreamKeysTest, ThePublicKeysAreTheInternalOnes) {
     EXPECT_EQ(Allocator::StreamOfKey(s), internal::StreamOfKey(s));
     if (s != kPerThreadStream) EXPECT_EQ(Allocator::PoolKey(s), s);  // any other stream is its own key
   }
-  EXPECT_EQ(internal::StreamOfKey(own), kPerThreadStream);           // this thread's key: its stream
+  EXPECT_EQ(internal::StreamOfKey(own), kPerThreadStream);               // this thread's key: its stream
   EXPECT_EQ(internal::StreamOfKey(other_thread_key), other_thread_key);  // another's stays a key
 }
 
