@@ -108,7 +108,7 @@ void LargePool::Take(Block* block, std::size_t rounded, int tier) {
   Segment* seg = block->segment;
   const InactiveSplit before = InactiveOf(seg);
   RemoveFree(block);
-  BA_DCHECK(deferred_ == nullptr, "a block-level call with a block deferred");
+  BA_CHECK(deferred_ == nullptr, "a block-level call with a block deferred (call it after a settling one)");
   if (tier < 0 && ShouldSplit(block->size, rounded)) {
     InsertFree(SplitBlock(block, rounded, blocks_));
     ctx_.stats->Count(&DeviceStats::num_splits);
@@ -265,7 +265,7 @@ absl::StatusOr<LargePool::Handle> LargePool::Serve(StreamState& ss, Stream strea
 
 Segment* LargePool::AddSegment(StreamState& ss, Stream stream, std::uintptr_t base, std::size_t bytes, int tier,
                                std::size_t mapped) {
-  BA_DCHECK(deferred_ == nullptr, "a block-level call with a block deferred");
+  BA_CHECK(deferred_ == nullptr, "a block-level call with a block deferred (call it after a settling one)");
   mapped = std::min(mapped, bytes);
   BA_DCHECK(mapped > 0, "a segment with nothing mapped");
   Segment* seg = segment_meta_.New();
@@ -299,7 +299,7 @@ Segment* LargePool::AddSegment(StreamState& ss, Stream stream, std::uintptr_t ba
 }
 
 void LargePool::DropSegment(Segment* seg) {
-  BA_DCHECK(deferred_ == nullptr, "a block-level call with a block deferred");
+  BA_CHECK(deferred_ == nullptr, "a block-level call with a block deferred (call it after a settling one)");
   BA_DCHECK(seg->active_blocks == 0 && seg->free_blocks == 0, "dropping a segment that holds blocks");
   decltype(release_order_)::Remove(seg);
   if (seg->tier >= 0) tier_segments_[seg->tier] -= 1;
@@ -321,7 +321,7 @@ void LargePool::DropFreeSegment(Segment* seg) {
 }
 
 void LargePool::MakeHole(Block* block, std::uintptr_t lo, std::uintptr_t hi) {
-  BA_DCHECK(deferred_ == nullptr, "a block-level call with a block deferred");
+  BA_CHECK(deferred_ == nullptr, "a block-level call with a block deferred (call it after a settling one)");
   Segment* seg = block->segment;
   const InactiveSplit before = InactiveOf(seg);
   RemoveFree(block);
@@ -353,7 +353,7 @@ void LargePool::Return(Handle h) {
   ctx_.stats->Increase(&DeviceStats::cached_bytes, config_.index, size);
   seg->active_blocks -= 1;
   block->state = BlockState::kFree;
-  if (seg->tier < 0 && (block->prev == nullptr || block->prev->state != BlockState::kFree)) {
+  if (config_.defer_free && seg->tier < 0 && (block->prev == nullptr || block->prev->state != BlockState::kFree)) {
     Defer(block);
   } else {
     for (Block* neighbour : {block->prev, block->next}) {

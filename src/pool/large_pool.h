@@ -22,7 +22,9 @@
 // pool carves and keeps out of its lists. Backings change blocks only through the block-level calls
 // below. The fast path never calls the backing. It has the shape of every pool (pool/pool.h).
 // Stats it keeps: active, cached, inactive_split, the split/merge counters and oversize counts.
-// Thread-safety: none; the device lock guards it.
+// Thread-safety: none; the device lock guards it, for the const calls too: a call that reads
+// blocks or trees settles the deferred block (a logically const change of `mutable` members), so
+// two const calls must not run at once either.
 //
 // Example:
 //   LargePool pool(ctx, config, std::make_unique<PlainBacking>(ctx.source));
@@ -78,6 +80,9 @@ struct LargePoolConfig {
   // splits every remainder off (0): free, it joins its free neighbours' granules, which can then
   // move whole.
   std::size_t keep_remainder = kMaxSmallSize;
+  // The block freed last waits deferred (see LargePool) instead of merging at once. Every choice
+  // and figure is the same either way; false is the plain algorithm (the tests compare the two).
+  bool defer_free = true;
 };
 
 // The free lists of one stream (LargePool::StreamState).

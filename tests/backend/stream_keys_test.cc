@@ -25,7 +25,9 @@ TEST(StreamKeysTest, ThePublicKeysAreTheInternalOnes) {
   for (Stream s : streams) {
     SCOPED_TRACE(reinterpret_cast<std::uintptr_t>(s));
     EXPECT_EQ(Allocator::StreamOfKey(s), internal::StreamOfKey(s));
-    if (s != kPerThreadStream) EXPECT_EQ(Allocator::PoolKey(s), s);  // any other stream is its own key
+    if (s != kPerThreadStream) {
+      EXPECT_EQ(Allocator::PoolKey(s), s);  // any other stream is its own key
+    }
   }
   EXPECT_EQ(internal::StreamOfKey(own), kPerThreadStream);               // this thread's key: its stream
   EXPECT_EQ(internal::StreamOfKey(other_thread_key), other_thread_key);  // another's stays a key

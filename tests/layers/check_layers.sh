@@ -59,6 +59,18 @@ expect_refused frontend_bookkeeping bucketalloc/allocator.h
 expect_refused frontend_core harness/replay/replay.h
 expect_refused frontend_core bucketalloc/bucketalloc.h  # the C ABI is a plugin
 
+# The front end's rooms, every header: found by its own room (so by the rooms above, which link
+# it), refused by the rooms below and the pool layer.
+rooms=(observability bookkeeping core)
+for ((i = 0; i < ${#rooms[@]}; ++i)); do
+  for header in "$source_dir/src/frontend/${rooms[i]}"/*.h; do
+    name=frontend/${rooms[i]}/$(basename "$header")
+    expect_found "frontend_${rooms[i]}" "$name"
+    for ((j = 0; j < i; ++j)); do expect_refused "frontend_${rooms[j]}" "$name"; done
+    expect_refused pool "$name"
+  done
+done
+
 # A relative include with ".." resolves from the including file's own folder, around the include
 # paths: none is allowed in the layers.
 if up=$(grep -rnE '#include +"[^"]*\.\./' "$source_dir/src" "$source_dir/cuda"); then

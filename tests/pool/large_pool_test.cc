@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -517,10 +519,24 @@ std::string FirstStatDifference(const DeviceStats& a, const DeviceStats& b) {
   return diff;
 }
 
-// The pool with its deferred free block against the same pool settled after every call (a read
-// settles it: the pool as it was before the deferral), through a random churn in the packed small
-// pool's configuration and two large pool ones: the same block (address and size) for every
-// request, and the same stats, histogram, inactive split and release order after every step.
+// Every block of a pool by address: (address, size, state, free_since) (a read: it settles).
+std::vector<std::tuple<std::uintptr_t, std::size_t, int, std::uint64_t>> Layout(const LargePool& pool) {
+  std::vector<std::tuple<std::uintptr_t, std::size_t, int, std::uint64_t>> blocks;
+  for (const Segment* seg : pool.segments()) {
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      blocks.emplace_back(b->ptr, b->size, static_cast<int>(b->state),
+                          b->state == BlockState::kFree ? b->free_since : 0);
+    }
+  }
+  std::sort(blocks.begin(), blocks.end());
+  return blocks;
+}
+
+// The pool with its deferred free block against the plain algorithm (defer_free false: every free
+// merges at once), through a random churn in the packed small pool's configuration and two large
+// pool ones: the same block (address and size) for every request, the same stats, histogram,
+// inactive split and release order after every step, and every 97 steps the same blocks, states
+// and free times (which the stitcher orders by).
 TEST(LargePoolDeferredTest, TheDeferredFreeChangesNoChoiceAndNoFigure) {
   struct Case {
     const char* name;
@@ -543,19 +559,21 @@ TEST(LargePoolDeferredTest, TheDeferredFreeChangesNoChoiceAndNoFigure) {
     SCOPED_TRACE(c.name);
     c.config.roundup_power2_divisions.assign(16, 0);
     PoolTwin deferred(c.config, 1024 * kMiB);
-    PoolTwin settled(c.config, 1024 * kMiB);
+    LargePoolConfig plain_config = c.config;
+    plain_config.defer_free = false;
+    PoolTwin plain(plain_config, 1024 * kMiB);
     std::mt19937_64 rng(41);
-    std::vector<std::pair<Block*, Block*>> live;  // (deferred's, settled's)
+    std::vector<std::pair<Block*, Block*>> live;  // (deferred's, plain's)
     std::vector<std::size_t> last_freed;          // sizes freed lately: a pair's reuse is the common case
     for (int step = 0; step < 6000; ++step) {
       ++deferred.clock;
-      ++settled.clock;
+      ++plain.clock;
       const auto dice = rng() % 20;
       if (dice < 9 || live.empty()) {
         const std::size_t size = !last_freed.empty() && rng() % 2 == 0 ? last_freed[rng() % last_freed.size()]
                                                                        : c.sizes[rng() % c.sizes.size()];
         Block* a = deferred.Allocate(size);
-        Block* b = settled.Allocate(size);
+        Block* b = plain.Allocate(size);
         ASSERT_EQ(a == nullptr, b == nullptr) << "step " << step;
         if (a != nullptr) {
           ASSERT_EQ(a->ptr, b->ptr) << "step " << step;  // both sources start at the same address
@@ -567,21 +585,23 @@ TEST(LargePoolDeferredTest, TheDeferredFreeChangesNoChoiceAndNoFigure) {
         last_freed.push_back(live[i].first->size);
         if (last_freed.size() > 4) last_freed.erase(last_freed.begin());
         deferred.pool.Return({live[i].first});
-        settled.pool.Return({live[i].second});
+        plain.pool.Return({live[i].second});
         live[i] = live.back();
         live.pop_back();
       } else {
-        ASSERT_EQ(deferred.pool.ReleaseOldest(), settled.pool.ReleaseOldest()) << "step " << step;
+        ASSERT_EQ(deferred.pool.ReleaseOldest(), plain.pool.ReleaseOldest()) << "step " << step;
       }
-      settled.pool.LargestFree(settled.ss);  // settles
-      ASSERT_EQ(FirstStatDifference(deferred.ledger.Snapshot(), settled.ledger.Snapshot()), "") << "step " << step;
+      if (step % 97 == 0) {
+        ASSERT_EQ(Layout(deferred.pool), Layout(plain.pool)) << "step " << step;
+      }
+      ASSERT_EQ(FirstStatDifference(deferred.ledger.Snapshot(), plain.ledger.Snapshot()), "") << "step " << step;
       FragmentationReport kd, ks;
       deferred.pool.AddFragmentation(&kd);
-      settled.pool.AddFragmentation(&ks);
+      plain.pool.AddFragmentation(&ks);
       ASSERT_EQ(kd.pools[c.config.index].free_count, ks.pools[c.config.index].free_count) << "step " << step;
       ASSERT_EQ(kd.pools[c.config.index].free_bytes, ks.pools[c.config.index].free_bytes) << "step " << step;
-      ASSERT_EQ(deferred.pool.inactive_split().bytes, settled.pool.inactive_split().bytes) << "step " << step;
-      ASSERT_EQ(deferred.pool.OldestFree(), settled.pool.OldestFree()) << "step " << step;
+      ASSERT_EQ(deferred.pool.inactive_split().bytes, plain.pool.inactive_split().bytes) << "step " << step;
+      ASSERT_EQ(deferred.pool.OldestFree(), plain.pool.OldestFree()) << "step " << step;
     }
     EXPECT_GT(deferred.ledger.Snapshot().num_splits, 0);
     EXPECT_GT(deferred.ledger.Snapshot().num_merges, 0);
@@ -590,9 +610,9 @@ TEST(LargePoolDeferredTest, TheDeferredFreeChangesNoChoiceAndNoFigure) {
     EXPECT_TRUE(deferred.pool.CheckStreamState(deferred.ss).ok()) << deferred.pool.CheckStreamState(deferred.ss);
     for (auto& [a, b] : live) {
       deferred.pool.Return({a});
-      settled.pool.Return({b});
+      plain.pool.Return({b});
     }
-    EXPECT_EQ(deferred.pool.LargestFree(deferred.ss), settled.pool.LargestFree(settled.ss));
+    EXPECT_EQ(deferred.pool.LargestFree(deferred.ss), plain.pool.LargestFree(plain.ss));
     EXPECT_TRUE(deferred.pool.CheckInvariants(0).ok()) << deferred.pool.CheckInvariants(0);
   }
 }

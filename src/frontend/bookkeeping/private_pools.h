@@ -10,6 +10,8 @@
 // the same pool, in the same capture or another capture sharing the pool, as PyTorch's do. A pool
 // whose count reaches 0 is freeable: the device gives its wholly free memory back after a device
 // synchronization (release-and-retry, empty_cache), and forgets the pool once it holds no memory.
+// It also owns the use_on_oom pools (PyTorch's MemPool(use_on_oom=True)): the pools whose cached
+// blocks a request of the device's own pools may take before it fails.
 // A tenant's pool (AddTenant) is a private pool that no capture routes to and that is never
 // freeable: the device routes a tenant's requests to it.
 // Invariants (CheckInvariants): every routing names a pool in use (count > 0) that is not a

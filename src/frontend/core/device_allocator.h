@@ -6,7 +6,12 @@
 //   - the segment registry and cap (frontend/bookkeeping/segment_registry.h), the pools' MemorySource;
 //   - pending frees and stream events (frontend/bookkeeping/pending_frees.h);
 //   - graph captures and the private pools they allocate into (frontend/bookkeeping/private_pools.h);
-//   - the history ring (frontend/observability/history.h) and the stat ledger (internal/stat_ledger.h).
+//   - the history ring (frontend/observability/history.h) and the stat ledger (internal/stat_ledger.h);
+//   - the OOM log (frontend/observability/oom_log.h): the last OOM report and the recent OOMs;
+//   - the tenants' pools and accounting (frontend/bookkeeping/tenants.h) and CUDA IPC imports
+//     (frontend/bookkeeping/ipc.h).
+// Its methods live in one file per concern: device_allocator.cc (the request path),
+// device_captures.cc, device_sharing.cc, device_reports.cc, device_limits.cc, device_check.cc.
 // It routes each request to its pool, runs the slow path in one order for every pool (poll stream
 // events, serve from cache or new memory, release and retry once, a smaller fallback request, then
 // the OOM report of frontend/observability/oom_diagnosis.h), garbage-collects before growth, and builds
