@@ -248,10 +248,9 @@ class Allocator {
   static Stream PerThreadKey();
   absl::StatusOr<internal::DeviceAllocator*> Device(int device) const;
   // The out-of-line parts of Allocate and Free: a device not yet created (or a per-thread stream's
-  // key), and an error of a free (a pointer of another device is named as such).
+  // key).
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<void*> AllocateOnNewDevice(std::size_t size, int device, Stream stream);
   ABSL_ATTRIBUTE_NOINLINE absl::Status FreeOnNewDevice(void* ptr, int device, std::optional<std::size_t> size);
-  ABSL_ATTRIBUTE_NOINLINE void ExplainFreeError(absl::Status* s, void* ptr, int device) const;
 
   Options options_;
   struct Devices;

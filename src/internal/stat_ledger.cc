@@ -5,7 +5,14 @@
 
 namespace bucketalloc::internal {
 
+void StatLedger::PayDebt() const {
+  StatDebtor* debtor = owed_;
+  owed_ = nullptr;  // first: paying increases gauges, which settle
+  debtor->PayStats();
+}
+
 std::int64_t StatLedger::Current(PoolGauge gauge, PoolIndex pool) const {
+  Settle();
   const StatArray& s = stats_.*gauge;
   if (pool != kAllPools) return s[pool].current;
   std::int64_t sum = 0;
@@ -14,6 +21,7 @@ std::int64_t StatLedger::Current(PoolGauge gauge, PoolIndex pool) const {
 }
 
 DeviceStats StatLedger::Snapshot(bool since_start) const {
+  Settle();
   DeviceStats out = stats_;
   if (since_start) {
     const auto add = [](Stat& s, const Stat& zeroed) {
@@ -47,6 +55,7 @@ DeviceStats StatLedger::Snapshot(bool since_start) const {
 }
 
 void StatLedger::ResetAccumulated() {
+  Settle();
   // Each gauge's current value becomes its base: current == base + allocated - freed still holds.
   const auto reset = [](Stat& s, Stat& base, Stat& zeroed) {
     base.current = s.current;
@@ -69,6 +78,7 @@ void StatLedger::ResetAccumulated() {
 }
 
 void StatLedger::ResetPeaks() {
+  Settle();
 #define BUCKETALLOC_RESET_PEAK(name, doc)                   \
   {                                                         \
     std::int64_t sum = 0;                                   \
@@ -86,6 +96,7 @@ void StatLedger::ResetPeaks() {
 }
 
 absl::Status StatLedger::CheckInvariants() const {
+  Settle();
   auto consistent = [](const Stat& s, const Stat& base) {
     return s.current == base.current + s.allocated - s.freed && s.peak >= s.current && s.current >= 0;
   };

@@ -7,6 +7,12 @@
 // the fast path. The counters (num_*) and the device-wide gauges are kept as they are.
 // Invariants (CheckInvariants): for every pool gauge current == allocated - freed, peak >= current
 // >= 0; the all-peak of a gauge is at least the sum of the pools' currents; device gauges likewise.
+// A debt: a component may change its own state now and count the change later (StatDebtor: a
+// large pool's deferred free block, pool/large_pool.h); the ledger has the debt paid before any
+// read, and every pool settles it at its entry points before it counts, so that no gauge is
+// increased while a debt is unpaid (checked in debug builds): every figure read and every peak is
+// what counting at once gives (a decrease never moves a peak, and the totals are sums). One debtor
+// at a time.
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
@@ -21,11 +27,22 @@
 #include "absl/base/attributes.h"
 #include "absl/status/status.h"
 #include "bucketalloc/stat_types.h"
+#include "internal/check.h"
 
 namespace bucketalloc::internal {
 
 // A pool gauge of DeviceStats (e.g. &DeviceStats::active_bytes).
 using PoolGauge = StatArray DeviceStats::*;
+
+// What a component owes the ledger (StatLedger::Owe): PayStats counts, through the ledger's
+// updates, the changes it made and has not counted yet, as they would have been counted then.
+class StatDebtor {
+ public:
+  virtual void PayStats() = 0;
+
+ protected:
+  ~StatDebtor() = default;
+};
 
 class StatLedger {
  public:
@@ -33,6 +50,7 @@ class StatLedger {
   // once turned each into a call, +48 instructions per slab hit pair).
   // Adds n >= 0 to `gauge` of `pool`, and keeps the all-peak.
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Increase(PoolGauge gauge, PoolIndex pool, std::int64_t n) {
+    BA_DCHECK(owed_ == nullptr, "a gauge increased with a debt unpaid (the pool's entry must Settle first)");
     StatArray& s = stats_.*gauge;
     s[pool].Increase(n);
     std::int64_t sum = 0;
@@ -51,16 +69,63 @@ class StatLedger {
       Decrease(gauge, pool, -delta);
     }
   }
+  // `gauge` of `pool` moved and came back, and nothing else changed meanwhile: its totals and peaks
+  // as the two updates would leave them, its current as it is. Only for a debtor settling its own
+  // debt (they do not settle one). Rise: up by n >= 0 and down; Dip: down by n >= 0 and up (no
+  // peak moves); Excursion: by `delta` of either sign and back.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void Rise(PoolGauge gauge, PoolIndex pool, std::int64_t n) {
+    StatArray& s = stats_.*gauge;
+    Stat& own = s[pool];
+    own.allocated += n;
+    own.freed += n;
+    if (own.current + n > own.peak) own.peak = own.current + n;
+    std::int64_t sum = n;
+    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) sum += s[p].current;
+    if (sum > s[kAllPools].peak) s[kAllPools].peak = sum;
+  }
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void Dip(PoolGauge gauge, PoolIndex pool, std::int64_t n) {
+    Stat& own = (stats_.*gauge)[pool];
+    own.allocated += n;
+    own.freed += n;
+  }
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void Excursion(PoolGauge gauge, PoolIndex pool, std::int64_t delta) {
+    if (delta > 0) {
+      Rise(gauge, pool, delta);
+    } else if (delta < 0) {
+      Dip(gauge, pool, -delta);
+    }
+  }
   // The current value of a pool's gauge (pool > kAllPools), or of the sum (kAllPools).
   std::int64_t Current(PoolGauge gauge, PoolIndex pool) const;
+
+  // `debtor` owes the ledger from now until it is paid (Settle) or forgiven; a debt another one
+  // owes is paid first.
+  void Owe(StatDebtor* debtor) {
+    Settle();
+    owed_ = debtor;
+  }
+  // The debtor counts its debt itself, with what it counts next (a deferred block taken back).
+  void Forgive() { owed_ = nullptr; }
+  bool owes(const StatDebtor* debtor) const { return owed_ == debtor; }
+  // Has the debt, if any, paid (logically const: every read calls it).
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void Settle() const {
+    if (owed_ != nullptr) [[unlikely]]
+      PayDebt();
+  }
 
   // A counter (e.g. &DeviceStats::num_cache_hits).
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Count(std::int64_t DeviceStats::*counter, std::int64_t n = 1) {
     stats_.*counter += n;
   }
-  std::int64_t counter(std::int64_t DeviceStats::*counter) const { return stats_.*counter; }
+  std::int64_t counter(std::int64_t DeviceStats::*counter) const {
+    Settle();
+    return stats_.*counter;
+  }
   // A device-wide gauge (e.g. &DeviceStats::oversize_segments).
-  Stat& device(Stat DeviceStats::*gauge) { return stats_.*gauge; }
+  Stat& device(Stat DeviceStats::*gauge) {
+    Settle();
+    return stats_.*gauge;
+  }
 
   // The fields that are not gauges: the cap and max_split_size.
   void SetCapacity(std::int64_t bytes) { stats_.capacity_bytes = bytes; }
@@ -78,6 +143,11 @@ class StatLedger {
   absl::Status CheckInvariants() const;
 
  private:
+  void PayDebt() const;
+
+  // The debtor, or nullptr. mutable: a read has the debt paid, which changes the figures as they
+  // would have changed (logically const).
+  mutable StatDebtor* owed_ = nullptr;
   DeviceStats stats_;  // the "all" entries hold only the peak
   // Each gauge's current value at the last ResetAccumulated (zero before one): invariant, per
   // gauge, current == base_.current + allocated - freed.

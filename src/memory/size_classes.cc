@@ -53,7 +53,7 @@ double SmallSizeClasses::WorstCaseWaste() {
   return worst;
 }
 
-std::size_t RoundLargeSize(std::size_t size, std::span<const std::uint32_t> divisions) {
+std::size_t RoundDividedSize(std::size_t size, std::span<const std::uint32_t> divisions) {
   if (size < kMinBlockSize) return kMinBlockSize;
   // Interval index: max(0, log2(size) - 20), clamped to the last entry.
   int index = Log2Floor(size) - 20;

@@ -56,7 +56,13 @@ class SmallSizeClasses {
 // PyTorch's round_size for the large pool: 512-byte multiples, or the next 1/div step of the
 // power-of-two interval when roundup_power2_divisions gives div > 1 for that interval.
 // `divisions` has 16 entries (1 MiB, 2 MiB, ... intervals; the last covers everything above).
-std::size_t RoundLargeSize(std::size_t size, std::span<const std::uint32_t> divisions);
+// The rounding with divisions, out of line (RoundLargeSize calls it).
+std::size_t RoundDividedSize(std::size_t size, std::span<const std::uint32_t> divisions);
+inline std::size_t RoundLargeSize(std::size_t size, std::span<const std::uint32_t> divisions) {
+  if (divisions.empty()) [[likely]]  // no roundup_power2_divisions (the default): 512-byte multiples
+    return size < kMinBlockSize ? kMinBlockSize : RoundUp(size, kMinBlockSize);
+  return RoundDividedSize(size, divisions);
+}
 
 // PyTorch's get_allocation_size: the segment to allocate for a large block of `rounded` bytes.
 inline std::size_t LargeSegmentSize(std::size_t rounded, std::size_t large_segment_size) {

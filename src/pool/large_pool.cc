@@ -23,6 +23,8 @@ LargePool::LargePool(const PoolContext& ctx, LargePoolConfig config, std::unique
     : ctx_(ctx), config_(std::move(config)), backing_(std::move(backing)) {
   BA_CHECK(backing_ != nullptr, "a large pool without a segment backing");
   BA_CHECK(!backing_->virtual_memory() || config_.index == kLargePool, "only the large pool maps virtual memory");
+  const auto& d = config_.roundup_power2_divisions;
+  if (std::any_of(d.begin(), d.end(), [](std::uint32_t div) { return div > 1; })) divisions_ = d;
   tier_use_.resize(config_.tiers.size());
   tier_segments_.assign(config_.tiers.size(), 0);
   for (std::size_t t = 0; t < config_.tiers.size(); ++t) {
@@ -30,7 +32,12 @@ LargePool::LargePool(const PoolContext& ctx, LargePoolConfig config, std::unique
   }
 }
 
-LargePool::~LargePool() = default;  // metadata lives in the object pools
+// Metadata lives in the object pools. A return still deferred is dropped with the pool (the stream
+// states it would touch may be gone already; an owner that keeps the ledger releases the pool,
+// which settles, before it destroys it): the ledger must not keep a destroyed debtor.
+LargePool::~LargePool() {
+  if (ctx_.stats->owes(this)) ctx_.stats->Forgive();
+}
 
 inline InactiveSplit LargePool::InactiveOf(const Segment* seg) {
   if (seg->active_blocks == 0) return {};
@@ -86,8 +93,8 @@ Block* LargePool::FindFree(StreamState& ss, std::size_t rounded) {
 Block* LargePool::FindAndTake(StreamState& ss, const Request& r) {
   if (deferred_ != nullptr) {
     if (Block* block = TakeDeferred(ss, r)) return block;
-    SettleDeferred();
   }
+  Settle();  // this pool's deferred return, or another pool's
   Block* block = r.tier >= 0 ? ss.tier_free[r.tier].front() : FindFree(ss, r.rounded);
   if (block != nullptr) Take(block, r.rounded, r.tier);
   return block;
@@ -121,42 +128,45 @@ inline Block* LargePool::TakeDeferred(StreamState& ss, const Request& r) {
   Block* block = deferred_;
   Segment* seg = block->segment;
   if (r.tier >= 0 || block->size != r.rounded || &StateOf(seg) != &ss) return nullptr;
+  // Its return would merge it with `next` (its previous neighbour is not free) ...
   Block* next = block->next != nullptr && block->next->state == BlockState::kFree ? block->next : nullptr;
   const std::size_t merged = block->size + (next != nullptr ? next->size : 0);
-  // The merged block must be admissible and, with a neighbour, split at r.rounded (its remainder
-  // is then `next` as it stands) ...
+  // ... and the merged block must be admissible and, with a neighbour, split at r.rounded (its
+  // remainder is then `next` as it stands) ...
   if (!Admissible(merged, r.rounded) || (next != nullptr && !ShouldSplit(merged, r.rounded))) return nullptr;
   // ... and best fit: no free block of the stream comes before it in (size, address) order (the
-  // tree holds `next` where the merged block stands).
+  // tree holds `next`, which the merged block would replace).
   Block* rival = ss.tree.LowerBound(r.rounded);
   if (rival != nullptr && rival == next) rival = ss.tree.After(next);
   if (rival != nullptr && (rival->size < merged || (rival->size == merged && rival->ptr < block->ptr))) return nullptr;
-  // Take(merged) in every figure: out of the free lists, and `next` back in as the remainder.
-  const InactiveSplit before = InactiveOf(seg);
-  seg->free_bytes -= block->size;
-  free_.Remove(merged);
-  if (next != nullptr) {
-    free_.Add(next->size);
-    next->free_since = block->free_since;
-    ctx_.stats->Count(&DeviceStats::num_splits);
-  } else {
-    seg->free_blocks -= 1;
-  }
+  // The return and the take, net: the lists, the histogram and the segment's counts end as they
+  // are; the gauges' totals move both ways, and the peaks see the return's state in between.
   deferred_ = nullptr;
-  Activate(block);
-  UpdateInactiveSplit(before, seg);
+  ctx_.stats->Forgive();
+  const auto size = static_cast<std::int64_t>(block->size);
+  ctx_.stats->Dip(&DeviceStats::active_bytes, config_.index, size);
+  ctx_.stats->Dip(&DeviceStats::active, config_.index, 1);
+  ctx_.stats->Rise(&DeviceStats::cached_bytes, config_.index, size);
+  const InactiveSplit now = InactiveOf(seg);
+  const InactiveSplit between = seg->active_blocks == 1
+                                    ? InactiveSplit{}
+                                    : InactiveSplit{now.bytes + size, now.count + (next != nullptr ? 0 : 1)};
+  ctx_.stats->Excursion(&DeviceStats::inactive_split_bytes, config_.index, between.bytes - now.bytes);
+  ctx_.stats->Excursion(&DeviceStats::inactive_split, config_.index, between.count - now.count);
+  block->free_since = deferred_since_;
+  if (seg->active_blocks == 1) seg->free_since = deferred_since_;  // in the release order meanwhile
+  if (next != nullptr) {
+    next->free_since = deferred_since_;  // the split's remainder keeps the merged block's time
+    ctx_.stats->Count(&DeviceStats::num_merges);
+    ctx_.stats->Count(&DeviceStats::num_splits);
+  }
   return block;
 }
 
-void LargePool::SettleDeferred() const {
+void LargePool::PayStats() {
   Block* block = deferred_;
   deferred_ = nullptr;
-  StreamState& ss = StateOf(block->segment);
-  if (Block* next = block->next; next != nullptr && next->state == BlockState::kFree) {
-    ss.tree.Erase(next);
-    MergeBlocks(block, next, blocks_);
-  }
-  ss.tree.Insert(block);
+  ReturnNow(block, deferred_since_);
 }
 
 absl::StatusOr<LargePool::Handle> LargePool::TakeAt(std::uintptr_t addr, std::size_t size, Stream stream) {
@@ -345,6 +355,18 @@ void LargePool::MakeHole(Block* block, std::uintptr_t lo, std::uintptr_t hi) {
 void LargePool::Return(Handle h) {
   Settle();
   Block* block = h.block;
+  if (config_.defer_free && block->segment->tier < 0 &&
+      (block->prev == nullptr || block->prev->state != BlockState::kFree)) [[likely]] {
+    block->state = BlockState::kAllocated;  // was kPendingFree when it awaited stream events: active either way
+    deferred_ = block;
+    deferred_since_ = *ctx_.clock;
+    ctx_.stats->Owe(this);
+    return;
+  }
+  ReturnNow(block, *ctx_.clock);
+}
+
+void LargePool::ReturnNow(Block* block, std::uint64_t since) {
   Segment* seg = block->segment;
   const InactiveSplit before = InactiveOf(seg);
   const auto size = static_cast<std::int64_t>(block->size);
@@ -353,38 +375,17 @@ void LargePool::Return(Handle h) {
   ctx_.stats->Increase(&DeviceStats::cached_bytes, config_.index, size);
   seg->active_blocks -= 1;
   block->state = BlockState::kFree;
-  if (config_.defer_free && seg->tier < 0 && (block->prev == nullptr || block->prev->state != BlockState::kFree)) {
-    Defer(block);
-  } else {
-    for (Block* neighbour : {block->prev, block->next}) {
-      if (neighbour != nullptr && neighbour->state == BlockState::kFree) {
-        RemoveFree(neighbour);
-        block = MergeBlocks(block, neighbour, blocks_);
-        ctx_.stats->Count(&DeviceStats::num_merges);
-      }
+  for (Block* neighbour : {block->prev, block->next}) {
+    if (neighbour != nullptr && neighbour->state == BlockState::kFree) {
+      RemoveFree(neighbour);
+      block = MergeBlocks(block, neighbour, blocks_);
+      ctx_.stats->Count(&DeviceStats::num_merges);
     }
-    block->free_since = *ctx_.clock;
-    InsertFree(block);
   }
-  if (seg->active_blocks == 0) release_order_.Push(seg, *ctx_.clock);
+  block->free_since = since;
+  InsertFree(block);
+  if (seg->active_blocks == 0) release_order_.Push(seg, since);
   UpdateInactiveSplit(before, seg);
-}
-
-inline void LargePool::Defer(Block* block) {
-  // RemoveFree(next), the merge and InsertFree(merged) in every figure; the tree stays as it is.
-  Segment* seg = block->segment;
-  std::size_t merged = block->size;
-  if (Block* next = block->next; next != nullptr && next->state == BlockState::kFree) {
-    merged += next->size;
-    free_.Remove(next->size);
-    ctx_.stats->Count(&DeviceStats::num_merges);
-  } else {
-    seg->free_blocks += 1;
-  }
-  seg->free_bytes += block->size;
-  free_.Add(merged);
-  block->free_since = *ctx_.clock;
-  deferred_ = block;
 }
 
 std::size_t LargePool::ReleaseOldest() {
@@ -442,6 +443,7 @@ static void AddTierUse(const std::vector<TierUsage>& use, FragmentationReport* r
 }
 
 void LargePool::AddFragmentation(FragmentationReport* report) const {
+  Settle();
   free_.AddTo(&report->pools[config_.index]);
   AddTierUse(TierUse(), report);
 }
@@ -508,6 +510,7 @@ void LargePool::Describe(std::vector<SpanView>* spans) const {
 }
 
 InactiveSplit LargePool::inactive_split() const {
+  Settle();
   InactiveSplit split;
   for (const Segment* s : segments_) {
     const InactiveSplit of = InactiveOf(s);
@@ -524,12 +527,16 @@ absl::Status LargePool::CheckInvariants(std::int64_t active_blocks) const {
   };
   if (const Block* d = deferred_; d != nullptr) {
     // The deferred block's own rules; settled, every rule below holds with its figures.
-    if (!segments_.contains(d->segment) || d->segment->tier >= 0 || d->state != BlockState::kFree ||
+    if (!segments_.contains(d->segment) || d->segment->tier >= 0 || d->state != BlockState::kAllocated ||
         d->tree_node.linked || d->free_node.linked() || (d->prev != nullptr && d->prev->state == BlockState::kFree) ||
-        (d->next != nullptr && d->next->state == BlockState::kFree && !d->next->tree_node.linked)) {
-      return fail(d->segment, "the deferred free block breaks its rules (free, in no list, no free block before it)");
+        !ctx_.stats->owes(this)) {
+      return fail(d->segment,
+                  "the block whose return is deferred breaks its rules (allocated, in no list, no free block "
+                  "before it, the ledger's debtor)");
     }
     Settle();
+  } else if (ctx_.stats->owes(this)) {
+    return absl::InternalError("large pool: the ledger's debtor with no deferred return");
   }
   std::int64_t active = 0;
   std::int64_t wholly_free = 0;

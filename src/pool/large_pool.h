@@ -10,12 +10,15 @@
 //     most max_split_size is split when the remainder exceeds keep_remainder; larger blocks serve
 //     only requests within max_non_split_rounding of their size; free neighbours coalesce;
 //   - the release order of wholly free segments (oldest first) for GC and release-and-retry;
-//   - one deferred free block: the last block returned stays out of the size tree, unmerged with
-//     its free next neighbour, while every figure (stats, histogram, segment counts, release order,
-//     split and merge counters) already counts it merged; the next request that the merged block
-//     would have served exactly as best fit takes it back without touching the tree (the hit path of
-//     an alloc+free pair: no erase, insert, split or merge); any other call settles it first (does
-//     the merge and the insert), so the pool's choices are PyTorch's best fit, block for block.
+//   - one deferred free block: the return of the last block returned waits, whole: the block stays
+//     as it was (active, unmerged, out of the size tree) and the pool owes the stats ledger its
+//     figures (a StatDebtor, internal/stat_ledger.h); the next request that the block, merged with
+//     its free next neighbour, would have served exactly as best fit takes it back at the cost of
+//     the pair's net change (the totals, and the peaks the free block would have raised), touching
+//     no tree, histogram or segment count (the hit path of an alloc+free pair); any other call of
+//     any pool and any read of the ledger settle it first (the return done as it would have been
+//     done then), so the pool's choices are PyTorch's best fit, block for block, and every figure
+//     read is the plain algorithm's.
 // What backs a segment is not its business: the SegmentBacking it is built with (the interface,
 // pool/segment_backing.h) makes and gives back segments' memory, and may serve what a grow at the
 // cap cannot, give back free memory inside segments, and leave holes (kUnmapped blocks), which this
@@ -52,6 +55,7 @@
 #include "internal/bits.h"
 #include "internal/intrusive_list.h"
 #include "internal/object_pool.h"
+#include "internal/stat_ledger.h"
 #include "memory/block_tree.h"
 #include "memory/segment.h"
 #include "memory/size_classes.h"
@@ -92,7 +96,7 @@ struct LargeStreamState {
   std::unique_ptr<IntrusiveList<Block, &Block::free_node>[]> tier_free;
 };
 
-class LargePool {
+class LargePool final : private StatDebtor {
  public:
   static constexpr PoolIndex kIndex = kLargePool;
   using FreeList = IntrusiveList<Block, &Block::free_node>;
@@ -128,7 +132,7 @@ class LargePool {
     return -1;
   }
   // PyTorch's rounding of a non-tier large request.
-  std::size_t RoundSize(std::size_t size) const { return RoundLargeSize(size, config_.roundup_power2_divisions); }
+  std::size_t RoundSize(std::size_t size) const { return RoundLargeSize(size, divisions_); }
   // The segment size to allocate for a non-tier block of `rounded` bytes.
   std::size_t SegmentSizeFor(std::size_t rounded) const {
     return LargeSegmentSize(rounded, config_.large_segment_size);
@@ -159,8 +163,8 @@ class LargePool {
   std::pair<std::size_t, std::size_t> OomSizes(const Request& r) const {
     return {r.rounded, RoundUp(r.rounded, config_.granularity)};
   }
-  // Returns an active block to the free lists (coalescing); it is no longer active. The block is
-  // kept deferred (see above) when it merges with no free previous neighbour, after the previously
+  // Returns an active block to the free lists (coalescing); it is no longer active. The return is
+  // deferred (see above) when the block merges with no free previous neighbour, after the previously
   // deferred one is settled.
   void Return(Handle h);
   // Carves [addr, addr + size) out of the free block that holds it, on the free lists of `stream`
@@ -183,7 +187,10 @@ class LargePool {
   static void MarkPending(Handle h) { h.block->state = BlockState::kPendingFree; }
 
   // Release order of wholly free segments.
-  std::uint64_t OldestFree() const { return release_order_.OldestAge(); }
+  std::uint64_t OldestFree() const {
+    Settle();
+    return release_order_.OldestAge();
+  }
   std::size_t ReleaseOldest();
   // Releases every wholly free segment, oldest first, then lets the backing give back what else
   // it can (SegmentBacking::ReleaseFreeMemory).
@@ -263,19 +270,18 @@ class LargePool {
     return block_size <= config_.max_split_size && block_size - rounded > config_.keep_remainder;
   }
   Block* FindAndTake(StreamState& ss, const Request& r);
-  // The deferred block for `r` when the merged block it stands for is exactly what best fit and the
-  // split would give for `r` on `ss`: taken, counted as Take would count it; else nullptr (nothing
-  // changed).
+  // The deferred block for `r` when the block it would be after its return (merged with its free
+  // next neighbour) is exactly what best fit and the split would give for `r` on `ss`: taken back,
+  // the return and the take counted as they would count; else nullptr (nothing changed).
   Block* TakeDeferred(StreamState& ss, const Request& r);
-  // Returns `block` as Return does in every figure, but leaves it out of the tree, unmerged.
-  void Defer(Block* block);
-  // Merges the deferred block with its free next neighbour and puts it in its size tree (the pool's
-  // figures count it so already): logically const, every reader of blocks or trees calls it first.
-  void Settle() const {
-    if (deferred_ != nullptr) [[unlikely]]
-      SettleDeferred();
-  }
-  void SettleDeferred() const;
+  // The return of `block` (active), free since `since`: merged with its free neighbours, in its
+  // free list, every figure counted.
+  void ReturnNow(Block* block, std::uint64_t since);
+  // The deferred return, done (StatDebtor: the ledger calls it when it is read or increased).
+  void PayStats() override;
+  // Has the ledger's debt paid, this pool's deferred return or another pool's: logically const,
+  // every call that reads blocks, trees or figures or counts calls it first.
+  void Settle() const { ctx_.stats->Settle(); }
   Block* FindFree(StreamState& ss, std::size_t rounded);
   ABSL_ATTRIBUTE_ALWAYS_INLINE void InsertFree(Block* block);
   ABSL_ATTRIBUTE_ALWAYS_INLINE void RemoveFree(Block* block);
@@ -286,11 +292,15 @@ class LargePool {
 
   PoolContext ctx_;
   LargePoolConfig config_;
+  // config_.roundup_power2_divisions, or empty when no entry divides (above 1): the rounding's fast
+  // case.
+  std::vector<std::uint32_t> divisions_;
   mutable BlockPool blocks_;  // mutable: Settle merges blocks
-  // The deferred free block: kFree, in no list, its previous neighbour not free; counted everywhere
-  // as merged with its next neighbour when that is free (which stays in the tree meanwhile).
-  // nullptr when none. Its segment is never a tier's.
+  // The block whose return is deferred, or nullptr. Invariant: it is kAllocated and counted active
+  // as before its return, its previous neighbour is not free, its segment is not a tier's, and the
+  // ledger's debtor is this pool exactly while it is set. mutable: Settle clears it.
   mutable Block* deferred_ = nullptr;
+  std::uint64_t deferred_since_ = 0;  // the clock at its return: its free time
   ObjectPool<Segment, 64> segment_meta_;
   ReleaseOrder<Segment, &Segment::release_node, &Segment::free_since> release_order_;  // wholly free, oldest first
   absl::flat_hash_set<Segment*> segments_;  // all segments; changes only on slow paths

@@ -41,6 +41,7 @@ absl::StatusOr<SmallPool::Handle> SmallPool::Serve(StreamState& ss, Stream strea
 }
 
 absl::StatusOr<SmallPool::Handle> SmallPool::TakeAt(std::uintptr_t addr, std::size_t size, Stream stream) {
+  ctx_.stats->Settle();
   auto refuse = [&](absl::string_view why) {
     return absl::StrCat("cannot allocate ", size, " bytes at 0x", absl::Hex(addr), " in the small pool's slabs: ", why);
   };

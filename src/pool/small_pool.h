@@ -66,6 +66,7 @@ class SmallPool {
 
   // Fast path: a slot of the request's class from a partly used slab of this stream.
   std::optional<Handle> TryAllocate(StreamState& ss, const Request& r) {
+    ctx_.stats->Settle();  // the packed part's deferred return counts first (it shares the gauges)
     Slab* slab = ss.partial[r.cls].front();
     if (slab == nullptr) return std::nullopt;
     return TakeSlot(slab);
@@ -80,6 +81,7 @@ class SmallPool {
 
   // Returns a slot to its slab (the block is no longer active).
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Return(Handle h) {
+    ctx_.stats->Settle();
     Slab* slab = h.slab;
     StepInactive(slab, -1);
     const bool was_full = slab->full();

@@ -565,16 +565,21 @@ TEST(LargePoolDeferredTest, TheDeferredFreeChangesNoChoiceAndNoFigure) {
     std::mt19937_64 rng(41);
     std::vector<std::pair<Block*, Block*>> live;  // (deferred's, plain's)
     std::vector<std::size_t> last_freed;          // sizes freed lately: a pair's reuse is the common case
+    Block* waiting = nullptr;                     // the deferred twin's block freed last, unread since
+    int taken_back = 0;                           // requests it served with its return still waiting
     for (int step = 0; step < 6000; ++step) {
       ++deferred.clock;
       ++plain.clock;
       const auto dice = rng() % 20;
+      bool freed = false;
       if (dice < 9 || live.empty()) {
         const std::size_t size = !last_freed.empty() && rng() % 2 == 0 ? last_freed[rng() % last_freed.size()]
                                                                        : c.sizes[rng() % c.sizes.size()];
         Block* a = deferred.Allocate(size);
         Block* b = plain.Allocate(size);
         ASSERT_EQ(a == nullptr, b == nullptr) << "step " << step;
+        if (a != nullptr && a == waiting && a->state == BlockState::kAllocated) ++taken_back;
+        waiting = nullptr;
         if (a != nullptr) {
           ASSERT_EQ(a->ptr, b->ptr) << "step " << step;  // both sources start at the same address
           ASSERT_EQ(a->size, b->size) << "step " << step;
@@ -586,11 +591,18 @@ TEST(LargePoolDeferredTest, TheDeferredFreeChangesNoChoiceAndNoFigure) {
         if (last_freed.size() > 4) last_freed.erase(last_freed.begin());
         deferred.pool.Return({live[i].first});
         plain.pool.Return({live[i].second});
+        freed = true;
+        waiting = live[i].first;
         live[i] = live.back();
         live.pop_back();
       } else {
+        waiting = nullptr;  // released or not, settled
         ASSERT_EQ(deferred.pool.ReleaseOldest(), plain.pool.ReleaseOldest()) << "step " << step;
       }
+      // Every read settles a waiting return: after a free, read only now and then, so that most
+      // frees are followed by the next request with the return still waiting.
+      if (freed && rng() % 4 != 0) continue;
+      waiting = nullptr;
       if (step % 97 == 0) {
         ASSERT_EQ(Layout(deferred.pool), Layout(plain.pool)) << "step " << step;
       }
@@ -603,6 +615,7 @@ TEST(LargePoolDeferredTest, TheDeferredFreeChangesNoChoiceAndNoFigure) {
       ASSERT_EQ(deferred.pool.inactive_split().bytes, plain.pool.inactive_split().bytes) << "step " << step;
       ASSERT_EQ(deferred.pool.OldestFree(), plain.pool.OldestFree()) << "step " << step;
     }
+    EXPECT_GT(taken_back, 300);
     EXPECT_GT(deferred.ledger.Snapshot().num_splits, 0);
     EXPECT_GT(deferred.ledger.Snapshot().num_merges, 0);
     const auto active = static_cast<std::int64_t>(live.size());
@@ -617,8 +630,9 @@ TEST(LargePoolDeferredTest, TheDeferredFreeChangesNoChoiceAndNoFigure) {
   }
 }
 
-// The pair itself touches no tree: the block freed last stays out of it, its free neighbour in
-// it as the remainder, and the next request of its size takes it back; a read settles it.
+// The pair itself touches no tree: the block freed last stays as it was (its return waits), its
+// free neighbour in the tree as the remainder, and the next request of its size takes it back,
+// counted as the return and the take; a read of the stats settles a waiting return.
 TEST_F(LargePoolTest, AFreedBlockWaitsOutOfTheTreeForTheNextRequestOfItsSize) {
   LargePoolConfig config;
   config.keep_remainder = kMinBlockSize - 1;
@@ -629,15 +643,21 @@ TEST_F(LargePoolTest, AFreedBlockWaitsOutOfTheTreeForTheNextRequestOfItsSize) {
   Return(a);
   ASSERT_EQ(ss_->tree.size(), 1u);
   EXPECT_EQ(ss_->tree.Last()->size, 18 * kMiB);  // the remainder, not yet merged with it
-  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, static_cast<std::int64_t>(20 * kMiB));
+  EXPECT_EQ(a->state, BlockState::kAllocated);   // the return waits
   Block* again = TryAllocate(2 * kMiB, -1);
-  ASSERT_NE(again, nullptr);
+  ASSERT_EQ(again, a);  // taken back: the same block, the tree untouched
   EXPECT_EQ(again->ptr, at);
-  EXPECT_EQ(Stats().num_splits, 2);
-  EXPECT_EQ(Stats().num_merges, 1);
+  ASSERT_EQ(ss_->tree.size(), 1u);
+  EXPECT_EQ(Stats().num_splits, 2);  // the first take's and the pair's
+  EXPECT_EQ(Stats().num_merges, 1);  // the pair's
+  EXPECT_EQ(Stats().active_bytes[kLargePool].allocated, static_cast<std::int64_t>(4 * kMiB));
+  EXPECT_EQ(Stats().active_bytes[kLargePool].freed, static_cast<std::int64_t>(2 * kMiB));
   Check(1);
   Return(again);
-  EXPECT_EQ(pool_->LargestFree(*ss_), 20 * kMiB);  // settled: one free block again
+  EXPECT_EQ(again->state, BlockState::kAllocated);                                            // waits again
+  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, static_cast<std::int64_t>(20 * kMiB));  // read: settled
+  EXPECT_EQ(again->state, BlockState::kFree);
+  EXPECT_EQ(pool_->LargestFree(*ss_), 20 * kMiB);  // one free block again
   EXPECT_EQ(ss_->tree.Last()->size, 20 * kMiB);
   // A request of another size settles it first: best fit over the merged block.
   Block* other = TryAllocate(4 * kMiB, -1);

@@ -128,6 +128,13 @@ absl::StatusOr<DeviceAllocator*> Allocator::Device(int device) const {
     if (absl::Status s = (*created)->SetHistory(true, devices_->history_entries); !s.ok()) return s;
   }
   if (devices_->trace_hook.fn != nullptr) (*created)->SetTraceHook(devices_->trace_hook);
+  (*created)->SetLiveElsewhere([devices = devices_.get()](void* ptr, int device) {
+    for (std::size_t other = 0; other < devices->ptrs.size(); ++other) {
+      DeviceAllocator* o = Published(devices->ptrs, static_cast<int>(other));
+      if (static_cast<int>(other) != device && o != nullptr && o->OwnsLive(ptr)) return static_cast<int>(other);
+    }
+    return -1;
+  });
   devices_->owned[device] = std::move(*created);
   d = devices_->owned[device].get();
   devices_->ptrs[device].store(d, std::memory_order_release);
@@ -164,32 +171,14 @@ absl::Status Allocator::Free(void* ptr, int device, std::optional<std::size_t> s
   DeviceAllocator* d = Published(devices_->ptrs, device);
   if (d == nullptr || ptr == nullptr) [[unlikely]]
     return FreeOnNewDevice(ptr, device, size);
-  absl::Status s = d->Free(ptr, size);
-  if (!s.ok()) [[unlikely]]
-    ExplainFreeError(&s, ptr, device);
-  return s;
+  return d->Free(ptr, size);  // a refusal names another device that holds ptr (SetLiveElsewhere)
 }
 
 absl::Status Allocator::FreeOnNewDevice(void* ptr, int device, std::optional<std::size_t> size) {
   if (ptr == nullptr) return absl::OkStatus();
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
-  absl::Status s = (*d)->Free(ptr, size);
-  if (!s.ok()) ExplainFreeError(&s, ptr, device);
-  return s;
-}
-
-void Allocator::ExplainFreeError(absl::Status* s, void* ptr, int device) const {
-  if (!absl::IsInvalidArgument(*s)) return;
-  // A pointer of another device: say so, so that the caller's device bookkeeping is fixed.
-  for (int other = 0; other < device_count(); ++other) {
-    DeviceAllocator* o = Published(devices_->ptrs, other);
-    if (other != device && o != nullptr && o->OwnsLive(ptr)) {
-      *s = absl::InvalidArgumentError(
-          absl::StrCat(s->message(), " (it is a live allocation of device ", other, "; free it with that device)"));
-      return;
-    }
-  }
+  return (*d)->Free(ptr, size);
 }
 
 absl::Status Allocator::RecordStream(void* ptr, int device, Stream stream) {

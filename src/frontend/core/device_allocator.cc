@@ -429,13 +429,24 @@ absl::Status DeviceAllocator::InvalidFree(void* ptr, absl::string_view what) {
 
 absl::Status DeviceAllocator::FreeOfNoLiveAllocation(void* ptr) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  if (pending_.Contains(addr)) return InvalidFree(ptr, "double free (it is already freed and awaiting stream events)");
-  if (registry_.Holding(addr).has_value()) {
-    return InvalidFree(ptr,
-                       "double free, or a pointer into a block rather than its start: no live "
-                       "allocation starts at this address inside bucketalloc's memory");
+  absl::Status refused;
+  {
+    MutexLock lock(mu_);
+    if (pending_.Contains(addr))
+      return InvalidFree(ptr, "double free (it is already freed and awaiting stream events)");
+    if (live_.Find(addr) != nullptr || registry_.Holding(addr).has_value()) {  // live again: freed meanwhile
+      return InvalidFree(ptr,
+                         "double free, or a pointer into a block rather than its start: no live "
+                         "allocation started at this address inside bucketalloc's memory");
+    }
+    refused = InvalidFree(ptr, "the pointer was not allocated by bucketalloc on this device");
   }
-  return InvalidFree(ptr, "the pointer was not allocated by bucketalloc on this device");
+  // Another device's pointer: say so, so that the caller's device bookkeeping is fixed. Asked with
+  // no lock held (the other device takes its own).
+  const int other = live_elsewhere_ ? live_elsewhere_(ptr, device_) : -1;
+  if (other < 0) return refused;
+  return absl::InvalidArgumentError(
+      absl::StrCat(refused.message(), " (it is a live allocation of device ", other, "; free it with that device)"));
 }
 
 absl::Status DeviceAllocator::FreeSizeMismatch(void* ptr, std::size_t requested, std::size_t given) {
@@ -446,33 +457,36 @@ absl::Status DeviceAllocator::FreeSizeMismatch(void* ptr, std::size_t requested,
 absl::Status DeviceAllocator::Free(void* ptr, std::optional<std::size_t> size) {
   if (ptr == nullptr) return absl::OkStatus();
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  MutexLock lock(mu_);
-  if (!fork_child_error_.ok()) [[unlikely]]
-    return fork_child_error_;
-  LiveEntry* found = live_.Find(addr);
-  if (found == nullptr) [[unlikely]]
-    return FreeOfNoLiveAllocation(ptr);
-  const LiveEntry entry = *found;
-  if (size.has_value() && *size != entry.requested) [[unlikely]]
-    return FreeSizeMismatch(ptr, entry.requested, *size);
-  live_.Erase(found);
-  if (pending_.has_uses()) [[unlikely]] {
-    FreeInUse(addr, entry);
-  } else {
-    PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      using P = PoolType<decltype(pool)>;
-      if (tenants_.enabled()) [[unlikely]]  // no longer live, nor active
-        tenants_.StepUse(entry.private_pool, P::kIndex, -P::BlockSize(h), -P::BlockSize(h), -entry.requested, -1);
-      Release(pool, addr, h, entry);
-      Complete(pool, addr, h, entry);
-    });
+  {
+    MutexLock lock(mu_);
+    if (!fork_child_error_.ok()) [[unlikely]]
+      return fork_child_error_;
+    LiveEntry* found = live_.Find(addr);
+    if (found != nullptr) [[likely]] {
+      const LiveEntry entry = *found;
+      if (size.has_value() && *size != entry.requested) [[unlikely]]
+        return FreeSizeMismatch(ptr, entry.requested, *size);
+      live_.Erase(found);
+      if (pending_.has_uses()) [[unlikely]] {
+        FreeInUse(addr, entry);
+      } else {
+        PoolsOf(entry.private_pool).Visit(entry.handle, [&](auto& pool, auto h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          using P = PoolType<decltype(pool)>;
+          if (tenants_.enabled()) [[unlikely]]  // no longer live, nor active
+            tenants_.StepUse(entry.private_pool, P::kIndex, -P::BlockSize(h), -P::BlockSize(h), -entry.requested, -1);
+          Release(pool, addr, h, entry);
+          Complete(pool, addr, h, entry);
+        });
+      }
+      // Blocks awaiting stream events are polled on every free and every slow path, never on a
+      // hit, and never during a capture (CUDA forbids event queries then).
+      if (!pending_.empty() && !CaptureMayRun()) RetirePending(PendingFrees::Mode::kPollUntilBusy);
+      if (tenants_.over_cap()) [[unlikely]]
+        TrimTenantsToCaps();
+      return absl::OkStatus();
+    }
   }
-  // Blocks awaiting stream events are polled on every free and every slow path, never on a hit, and
-  // never during a capture (CUDA forbids event queries then).
-  if (!pending_.empty() && !CaptureMayRun()) RetirePending(PendingFrees::Mode::kPollUntilBusy);
-  if (tenants_.over_cap()) [[unlikely]]
-    TrimTenantsToCaps();
-  return absl::OkStatus();
+  return FreeOfNoLiveAllocation(ptr);  // out of line, with the lock dropped
 }
 
 void DeviceAllocator::TrimTenantsToCaps() {

@@ -35,6 +35,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +87,10 @@ class DeviceAllocator final {
   absl::Status Free(void* ptr, std::optional<std::size_t> size);
   // True when `ptr` is a live allocation of this device (for cross-device error messages).
   bool OwnsLive(void* ptr) const;
+  // Which other device holds `ptr` live, or -1: a free refused as foreign here names that device.
+  // Called with no device lock held. Set once, before the device is published.
+  using LiveElsewhere = std::function<int(void* ptr, int device)>;
+  void SetLiveElsewhere(LiveElsewhere lookup) { live_elsewhere_ = std::move(lookup); }
   // CUDA IPC (Allocator's methods of the same names).
   absl::StatusOr<SharedMemory> ShareBlock(void* ptr);
   absl::StatusOr<void*> OpenShared(int pid, absl::Span<const SharedPiece> pieces);
@@ -256,7 +261,9 @@ class DeviceAllocator final {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The errors of Allocate and Free, out of line so that the fast paths keep a small frame.
   ABSL_ATTRIBUTE_NOINLINE absl::Status InvalidSize(std::size_t size) const;
-  ABSL_ATTRIBUTE_NOINLINE absl::Status FreeOfNoLiveAllocation(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free of no live allocation: why (double free, interior pointer, another device's pointer).
+  // Takes the device lock itself, and asks live_elsewhere_ after dropping it.
+  ABSL_ATTRIBUTE_NOINLINE absl::Status FreeOfNoLiveAllocation(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
   ABSL_ATTRIBUTE_NOINLINE absl::Status FreeSizeMismatch(void* ptr, std::size_t requested, std::size_t given)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status InvalidFree(void* ptr, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -294,6 +301,7 @@ class DeviceAllocator final {
 
   const Options options_;
   const int device_;
+  LiveElsewhere live_elsewhere_;  // set before the device is published, then only read
   const std::unique_ptr<Backend> backend_;
   std::size_t device_total_ = 0;
   double memory_fraction_ ABSL_GUARDED_BY(mu_);
