@@ -10,9 +10,9 @@
 // A debt: a component may change its own state now and count the change later (StatDebtor: a
 // large pool's deferred free block, pool/large_pool.h); the ledger has the debt paid before any
 // read, and every pool settles it at its entry points before it counts, so that no gauge is
-// increased while a debt is unpaid (checked in debug builds): every figure read and every peak is
-// what counting at once gives (a decrease never moves a peak, and the totals are sums). One debtor
-// at a time.
+// increased, and no gauge the debt may raise is decreased, while a debt is unpaid (both checked in
+// debug builds): every figure read and every peak is what counting at once gives (other decreases
+// never move a peak, and the totals are sums). One debtor at a time.
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
@@ -59,7 +59,15 @@ class StatLedger {
   }
   // Subtracts n >= 0 from `gauge` of `pool`.
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Decrease(PoolGauge gauge, PoolIndex pool, std::int64_t n) {
+    BA_DCHECK(owed_ == nullptr || !DebtMayRaise(gauge),
+              "a gauge a debt may raise decreased with the debt unpaid (its peak would be counted too low)");
     (stats_.*gauge)[pool].Decrease(n);
+  }
+  // The gauges a debt (a deferred free block's return) may raise: while one is unpaid, none of them
+  // may move, or its peaks, counted when the debt is paid, would come out wrong.
+  static constexpr bool DebtMayRaise(PoolGauge gauge) {
+    return gauge == &DeviceStats::cached_bytes || gauge == &DeviceStats::inactive_split_bytes ||
+           gauge == &DeviceStats::inactive_split;
   }
   // Adds `delta` (either sign).
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Add(PoolGauge gauge, PoolIndex pool, std::int64_t delta) {

@@ -143,6 +143,7 @@ inline Block* LargePool::TakeDeferred(StreamState& ss, const Request& r) {
   // are; the gauges' totals move both ways, and the peaks see the return's state in between.
   deferred_ = nullptr;
   ctx_.stats->Forgive();
+  ++taken_back_;
   const auto size = static_cast<std::int64_t>(block->size);
   ctx_.stats->Dip(&DeviceStats::active_bytes, config_.index, size);
   ctx_.stats->Dip(&DeviceStats::active, config_.index, 1);

@@ -117,6 +117,8 @@ class LargePool final : private StatDebtor {
   LargePool& operator=(const LargePool&) = delete;
 
   const LargePoolConfig& config() const { return config_; }
+  // Requests served by taking back the block whose return was deferred (the pair's fast path).
+  std::uint64_t taken_back() const { return taken_back_; }
   std::size_t num_tiers() const { return config_.tiers.size(); }
   std::size_t tier_bytes(int tier) const { return config_.tiers[tier]; }
 
@@ -301,6 +303,7 @@ class LargePool final : private StatDebtor {
   // ledger's debtor is this pool exactly while it is set. mutable: Settle clears it.
   mutable Block* deferred_ = nullptr;
   std::uint64_t deferred_since_ = 0;  // the clock at its return: its free time
+  std::uint64_t taken_back_ = 0;
   ObjectPool<Segment, 64> segment_meta_;
   ReleaseOrder<Segment, &Segment::release_node, &Segment::free_since> release_order_;  // wholly free, oldest first
   absl::flat_hash_set<Segment*> segments_;  // all segments; changes only on slow paths

@@ -107,6 +107,7 @@ bool SmallPool::ReleaseSlab(Slab* slab) {
 }
 
 std::size_t SmallPool::ReleaseOldest() {
+  ctx_.stats->Settle();
   Slab* slab = release_order_.Oldest();
   if (slab == nullptr) return 0;
   return ReleaseSlab(slab) ? kSlabBytes : 0;

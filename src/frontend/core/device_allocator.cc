@@ -431,7 +431,11 @@ absl::Status DeviceAllocator::FreeOfNoLiveAllocation(void* ptr) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   absl::Status refused;
   {
+    // The lock was dropped since Free found no live allocation: what is said is the state now (a
+    // pointer freed, released or handed out meanwhile is named by what it is now; it is refused
+    // either way).
     MutexLock lock(mu_);
+    if (!fork_child_error_.ok()) return fork_child_error_;
     if (pending_.Contains(addr))
       return InvalidFree(ptr, "double free (it is already freed and awaiting stream events)");
     if (live_.Find(addr) != nullptr || registry_.Holding(addr).has_value()) {  // live again: freed meanwhile

@@ -108,6 +108,27 @@ TEST(ReleaseAndRetryTest, ReleasesCachedSegmentsOfOtherStreams) {
   ASSERT_TRUE(a->Free(*q).ok());
 }
 
+// A free whose return waits (the large pool's deferred return) counts its cached bytes as of the
+// free, even when another pool releases memory before anything reads the stats: the peak of all
+// pools' cached bytes is the slab's 2 MiB and the freed 20 MiB segment together.
+TEST(DeferredReturnTest, ItsPeaksCountAsOfTheFreeWhenAnotherPoolReleasesFirst) {
+  for (const char* conf : {"slab_limit:1MiB", ""}) {
+    SCOPED_TRACE(conf);
+    auto a = MakeAllocator(conf);
+    void* small = *a->Allocate(4096);  // a 2 MiB slab (slab_limit) or packed segment
+    ASSERT_TRUE(a->Free(small).ok());  // 2 MiB cached in the small pool
+    void* big = *a->Allocate(20 * kMiB);
+    ASSERT_TRUE(a->ResetPeakStats(0).ok());  // peaks at the current figures: 2 MiB cached in all
+    ASSERT_TRUE(a->Free(big).ok());          // its return waits: 22 MiB cached from here on
+    ASSERT_TRUE(a->EmptyCache().ok());       // the small pool releases before the large one
+    const DeviceStats s = *a->GetStats(0);
+    EXPECT_EQ(s.cached_bytes[kAllPools].peak, static_cast<std::int64_t>(22 * kMiB));
+    EXPECT_EQ(s.cached_bytes[kLargePool].peak, static_cast<std::int64_t>(20 * kMiB));
+    EXPECT_EQ(s.cached_bytes[kAllPools].current, 0);
+    EXPECT_EQ(s.reserved_bytes[kAllPools].current, 0);
+  }
+}
+
 TEST(ReleaseAndRetryTest, InjectedBackendFailureIsRetriedOnce) {
   auto a = MakeAllocator("sim_fail_nth_alloc:2");
   void* p = *a->Allocate(3 * kMiB);
