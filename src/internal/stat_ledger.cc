@@ -7,7 +7,7 @@ namespace bucketalloc::internal {
 
 void StatLedger::PayDebt() const {
   StatDebtor* debtor = owed_;
-  owed_ = nullptr;  // first: paying increases gauges, which settle
+  owed_ = nullptr;  // first: paying increases gauges, which check that nothing is owed
   debtor->PayStats();
 }
 

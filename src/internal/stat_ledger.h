@@ -53,9 +53,7 @@ class StatLedger {
     BA_DCHECK(owed_ == nullptr, "a gauge increased with a debt unpaid (the pool's entry must Settle first)");
     StatArray& s = stats_.*gauge;
     s[pool].Increase(n);
-    std::int64_t sum = 0;
-    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) sum += s[p].current;
-    if (sum > s[kAllPools].peak) s[kAllPools].peak = sum;
+    KeepAllPeak(s, 0);
   }
   // Subtracts n >= 0 from `gauge` of `pool`.
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Decrease(PoolGauge gauge, PoolIndex pool, std::int64_t n) {
@@ -87,9 +85,7 @@ class StatLedger {
     own.allocated += n;
     own.freed += n;
     if (own.current + n > own.peak) own.peak = own.current + n;
-    std::int64_t sum = n;
-    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) sum += s[p].current;
-    if (sum > s[kAllPools].peak) s[kAllPools].peak = sum;
+    KeepAllPeak(s, n);
   }
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Dip(PoolGauge gauge, PoolIndex pool, std::int64_t n) {
     Stat& own = (stats_.*gauge)[pool];
@@ -151,6 +147,12 @@ class StatLedger {
   absl::Status CheckInvariants() const;
 
  private:
+  // The all-peak of a gauge when its pools' currents sum to more by `extra`.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE static void KeepAllPeak(StatArray& s, std::int64_t extra) {
+    std::int64_t sum = extra;
+    for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) sum += s[p].current;
+    if (sum > s[kAllPools].peak) s[kAllPools].peak = sum;
+  }
   void PayDebt() const;
 
   // The debtor, or nullptr. mutable: a read has the debt paid, which changes the figures as they

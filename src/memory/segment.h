@@ -5,9 +5,9 @@
 // Layer: L2; used by the large pool (L3). Never calls the backend.
 // Thread-safety: none; the device lock guards every segment.
 //
-// Invariants (checked by LargePool::CheckInvariants), once the large pool's deferred free block
-// is settled (pool/large_pool.h; until then that one kFree block is in no list and not merged
-// with its free next neighbour, and the segment's counts already count the two as one):
+// Invariants (checked by LargePool::CheckInvariants), once the large pool's deferred return is
+// done (pool/large_pool.h; until then its block stays allocated, as before its return, and every
+// count is as before it):
 //   - the blocks of a segment, in `prev`/`next` order, tile [base, base + size) exactly:
 //       first->ptr == base, b->next->ptr == b->ptr + b->size, last->ptr + last->size == base + size;
 //   - two neighbours are never both kFree (free neighbours are always coalesced);

@@ -154,8 +154,8 @@ inline Block* LargePool::TakeDeferred(StreamState& ss, const Request& r) {
                                     : InactiveSplit{now.bytes + size, now.count + (next != nullptr ? 0 : 1)};
   ctx_.stats->Excursion(&DeviceStats::inactive_split_bytes, config_.index, between.bytes - now.bytes);
   ctx_.stats->Excursion(&DeviceStats::inactive_split, config_.index, between.count - now.count);
-  block->free_since = deferred_since_;
-  if (seg->active_blocks == 1) seg->free_since = deferred_since_;  // in the release order meanwhile
+  // (The block's and the segment's free times are read only while free and in the release order,
+  // and are written again when they next become so: only the remainder's is kept.)
   if (next != nullptr) {
     next->free_since = deferred_since_;  // the split's remainder keeps the merged block's time
     ctx_.stats->Count(&DeviceStats::num_merges);

@@ -279,7 +279,7 @@ class LargePool final : private StatDebtor {
   // The return of `block` (active), free since `since`: merged with its free neighbours, in its
   // free list, every figure counted.
   void ReturnNow(Block* block, std::uint64_t since);
-  // The deferred return, done (StatDebtor: the ledger calls it when it is read or increased).
+  // The deferred return, done (StatDebtor: the ledger calls it when it is read or a pool settles).
   void PayStats() override;
   // Has the ledger's debt paid, this pool's deferred return or another pool's: logically const,
   // every call that reads blocks, trees or figures or counts calls it first.

@@ -107,7 +107,7 @@ bool SmallPool::ReleaseSlab(Slab* slab) {
 }
 
 std::size_t SmallPool::ReleaseOldest() {
-  ctx_.stats->Settle();
+  ctx_.stats->Settle();  // a debt's peaks count with the cached bytes as they were before the release
   Slab* slab = release_order_.Oldest();
   if (slab == nullptr) return 0;
   return ReleaseSlab(slab) ? kSlabBytes : 0;

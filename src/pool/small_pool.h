@@ -117,10 +117,7 @@ class SmallPool {
   // Release order of empty slabs.
   std::uint64_t OldestFree() const { return release_order_.OldestAge(); }
   std::size_t ReleaseOldest();
-  void ReleaseAll() {
-    ctx_.stats->Settle();  // a debt's peaks count with the cached bytes as they were before the release
-    ReleaseOldestUntil(*this, ~std::size_t{0});
-  }
+  void ReleaseAll() { ReleaseOldestUntil(*this, ~std::size_t{0}); }
 
   // Adds the free-block histogram, kept as slots move (no walk): a slab with live slots counts its
   // free slots, an empty one counts as one free block of kSlabBytes (it serves any class).
