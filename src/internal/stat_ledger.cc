@@ -23,6 +23,10 @@ std::int64_t StatLedger::Current(PoolGauge gauge, PoolIndex pool) const {
 DeviceStats StatLedger::Snapshot(bool since_start) const {
   Settle();
   DeviceStats out = stats_;
+#define BUCKETALLOC_DERIVE_FREED(name, doc) \
+  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) out.name[p].freed = FreedOf(stats_.name[p], base_.name[p]);
+  BUCKETALLOC_POOL_STATS(BUCKETALLOC_DERIVE_FREED)
+#undef BUCKETALLOC_DERIVE_FREED
   if (since_start) {
     const auto add = [](Stat& s, const Stat& zeroed) {
       s.allocated += zeroed.allocated;
@@ -56,15 +60,19 @@ DeviceStats StatLedger::Snapshot(bool since_start) const {
 
 void StatLedger::ResetAccumulated() {
   Settle();
-  // Each gauge's current value becomes its base: current == base + allocated - freed still holds.
+  // Each gauge's current value becomes its base: freed == base + allocated - current still holds.
   const auto reset = [](Stat& s, Stat& base, Stat& zeroed) {
     base.current = s.current;
     zeroed.allocated += s.allocated;
     zeroed.freed += s.freed;
     s.allocated = s.freed = 0;
   };
-#define BUCKETALLOC_RESET_TOTALS(name, doc) \
-  for (int p = 0; p < kNumPoolIndices; ++p) reset(stats_.name[p], base_.name[p], zeroed_.name[p]);
+#define BUCKETALLOC_RESET_TOTALS(name, doc)                                                 \
+  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {                                   \
+    stats_.name[p].freed = FreedOf(stats_.name[p], base_.name[p]); /* derived: made real */ \
+    reset(stats_.name[p], base_.name[p], zeroed_.name[p]);                                  \
+    stats_.name[p].freed = 0;                                                               \
+  }
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_RESET_TOTALS)
 #undef BUCKETALLOC_RESET_TOTALS
 #define BUCKETALLOC_RESET_COUNTER(name, doc) \
@@ -105,10 +113,11 @@ absl::Status StatLedger::CheckInvariants() const {
     std::int64_t sum = 0;                                                                                   \
     for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {                                                 \
       const Stat& s = stats_.name[p];                                                                       \
-      if (!consistent(s, base_.name[p])) {                                                                  \
+      const std::int64_t freed = FreedOf(s, base_.name[p]);                                                 \
+      if (s.peak < s.current || s.current < 0 || freed < 0 || s.allocated < 0) {                            \
         return absl::InternalError(absl::StrCat("stats: ", #name, ".", kPoolNames[p].key,                   \
                                                 " is inconsistent: current ", s.current, ", peak ", s.peak, \
-                                                ", allocated ", s.allocated, ", freed ", s.freed));         \
+                                                ", allocated ", s.allocated, ", freed (derived) ", freed)); \
       }                                                                                                     \
       sum += s.current;                                                                                     \
     }                                                                                                       \

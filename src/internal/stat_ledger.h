@@ -4,9 +4,12 @@
 // "all" entry of a gauge is derived when the stats are read (current, allocated and freed are the
 // sums over the pools), and only its peak is kept as it happens: on an increase, the sum of the
 // pools' currents is compared with it. So a change of a pool's gauge updates one Stat, not two, on
-// the fast path. The counters (num_*) and the device-wide gauges are kept as they are.
-// Invariants (CheckInvariants): for every pool gauge current == allocated - freed, peak >= current
-// >= 0; the all-peak of a gauge is at least the sum of the pools' currents; device gauges likewise.
+// the fast path. A pool gauge's freed total is derived too (base + allocated - current, read from
+// the others), so a decrease writes its current only. The counters (num_*) and the device-wide
+// gauges are kept as they are.
+// Invariants (CheckInvariants): for every pool gauge peak >= current >= 0 and its derived freed
+// total >= 0, the all-peak at least the sum of the pools' currents; for every device gauge
+// current == base + allocated - freed, peak >= current >= 0.
 // A debt: a component may change its own state now and count the change later (StatDebtor: a
 // large pool's deferred free block, pool/large_pool.h); the ledger has the debt paid before any
 // read, and every pool settles it at its entry points before it counts, so that no gauge is
@@ -55,11 +58,11 @@ class StatLedger {
     s[pool].Increase(n);
     KeepAllPeak(s, 0);
   }
-  // Subtracts n >= 0 from `gauge` of `pool`.
+  // Subtracts n >= 0 from `gauge` of `pool` (its freed total is derived).
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Decrease(PoolGauge gauge, PoolIndex pool, std::int64_t n) {
     BA_DCHECK(owed_ == nullptr || !DebtMayRaise(gauge),
               "a gauge a debt may raise decreased with the debt unpaid (its peak would be counted too low)");
-    (stats_.*gauge)[pool].Decrease(n);
+    (stats_.*gauge)[pool].current -= n;
   }
   // The gauges a debt (a deferred free block's return) may raise: while one is unpaid, none of them
   // may move, or its peaks, counted when the debt is paid, would come out wrong.
@@ -82,15 +85,12 @@ class StatLedger {
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Rise(PoolGauge gauge, PoolIndex pool, std::int64_t n) {
     StatArray& s = stats_.*gauge;
     Stat& own = s[pool];
-    own.allocated += n;
-    own.freed += n;
+    own.allocated += n;  // and the derived freed total
     if (own.current + n > own.peak) own.peak = own.current + n;
     KeepAllPeak(s, n);
   }
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Dip(PoolGauge gauge, PoolIndex pool, std::int64_t n) {
-    Stat& own = (stats_.*gauge)[pool];
-    own.allocated += n;
-    own.freed += n;
+    (stats_.*gauge)[pool].allocated += n;  // and the derived freed total
   }
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Excursion(PoolGauge gauge, PoolIndex pool, std::int64_t delta) {
     if (delta > 0) {
@@ -102,10 +102,10 @@ class StatLedger {
   // The current value of a pool's gauge (pool > kAllPools), or of the sum (kAllPools).
   std::int64_t Current(PoolGauge gauge, PoolIndex pool) const;
 
-  // `debtor` owes the ledger from now until it is paid (Settle) or forgiven; a debt another one
-  // owes is paid first.
+  // `debtor` owes the ledger from now until it is paid (Settle) or forgiven. Precondition: nothing
+  // is owed (the debtor settled before it changed its state).
   void Owe(StatDebtor* debtor) {
-    Settle();
+    BA_DCHECK(owed_ == nullptr, "a debt made while another is unpaid (settle first)");
     owed_ = debtor;
   }
   // The debtor counts its debt itself, with what it counts next (a deferred block taken back).
@@ -154,13 +154,17 @@ class StatLedger {
     if (sum > s[kAllPools].peak) s[kAllPools].peak = sum;
   }
   void PayDebt() const;
+  // A pool gauge's freed total since the last ResetAccumulated.
+  static std::int64_t FreedOf(const Stat& s, const Stat& base) { return base.current + s.allocated - s.current; }
 
   // The debtor, or nullptr. mutable: a read has the debt paid, which changes the figures as they
   // would have changed (logically const).
   mutable StatDebtor* owed_ = nullptr;
-  DeviceStats stats_;  // the "all" entries hold only the peak
-  // Each gauge's current value at the last ResetAccumulated (zero before one): invariant, per
-  // gauge, current == base_.current + allocated - freed.
+  // The "all" entries hold only the peak; a pool gauge's `freed` is unused (derived).
+  DeviceStats stats_;
+  // Each gauge's current value at the last ResetAccumulated (zero before one): per gauge, its freed
+  // total is base_.current + allocated - current (a pool gauge's by definition, a device gauge's
+  // an invariant).
   DeviceStats base_;
   // The counters and allocated/freed totals ResetAccumulated zeroed, summed over every reset.
   DeviceStats zeroed_;

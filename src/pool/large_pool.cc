@@ -62,9 +62,10 @@ inline void LargePool::InsertFree(Block* block) {
   if (seg->tier >= 0) {
     tier_use_[seg->tier].cached += 1;
     ss.tier_free[seg->tier].PushFront(block);
-    return;
+  } else {
+    ss.tree.Insert(block);
   }
-  ss.tree.Insert(block);
+  ++list_changes_;
 }
 
 inline void LargePool::RemoveFree(Block* block) {
@@ -78,6 +79,7 @@ inline void LargePool::RemoveFree(Block* block) {
   seg->free_blocks -= 1;
   seg->free_bytes -= block->size;
   free_.Remove(block->size);
+  ++list_changes_;
 }
 
 Block* LargePool::FindFree(StreamState& ss, std::size_t rounded) {
@@ -90,13 +92,21 @@ Block* LargePool::FindFree(StreamState& ss, std::size_t rounded) {
   return best != nullptr && Admissible(best->size, rounded) ? best : nullptr;
 }
 
-Block* LargePool::FindAndTake(StreamState& ss, const Request& r) {
+Block* LargePool::FindAndTake(StreamState& ss, Request r) {
   if (deferred_ != nullptr) {
     if (Block* block = TakeDeferred(ss, r)) return block;
   }
   Settle();  // this pool's deferred return, or another pool's
-  Block* block = r.tier >= 0 ? ss.tier_free[r.tier].front() : FindFree(ss, r.rounded);
-  if (block != nullptr) Take(block, r.rounded, r.tier);
+  if (r.tier >= 0) {
+    Block* block = ss.tier_free[r.tier].front();
+    if (block != nullptr) Take(block, r.rounded, r.tier);
+    return block;
+  }
+  Block* block = FindFree(ss, r.rounded);
+  if (block == nullptr) return nullptr;
+  Take(block, r.rounded, r.tier);
+  best_fit_ = block;  // the best fit for its size now: split at it (its rest is `next`) or whole
+  best_fit_changes_ = list_changes_;
   return block;
 }
 
@@ -124,21 +134,27 @@ void LargePool::Take(Block* block, std::size_t rounded, int tier) {
   UpdateInactiveSplit(before, seg);
 }
 
-inline Block* LargePool::TakeDeferred(StreamState& ss, const Request& r) {
+inline Block* LargePool::TakeDeferred(StreamState& ss, Request r) {
   Block* block = deferred_;
   Segment* seg = block->segment;
   if (r.tier >= 0 || block->size != r.rounded || &StateOf(seg) != &ss) return nullptr;
   // Its return would merge it with `next` (its previous neighbour is not free) ...
   Block* next = block->next != nullptr && block->next->state == BlockState::kFree ? block->next : nullptr;
-  const std::size_t merged = block->size + (next != nullptr ? next->size : 0);
-  // ... and the merged block must be admissible and, with a neighbour, split at r.rounded (its
-  // remainder is then `next` as it stands) ...
-  if (!Admissible(merged, r.rounded) || (next != nullptr && !ShouldSplit(merged, r.rounded))) return nullptr;
-  // ... and best fit: no free block of the stream comes before it in (size, address) order (the
-  // tree holds `next`, which the merged block would replace).
-  Block* rival = ss.tree.LowerBound(r.rounded);
-  if (rival != nullptr && rival == next) rival = ss.tree.After(next);
-  if (rival != nullptr && (rival->size < merged || (rival->size == merged && rival->ptr < block->ptr))) return nullptr;
+  if (block != best_fit_ || list_changes_ != best_fit_changes_) {  // else known (best_fit_)
+    const std::size_t merged = block->size + (next != nullptr ? next->size : 0);
+    // ... and the merged block must be admissible and, with a neighbour, split at r.rounded (its
+    // remainder is then `next` as it stands) ...
+    if (!Admissible(merged, r.rounded) || (next != nullptr && !ShouldSplit(merged, r.rounded))) return nullptr;
+    // ... and best fit: no free block of the stream comes before it in (size, address) order (the
+    // tree holds `next`, which the merged block would replace).
+    Block* rival = ss.tree.LowerBound(r.rounded);
+    if (rival != nullptr && rival == next) rival = ss.tree.After(next);
+    if (rival != nullptr && (rival->size < merged || (rival->size == merged && rival->ptr < block->ptr))) {
+      return nullptr;
+    }
+    best_fit_ = block;
+    best_fit_changes_ = list_changes_;
+  }
   // The return and the take, net: the lists, the histogram and the segment's counts end as they
   // are; the gauges' totals move both ways, and the peaks see the return's state in between.
   deferred_ = nullptr;

@@ -15,7 +15,9 @@
 //     figures (a StatDebtor, internal/stat_ledger.h); the next request that the block, merged with
 //     its free next neighbour, would have served exactly as best fit takes it back at the cost of
 //     the pair's net change (the totals, and the peaks the free block would have raised), touching
-//     no tree, histogram or segment count (the hit path of an alloc+free pair); any other call of
+//     no tree, histogram or segment count (the hit path of an alloc+free pair); whether it is that
+//     best fit is known without a lookup while the free lists have not changed since the block was
+//     last handed out as the best fit for its size (best_fit_); any other call of
 //     any pool and any read of the ledger settle it first (the return done as it would have been
 //     done then), so the pool's choices are PyTorch's best fit, block for block, and every figure
 //     read is the plain algorithm's.
@@ -271,11 +273,11 @@ class LargePool final : private StatDebtor {
   bool ShouldSplit(std::size_t block_size, std::size_t rounded) const {
     return block_size <= config_.max_split_size && block_size - rounded > config_.keep_remainder;
   }
-  Block* FindAndTake(StreamState& ss, const Request& r);
+  Block* FindAndTake(StreamState& ss, Request r);
   // The deferred block for `r` when the block it would be after its return (merged with its free
   // next neighbour) is exactly what best fit and the split would give for `r` on `ss`: taken back,
   // the return and the take counted as they would count; else nullptr (nothing changed).
-  Block* TakeDeferred(StreamState& ss, const Request& r);
+  Block* TakeDeferred(StreamState& ss, Request r);
   // The return of `block` (active), free since `since`: merged with its free neighbours, in its
   // free list, every figure counted.
   void ReturnNow(Block* block, std::uint64_t since);
@@ -304,6 +306,15 @@ class LargePool final : private StatDebtor {
   mutable Block* deferred_ = nullptr;
   std::uint64_t deferred_since_ = 0;  // the clock at its return: its free time
   std::uint64_t taken_back_ = 0;
+  // Inserts and erases in the free lists so far: while the count stands, every lookup answers the same.
+  std::uint64_t list_changes_ = 0;
+  // The block last handed out as the best fit for exactly its size (split off the front of that
+  // free block, whose rest is its free next neighbour, or taken whole), and list_changes_ then.
+  // While the count stands, the block returned and merged with its free next neighbour is that
+  // best fit again for a request of its size on its stream, and splits the same way: its take-back
+  // needs no lookup. (A Block is recycled only after a merge or a release, which change the lists.)
+  const Block* best_fit_ = nullptr;
+  std::uint64_t best_fit_changes_ = 0;
   ObjectPool<Segment, 64> segment_meta_;
   ReleaseOrder<Segment, &Segment::release_node, &Segment::free_since> release_order_;  // wholly free, oldest first
   absl::flat_hash_set<Segment*> segments_;  // all segments; changes only on slow paths

@@ -46,6 +46,35 @@ TEST(StatLedgerTest, AddTakesEitherSignAndResetPeaksKeepsTheSums) {
   EXPECT_TRUE(ledger.CheckInvariants().ok());
 }
 
+TEST(StatLedgerTest, TheFreedTotalsAreDerivedThroughResetsAndSinceTheStart) {
+  StatLedger ledger;
+  const PoolGauge g = &DeviceStats::active_bytes;
+  ledger.Increase(g, kSmallPool, 100);
+  ledger.Decrease(g, kSmallPool, 40);
+  ledger.Rise(g, kSmallPool, 30);  // up and down: both totals, and the peak if it rose past it
+  ledger.Dip(g, kSmallPool, 10);   // down and up: both totals, no peak
+  DeviceStats s = ledger.Snapshot();
+  EXPECT_EQ(s.active_bytes[kSmallPool].current, 60);
+  EXPECT_EQ(s.active_bytes[kSmallPool].allocated, 140);
+  EXPECT_EQ(s.active_bytes[kSmallPool].freed, 80);
+  EXPECT_EQ(s.active_bytes[kSmallPool].peak, 100);
+  EXPECT_EQ(s.active_bytes[kAllPools].freed, 80);
+  ledger.ResetAccumulated();  // PyTorch's resetAccumulatedStats: the totals to 0, the current stays
+  ledger.Decrease(g, kSmallPool, 20);
+  ledger.Rise(g, kSmallPool, 70);  // 40 + 70 passes the peak of 100
+  s = ledger.Snapshot();
+  EXPECT_EQ(s.active_bytes[kSmallPool].current, 40);
+  EXPECT_EQ(s.active_bytes[kSmallPool].allocated, 70);
+  EXPECT_EQ(s.active_bytes[kSmallPool].freed, 90);
+  EXPECT_EQ(s.active_bytes[kSmallPool].peak, 110);
+  EXPECT_EQ(s.active_bytes[kAllPools].peak, 110);
+  const DeviceStats since_start = ledger.Snapshot(/*since_start=*/true);
+  EXPECT_EQ(since_start.active_bytes[kSmallPool].allocated, 210);
+  EXPECT_EQ(since_start.active_bytes[kSmallPool].freed, 170);
+  EXPECT_EQ(since_start.active_bytes[kAllPools].freed, 170);
+  EXPECT_TRUE(ledger.CheckInvariants().ok());
+}
+
 TEST(StatLedgerTest, AGaugeBelowZeroOrAnInconsistentDeviceGaugeIsCaught) {
   StatLedger ledger;
   ledger.Decrease(&DeviceStats::segment, kLargePool, 1);

@@ -143,9 +143,8 @@ absl::Status DeviceAllocator::InvalidSize(std::size_t size) const {
 }
 
 absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t size, Stream stream) {
-  if (size == 0) return nullptr;
-  if (size > kMaxRequestBytes) [[unlikely]]
-    return InvalidSize(size);
+  if (size - 1 >= kMaxRequestBytes) [[unlikely]]  // 0 (wraps around) or too large: one compare
+    return size == 0 ? absl::StatusOr<void*>(nullptr) : InvalidSize(size);
   MutexLock lock(mu_);
   if (!fork_child_error_.ok()) [[unlikely]]
     return fork_child_error_;
