@@ -10,7 +10,8 @@
 #      wheel (scikit-build-core, auditwheel) in a fresh venv with the real torch, its pytest suite
 #      run from the installed copy with the system's Abseil hidden, bucketalloc-bench and the
 #      bucketalloc-preload launcher from the venv's bin/;
-#   6. the installed package: examples/consumer built with find_package(bucketalloc);
+#   6. the installed package (step 1's tree, installed): examples/consumer built with
+#      find_package(bucketalloc);
 #   7. the format: every C, C++ and CUDA file as .clang-format says (scripts/format.sh --check).
 # Ends with "N passed, N failed". Environment: JOBS (default 2), FUZZ_SECONDS (default 20).
 set -uo pipefail
@@ -71,7 +72,7 @@ step "tests (ASan+UBSan)" test_asan
 step "fuzzers (libFuzzer, ${FUZZ_SECONDS:-20} s per target)" scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 step "build (TSan)" build_tsan
 step "concurrency stress (TSan)" test_tsan
-step "installed package (examples/consumer)" scripts/check_install.sh
+step "installed package (examples/consumer)" env BUILD_DIR=build/release scripts/check_install.sh
 step "format (clang-format)" scripts/format.sh --check
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

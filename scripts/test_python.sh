@@ -3,8 +3,8 @@
 #   1. builds the self-contained wheel (scripts/build_wheel.sh: scikit-build-core, auditwheel);
 #   2. installs it into a fresh venv outside the source tree (no system site packages), with the
 #      real torch (the PyPI CUDA wheel, which imports and drives its own allocator objects without a
-#      driver), accelerate, prometheus_client and pytest, from wheels cached under the project's
-#      cache directory;
+#      driver), accelerate, prometheus_client, pytest and pytest-xdist, from wheels cached under
+#      the project's cache directory;
 #   3. runs the package's pytest suite (python/torch_plugin/tests, copied beside the venv) against
 #      the installed copy, BUCKETALLOC_LIBRARY unset, in a mount namespace (unshare) where every
 #      file of the system's Abseil is hidden under a bind mount of /dev/null: tests/test_installed.py
@@ -40,7 +40,8 @@ trap cleanup EXIT
 echo "== a fresh venv in $work/venv (no system site packages)"
 /usr/bin/python3 -m venv "$work/venv"
 py="$work/venv/bin/python"
-cached_install "$py" "torch==$torch_version" accelerate pytest prometheus_client  # about 3 GB the first time
+# About 3 GB the first time.
+cached_install "$py" "torch==$torch_version" accelerate pytest pytest-xdist prometheus_client
 "$py" -m pip install --quiet --no-index --no-deps "$wheel"
 cp -r python/torch_plugin/tests "$work/tests"
 find "$work/tests" -name __pycache__ -prune -exec rm -rf {} +
@@ -61,6 +62,10 @@ export BUCKETALLOC_SOURCE_TREE="$repo" BUCKETALLOC_TEST_INSTALLED=1
 export TORCH_EXTENSIONS_DIR="$cache/torch_extensions" BUCKETALLOC_CACHE_DIR="$cache"
 export BUCKETALLOC_TEST_HIDDEN
 BUCKETALLOC_TEST_HIDDEN=$(IFS=:; echo "${hidden[*]}")
+# pytest-xdist: JOBS processes share the tests (most of each one's time is a child process importing
+# torch, one core each); the tests share no fixed port or file (a build of the native module
+# replaces its file atomically, torch's extension builds take torch's lock).
+export BUCKETALLOC_TEST_WORKERS="${JOBS:-2}"
 
 echo "== pytest from $work/tests on the installed package, the system's Abseil hidden (${#hidden[@]} files)"
 cd "$work"
@@ -68,7 +73,7 @@ cd "$work"
   set -e
   IFS=: read -ra files <<<"$BUCKETALLOC_TEST_HIDDEN"
   for f in "${files[@]}"; do mount --bind /dev/null "$f"; done
-  exec "$0" -m pytest -q -rs -p no:cacheprovider tests "$@"  # -rs: every skip says why
+  exec "$0" -m pytest -q -rs -p no:cacheprovider -n "$BUCKETALLOC_TEST_WORKERS" tests "$@"  # -rs: every skip says why
 ' "$py" "$@"
 
 echo "== the source tree's own build, outside the namespace"

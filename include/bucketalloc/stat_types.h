@@ -34,7 +34,8 @@ inline constexpr PoolName kPoolNames[kNumPoolIndices] = {
     {"all", "all pools"}, {"small_pool", "small pool"}, {"large_pool", "large pool"}};
 
 // One gauge: PyTorch's current / peak / allocated (sum of increments) / freed (sum of decrements).
-// Invariant: current == allocated - freed; peak >= current >= 0.
+// Invariant: current == allocated - freed (after a reset of the accumulated stats, which zeroes the
+// totals: current == its value then + allocated - freed); peak >= current >= 0.
 struct Stat {
   std::int64_t current = 0;
   std::int64_t peak = 0;

@@ -134,24 +134,30 @@ void LargePool::Take(Block* block, std::size_t rounded, int tier) {
   UpdateInactiveSplit(before, seg);
 }
 
+bool LargePool::IsBestFitOnReturn(const StreamState& ss, const Block* block, const Block* next,
+                                  std::size_t rounded) const {
+  const std::size_t merged = block->size + (next != nullptr ? next->size : 0);
+  // The merged block must be admissible and, with a neighbour, split at `rounded` (its remainder
+  // is then `next` as it stands) ...
+  if (!Admissible(merged, rounded) || (next != nullptr && !ShouldSplit(merged, rounded))) return false;
+  // ... and best fit: no free block of the stream comes before it in (size, address) order (the
+  // tree holds `next`, which the merged block would replace).
+  const Block* rival = ss.tree.LowerBound(rounded);
+  if (rival != nullptr && rival == next) rival = ss.tree.After(next);
+  return rival == nullptr || !(rival->size < merged || (rival->size == merged && rival->ptr < block->ptr));
+}
+
 inline Block* LargePool::TakeDeferred(StreamState& ss, Request r) {
   Block* block = deferred_;
   Segment* seg = block->segment;
   if (r.tier >= 0 || block->size != r.rounded || &StateOf(seg) != &ss) return nullptr;
-  // Its return would merge it with `next` (its previous neighbour is not free) ...
+  // Its return would merge it with `next` (its previous neighbour is not free), and that block must
+  // be what best fit gives for r: known while the lists stand as when it was handed out as such.
   Block* next = block->next != nullptr && block->next->state == BlockState::kFree ? block->next : nullptr;
-  if (block != best_fit_ || list_changes_ != best_fit_changes_) {  // else known (best_fit_)
-    const std::size_t merged = block->size + (next != nullptr ? next->size : 0);
-    // ... and the merged block must be admissible and, with a neighbour, split at r.rounded (its
-    // remainder is then `next` as it stands) ...
-    if (!Admissible(merged, r.rounded) || (next != nullptr && !ShouldSplit(merged, r.rounded))) return nullptr;
-    // ... and best fit: no free block of the stream comes before it in (size, address) order (the
-    // tree holds `next`, which the merged block would replace).
-    Block* rival = ss.tree.LowerBound(r.rounded);
-    if (rival != nullptr && rival == next) rival = ss.tree.After(next);
-    if (rival != nullptr && (rival->size < merged || (rival->size == merged && rival->ptr < block->ptr))) {
-      return nullptr;
-    }
+  if (block == best_fit_ && list_changes_ == best_fit_changes_) {
+    BA_DCHECK(IsBestFitOnReturn(ss, block, next, r.rounded), "the deferred block's best-fit verdict is stale");
+  } else {
+    if (!IsBestFitOnReturn(ss, block, next, r.rounded)) return nullptr;
     best_fit_ = block;
     best_fit_changes_ = list_changes_;
   }

@@ -278,6 +278,10 @@ class LargePool final : private StatDebtor {
   // next neighbour) is exactly what best fit and the split would give for `r` on `ss`: taken back,
   // the return and the take counted as they would count; else nullptr (nothing changed).
   Block* TakeDeferred(StreamState& ss, Request r);
+  // Whether `block` (active, its previous neighbour not free) returned and merged with `next` (its
+  // free next neighbour, or nullptr) is the block best fit gives for `rounded` on `ss`, split at
+  // `rounded` when merged: the size tree asked.
+  bool IsBestFitOnReturn(const StreamState& ss, const Block* block, const Block* next, std::size_t rounded) const;
   // The return of `block` (active), free since `since`: merged with its free neighbours, in its
   // free list, every figure counted.
   void ReturnNow(Block* block, std::uint64_t since);

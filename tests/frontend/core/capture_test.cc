@@ -321,7 +321,8 @@ TEST_P(CaptureTest, CheckpointedBlocksComeBackAtTheirAddressesWithAllocateAt) {
     EXPECT_EQ(now.active_bytes[kAllPools].current, before.active_bytes[kAllPools].current) << why;
     EXPECT_EQ(now.num_splits, before.num_splits) << why;
   };
-  const auto [a0, b0] = checkpoint[2];
+  void* const a0 = checkpoint[2].first;  // not a structured binding: the lambdas below capture them
+  const std::size_t b0 = checkpoint[2].second;
   refused([&] { return allocator_->AllocateAt(0, kPool, a0, b0, b0, s); }, absl::StatusCode::kFailedPrecondition,
           "a live block");
   refused(
