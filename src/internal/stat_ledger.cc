@@ -67,11 +67,10 @@ void StatLedger::ResetAccumulated() {
     zeroed.freed += s.freed;
     s.allocated = s.freed = 0;
   };
-#define BUCKETALLOC_RESET_TOTALS(name, doc)                                                 \
-  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {                                   \
-    stats_.name[p].freed = FreedOf(stats_.name[p], base_.name[p]); /* derived: made real */ \
-    reset(stats_.name[p], base_.name[p], zeroed_.name[p]);                                  \
-    stats_.name[p].freed = 0;                                                               \
+#define BUCKETALLOC_RESET_TOTALS(name, doc)                                                         \
+  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {                                           \
+    stats_.name[p].freed = FreedOf(stats_.name[p], base_.name[p]); /* the derived total, to zero */ \
+    reset(stats_.name[p], base_.name[p], zeroed_.name[p]);                                          \
   }
   BUCKETALLOC_POOL_STATS(BUCKETALLOC_RESET_TOTALS)
 #undef BUCKETALLOC_RESET_TOTALS

@@ -105,8 +105,7 @@ Block* LargePool::FindAndTake(StreamState& ss, Request r) {
   Block* block = FindFree(ss, r.rounded);
   if (block == nullptr) return nullptr;
   Take(block, r.rounded, r.tier);
-  best_fit_ = block;  // the best fit for its size now: split at it (its rest is `next`) or whole
-  best_fit_changes_ = list_changes_;
+  RememberBestFit(block);  // split at its size (its rest is `next`) or taken whole
   return block;
 }
 
@@ -154,12 +153,11 @@ inline Block* LargePool::TakeDeferred(StreamState& ss, Request r) {
   // Its return would merge it with `next` (its previous neighbour is not free), and that block must
   // be what best fit gives for r: known while the lists stand as when it was handed out as such.
   Block* next = block->next != nullptr && block->next->state == BlockState::kFree ? block->next : nullptr;
-  if (block == best_fit_ && list_changes_ == best_fit_changes_) {
+  if (IsRememberedBestFit(block)) {
     BA_DCHECK(IsBestFitOnReturn(ss, block, next, r.rounded), "the deferred block's best-fit verdict is stale");
   } else {
     if (!IsBestFitOnReturn(ss, block, next, r.rounded)) return nullptr;
-    best_fit_ = block;
-    best_fit_changes_ = list_changes_;
+    RememberBestFit(block);
   }
   // The return and the take, net: the lists, the histogram and the segment's counts end as they
   // are; the gauges' totals move both ways, and the peaks see the return's state in between.

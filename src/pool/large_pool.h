@@ -282,6 +282,14 @@ class LargePool final : private StatDebtor {
   // free next neighbour, or nullptr) is the block best fit gives for `rounded` on `ss`, split at
   // `rounded` when merged: the size tree asked.
   bool IsBestFitOnReturn(const StreamState& ss, const Block* block, const Block* next, std::size_t rounded) const;
+  // best_fit_: `block` was just handed out as the best fit for its size; and whether that still holds.
+  void RememberBestFit(const Block* block) {
+    best_fit_ = block;
+    best_fit_changes_ = list_changes_;
+  }
+  bool IsRememberedBestFit(const Block* block) const {
+    return block == best_fit_ && list_changes_ == best_fit_changes_;
+  }
   // The return of `block` (active), free since `since`: merged with its free neighbours, in its
   // free list, every figure counted.
   void ReturnNow(Block* block, std::uint64_t since);
