@@ -11,6 +11,7 @@
 //   OUT]
 //   bucketalloc-bench generate serving --requests FILE --model CONFIG.json [options] -o TRACE
 //   bucketalloc-bench plan --model CONFIG.json --card SIZE [--requests FILE] [--dtype D] [--tensor-parallel N] [...]
+//   bucketalloc-bench tune TRACE|PROFILE|SNAPSHOT [--capacity SIZE] [--validate TRACE2] [--budget-s S] [--json OUT]
 #include "CLI/CLI.hpp"
 #include "bench_common.h"
 #include "bench_compare.h"
@@ -18,6 +19,7 @@
 #include "bench_generate.h"
 #include "bench_plan.h"
 #include "bench_replay.h"
+#include "bench_tune.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -32,9 +34,10 @@ int main(int argc, char** argv) {
   const bucketalloc::bench::ImportKinetoCommand import(app);
   const bucketalloc::bench::GenerateCommand generate(app);
   const bucketalloc::bench::PlanCommand plan(app);
+  const bucketalloc::bench::TuneCommand tune(app);
   CLI11_PARSE(app, argc, argv);
   const bucketalloc::bench::Command* const commands[] = {&replay, &min_capacity, &compare, &doctor,
-                                                         &import, &generate,     &plan};
+                                                         &import, &generate,     &plan,    &tune};
   for (const bucketalloc::bench::Command* command : commands) {
     if (command->parsed()) return command->Run();
   }

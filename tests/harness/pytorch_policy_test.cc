@@ -3,7 +3,12 @@
 // whose answer follows from reference/pytorch.md §1.
 #include "harness/replay/policies.h"
 
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
+
+#include "harness/replay/pytorch_model.h"
 
 namespace bucketalloc::harness {
 namespace {
@@ -12,8 +17,8 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 Stream S(int i) { return reinterpret_cast<Stream>(static_cast<std::uintptr_t>(0x100 + i)); }
 
-std::unique_ptr<ReplayAllocator> Make(std::size_t capacity) {
-  absl::StatusOr<std::unique_ptr<ReplayAllocator>> a = MakeReplayAllocator("pytorch-policy", capacity);
+std::unique_ptr<ReplayAllocator> Make(std::size_t capacity, const std::string& spec = "pytorch-policy") {
+  absl::StatusOr<std::unique_ptr<ReplayAllocator>> a = MakeReplayAllocator(spec, capacity);
   EXPECT_TRUE(a.ok()) << a.status();
   return a.ok() ? std::move(*a) : nullptr;
 }
@@ -72,6 +77,85 @@ TEST(PyTorchPolicyTest, AFailedDeviceAllocationReleasesWholeCachedSegmentsAndRet
   auto b = Make(24 * kMiB);
   ASSERT_TRUE(b->Allocate(3 * kMiB, S(0)).ok());
   EXPECT_TRUE(absl::IsResourceExhausted(b->Allocate(6 * kMiB, S(1)).status()));
+}
+
+// max_split_size_mb (reference/pytorch.md §1.5, §1.6, §1.8): an oversize block is never split, serves
+// no smaller request, and serves a larger one only within max_non_split_rounding; on a failed
+// cudaMalloc the pool's oversize blocks go back first.
+TEST(PyTorchPolicyTest, MaxSplitSizeKeepsOversizeBlocksWhole) {
+  auto a = Make(512 * kMiB, "pytorch-policy:max_split_size_mb:64");
+  void* big = *a->Allocate(100 * kMiB, S(0));
+  ASSERT_TRUE(a->Free(big, 100 * kMiB).ok());  // a cached 100 MiB block: oversize
+  ASSERT_TRUE(a->Allocate(30 * kMiB, S(0)).ok()) << "a request below max_split_size takes no oversize block";
+  EXPECT_EQ(a->reserved_bytes(), 130 * kMiB);
+  void* near = *a->Allocate(90 * kMiB, S(0));  // within 20 MiB of the oversize block: taken whole
+  EXPECT_EQ(near, big);
+  EXPECT_EQ(a->reserved_bytes(), 130 * kMiB);
+  ASSERT_TRUE(a->Free(near, 90 * kMiB).ok());
+  ASSERT_TRUE(a->Allocate(70 * kMiB, S(0)).ok()) << "30 MiB short of the block: a segment of its own";
+  EXPECT_EQ(a->reserved_bytes(), 200 * kMiB);
+  // Unlimited (the default), the 100 MiB block is split for the 30 MiB request.
+  auto d = Make(512 * kMiB);
+  void* p = *d->Allocate(100 * kMiB, S(0));
+  ASSERT_TRUE(d->Free(p, 100 * kMiB).ok());
+  EXPECT_EQ(*d->Allocate(30 * kMiB, S(0)), p);
+  EXPECT_EQ(d->reserved_bytes(), 100 * kMiB);
+}
+
+TEST(PyTorchPolicyTest, AFailedDeviceAllocationReleasesOversizeBlocksFirst) {
+  auto a = Make(200 * kMiB, "pytorch-policy:max_split_size_mb:64");
+  void* keep = *a->Allocate(3 * kMiB, S(0));  // a split 20 MiB segment, kept in use
+  void* big = *a->Allocate(100 * kMiB, S(0));
+  void* small = *a->Allocate(3 * kMiB, S(0));
+  ASSERT_TRUE(a->Free(small, 3 * kMiB).ok());
+  ASSERT_TRUE(a->Free(big, 100 * kMiB).ok());
+  // 120 MiB reserved; 150 MiB more do not fit until the oversize 100 MiB block goes back.
+  ASSERT_TRUE(a->Allocate(150 * kMiB, S(0)).ok());
+  EXPECT_EQ(a->reserved_bytes(), 170 * kMiB);
+  EXPECT_EQ(a->backend_counters().frees, 1);
+  (void)keep;
+}
+
+// roundup_power2_divisions (reference/pytorch.md §1.4): sizes above 512 x div round to 1/div steps
+// of their power-of-two interval (3000 B with 4: steps 2048/2560/3072/3584 -> 3072); powers of two
+// stay; sizes up to 512 x div round to 512-byte multiples (1200 -> 1536).
+TEST(PyTorchPolicyTest, RoundupPower2DivisionsRoundToTheIntervalsSteps) {
+  const std::vector<std::uint32_t> four(16, 4);
+  EXPECT_EQ(pytorch_model::RoundSize(1200, four), 1536u);
+  EXPECT_EQ(pytorch_model::RoundSize(3000, four), 3072u);
+  EXPECT_EQ(pytorch_model::RoundSize(2600, four), 3072u);
+  EXPECT_EQ(pytorch_model::RoundSize(2560, four), 2560u);
+  EXPECT_EQ(pytorch_model::RoundSize(33 * kMiB, four), 40 * kMiB);
+  EXPECT_EQ(pytorch_model::RoundSize(64 * kMiB, four), 64 * kMiB);
+  EXPECT_EQ(pytorch_model::RoundSize(64 * kMiB + 1, four), 80 * kMiB);
+  EXPECT_EQ(pytorch_model::RoundSize(33 * kMiB, {}), 33 * kMiB);
+  auto a = Make(512 * kMiB, "pytorch-policy:roundup_power2_divisions:4");
+  ASSERT_TRUE(a->Allocate(33 * kMiB, S(0)).ok());
+  EXPECT_EQ(a->reserved_bytes(), 40 * kMiB);
+  // The per-interval list: 1 (none) for the 32 MiB interval, 4 above.
+  auto b = Make(512 * kMiB, "pytorch-policy:roundup_power2_divisions:[32:1,>:4]");
+  ASSERT_TRUE(b->Allocate(33 * kMiB, S(0)).ok());
+  EXPECT_EQ(b->reserved_bytes(), 34 * kMiB);
+  ASSERT_TRUE(b->Allocate(65 * kMiB, S(0)).ok());
+  EXPECT_EQ(b->reserved_bytes(), 34 * kMiB + 80 * kMiB);
+}
+
+TEST(PyTorchPolicyTest, LargeSegmentSizeSetsTheSharedSegment) {
+  auto a = Make(512 * kMiB, "pytorch-policy:large_segment_size_mb:32");
+  ASSERT_TRUE(a->Allocate(3 * kMiB, S(0)).ok());
+  EXPECT_EQ(a->reserved_bytes(), 32 * kMiB);
+}
+
+TEST(PyTorchPolicyTest, AConfOfAKeyTheModelDoesNotFollowIsRefusedNamingTheKeys) {
+  for (const char* spec : {"pytorch-policy:expandable_segments:True", "pytorch-policy:tiers:[64MiB]",
+                           "pytorch-policy:max_split_size_mb:banana", "pytorch-policy:max_split_size_mb:4"}) {
+    absl::StatusOr<std::unique_ptr<ReplayAllocator>> a = MakeReplayAllocator(spec, 64 * kMiB);
+    ASSERT_FALSE(a.ok()) << spec;
+    EXPECT_TRUE(absl::IsInvalidArgument(a.status())) << spec;
+    EXPECT_NE(a.status().message().find("max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions"),
+              std::string::npos)
+        << a.status();
+  }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "bucketalloc/units.h"
 #include "harness/operations/doctor.h"
+#include "harness/replay/importers.h"
 #include "harness/replay/replay.h"
 #include "harness/replay/trace.h"
 #include "nlohmann/json.hpp"
@@ -70,36 +71,9 @@ absl::StatusOr<DoctorInput> FromSnapshot(const Json& j, const DoctorOptions& o) 
   if (!j.contains("segments") || !j["segments"].is_array()) {
     return absl::InvalidArgumentError("doctor: the JSON object is not a snapshot (no \"segments\" list)");
   }
-  const Json* history = nullptr;
-  if (j.contains("device_traces") && j["device_traces"].is_array() &&
-      static_cast<std::size_t>(o.device) < j["device_traces"].size() && j["device_traces"][o.device].is_array() &&
-      !j["device_traces"][o.device].empty()) {
-    history = &j["device_traces"][o.device];
-  }
-  if (history != nullptr) {
-    Trace trace;
-    absl::flat_hash_map<std::uint64_t, std::uint64_t> live;
-    int index = 0;
-    for (const Json& e : *history) {
-      ++index;
-      if (!e.is_object() || !e.contains("action") || !e["action"].is_string() || !e.contains("addr") ||
-          !e["addr"].is_number_unsigned() || !e.contains("size") || !e["size"].is_number_unsigned() ||
-          !e.contains("time_us") || !e["time_us"].is_number_integer()) {
-        return absl::InvalidArgumentError(absl::StrCat("doctor: history entry ", index, " of device ", o.device,
-                                                       " lacks an action, an addr, a size or a time_us"));
-      }
-      const std::string action = e["action"];
-      const auto addr = e["addr"].get<std::uint64_t>(), size = e["size"].get<std::uint64_t>();
-      const std::string time = absl::StrCat(std::max<std::int64_t>(0, e["time_us"].get<std::int64_t>()));
-      if (action == "alloc" && size > 0 && addr != 0) {
-        live[addr] = size;
-        trace.events.push_back({1, time, TraceAction::kAllocate, addr, size, 0, index});
-      } else if (action == "free_completed" && live.erase(addr) > 0) {
-        trace.events.push_back({1, time, TraceAction::kFree, addr, size, 0, index});
-      }
-    }
-    return Replayed(trace, o, "snapshot");
-  }
+  absl::StatusOr<std::optional<Trace>> history = ImportSnapshotHistory(j, o.device);
+  if (!history.ok()) return absl::InvalidArgumentError(absl::StrCat("doctor: ", history.status().message()));
+  if (history->has_value()) return Replayed(**history, o, "snapshot");
   if (o.capacity == 0) return NeedsCapacity("snapshot without history");
   TimelineSample s;
   s.device = o.device;

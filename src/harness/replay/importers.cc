@@ -219,4 +219,88 @@ absl::StatusOr<Trace> ImportKinetoFile(const std::string& path, int device) {
   return ImportKinetoCsv(text, device, path);
 }
 
+absl::StatusOr<std::optional<Trace>> ImportSnapshotHistory(const nlohmann::json& snapshot, int device) {
+  const nlohmann::json* traces = nullptr;
+  if (snapshot.contains("device_traces") && snapshot["device_traces"].is_array()) traces = &snapshot["device_traces"];
+  if (traces == nullptr) return std::optional<Trace>();
+  if (device >= 0 && static_cast<std::size_t>(device) >= traces->size()) return std::optional<Trace>();
+  if (device < 0) {
+    for (std::size_t d = 0; d < traces->size(); ++d) {
+      if ((*traces)[d].is_array() && !(*traces)[d].empty()) {
+        device = static_cast<int>(d);
+        break;
+      }
+    }
+    if (device < 0) return std::optional<Trace>();
+  }
+  const nlohmann::json& history = (*traces)[static_cast<std::size_t>(device)];
+  if (!history.is_array() || history.empty()) return std::optional<Trace>();
+  Trace trace;
+  absl::flat_hash_map<std::uint64_t, std::uint64_t> live;
+  int index = 0;
+  for (const nlohmann::json& e : history) {
+    ++index;
+    if (!e.is_object() || !e.contains("action") || !e["action"].is_string() || !e.contains("addr") ||
+        !e["addr"].is_number_unsigned() || !e.contains("size") || !e["size"].is_number_unsigned() ||
+        !e.contains("time_us") || !e["time_us"].is_number()) {
+      return absl::InvalidArgumentError(absl::StrCat("snapshot: history entry ", index, " of device ", device,
+                                                     " lacks an action, an addr, a size or a time_us"));
+    }
+    const std::string action = e["action"];
+    const auto addr = e["addr"].get<std::uint64_t>(), size = e["size"].get<std::uint64_t>();
+    const std::string time =
+        absl::StrCat(std::max<std::int64_t>(0, static_cast<std::int64_t>(e["time_us"].get<double>())));
+    const std::uint64_t stream =
+        e.contains("stream") && e["stream"].is_number_unsigned() ? e["stream"].get<std::uint64_t>() : 0;
+    if (action == "alloc" && size > 0 && addr != 0) {
+      live[addr] = size;
+      trace.events.push_back({1, time, TraceAction::kAllocate, addr, size, stream, index});
+    } else if (action == "free_completed") {
+      auto it = live.find(addr);
+      if (it == live.end()) continue;
+      trace.events.push_back({1, time, TraceAction::kFree, addr, it->second, stream, index});
+      live.erase(it);
+    }
+  }
+  if (absl::Status s = CheckTrace(trace, "snapshot"); !s.ok()) return s;
+  return std::optional<Trace>(std::move(trace));
+}
+
+absl::StatusOr<Trace> ReadRecording(const std::string& path, int device) {
+  constexpr absl::string_view kAccepted =
+      "accepted: a trace (RMM CSV), a profiler trace (Kineto JSON, JSON.gz or its memory-event CSV) or a memory "
+      "snapshot with its history (JSON; a PyTorch pickle: tools/import_torch_snapshot.py)";
+  absl::StatusOr<std::string> read = ReadTextFile(path, "the recording");
+  if (!read.ok()) return read.status();
+  const std::string& text = *read;
+  const absl::string_view start = absl::StripLeadingAsciiWhitespace(text);
+  if (start.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " is empty; ", kAccepted));
+  if (static_cast<unsigned char>(start[0]) == 0x80) {
+    return absl::InvalidArgumentError(absl::StrCat(path,
+                                                   " is a pickle (a PyTorch memory snapshot?), which this "
+                                                   "build reads through tools/import_torch_snapshot.py first; ",
+                                                   kAccepted));
+  }
+  if (start[0] == '{') {
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("segments")) {
+      absl::StatusOr<std::optional<Trace>> t = ImportSnapshotHistory(j, device);
+      if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", t.status().message()));
+      if (!t->has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, " is a snapshot without history (record it with _record_memory_history first); ", kAccepted));
+      }
+      return std::move(**t);
+    }
+    return ImportKinetoJson(text, device, path);
+  }
+  if (absl::StartsWith(start, "Thread,")) return ParseTrace(text, path);
+  absl::StatusOr<Trace> kineto = ImportKinetoCsv(text, device, path);
+  if (kineto.ok()) return kineto;
+  absl::StatusOr<Trace> rmm = ParseTrace(text, path);
+  if (rmm.ok()) return rmm;
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, " is none of the recordings read here (as RMM CSV: ", rmm.status().message(), "); ", kAccepted));
+}
+
 }  // namespace bucketalloc::harness

@@ -29,7 +29,10 @@ constexpr PolicyEntry kPolicies[] = {
      "bucketalloc itself; a CONF is a BUCKETALLOC_CONF of its policy options (docs/configuration.md) and "
      "backend:vmm (stitching)",
      MakeBucketallocPolicy},
-    {"pytorch-policy", false, "a model of PyTorch's native CUDA caching allocator", MakePyTorchPolicy},
+    {"pytorch-policy", true,
+     "a model of PyTorch's native CUDA caching allocator; a CONF is PyTorch's own, of the keys modelled: "
+     "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, large_segment_size_mb",
+     MakePyTorchPolicy},
     {"pytorch-expandable", true,
      "a model of PyTorch's caching allocator with expandable_segments:True (pages of 2 MiB in the small pool, 20 MiB "
      "in the large); a CONF of large_page_mb=N sets the large pool's page (an even number of MiB)",

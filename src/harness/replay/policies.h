@@ -5,7 +5,8 @@
 // SplitAllocatorList, which splits compare's --allocators list.
 //   bucketalloc            bucketalloc with its defaults            (harness/replay/policy_bucketalloc.cc)
 //   bucketalloc:CONF       bucketalloc with a BUCKETALLOC_CONF string, e.g. bucketalloc:max_split_size_mb:256
-//   pytorch-policy         a model of PyTorch's native caching allocator (harness/replay/policy_pytorch.cc)
+//   pytorch-policy[:CONF]  a model of PyTorch's native caching allocator, a CONF of PyTorch's keys it
+//                          follows (harness/replay/policy_pytorch.cc), e.g. pytorch-policy:max_split_size_mb:256
 //   pytorch-expandable[:large_page_mb=N]
 //                          the same with expandable_segments:True (harness/replay/policy_pytorch_expandable.cc)
 //   nocache                one backend call per request (cudaMalloc/cudaFree) (harness/replay/policy_nocache.cc)
@@ -41,8 +42,8 @@ struct PolicyEntry {
                                                            ReplayDeviceKind kind);
 };
 
-// "bucketalloc, bucketalloc:CONF, pytorch-policy, pytorch-expandable, pytorch-expandable:CONF,
-// nocache": what a spec may be.
+// "bucketalloc, bucketalloc:CONF, pytorch-policy, pytorch-policy:CONF, pytorch-expandable,
+// pytorch-expandable:CONF, nocache": what a spec may be.
 std::string PolicySpecsText();
 // One line per policy, "\n  name[:CONF]: its help", for a command line's help.
 std::string PolicyHelpText();

@@ -1,19 +1,29 @@
-// src/harness/replay/policy_pytorch.cc — the "pytorch-policy" replay policy: a model of PyTorch's native
-// CUDA caching allocator (harness/replay/policies.h), the baseline bucketalloc is compared with.
+// src/harness/replay/policy_pytorch.cc — the "pytorch-policy[:CONF]" replay policy: a model of PyTorch's
+// native CUDA caching allocator (harness/replay/policies.h), the baseline bucketalloc is compared with.
 //
-// It follows ../shared/reference/pytorch.md §1 (CUDACachingAllocator, default configuration):
-//   - sizes round up to 512 B (kMinBlockSize); requests <= 1 MiB use the small pool, others the large;
-//   - segment sizes: <= 1 MiB -> 2 MiB; < 10 MiB -> 20 MiB; else rounded up to 2 MiB;
+// It follows ../shared/reference/pytorch.md §1 (CUDACachingAllocator):
+//   - sizes round up to 512 B (kMinBlockSize), or to roundup_power2_divisions' steps (§1.4); requests
+//     <= 1 MiB use the small pool, others the large;
+//   - segment sizes: <= 1 MiB -> 2 MiB; < 10 MiB -> large_segment_size (20 MiB); else rounded up to
+//     2 MiB;
 //   - best fit per pool by (stream, size, address): the smallest free block of the stream that fits;
-//   - a small block is split when at least 512 B remain; a large one when more than 1 MiB remains
-//     (max_split_size unlimited, so no oversize rules apply);
+//     with max_split_size set, a block of at least max_split_size serves no request below it, and
+//     one of at least the request + max_non_split_rounding (20 MiB) none at all (§1.5);
+//   - a small block is split when at least 512 B remain; a large one when the request is below
+//     max_split_size and more than 1 MiB remains (§1.6);
 //   - a freed block coalesces at once with its free neighbours in the same segment;
-//   - a failed cudaMalloc releases every cached block that is a whole segment (not split), in both
-//     pools, and retries once; then the request is an OOM.
+//   - a failed cudaMalloc first releases oversize cached blocks of the pool (max_split_size set:
+//     release_available_cached_blocks, §1.8 step 5) and retries; then releases every cached block
+//     that is a whole segment (not split), in both pools, and retries once; then the request is an
+//     OOM.
+// A CONF is PyTorch's own (PYTORCH_CUDA_ALLOC_CONF), of the keys modelled: max_split_size_mb,
+// max_non_split_rounding_mb, roundup_power2_divisions and large_segment_size_mb, read and checked as
+// bucketalloc reads them (bucketalloc/options.h), e.g. pytorch-policy:max_split_size_mb:256.
 // Fragmentation() walks both pools' cached free blocks (whole segments and the free pieces of split
 // ones) into power-of-two bins, as bucketalloc's histogram does.
-// Not modelled: record_stream events, garbage collection, expandable segments, memory fractions,
-// roundup_power2_divisions, max_split_size (all off by default).
+// Not modelled: record_stream events, garbage collection (PyTorch's needs a memory fraction, which a
+// replay on a card of exactly its capacity does not set), expandable segments (pytorch-expandable),
+// memory fractions.
 
 #include <algorithm>
 #include <set>
@@ -21,7 +31,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "bucketalloc/backend.h"
+#include "bucketalloc/options.h"
 #include "bucketalloc/stat_types.h"
 #include "bucketalloc/units.h"
 #include "harness/replay/pytorch_model.h"
@@ -34,7 +46,6 @@ using pytorch_model::kMinBlockSize;
 using pytorch_model::kSmallSize;
 
 constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;
-constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;
 constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;
 constexpr std::size_t kRoundLarge = std::size_t{2} << 20;
 
@@ -59,9 +70,18 @@ struct BySize {
 };
 using BlockPool = std::set<Block*, BySize>;
 
+// The settings of PyTorch's CONF the model follows (their defaults: PyTorch's).
+struct Settings {
+  std::size_t max_split_size = kUnlimited;
+  std::size_t max_non_split_rounding = std::size_t{20} << 20;
+  std::size_t large_segment_size = std::size_t{20} << 20;  // kLargeBuffer
+  std::vector<std::uint32_t> divisions;                    // per interval; empty: none above 1
+};
+
 class PyTorchPolicy final : public DeviceReplayAllocator {
  public:
-  using DeviceReplayAllocator::DeviceReplayAllocator;
+  PyTorchPolicy(std::unique_ptr<ReplayDevice> device, Settings settings)
+      : DeviceReplayAllocator(std::move(device)), settings_(std::move(settings)) {}
   ~PyTorchPolicy() override {
     // Every block is either live or in a free pool. Segments go back to the device (on a GPU the
     // next replay needs the memory); a segment starts at a block without a predecessor.
@@ -79,15 +99,16 @@ class PyTorchPolicy final : public DeviceReplayAllocator {
 
   absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) override {
     if (size == 0) return nullptr;
-    const std::size_t rounded = pytorch_model::RoundSize(size);
+    const std::size_t rounded = pytorch_model::RoundSize(size, settings_.divisions);
     const bool small = rounded <= kSmallSize;
     BlockPool& pool = small ? small_ : large_;
     Block* block = FindFree(pool, stream, rounded);
     if (block == nullptr) {
       const std::size_t segment = small                      ? kSmallBuffer
-                                  : rounded < kMinLargeAlloc ? kLargeBuffer
+                                  : rounded < kMinLargeAlloc ? settings_.large_segment_size
                                                              : RoundUp(rounded, kRoundLarge);
       absl::StatusOr<void*> p = device().Allocate(segment);
+      if (!p.ok() && ReleaseOversizeBlocks(pool, stream, rounded)) p = device().Allocate(segment);
       if (!p.ok()) {
         ReleaseCachedBlocks();
         p = device().Allocate(segment);
@@ -100,7 +121,7 @@ class PyTorchPolicy final : public DeviceReplayAllocator {
       pool.erase(block);
     }
     const std::size_t remaining = block->size - rounded;
-    if (small ? remaining >= kMinBlockSize : remaining > kSmallSize) {
+    if (small ? remaining >= kMinBlockSize : rounded < settings_.max_split_size && remaining > kSmallSize) {
       Block* rest = new Block{block->ptr + rounded, remaining, stream, small, false, block, block->next};
       if (block->next != nullptr) block->next->prev = rest;
       block->next = rest;
@@ -147,12 +168,52 @@ class PyTorchPolicy final : public DeviceReplayAllocator {
   }
 
  private:
-  // get_free_block: the smallest free block of the stream that fits (max_split_size unlimited).
-  static Block* FindFree(BlockPool& pool, Stream stream, std::size_t size) {
+  // get_free_block: the smallest free block of the stream that fits, unless it is oversize (at
+  // least max_split_size) and the request is not, or the request is and the block exceeds it by
+  // max_non_split_rounding or more.
+  Block* FindFree(BlockPool& pool, Stream stream, std::size_t size) const {
     Block key{0, size, stream};
     auto it = pool.lower_bound(&key);
     if (it == pool.end() || (*it)->stream != stream) return nullptr;
+    const std::size_t max_split = settings_.max_split_size;
+    if (size < max_split && (*it)->size >= max_split) return nullptr;
+    if (size >= max_split && (*it)->size >= size + settings_.max_non_split_rounding) return nullptr;
     return *it;
+  }
+
+  // release_available_cached_blocks (max_split_size set): the stream's smallest oversize block of
+  // at least max(size, max_split_size) goes back to the device; without one, its largest oversize
+  // blocks, largest first, until they add up to that much. True when it released enough.
+  bool ReleaseOversizeBlocks(BlockPool& pool, Stream stream, std::size_t size) {
+    const std::size_t max_split = settings_.max_split_size;
+    if (max_split == kUnlimited) return false;
+    const std::size_t want = std::max(size, max_split);
+    Block key{0, want, stream};
+    auto it = pool.lower_bound(&key);
+    if (it != pool.end() && (*it)->stream == stream) return Release(pool, &it);
+    std::size_t released = 0;
+    while (released < want && it != pool.begin()) {
+      --it;
+      const std::size_t bytes = (*it)->size;
+      if ((*it)->stream != stream || bytes < max_split) break;
+      if (!Release(pool, &it)) break;  // not a whole segment: not oversize after all
+      released += bytes;
+    }
+    return released >= want;
+  }
+
+  // The free block at *it goes back to the device when it is a whole segment, as an oversize block
+  // is (a block of at least max_split_size is never split, and a segment holding one is its size).
+  // *it moves to the block after it; true when it was released.
+  bool Release(BlockPool& pool, BlockPool::iterator* it) {
+    Block* b = **it;
+    if (b->prev != nullptr || b->next != nullptr || !device().Free(reinterpret_cast<void*>(b->ptr), b->size).ok()) {
+      ++*it;
+      return false;
+    }
+    delete b;
+    *it = pool.erase(*it);
+    return true;
   }
 
   // release_cached_blocks: every free block that is a whole segment goes back to the device.
@@ -170,17 +231,50 @@ class PyTorchPolicy final : public DeviceReplayAllocator {
     }
   }
 
+  const Settings settings_;
   BlockPool small_, large_;
   pytorch_model::LiveBlocks<Block> live_;
 };
 
+// The keys of PyTorch's CONF the model follows.
+constexpr const char* kModelledKeys[] = {"max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
+                                         "large_segment_size_mb"};
+
+// `conf` (PyTorch's CONF of the modelled keys) read as bucketalloc reads PYTORCH_CUDA_ALLOC_CONF.
+absl::StatusOr<Settings> ParseSettings(absl::string_view conf) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allocator \"pytorch-policy:", conf, "\": ", why, "; accepted: PyTorch's CONF of the keys the model follows (",
+        absl::StrJoin(kModelledKeys, ", "), "), e.g. pytorch-policy:max_split_size_mb:256"));
+  };
+  Settings s;
+  if (conf.empty()) return s;
+  absl::StatusOr<std::vector<OptionSetting>> settings = SplitOptions(conf);
+  if (!settings.ok()) return bad(settings.status().message());
+  for (const OptionSetting& o : *settings) {
+    if (std::find(std::begin(kModelledKeys), std::end(kModelledKeys), o.key) == std::end(kModelledKeys)) {
+      return bad(absl::StrCat("'", o.key, "' is not a key the model follows"));
+    }
+  }
+  absl::StatusOr<Options> options = ParseOptions(conf);
+  if (!options.ok()) return bad(options.status().message());
+  s.max_split_size = options->max_split_size;
+  s.max_non_split_rounding = options->max_non_split_rounding;
+  s.large_segment_size = options->large_segment_size;
+  const std::vector<std::uint32_t>& d = options->roundup_power2_divisions;
+  if (std::any_of(d.begin(), d.end(), [](std::uint32_t div) { return div > 1; })) s.divisions = d;
+  return s;
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(absl::string_view, std::size_t capacity,
+absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(absl::string_view conf, std::size_t capacity,
                                                                    ReplayDeviceKind kind) {
+  absl::StatusOr<Settings> settings = ParseSettings(conf);
+  if (!settings.ok()) return settings.status();
   absl::StatusOr<std::unique_ptr<ReplayDevice>> device = MakeReplayDevice(capacity, kind);
   if (!device.ok()) return device.status();
-  return std::unique_ptr<ReplayAllocator>(std::make_unique<PyTorchPolicy>(std::move(*device)));
+  return std::unique_ptr<ReplayAllocator>(std::make_unique<PyTorchPolicy>(std::move(*device), std::move(*settings)));
 }
 
 }  // namespace bucketalloc::harness

@@ -6,8 +6,11 @@
 #ifndef BUCKETALLOC_HARNESS_REPLAY_PYTORCH_MODEL_H_
 #define BUCKETALLOC_HARNESS_REPLAY_PYTORCH_MODEL_H_
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -24,6 +27,26 @@ inline constexpr std::size_t kSmallSize = std::size_t{1} << 20;  // "largest 'sm
 // round_size without roundup_power2_divisions.
 inline std::size_t RoundSize(std::size_t size) {
   return size < kMinBlockSize ? kMinBlockSize : RoundUp(size, kMinBlockSize);
+}
+
+// round_size with roundup_power2_divisions (reference/pytorch.md §1.4): `divisions` has an entry per
+// power-of-two interval from 1 MiB (index max(0, log2(size) - 20), the last covering everything
+// above); with div > 1 for the size's interval and size > 512 x div, the size rounds up to the next
+// 1/div step of its interval [2^k, 2^(k+1)) (a power of two stays as it is; a step under 1 byte
+// gives 2^(k+1)). Otherwise 512-byte multiples.
+inline std::size_t RoundSize(std::size_t size, const std::vector<std::uint32_t>& divisions) {
+  if (size < kMinBlockSize || divisions.empty()) return RoundSize(size);
+  const int log2 = std::bit_width(size) - 1;
+  const std::size_t index =
+      std::min<std::size_t>(static_cast<std::size_t>(std::max(0, log2 - 20)), divisions.size() - 1);
+  const std::size_t div = divisions[index];
+  if (div <= 1 || size <= kMinBlockSize * div) return RoundSize(size);
+  const std::size_t floor = std::size_t{1} << log2;
+  if (size == floor) return size;
+  const std::size_t step = floor >> (std::bit_width(div) - 1);
+  if (step == 0) return floor << 1;
+  const std::size_t down = size & ~(step - 1);
+  return down == size ? size : down + step;
 }
 
 // The live blocks of a model by address. `Block` has ptr, size, allocated and requested.

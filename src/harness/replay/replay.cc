@@ -536,24 +536,39 @@ std::string ReplayResult::ToJson() const {
 
 absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
                                               void (*progress)(const std::string& line)) {
+  MinCapacitySearch search;
+  if (progress != nullptr) search.progress = progress;
+  return MinCapacity(trace, allocator, cost, search);
+}
+
+absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
+                                              const MinCapacitySearch& search) {
   // The trace and the cost model are checked by each probe's Replay (the first probe reports).
   const std::size_t live = PeakLiveBytes(trace);
   auto probe = [&](std::size_t capacity) -> absl::StatusOr<ReplayResult> {
+    if (search.expired && search.expired()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "min-capacity ", allocator, ": the time allowed ran out before a probe of ", FormatBytes(capacity)));
+    }
     ReplayOptions o;
     o.allocator = std::string(allocator);
     o.capacity = capacity;
     o.cost = cost;
     o.stop_at_first_oom = true;  // a probe only asks whether the capacity serves the whole trace
     absl::StatusOr<ReplayResult> r = Replay(trace, o);
-    if (r.ok() && progress != nullptr) {
-      progress(absl::StrCat("min-capacity ", allocator, ": ", FormatBytes(capacity), " -> ",
-                            r->card_ooms() == 0 ? "serves the trace" : "fails (stopped at the first OOM)"));
+    if (r.ok() && search.progress) {
+      search.progress(absl::StrCat("min-capacity ", allocator, ": ", FormatBytes(capacity), " -> ",
+                                   r->card_ooms() == 0 ? "serves the trace" : "fails (stopped at the first OOM)"));
     }
     return r;
   };
-  // Below the peak of live bytes nothing can work: start just under it and double until it works.
-  std::size_t lo = std::max(kReplayGranularity, RoundUp(live, kReplayGranularity)) - kReplayGranularity;
+  // Below the peak of live bytes nothing can work: start just under it (or at the known failure)
+  // and double from it (or from the expected pass) until it works.
+  const std::size_t floor_live = std::max(kReplayGranularity, RoundUp(live, kReplayGranularity)) - kReplayGranularity;
+  std::size_t lo = std::max(floor_live, ReplayCapacity(search.failing));
   std::size_t hi = std::max(2 * kReplayGranularity, RoundUp(live, kReplayGranularity));
+  if (search.passing > 0) hi = std::max(hi, RoundUp(search.passing, kReplayGranularity));
+  if (hi <= lo) hi = lo + kReplayGranularity;
   absl::StatusOr<ReplayResult> at_hi = probe(hi);
   while (at_hi.ok() && at_hi->card_ooms() > 0) {
     if (hi >= kMaxRequestBytes) {

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -186,6 +187,20 @@ struct MinCapacityResult {
 };
 absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
                                               void (*progress)(const std::string& line) = nullptr);
+
+// The same search, given what is known already (tune's bounds, harness/planning/tuner.h): a
+// capacity that fails, or one expected to serve the trace (probed first: the bisection starts
+// between the two, and doubling goes on from a `passing` that fails), and a deadline checked before
+// every probe.
+struct MinCapacitySearch {
+  std::size_t failing = 0;  // a capacity known not to serve the trace; 0: just under its peak of live bytes
+  std::size_t passing = 0;  // a capacity expected to serve it; 0: the peak of live bytes, doubled until it does
+  // Asked before each probe; true ends the search with DeadlineExceeded.
+  std::function<bool()> expired;
+  std::function<void(const std::string& line)> progress;  // one line per probe; may be empty
+};
+absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
+                                              const MinCapacitySearch& search);
 
 }  // namespace bucketalloc::harness
 
