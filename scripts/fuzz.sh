@@ -17,7 +17,7 @@ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_CO
   -DBUCKETALLOC_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DBUCKETALLOC_BUILD_FUZZERS=ON -DBUCKETALLOC_BUILD_TESTS=OFF -DBUCKETALLOC_BUILD_BENCH=OFF \
   -DBUCKETALLOC_BUILD_TOOLS=OFF >/dev/null || exit 1
-ninja -C build/fuzz -j"$jobs" conf_fuzz trace_fuzz kineto_fuzz workload_fuzz doctor_fuzz timeline_fuzz ops_fuzz || exit 1
+ninja -C build/fuzz -j"$jobs" conf_fuzz trace_fuzz kineto_fuzz snapshot_fuzz workload_fuzz doctor_fuzz timeline_fuzz ops_fuzz || exit 1
 
 export ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -49,6 +49,7 @@ start() {  # start NAME TARGET ...: as run
 start conf conf_fuzz
 start trace trace_fuzz
 start kineto kineto_fuzz
+start snapshot snapshot_fuzz -max_len=8192
 start workload workload_fuzz
 start doctor doctor_fuzz -max_len=8192
 start timeline timeline_fuzz -max_len=8192

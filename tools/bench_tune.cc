@@ -21,8 +21,7 @@ std::string Figures(const std::optional<harness::TuneFigures>& f) {
                          static_cast<unsigned long long>(f->backend_calls), f->backend_ms);
 }
 
-void PrintChoice(const char* family, const char* variable, const harness::TuneResult& r,
-                 const harness::TuneChoice& c) {
+void PrintChoice(const char* family, const char* variable, const harness::TuneResult& r, const harness::TuneChoice& c) {
   const harness::TunePoint& p = r.points[c.point];
   const harness::TunePoint& d = r.points[c.default_point];
   std::printf("\nrecommended %s: %s\n", family, p.allocator.c_str());
@@ -44,7 +43,7 @@ void PrintChoice(const char* family, const char* variable, const harness::TuneRe
 }  // namespace
 
 struct TuneCommand::Flags {
-  std::string input, capacity_text, validate, json_path;
+  std::string input, capacity_text, validate, json_path, html_path;
   double budget_s = 0;
   int jobs = 0;
   int device = -1;
@@ -70,6 +69,9 @@ TuneCommand::TuneCommand(CLI::App& app) : flags_(std::make_unique<Flags>()) {
   sub_->add_option("--jobs", f.jobs, "threads for replays (default: the machine's cores)")->check(CLI::Range(0, 1024));
   sub_->add_option("--device", f.device, "the CUDA device of a profiler trace or snapshot (default: the first)");
   sub_->add_option("--json", f.json_path, "also write the front, both parts' figures and the recommendations as JSON");
+  sub_->add_option("--html", f.html_path,
+                   "also write a self-contained page: the front as a plot, the recommendations marked, their settings "
+                   "as text to copy");
   f.device_flags.AddTo(sub_, /*with_device=*/false);
 }
 
@@ -116,19 +118,21 @@ int TuneCommand::Run() const {
   if (s.recurring_sizes.empty()) {
     std::printf("recurring large sizes: none (no tiers tried)\n");
   } else {
-    std::printf("recurring large sizes: %zu, %.0f%% of the large allocations; %zu of them divide one another (tiers), "
-                "quantum %s\n",
-                s.recurring_sizes.size(), 100 * s.recurring_share, s.tier_sizes.size(),
-                FormatBytes(s.quantum_bytes).c_str());
+    std::printf(
+        "recurring large sizes: %zu, %.0f%% of the large allocations; %zu of them divide one another (tiers), "
+        "quantum %s\n",
+        s.recurring_sizes.size(), 100 * s.recurring_share, s.tier_sizes.size(), FormatBytes(s.quantum_bytes).c_str());
   }
   std::printf("tuned on %s of live peak %s; checked on %s, live peak %s\n\n",
-              f.validate.empty() ? "the first half" : "the whole recording", FormatBytes(r->tune_peak_live_bytes).c_str(),
-              r->held_out_name.c_str(), FormatBytes(r->held_out_peak_live_bytes).c_str());
+              f.validate.empty() ? "the first half" : "the whole recording",
+              FormatBytes(r->tune_peak_live_bytes).c_str(), r->held_out_name.c_str(),
+              FormatBytes(r->held_out_peak_live_bytes).c_str());
   std::printf("%-62s %5s %-48s %s\n", "allocator", "front", "tuning part: min capacity, backend at it",
               "held-out part");
   for (const harness::TunePoint& p : r->points) {
     std::string tuned = Figures(p.tune);
-    if (p.state == "pruned") tuned = absl::StrCat("fails at ", FormatBytes(p.fails_at), " (2 MiB under the best): pruned");
+    if (p.state == "pruned")
+      tuned = absl::StrCat("fails at ", FormatBytes(p.fails_at), " (2 MiB under the best): pruned");
     if (p.state == "budget") tuned = "not measured: the budget ran out";
     if (p.state == "failed") tuned = absl::StrCat("failed: ", p.error);
     std::printf("%-62s %5s %-48s %s\n", p.allocator.c_str(), p.on_front ? "*" : "", tuned.c_str(),
@@ -138,7 +142,8 @@ int TuneCommand::Run() const {
   PrintChoice("PyTorch", "PYTORCH_CUDA_ALLOC_CONF", *r, r->pytorch);
   std::printf("\n%d replays in %.1f s%s\n", r->replays, r->seconds,
               r->budget_ran_out ? " (the budget ran out: some candidates were not measured)" : "");
-  return WriteText(f.json_path, r->ToJson(), prefix) ? 0 : 1;
+  if (!WriteText(f.json_path, r->ToJson(), prefix)) return 1;
+  return WriteText(f.html_path, r->ToHtml(f.input), prefix) ? 0 : 1;
 }
 
 }  // namespace bucketalloc::bench

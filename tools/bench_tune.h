@@ -16,7 +16,7 @@ class TuneCommand : public Command {
   // Adds `tune` to `app`.
   explicit TuneCommand(CLI::App& app);
   ~TuneCommand() override;
-  // Prints a progress bar on stderr, then the front and both recommendations (and writes --json).
+  // Prints a progress bar on stderr, then the front and both recommendations (and writes --json, --html).
   int Run() const override;
 
  private:

@@ -322,9 +322,9 @@ TEST(ReplayTest, BadAllocatorsAndCapacitiesAreRefused) {
   o.capacity = 64 * kMiB;
   o.allocator = "jemalloc";
   absl::StatusOr<ReplayResult> r = Replay(Abc(), o);
-  EXPECT_TRUE(absl::StrContains(
-      r.status().message(),
-      "accepted: bucketalloc, bucketalloc:CONF, pytorch-policy, pytorch-policy:CONF, pytorch-expandable, pytorch-expandable:CONF, nocache"))
+  EXPECT_TRUE(absl::StrContains(r.status().message(),
+                                "accepted: bucketalloc, bucketalloc:CONF, pytorch-policy, pytorch-policy:CONF, "
+                                "pytorch-expandable, pytorch-expandable:CONF, nocache"))
       << r.status();
   o.allocator = "bucketalloc:no_such_key:1";
   r = Replay(Abc(), o);

@@ -38,7 +38,8 @@ Generated Serving(KvLayout layout, int n = 60) {
   EXPECT_TRUE(m.ok()) << m.status();
   absl::StatusOr<RequestSet> r = ReadRequestsFile(Data("requests/azure_llm_inference_trace_2023_conv.csv"), {});
   EXPECT_TRUE(r.ok()) << r.status();
-  std::vector<Request> requests(r->requests.begin(), r->requests.begin() + std::min<std::size_t>(n, r->requests.size()));
+  std::vector<Request> requests(r->requests.begin(),
+                                r->requests.begin() + std::min<std::size_t>(n, r->requests.size()));
   ServingOptions o;
   o.kv_layout = layout;
   absl::StatusOr<ServingTrace> t = GenerateServingTrace(requests, *m, o);
@@ -75,7 +76,7 @@ void ExpectUsableAndNoWorse(const TuneResult& r) {
 }
 
 TEST(TunerTest, ATieredTraceGetsItsOwnTiers) {
-  const Generated g = Serving(KvLayout::kTiered, 200);  // enough requests for the K/V tiers to recur most
+  const Generated g = Serving(KvLayout::kTiered, 150);  // enough requests for the K/V tiers to recur most
   ASSERT_FALSE(g.tiers_conf.empty());
   absl::StatusOr<Options> own = ParseOptions(absl::StripPrefix(g.tiers_conf, "bucketalloc:"));
   ASSERT_TRUE(own.ok()) << own.status();
@@ -97,7 +98,9 @@ TEST(TunerTest, ATieredTraceGetsItsOwnTiers) {
                              [](const TunePoint& p) { return p.allocator.rfind("bucketalloc:tiers:[", 0) == 0; });
   ASSERT_NE(tiered, r.points.end());
   ASSERT_TRUE(tiered->state == "measured" || tiered->state == "pruned") << tiered->state;
-  if (tiered->tune.has_value()) EXPECT_LT(tiered->tune->min_capacity_bytes, Default(r).tune->min_capacity_bytes);
+  if (tiered->tune.has_value()) {
+    EXPECT_LT(tiered->tune->min_capacity_bytes, Default(r).tune->min_capacity_bytes);
+  }
   const TunePoint& p = Recommended(r);
   ASSERT_TRUE(p.tune.has_value());
   EXPECT_LT(p.tune->min_capacity_bytes, Default(r).tune->min_capacity_bytes);
@@ -149,7 +152,9 @@ TEST(TunerTest, AValidationTraceIsTheHeldOutPart) {
 
 TEST(TunerTest, TheHeldOutHalfStartsFromTheBlocksLiveAtTheMidpoint) {
   Trace t;
-  auto add = [&](TraceAction a, std::uint64_t p, std::uint64_t size) { t.events.push_back({1, "0", a, p, size, 0, 0}); };
+  auto add = [&](TraceAction a, std::uint64_t p, std::uint64_t size) {
+    t.events.push_back({1, "0", a, p, size, 0, 0});
+  };
   add(TraceAction::kAllocate, 0x1000, 4 << 20);
   add(TraceAction::kAllocate, 0x2000, 8 << 20);
   add(TraceAction::kFree, 0x1000, 4 << 20);
@@ -173,7 +178,8 @@ TEST(TunerTest, BadInputIsAClearError) {
   EXPECT_TRUE(absl::IsInvalidArgument(empty.status()));
   EXPECT_TRUE(absl::StrContains(empty.status().message(), "has no allocations")) << empty.status();
   Trace small;
-  for (std::uint64_t i = 0; i < 100; ++i) small.events.push_back({1, "0", TraceAction::kAllocate, 0x1000 + i * 4096, 4096, 0, 0});
+  for (std::uint64_t i = 0; i < 100; ++i)
+    small.events.push_back({1, "0", TraceAction::kAllocate, 0x1000 + i * 4096, 4096, 0, 0});
   absl::StatusOr<TuneResult> only_small = Tune(small, {});
   ASSERT_FALSE(only_small.ok());
   EXPECT_TRUE(absl::StrContains(only_small.status().message(), "no allocation above 1 MiB")) << only_small.status();

@@ -17,6 +17,7 @@
 #include "harness/operations/doctor.h"
 #include "harness/replay/importers.h"
 #include "harness/replay/replay.h"
+#include "harness/replay/snapshot_pickle.h"
 #include "harness/replay/trace.h"
 #include "nlohmann/json.hpp"
 
@@ -32,7 +33,8 @@ constexpr double kSamplesPerReplay = 500.0;
 constexpr double kShortestInterval = 1e-6;
 constexpr char kExpected[] =
     "expected a file: a timeline (JSON lines, one sample per line, as BUCKETALLOC_TIMELINE and replay --timeline "
-    "write them), a snapshot (bucketalloc_torch.snapshot() as JSON) or a trace (RMM CSV)";
+    "write them), a snapshot (torch.cuda.memory._dump_snapshot's pickle, or bucketalloc_torch.snapshot() as JSON) or "
+    "a trace (RMM CSV)";
 
 absl::Status NeedsCapacity(absl::string_view kind) {
   return absl::InvalidArgumentError(absl::StrCat("doctor: a ", kind,
@@ -133,6 +135,16 @@ absl::StatusOr<DoctorInput> ReadDoctorInput(const std::string& path, const Docto
   const std::size_t first = text.find_first_not_of(" \t\r\n");
   if (first == absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat("doctor: ", path, " is empty; ", kExpected));
+  }
+  if (LooksLikePickle(text)) {  // torch.cuda.memory._dump_snapshot's
+    absl::StatusOr<Json> j = ParsePlainPickle(text, path);
+    if (!j.ok()) return absl::InvalidArgumentError(absl::StrCat("doctor: ", j.status().message()));
+    if (!j->is_object() || !j->contains("device_traces")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "doctor: ", path, " is a pickle but not a memory snapshot (a dict with \"device_traces\"); ", kExpected));
+    }
+    if (!j->contains("segments")) (*j)["segments"] = Json::array();
+    return NamingThePath(FromSnapshot(*j, o), path);
   }
   if (text[first] == '{') {
     // A snapshot is one JSON object; a timeline one object per line.

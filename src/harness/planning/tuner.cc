@@ -22,6 +22,7 @@
 #include "bucketalloc/options.h"
 #include "bucketalloc/units.h"
 #include "harness/replay/policies.h"
+#include "harness/reports/page.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc::harness {
@@ -31,7 +32,7 @@ using Clock = std::chrono::steady_clock;
 using Json = nlohmann::ordered_json;
 
 constexpr std::size_t kSmallLimit = std::size_t{1} << 20;  // both allocators' small pool limit
-constexpr double kRecurringShare = 0.01;                    // of the large allocations, per size
+constexpr double kRecurringShare = 0.01;                   // of the large allocations, per size
 constexpr std::uint64_t kRecurringCount = 8;
 constexpr std::size_t kMaxTiers = 32;
 constexpr double kTiersCover = 0.5;
@@ -53,7 +54,8 @@ struct Candidate {
 
 std::string SizeList(const std::vector<std::size_t>& sizes) {
   std::vector<std::string> s;
-  for (std::size_t b : sizes) s.push_back(b % kSmallLimit == 0 ? absl::StrCat(b / kSmallLimit, "MiB") : absl::StrCat(b));
+  for (std::size_t b : sizes)
+    s.push_back(b % kSmallLimit == 0 ? absl::StrCat(b / kSmallLimit, "MiB") : absl::StrCat(b));
   return absl::StrCat("[", absl::StrJoin(s, ","), "]");
 }
 
@@ -75,7 +77,8 @@ std::vector<Candidate> FirstRound(const TraceShape& shape) {
   c.push_back({"pytorch-policy", {}, "the default"});
   c.push_back({"bucketalloc", {{"backend", "vmm"}}, "stitching"});
   if (!shape.tier_sizes.empty()) {
-    c.push_back({"bucketalloc", {{"tiers", SizeList(shape.tier_sizes)}},
+    c.push_back({"bucketalloc",
+                 {{"tiers", SizeList(shape.tier_sizes)}},
                  "tiers of the recurring large sizes that divide one another"});
   }
   if (shape.recurring_sizes.size() > shape.tier_sizes.size()) {
@@ -88,11 +91,13 @@ std::vector<Candidate> FirstRound(const TraceShape& shape) {
   }
   for (int d : {2, 4, 8}) {
     for (const char* family : {"bucketalloc", "pytorch-policy"}) {
-      c.push_back({family, {{"roundup_power2_divisions", absl::StrCat(d)}}, absl::StrCat("roundup_power2_divisions ", d)});
+      c.push_back(
+          {family, {{"roundup_power2_divisions", absl::StrCat(d)}}, absl::StrCat("roundup_power2_divisions ", d)});
     }
   }
   for (int m : {2, 64}) {
-    c.push_back({"bucketalloc", {{"large_segment_size_mb", absl::StrCat(m)}}, absl::StrCat("large_segment_size_mb ", m)});
+    c.push_back(
+        {"bucketalloc", {{"large_segment_size_mb", absl::StrCat(m)}}, absl::StrCat("large_segment_size_mb ", m)});
   }
   c.push_back({"bucketalloc", {{"garbage_collection_threshold", "0.8"}}, "garbage_collection_threshold 0.8"});
   c.push_back({"pytorch-expandable", {}, "expandable segments"});
@@ -247,7 +252,9 @@ class Search {
   // The uncapped replay.
   void Screen(TunePoint& p) {
     if (SearchExpired()) return;
-    const std::size_t cap = std::min(kMaxSimReplayCapacity, RoundUp(std::max<std::size_t>(4 * tune_live_, std::size_t{8} << 30), kReplayGranularity));
+    const std::size_t cap =
+        std::min(kMaxSimReplayCapacity,
+                 RoundUp(std::max<std::size_t>(4 * tune_live_, std::size_t{8} << 30), kReplayGranularity));
     absl::StatusOr<ReplayResult> r = ReplayOf(tune_, p.allocator, cap, /*stop_at_first_oom=*/true);
     if (!r.ok()) {
       p.state = "failed";
@@ -400,7 +407,9 @@ TraceShape ReadShape(const Trace& trace) {
   }
   if (large.empty()) return s;
   std::sort(large.begin(), large.end());
-  auto quantile = [&](double q) { return large[std::min(large.size() - 1, static_cast<std::size_t>(q * large.size()))]; };
+  auto quantile = [&](double q) {
+    return large[std::min(large.size() - 1, static_cast<std::size_t>(q * large.size()))];
+  };
   s.large_p50 = quantile(0.5);
   s.large_p90 = quantile(0.9);
   s.large_p99 = quantile(0.99);
@@ -677,6 +686,138 @@ std::string TuneResult::ToJson() const {
   j["seconds"] = seconds;
   j["replays"] = replays;
   return j.dump(2);
+}
+
+namespace {
+
+std::string FiguresText(const std::optional<TuneFigures>& f) {
+  if (!f.has_value()) return "-";
+  return absl::StrFormat("%s (%.3f x live), %llu calls, %.1f ms", FormatBytes(f->min_capacity_bytes), f->over_live,
+                         static_cast<unsigned long long>(f->backend_calls), f->backend_ms);
+}
+
+// The front as an SVG plot: x the min capacity over the tuning part's peak live bytes, y the
+// simulated backend time at it (log scale: the candidates span orders of magnitude).
+std::string FrontSvg(const TuneResult& r) {
+  constexpr double kW = 760, kH = 380, kLeft = 70, kRight = 20, kTop = 20, kBottom = 50;
+  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+  for (const TunePoint& p : r.points) {
+    if (!p.tune.has_value()) continue;
+    x0 = std::min(x0, p.tune->over_live);
+    x1 = std::max(x1, p.tune->over_live);
+    const double y = std::log10(std::max(p.tune->backend_ms, 0.01));
+    y0 = std::min(y0, y);
+    y1 = std::max(y1, y);
+  }
+  if (x0 > x1) return "<p>No point was measured.</p>";
+  const double xpad = std::max(1e-3, (x1 - x0) * 0.08), ypad = std::max(0.05, (y1 - y0) * 0.08);
+  x0 -= xpad;
+  x1 += xpad;
+  y0 -= ypad;
+  y1 += ypad;
+  auto X = [&](double v) { return kLeft + (v - x0) / (x1 - x0) * (kW - kLeft - kRight); };
+  auto Y = [&](double ms) { return kTop + (y1 - std::log10(std::max(ms, 0.01))) / (y1 - y0) * (kH - kTop - kBottom); };
+  std::string svg = absl::StrFormat(
+      "<svg class=\"chart front\" viewBox=\"0 0 %.0f %.0f\" role=\"img\" aria-label=\"min capacity against backend "
+      "time\">",
+      kW, kH);
+  for (int k = 0; k <= 4; ++k) {  // the axes' ticks
+    const double xv = x0 + (x1 - x0) * k / 4, yv = y0 + (y1 - y0) * k / 4;
+    absl::StrAppendFormat(&svg,
+                          "<line class=\"grid\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>"
+                          "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.3f</text>",
+                          X(xv), kTop, X(xv), kH - kBottom, X(xv), kH - kBottom + 16, xv);
+    const double ms = std::pow(10.0, yv);
+    absl::StrAppendFormat(&svg,
+                          "<line class=\"grid\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>"
+                          "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.4g</text>",
+                          kLeft, Y(ms), kW - kRight, Y(ms), kLeft - 6, Y(ms) + 4, ms);
+  }
+  absl::StrAppendFormat(&svg,
+                        "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">min capacity / peak live (tuning "
+                        "part)</text><text x=\"14\" y=\"%.1f\" transform=\"rotate(-90 14 %.1f)\" "
+                        "text-anchor=\"middle\">simulated backend ms at min capacity</text>",
+                        (kLeft + kW - kRight) / 2, kH - 8, (kTop + kH - kBottom) / 2, (kTop + kH - kBottom) / 2);
+  // The front, in order of memory.
+  std::vector<const TunePoint*> front;
+  for (const TunePoint& p : r.points) {
+    if (p.on_front) front.push_back(&p);
+  }
+  std::sort(front.begin(), front.end(),
+            [](const TunePoint* a, const TunePoint* b) { return a->tune->over_live < b->tune->over_live; });
+  std::string line;
+  for (const TunePoint* p : front)
+    absl::StrAppendFormat(&line, "%.1f,%.1f ", X(p->tune->over_live), Y(p->tune->backend_ms));
+  if (front.size() > 1) absl::StrAppend(&svg, "<polyline class=\"front-line\" points=\"", line, "\"/>");
+  for (std::size_t i = 0; i < r.points.size(); ++i) {
+    const TunePoint& p = r.points[i];
+    if (!p.tune.has_value()) continue;
+    absl::StrAppendFormat(&svg,
+                          "<circle class=\"point %s%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"5\"><title>%s: %s</title></circle>",
+                          p.pytorch ? "pytorch" : "bucketalloc", p.on_front ? " on-front" : "", X(p.tune->over_live),
+                          Y(p.tune->backend_ms), EscapeHtml(p.allocator), EscapeHtml(FiguresText(p.tune)));
+  }
+  for (const auto& [choice, label] :
+       {std::pair{&r.bucketalloc, "recommended bucketalloc"}, std::pair{&r.pytorch, "recommended PyTorch"}}) {
+    const TunePoint& p = r.points[choice->point];
+    if (!p.tune.has_value()) continue;
+    absl::StrAppendFormat(&svg,
+                          "<circle class=\"chosen\" cx=\"%.1f\" cy=\"%.1f\" r=\"10\"/>"
+                          "<text class=\"chosen-label\" x=\"%.1f\" y=\"%.1f\">%s</text>",
+                          X(p.tune->over_live), Y(p.tune->backend_ms), X(p.tune->over_live) + 13,
+                          Y(p.tune->backend_ms) - 8, label);
+  }
+  absl::StrAppend(&svg, "</svg>");
+  return svg;
+}
+
+}  // namespace
+
+std::string TuneResult::ToHtml(const std::string& recording) const {
+  std::string h = absl::StrCat(
+      "<h1>Tune: ", EscapeHtml(recording), "</h1><p class=\"meta\">",
+      absl::StrFormat("%llu allocations, %llu above 1 MiB; peak live %s. Tuned on the ",
+                      static_cast<unsigned long long>(shape.allocations),
+                      static_cast<unsigned long long>(shape.large_allocations), FormatBytes(shape.peak_live_bytes)),
+      EscapeHtml(held_out_name == "the trace's second half" ? "first half" : "whole recording"), ", checked on ",
+      EscapeHtml(held_out_name), absl::StrFormat(". %d replays in %.1f s.", replays, seconds),
+      budget_ran_out ? " The budget ran out: some candidates were not measured." : "", "</p>");
+  for (const auto& [c, family, variable] : {std::tuple{&bucketalloc, "bucketalloc", "BUCKETALLOC_CONF"},
+                                            std::tuple{&pytorch, "PyTorch", "PYTORCH_CUDA_ALLOC_CONF"}}) {
+    const TunePoint& p = points[c->point];
+    const TunePoint& d = points[c->default_point];
+    absl::StrAppend(&h, "<h2>Recommended for ", family, "</h2><pre class=\"conf\"><code>", variable, "=",
+                    EscapeHtml(c->conf), "</code></pre><p>", EscapeHtml(c->why), "</p><table class=\"facts\">",
+                    "<tr><th></th><th>tuning part</th><th>", EscapeHtml(held_out_name), "</th></tr><tr><td>",
+                    EscapeHtml(p.allocator), "</td><td>", EscapeHtml(FiguresText(p.tune)), "</td><td>",
+                    EscapeHtml(FiguresText(p.held_out)), "</td></tr><tr><td>default (", EscapeHtml(d.allocator),
+                    ")</td><td>", EscapeHtml(FiguresText(d.tune)), "</td><td>", EscapeHtml(FiguresText(d.held_out)),
+                    "</td></tr></table>");
+    if (c->ooms.has_value()) {
+      absl::StrAppendFormat(&h, "<p>OOMs at %s: %llu (fragmentation %llu); the default %llu (fragmentation %llu).</p>",
+                            FormatBytes(capacity), static_cast<unsigned long long>(*c->ooms),
+                            static_cast<unsigned long long>(*c->fragmentation_ooms),
+                            static_cast<unsigned long long>(*c->default_ooms),
+                            static_cast<unsigned long long>(*c->default_fragmentation_ooms));
+    }
+  }
+  absl::StrAppend(&h,
+                  "<h2>The front</h2><figure><figcaption>Each measured setting: its min capacity on the tuning "
+                  "part and the backend time at it (blue: bucketalloc, orange: PyTorch; filled: on the front, no "
+                  "point better on both; ringed: recommended)</figcaption>",
+                  FrontSvg(*this),
+                  "</figure><h2>Every candidate</h2><div class=\"table-wrap\"><table><tr>"
+                  "<th>allocator</th><th>change</th><th>state</th><th>tuning part</th><th>",
+                  EscapeHtml(held_out_name), "</th></tr>");
+  for (const TunePoint& p : points) {
+    absl::StrAppend(
+        &h, "<tr><td><code>", EscapeHtml(p.allocator), "</code></td><td>", EscapeHtml(p.change), "</td><td>",
+        EscapeHtml(p.state), p.on_front ? ", on the front" : "", "</td><td>",
+        EscapeHtml(p.state == "pruned" ? absl::StrCat("fails at ", FormatBytes(p.fails_at)) : FiguresText(p.tune)),
+        "</td><td>", EscapeHtml(FiguresText(p.held_out)), "</td></tr>");
+  }
+  absl::StrAppend(&h, "</table></div>");
+  return HtmlPage(absl::StrCat("bucketalloc-bench tune: ", recording), h);
 }
 
 }  // namespace bucketalloc::harness

@@ -7,8 +7,8 @@
 // The search, on the tuning part (the first half of the trace, or all of it with a separate
 // validation trace):
 //   1. Candidates: bucketalloc's default and one change of it each (stitching; tiers of the
-//      trace's recurring large sizes, those that divide one another and all of them; max_split_size_mb at the large sizes' quantiles;
-//      roundup_power2_divisions 2, 4, 8; large_segment_size_mb 2 and 64; garbage_collection_threshold
+//      trace's recurring large sizes, those that divide one another and all of them; max_split_size_mb at the large
+//      sizes' quantiles; roundup_power2_divisions 2, 4, 8; large_segment_size_mb 2 and 64; garbage_collection_threshold
 //      0.8), and PyTorch's allocator as the harness models it (pytorch-policy with max_split_size_mb
 //      or roundup_power2_divisions; pytorch-expandable).
 //   2. Each candidate is first replayed once with no cap (a screen): its peak reserved bytes bound
@@ -137,6 +137,10 @@ struct TuneResult {
   double seconds = 0.0;
   int replays = 0;  // every replay run, probes and screens
   std::string ToJson() const;
+  // A self-contained page (harness/reports/page.h, no script): the front as a plot of min capacity
+  // against backend time on the tuning part, every measured point with its allocator in a tooltip,
+  // the two recommendations marked; the recommended settings as text to copy; the table of points.
+  std::string ToHtml(const std::string& recording) const;
 };
 
 // InvalidArgument for a trace without allocations or without large ones (nothing to tune), or

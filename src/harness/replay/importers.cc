@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bucketalloc/allocator.h"
+#include "harness/replay/snapshot_pickle.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc::harness {
@@ -269,20 +270,27 @@ absl::StatusOr<std::optional<Trace>> ImportSnapshotHistory(const nlohmann::json&
 absl::StatusOr<Trace> ReadRecording(const std::string& path, int device) {
   constexpr absl::string_view kAccepted =
       "accepted: a trace (RMM CSV), a profiler trace (Kineto JSON, JSON.gz or its memory-event CSV) or a memory "
-      "snapshot with its history (JSON; a PyTorch pickle: tools/import_torch_snapshot.py)";
+      "snapshot with its history (torch.cuda.memory._dump_snapshot's pickle, or JSON)";
   absl::StatusOr<std::string> read = ReadTextFile(path, "the recording");
   if (!read.ok()) return read.status();
   const std::string& text = *read;
   const absl::string_view start = absl::StripLeadingAsciiWhitespace(text);
   if (start.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " is empty; ", kAccepted));
-  if (static_cast<unsigned char>(start[0]) == 0x80) {
-    return absl::InvalidArgumentError(absl::StrCat(path,
-                                                   " is a pickle (a PyTorch memory snapshot?), which this "
-                                                   "build reads through tools/import_torch_snapshot.py first; ",
-                                                   kAccepted));
-  }
-  if (start[0] == '{') {
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const bool pickle = LooksLikePickle(text);
+  if (pickle || start[0] == '{') {
+    nlohmann::json j;
+    if (pickle) {
+      absl::StatusOr<nlohmann::json> p = ParsePlainPickle(text, path);
+      if (!p.ok()) return p.status();
+      j = std::move(*p);
+      if (!j.is_object() || !j.contains("device_traces")) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, " is a pickle but not a memory snapshot (a dict with \"device_traces\"); ", kAccepted));
+      }
+      if (!j.contains("segments")) j["segments"] = nlohmann::json::array();
+    } else {
+      j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    }
     if (j.is_object() && j.contains("segments")) {
       absl::StatusOr<std::optional<Trace>> t = ImportSnapshotHistory(j, device);
       if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", t.status().message()));

@@ -8,8 +8,8 @@
 // Only CUDA events (Device Type 1) of one device are kept (`device`, or the first CUDA device seen
 // when it is -1). A free of an address the log never allocated (allocated before the profile began)
 // is dropped. Time becomes the event's microsecond timestamp.
-// Memory snapshots (bucketalloc_torch.snapshot() as JSON; PyTorch's pickles are imported by
-// tools/import_torch_snapshot.py, which reads them with a restricted unpickler): a device's history
+// Memory snapshots (torch.cuda.memory._dump_snapshot's pickle, read by harness/replay/snapshot_pickle.h,
+// or bucketalloc_torch.snapshot() as JSON): a device's history
 // (device_traces[N], recorded with _record_memory_history) becomes a trace, alloc -> allocate and
 // free_completed -> free of a block it allocated (a free_requested alone is ignored; a free whose
 // alloc the ring buffer dropped is dropped). Time becomes time_us.
@@ -38,7 +38,7 @@ absl::StatusOr<Trace> ImportKinetoFile(const std::string& path, int device = -1)
 absl::StatusOr<std::optional<Trace>> ImportSnapshotHistory(const nlohmann::json& snapshot, int device = -1);
 
 // A recording of a workload, by its content: a trace (RMM CSV), a profiler trace (Kineto JSON,
-// JSON.gz or CSV) or a snapshot with its history (JSON). InvalidArgument names the file, what it
+// JSON.gz or CSV) or a snapshot with its history (a pickle, or JSON). InvalidArgument names the file, what it
 // seemed to be and what is accepted.
 absl::StatusOr<Trace> ReadRecording(const std::string& path, int device = -1);
 
