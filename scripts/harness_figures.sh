@@ -13,6 +13,8 @@
 # configs not vendored into data/: default ../shared/data), WORK (default /tmp/harness_figures),
 # AZURE_LIMIT (2000), MOONCAKE_LIMIT (300). Mooncake's long contexts are admitted while the running
 # requests hold at most 400,000 tokens (--max-kv-tokens), so its traces fit an 80 GiB card.
+# TRACES_ONLY=1: writes the 13 traces to $WORK and prints their paths, one per line, and nothing
+# else (scripts/tune_figures.sh tunes the same traces).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BENCH=${BENCH:-build/release/tools/bucketalloc-bench}
@@ -44,6 +46,10 @@ for r in azure_conv mooncake_conv; do
 done
 "$BENCH" import-kineto data/traces/hta_kineto_trace_v100_rank1_profile_memory.json.gz -o "$WORK/gpu_kineto_v100.csv" >&2
 TRACES+=("$WORK/gpu_kineto_v100.csv")
+if [[ "${TRACES_ONLY:-0}" == 1 ]]; then
+  printf '%s\n' "${TRACES[@]}"
+  exit 0
+fi
 
 for trace in "${TRACES[@]}"; do
   base=${trace%.csv}

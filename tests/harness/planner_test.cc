@@ -157,6 +157,50 @@ TEST(PlannerTest, TheBudgetAddsUpAndTooSmallIsSaid) {
   EXPECT_GE(exact->max_num_seqs, 1);
 }
 
+// A card too small for the profile's P99 request (Llama-3.1-8B's 4259 tokens on 19 GiB: 16.1 GiB of
+// budget beside 14.96 GiB of weights) still gets a plan: the longest max_model_len one sequence
+// fits in, the concurrency then, the share of the profile rejected; replayed with no OOM.
+TEST(PlannerTest, ACardTooSmallForTheP99RequestGetsTheBestPlanOnIt) {
+  const ModelSpec m = Llama8B();
+  const std::vector<Request> requests = AzureConv();
+  const PlanOptions o{.card_bytes = 19 * kGiB, .check_requests = 24};
+  absl::StatusOr<Plan> p = MakePlan(m, o, requests);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_FALSE(p->fits);
+  ASSERT_TRUE(p->on_this_card.has_value()) << PlanToText(*p);
+  const CardPlan& c = *p->on_this_card;
+  EXPECT_LT(c.max_model_len, p->p99_total);
+  EXPECT_GE(c.max_model_len, 32);
+  EXPECT_GE(c.max_num_seqs, 1);
+  std::int64_t longer = 0;
+  for (const Request& r : requests) longer += r.input_tokens + r.output_tokens > c.max_model_len;
+  EXPECT_EQ(c.rejected, longer);
+  EXPECT_DOUBLE_EQ(c.rejected_share, static_cast<double>(longer) / static_cast<double>(requests.size()));
+  // One sequence of max_model_len (whole blocks) fits beside the weights and one row's activations,
+  // and the KV cache is within the budget.
+  const std::uint64_t one_row = ActivationPeakBytes(m, 8192, 1);
+  EXPECT_LE(p->weights_bytes + one_row + static_cast<std::uint64_t>(c.kv_cache_tokens) * p->kv_bytes_per_token,
+            p->budget_bytes);
+  EXPECT_GE(c.kv_cache_tokens, c.max_model_len + 16);
+  ASSERT_TRUE(CheckPlan(m, o, requests, "model.json", "requests.csv", &*p).ok());
+  ASSERT_TRUE(p->on_this_card.has_value()) << PlanToText(*p);
+  EXPECT_TRUE(p->on_this_card->checked) << PlanToText(*p);
+  EXPECT_FALSE(p->on_this_card->checks.empty());
+  for (const PlanCheck& k : p->on_this_card->checks) EXPECT_GE(k.margin_bytes, 0) << k.layout << " " << k.allocator;
+  const nlohmann::json j = nlohmann::json::parse(PlanToJson(*p));
+  for (const char* key : {"max_model_len", "max_num_seqs", "rejected_share", "kv_cache_tokens"}) {
+    EXPECT_TRUE(j["on_this_card"].contains(key)) << key;
+  }
+  EXPECT_TRUE(absl::StrContains(PlanToText(*p), "on this card: max_model_len")) << PlanToText(*p);
+  // A card whose budget does not hold the weights: no plan on it, and said so.
+  absl::StatusOr<Plan> none = MakePlan(m, PlanOptions{.card_bytes = 16 * kGiB}, requests);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->on_this_card.has_value());
+  EXPECT_TRUE(absl::StrContains(PlanToText(*none), "does not fit: the weights and one step's activations alone"))
+      << PlanToText(*none);
+  EXPECT_TRUE(nlohmann::json::parse(PlanToJson(*none))["on_this_card"].is_null());
+}
+
 TEST(PlannerTest, TheRecommendationServesItsTraceWithNoOom) {
   const ModelSpec m = Llama8B();
   const std::vector<Request> requests = AzureConv();

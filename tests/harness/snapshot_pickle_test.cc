@@ -124,14 +124,14 @@ constexpr Vector kVectors[] = {
      "944b068c0373697894758c066e6573746564947d948c0161947d948c0162947d948c0163945d94285d947d94657373738c05"
      "627974657394430361626394752e"},
 };
-constexpr char kExpected[] = R"json({"none": null, "t": true, "f": false, "ints": [0, 255, 256, 65535, 65536, -1, -2147483648, 2147483648, 9223372036854775807, 18446744073709551615, -9223372036854775808], "floats": [1.5, -2.25, 1e+300], "strings": ["", "plain", "café € 😀", "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"], "tuple": [1, "two", [3]], "empty_tuple": [], "t2": [1, 2], "t3": [1, 2, 3], "shared": [[1, 2], [1, 2]], "int_keys": {"5": "five", "6": "six"}, "nested": {"a": {"b": {"c": [[], {}]}}}})json";
+constexpr char kExpected[] =
+    R"json({"none": null, "t": true, "f": false, "ints": [0, 255, 256, 65535, 65536, -1, -2147483648, 2147483648, 9223372036854775807, 18446744073709551615, -9223372036854775808], "floats": [1.5, -2.25, 1e+300], "strings": ["", "plain", "café € 😀", "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"], "tuple": [1, "two", [3]], "empty_tuple": [], "t2": [1, 2], "t3": [1, 2, 3], "shared": [[1, 2], [1, 2]], "int_keys": {"5": "five", "6": "six"}, "nested": {"a": {"b": {"c": [[], {}]}}}})json";
 // pickle.dumps({"device_traces": [Evil()]}, protocol=4), Evil.__reduce__ returning (os.system, ("true",)).
 constexpr char kEvil[] =
     "80049535000000000000007d948c0d6465766963655f747261636573945d948c05706f736978948c0673797374656d949394"
     "8c0474727565948594529461732e";
 // l = []; l.append(l); pickle.dumps(l, protocol=4): a list that holds itself.
-constexpr char kSelf[] =
-    "80049506000000000000005d946800612e";
+constexpr char kSelf[] = "80049506000000000000005d946800612e";
 // A snapshot in PyTorch's layout (reference/pytorch.md §4.2), protocol 4: a 20 MiB segment_alloc, two allocs,
 // the first freed (free_requested, then free_completed), and a free_completed of a block the history never allocated.
 constexpr char kSnapshot[] =
@@ -201,7 +201,10 @@ TEST(SnapshotPickleTest, DamagedPicklesAreErrorsNamingWhere) {
     EXPECT_TRUE(absl::StrContains(j.status().message(), "at byte")) << j.status();
   }
   // BINUNICODE claiming 4 GiB of text.
-  absl::StatusOr<nlohmann::json> long_text = ParsePlainPickle(std::string("\x80\x04X\xff\xff\xff\xffabc", 11));
+  absl::StatusOr<nlohmann::json> long_text =
+      ParsePlainPickle(std::string("\x80\x04X\xff\xff\xff\xff"
+                                   "abc",
+                                   11));
   ASSERT_FALSE(long_text.ok());
   EXPECT_TRUE(absl::StrContains(long_text.status().message(), "runs past the end")) << long_text.status();
   absl::StatusOr<nlohmann::json> unknown = ParsePlainPickle(std::string("\x80\x04\xff.", 4));

@@ -348,7 +348,59 @@ ServingOptions PlanServingOptions(const Plan& plan, KvLayout layout) {
   return s;
 }
 
-absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& o, const std::vector<Request>& requests) {
+namespace {
+
+// The shortest max_model_len a plan on a too-small card offers (a block more is a sequence).
+constexpr int kMinCardModelLen = 2 * kBlockTokens;
+// Rounds of CheckPlan on the card's plan, each shortening max_model_len by a tenth when one
+// sequence of it does not fit by the check.
+constexpr int kCardCheckRounds = 6;
+
+// The longest max_model_len one sequence fits in on the card: the KV cache tokens the budget
+// leaves beside the weights and one row's activations, less the paged admission's block; at most
+// the config's max_position_embeddings and the asked max_model_len.
+int LongestOnCard(const Plan& p, const ModelSpec& model, const ModelSpec& gpu, const PlanOptions& o) {
+  std::int64_t len = KvTokensFor(p, gpu, 1) - kBlockTokens;
+  len = std::min<std::int64_t>(len, model.max_position_embeddings);
+  if (o.max_model_len > 0) len = std::min<std::int64_t>(len, o.max_model_len);
+  return static_cast<int>(std::max<std::int64_t>(len, 0));
+}
+
+// The profile's requests no longer than `len`.
+std::vector<Request> NoLongerThan(const std::vector<Request>& requests, int len) {
+  std::vector<Request> out;
+  for (const Request& r : requests) {
+    if (TotalTokens(r) <= len) out.push_back(r);
+  }
+  return out;
+}
+
+absl::StatusOr<Plan> MakePlanImpl(const ModelSpec& model, const PlanOptions& o, const std::vector<Request>& requests,
+                                  bool with_card_plan);
+
+// The plan of `max_model_len` for the profile's requests no longer (itself without a card plan).
+absl::StatusOr<Plan> PlanOnCard(const ModelSpec& model, const PlanOptions& o, const std::vector<Request>& requests,
+                                int max_model_len) {
+  PlanOptions card = o;
+  card.max_model_len = max_model_len;
+  return MakePlanImpl(model, card, NoLongerThan(requests, max_model_len), /*with_card_plan=*/false);
+}
+
+CardPlan CardPlanOf(const Plan& plan, const std::vector<Request>& requests) {
+  CardPlan c;
+  c.max_model_len = plan.max_model_len;
+  c.max_num_seqs = plan.max_num_seqs;
+  c.kv_cache_tokens = plan.kv_cache_tokens;
+  for (const Request& r : requests) c.rejected += TotalTokens(r) > plan.max_model_len;
+  c.rejected_share = requests.empty() ? 0.0 : static_cast<double>(c.rejected) / static_cast<double>(requests.size());
+  c.checked = plan.checked;
+  c.measured_margin_bytes = plan.measured_margin_bytes;
+  c.checks = plan.checks;
+  return c;
+}
+
+absl::StatusOr<Plan> MakePlanImpl(const ModelSpec& model, const PlanOptions& o, const std::vector<Request>& requests,
+                                  bool with_card_plan) {
   const std::string config = model.source.empty() ? "the model config" : model.source;
   if (o.card_bytes == 0 || o.card_bytes > kMaxPlanCardBytes) {
     return OptionError(
@@ -453,11 +505,22 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& o, cons
   if (tiers.empty()) tiers.push_back(static_cast<int>(RoundUp(p.p99_total, kLengthRounding)));
   std::sort(tiers.begin(), tiers.end());
   tiers.erase(std::unique(tiers.begin(), tiers.end()), tiers.end());
-  p.tiers_tokens = tiers;
+  // Doubling steps between two tiers more than twice apart (a request just past a tier would
+  // otherwise round up to one many times its length).
+  std::vector<int> filled;
+  for (int t : tiers) {
+    while (!filled.empty() && t > 2 * filled.back()) filled.push_back(2 * filled.back());
+    filled.push_back(t);
+  }
   ServingOptions recommended, defaults;
-  recommended.tiers_tokens = tiers;
+  recommended.tiers_tokens = filled;
   p.tier_waste = TierWaste(requests, recommended);
   p.default_tier_waste = TierWaste(requests, defaults);
+  p.tiers_tokens = filled;
+  if (p.default_tier_waste < p.tier_waste) {  // the default tiers waste less over this profile
+    p.tiers_tokens = defaults.tiers_tokens;
+    p.tier_waste = p.default_tier_waste;
+  }
 
   Recommend(model, *gpu, o, requests, std::int64_t{1} << 40, &p);
   // The smallest card whose budget holds the weights, one step's activations (one sampled row) and
@@ -471,12 +534,34 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& o, cons
                                    ") does not hold the weights (", Gib(p.weights_bytes),
                                    "), one step's activations and one request of ", p.p99_total,
                                    " tokens; the smallest card that does: ", CardText(p.smallest_card_bytes)));
+    const int longest = LongestOnCard(p, model, *gpu, o);
+    if (!with_card_plan) {
+      // The card's own plan, which fits by its construction unless a check shortened it.
+    } else if (longest < kMinCardModelLen) {
+      p.notes.push_back(
+          absl::StrCat("does not fit: the weights and one step's activations alone leave no room for a "
+                       "sequence of ",
+                       kMinCardModelLen, " tokens"));
+    } else {
+      absl::StatusOr<Plan> card = PlanOnCard(model, o, requests, longest);
+      if (!card.ok()) return card.status();
+      p.on_this_card = CardPlanOf(*card, requests);
+      p.notes.push_back(absl::StrCat("on this card: max_model_len ", p.on_this_card->max_model_len, ", max_num_seqs ",
+                                     p.on_this_card->max_num_seqs, "; ", p.on_this_card->rejected,
+                                     " requests of the profile are longer and would be rejected"));
+    }
   }
   if (p.fits && p.rejected_too_long > 0) {
     p.notes.push_back(absl::StrCat(p.rejected_too_long, " requests of the profile are longer than max_model_len ",
                                    p.max_model_len, " and would be rejected"));
   }
   return p;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const ModelSpec& model, const PlanOptions& o, const std::vector<Request>& requests) {
+  return MakePlanImpl(model, o, requests, /*with_card_plan=*/true);
 }
 
 absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::vector<Request>& requests,
@@ -540,6 +625,36 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::
     }
   }
   if (p->fits && skip_recommended.empty()) {
+    // The tiers: the profile's or the default ones, whichever wastes less in the check's tiered
+    // trace (measured: 1 - the exact KV bytes over the tiers' at the trace's peak need).
+    const std::vector<Request> burst = CheckRequests(requests, o.check_requests, *p, time_scale);
+    auto waste = [&](const std::vector<int>& tiers) -> absl::StatusOr<double> {
+      Plan q = *p;
+      q.tiers_tokens = tiers;
+      Recommend(model, *gpu, o, requests, p->kv_cache_tokens, &q);
+      absl::StatusOr<ServingTrace> t = GenerateServingTrace(burst, *gpu, PlanServingOptions(q, KvLayout::kTiered));
+      if (!t.ok()) return t.status();
+      const ServingSummary& sum = t->summary;
+      if (sum.peak_kv_layout_bytes == 0) return 0.0;
+      return 1.0 - static_cast<double>(sum.need_kv_bytes) / static_cast<double>(sum.peak_kv_layout_bytes);
+    };
+    const std::vector<int> defaults = ServingOptions{}.tiers_tokens;
+    absl::StatusOr<double> own = waste(p->tiers_tokens);
+    if (!own.ok()) return own.status();
+    absl::StatusOr<double> standard = waste(defaults);
+    if (!standard.ok()) return standard.status();
+    p->measured_tier_waste = *own;
+    p->measured_default_tier_waste = *standard;
+    if (*standard < *own && p->tiers_tokens != defaults) {
+      p->notes.push_back(absl::StrFormat(
+          "tiers: the default ones (%s) waste %.1f%% of the KV bytes in the check's trace, the profile's (%s) %.1f%%: "
+          "the default ones are recommended",
+          absl::StrJoin(defaults, ","), 100 * *standard, absl::StrJoin(p->tiers_tokens, ","), 100 * *own));
+      p->tiers_tokens = defaults;
+      p->measured_tier_waste = *standard;
+      p->tier_waste = p->default_tier_waste;
+      Recommend(model, *gpu, o, requests, p->kv_cache_tokens, p);
+    }
     // The recommended settings. A margin under the headroom (what other requests' step shapes may
     // fragment beyond these) lowers the KV cache tokens by the difference, and the check runs again.
     const std::int64_t headroom =
@@ -588,6 +703,37 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::
           absl::StrCat("the tiered layout is not checked: within its worst rounding the KV cache "
                        "admits ",
                        p->max_kv_tokens_tiered, " tokens, less than one P99 request"));
+    }
+  }
+  // The plan on this card, checked as a fitting plan is; max_model_len shortened by a tenth while
+  // one sequence of it does not fit by the check.
+  if (p->on_this_card.has_value()) {
+    int len = p->on_this_card->max_model_len;
+    for (int round = 0; round < kCardCheckRounds && len >= kMinCardModelLen; ++round) {
+      absl::StatusOr<Plan> card = PlanOnCard(model, o, requests, len);
+      if (!card.ok()) return card.status();
+      if (card->fits) {
+        if (absl::Status s = CheckPlan(model, o, NoLongerThan(requests, len), model_path, requests_path, &*card);
+            !s.ok()) {
+          return s;
+        }
+      }
+      if (card->fits) {
+        const int formula = p->on_this_card->max_model_len;
+        p->on_this_card = CardPlanOf(*card, requests);
+        if (p->on_this_card->max_model_len != formula) {
+          p->notes.push_back(absl::StrCat("on this card, checked by replay: max_model_len ",
+                                          p->on_this_card->max_model_len, " (the formulas' ", formula,
+                                          "), max_num_seqs ", p->on_this_card->max_num_seqs, "; ",
+                                          p->on_this_card->rejected, " requests of the profile are longer"));
+        }
+        break;
+      }
+      len = static_cast<int>(RoundDown(len - std::max(len / 10, kBlockTokens), kBlockTokens));
+      if (round == kCardCheckRounds - 1 || len < kMinCardModelLen) {
+        p->notes.push_back("on this card: no max_model_len was found that one sequence fits in by the check");
+        p->on_this_card.reset();
+      }
     }
   }
   // The smallest card, measured: one sequence of up to the P99 length on the paged layout.
@@ -646,6 +792,38 @@ absl::Status CheckPlan(const ModelSpec& model, const PlanOptions& o, const std::
   return absl::OkStatus();
 }
 
+namespace {
+
+nlohmann::ordered_json CheckJson(const PlanCheck& c) {
+  return {{"what", c.what},
+          {"layout", c.layout},
+          {"allocator", c.allocator},
+          {"budget_bytes", c.budget_bytes},
+          {"min_capacity_bytes", c.min_capacity_bytes},
+          {"margin_bytes", c.margin_bytes},
+          {"true_need_bytes", c.true_need_bytes},
+          {"served", c.served},
+          {"rejected", c.rejected},
+          {"steps", c.steps},
+          {"command", c.command}};
+}
+
+nlohmann::ordered_json CardPlanJson(const std::optional<CardPlan>& c) {
+  if (!c.has_value()) return nullptr;
+  nlohmann::ordered_json checks = nlohmann::ordered_json::array();
+  for (const PlanCheck& x : c->checks) checks.push_back(CheckJson(x));
+  return {{"max_model_len", c->max_model_len},
+          {"max_num_seqs", c->max_num_seqs},
+          {"rejected_share", c->rejected_share},
+          {"kv_cache_tokens", c->kv_cache_tokens},
+          {"rejected_too_long", c->rejected},
+          {"checked", c->checked},
+          {"measured_margin_bytes", c->measured_margin_bytes},
+          {"checks", checks}};
+}
+
+}  // namespace
+
 std::string PlanToJson(const Plan& p) {
   nlohmann::ordered_json buckets = nlohmann::ordered_json::array();
   for (const LengthBucket& b : p.buckets) {
@@ -660,19 +838,7 @@ std::string PlanToJson(const Plan& p) {
                        {"p99_total", b.p99_total}});
   }
   nlohmann::ordered_json checks = nlohmann::ordered_json::array();
-  for (const PlanCheck& c : p.checks) {
-    checks.push_back({{"what", c.what},
-                      {"layout", c.layout},
-                      {"allocator", c.allocator},
-                      {"budget_bytes", c.budget_bytes},
-                      {"min_capacity_bytes", c.min_capacity_bytes},
-                      {"margin_bytes", c.margin_bytes},
-                      {"true_need_bytes", c.true_need_bytes},
-                      {"served", c.served},
-                      {"rejected", c.rejected},
-                      {"steps", c.steps},
-                      {"command", c.command}});
-  }
+  for (const PlanCheck& c : p.checks) checks.push_back(CheckJson(c));
   nlohmann::ordered_json j = {
       {"model", p.model},
       {"dtype", p.dtype},
@@ -698,9 +864,15 @@ std::string PlanToJson(const Plan& p) {
       {"rejected_too_long", p.rejected_too_long},
       {"max_kv_tokens_paged", p.max_kv_tokens_paged},
       {"max_kv_tokens_tiered", p.max_kv_tokens_tiered},
+      {"on_this_card", CardPlanJson(p.on_this_card)},
       {"tiers_tokens", p.tiers_tokens},
       {"tier_waste", p.tier_waste},
       {"default_tier_waste", p.default_tier_waste},
+      {"measured_tier_waste",
+       p.measured_tier_waste < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(p.measured_tier_waste)},
+      {"measured_default_tier_waste", p.measured_default_tier_waste < 0
+                                          ? nlohmann::ordered_json()
+                                          : nlohmann::ordered_json(p.measured_default_tier_waste)},
       {"checked", p.checked},
       {"measured_margin_bytes", p.measured_margin_bytes},
       {"checks", checks},
@@ -734,6 +906,16 @@ std::string PlanToText(const Plan& p) {
                           "KV cache %lld tokens\n",
                           p.max_num_seqs, p.max_model_len, static_cast<long long>(p.rejected_too_long),
                           p.max_batched_tokens, static_cast<long long>(p.kv_cache_tokens));
+  } else if (p.on_this_card.has_value()) {
+    const CardPlan& c = *p.on_this_card;
+    absl::StrAppendFormat(
+        &s,
+        "  does not fit the profile's P99 request (%d tokens); on this card: max_model_len %d "
+        "(%lld requests, %.1f%% of the profile, longer and rejected), max_num_seqs %d, KV cache %lld "
+        "tokens%s\n",
+        p.p99_total, c.max_model_len, static_cast<long long>(c.rejected), 100 * c.rejected_share, c.max_num_seqs,
+        static_cast<long long>(c.kv_cache_tokens),
+        c.checked ? absl::StrCat("; checked by replay, margin ", SignedBytes(c.measured_margin_bytes)) : "");
   } else {
     absl::StrAppend(&s, "  does not fit\n");
   }
@@ -774,6 +956,15 @@ std::string PlanHtml(const Plan& p) {
   }
   absl::StrAppend(&h, "</table><h2>Recommendations</h2><table class=\"facts\">");
   row("fits", p.fits ? "yes" : "no");
+  if (p.on_this_card.has_value()) {
+    const CardPlan& c = *p.on_this_card;
+    row("on this card: max_model_len", absl::StrCat(c.max_model_len));
+    row("on this card: max_num_seqs", absl::StrCat(c.max_num_seqs));
+    row("on this card: rejected", absl::StrFormat("%lld requests (%.1f%% of the profile)",
+                                                  static_cast<long long>(c.rejected), 100 * c.rejected_share));
+    row("on this card: KV cache tokens", absl::StrCat(c.kv_cache_tokens));
+    if (c.checked) row("on this card: measured margin", SignedBytes(c.measured_margin_bytes));
+  }
   row("smallest card", CardText(p.smallest_card_bytes));
   row("max_num_seqs", absl::StrCat(p.max_num_seqs));
   row("max_model_len", absl::StrCat(p.max_model_len));

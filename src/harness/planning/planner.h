@@ -27,9 +27,14 @@
 //   - max_num_seqs: the most sequences of the P99 length (prompt + output) that the KV cache holds at
 //     once with whole blocks, at most 256 (vLLM's default), with the activations of that many rows.
 //   - tiers for the tiered KV layout: the P50 and P99 of each bucket's length, rounded up to 256
-//     tokens, then doubling; their rounding waste over the profile, beside the default tiers'.
+//     tokens, with doubling steps between two more than twice apart, then doubling; or the default
+//     tiers (512, 1024, 2048, 4096, then doubling) when they waste less over the profile. CheckPlan
+//     then measures both on its tiered trace and keeps the one that wastes less there.
 //   - fits: the budget holds the weights, one step's activations and one request of the P99 length;
-//     the smallest card is the one whose budget does, rounded up to a GiB.
+//     the smallest card is the one whose budget does, rounded up to a GiB. When it does not, the
+//     best plan on this card (CardPlan) is the plan of the longest max_model_len one sequence fits
+//     in, for the profile's requests no longer; "does not fit" at all only when the weights and
+//     one step's activations leave no room for a sequence.
 // `CheckPlan` generates the serving trace of the recommended settings (the profile's first requests
 // arriving together, the worst case for memory) in the paged layout (the KV cache allocated up front,
 // as vLLM does) and the tiered layout (tensors by tier, admission within the tiers' worst rounding),
@@ -112,6 +117,23 @@ struct PlanCheck {
   std::string command;     // the generate serving command line that writes the same trace
 };
 
+// The best plan on the card the operator has, when it cannot hold the profile's P99 request
+// (Plan::fits false) but holds the weights, one step's activations and a sequence: the longest
+// max_model_len that fits with one sequence (in whole blocks, at most max_position_embeddings),
+// the concurrency that then fits the profile's requests no longer than it, and the share of the
+// profile's requests longer (rejected). Checked by replay as a fitting plan is (CheckPlan: its
+// requests, max_model_len shortened when one sequence of it does not fit by the check).
+struct CardPlan {
+  int max_model_len = 0;
+  int max_num_seqs = 0;
+  std::int64_t kv_cache_tokens = 0;
+  std::int64_t rejected = 0;    // profile requests longer than max_model_len
+  double rejected_share = 0.0;  // of the profile's requests (0 without a profile)
+  bool checked = false;
+  std::int64_t measured_margin_bytes = 0;
+  std::vector<PlanCheck> checks;
+};
+
 struct Plan {
   // Inputs, as used.
   std::string model;
@@ -141,6 +163,12 @@ struct Plan {
   std::vector<int> tiers_tokens;
   double tier_waste = 0.0;          // over the profile: 1 - tokens / tier tokens at each request's end
   double default_tier_waste = 0.0;  // the generator's default tiers 512, 1024, 2048, 4096, ...
+  // Measured by CheckPlan on the tiered check's trace (1 - exact KV bytes / the tiers' KV bytes at
+  // the trace's peak need), for the profile's tiers and the default ones; tiers_tokens is the one
+  // with less (-1: not measured).
+  double measured_tier_waste = -1.0, measured_default_tier_waste = -1.0;
+  // Fits false, and the card holds the weights, one step's activations and a sequence.
+  std::optional<CardPlan> on_this_card;
   // The check.
   std::vector<PlanCheck> checks;
   bool checked = false;

@@ -31,7 +31,7 @@ struct Value {
   bool unsigned_big = false;  // an integer in [2^63, 2^64): `integer` holds its bits
   double real = 0.0;
   std::string text;
-  std::vector<Ref> items;                     // a list or tuple
+  std::vector<Ref> items;                    // a list or tuple
   std::vector<std::pair<Ref, Ref>> entries;  // a dict, in insertion order
 };
 
@@ -72,8 +72,8 @@ class Reader {
   // `n` bytes of the input.
   absl::StatusOr<absl::string_view> Take(std::uint64_t n) {
     if (n > in_.size() - pos_) {
-      return Error(absl::StrCat("a length of ", n, " runs past the end of the input (", in_.size() - pos_,
-                                " bytes left)"));
+      return Error(
+          absl::StrCat("a length of ", n, " runs past the end of the input (", in_.size() - pos_, " bytes left)"));
     }
     absl::string_view s = in_.substr(pos_, n);
     pos_ += n;
@@ -196,15 +196,23 @@ class Reader {
         absl::StatusOr<std::uint64_t> v = Unsigned(8);
         return v.ok() ? absl::OkStatus() : v.status();
       }
-      case '.': stopped_ = true; return absl::OkStatus();  // STOP
-      case '(': return Push(Make(Value::Kind::kMark));       // MARK
-      case '}': return Push(Make(Value::Kind::kDict));       // EMPTY_DICT
-      case ']': return Push(Make(Value::Kind::kList));       // EMPTY_LIST
-      case ')': return Push(Make(Value::Kind::kList));       // EMPTY_TUPLE
-      case 0x8f: return Push(Make(Value::Kind::kList));      // EMPTY_SET (as a list)
-      case 'N': return Push(Make(Value::Kind::kNone));       // NONE
-      case 0x88:                                             // NEWTRUE
-      case 0x89: {                                           // NEWFALSE
+      case '.':
+        stopped_ = true;
+        return absl::OkStatus();  // STOP
+      case '(':
+        return Push(Make(Value::Kind::kMark));  // MARK
+      case '}':
+        return Push(Make(Value::Kind::kDict));  // EMPTY_DICT
+      case ']':
+        return Push(Make(Value::Kind::kList));  // EMPTY_LIST
+      case ')':
+        return Push(Make(Value::Kind::kList));  // EMPTY_TUPLE
+      case 0x8f:
+        return Push(Make(Value::Kind::kList));  // EMPTY_SET (as a list)
+      case 'N':
+        return Push(Make(Value::Kind::kNone));  // NONE
+      case 0x88:                                // NEWTRUE
+      case 0x89: {                              // NEWFALSE
         Ref v = Make(Value::Kind::kBool);
         v->boolean = op == 0x88;
         return Push(std::move(v));
@@ -214,7 +222,7 @@ class Reader {
         if (!v.ok()) return v.status();
         return PushInt(static_cast<std::int32_t>(static_cast<std::uint32_t>(*v)));
       }
-      case 'K':  // BININT1
+      case 'K':    // BININT1
       case 'M': {  // BININT2
         absl::StatusOr<std::uint64_t> v = Unsigned(op == 'K' ? 1 : 2);
         if (!v.ok()) return v.status();
@@ -242,7 +250,8 @@ class Reader {
         std::int64_t n = 0;
         if (absl::SimpleAtoi(t, &n)) return PushInt(n);
         std::uint64_t u = 0;
-        if (!absl::SimpleAtoi(t, &u)) return Error(absl::StrCat("an integer \"", Excerpt(t), "\" that does not fit in 64 bits"));
+        if (!absl::SimpleAtoi(t, &u))
+          return Error(absl::StrCat("an integer \"", Excerpt(t), "\" that does not fit in 64 bits"));
         Ref v = Make(Value::Kind::kInt);
         v->integer = static_cast<std::int64_t>(u);
         v->unsigned_big = true;
@@ -264,16 +273,25 @@ class Reader {
         if (!absl::SimpleAtod(*line, &v->real)) return Error(absl::StrCat("a float \"", Excerpt(*line), "\""));
         return Push(std::move(v));
       }
-      case 'X': return PushLengthString(4);     // BINUNICODE
-      case 0x8c: return PushLengthString(1);    // SHORT_BINUNICODE
-      case 0x8d: return PushLengthString(8);    // BINUNICODE8
-      case 'T': return PushLengthString(4);     // BINSTRING
-      case 'U': return PushLengthString(1);     // SHORT_BINSTRING
-      case 'B': return PushLengthString(4);     // BINBYTES
-      case 'C': return PushLengthString(1);     // SHORT_BINBYTES
-      case 0x8e: return PushLengthString(8);    // BINBYTES8
-      case 0x96: return PushLengthString(8);    // BYTEARRAY8
-      case 'V': {  // UNICODE: raw-unicode-escape text
+      case 'X':
+        return PushLengthString(4);  // BINUNICODE
+      case 0x8c:
+        return PushLengthString(1);  // SHORT_BINUNICODE
+      case 0x8d:
+        return PushLengthString(8);  // BINUNICODE8
+      case 'T':
+        return PushLengthString(4);  // BINSTRING
+      case 'U':
+        return PushLengthString(1);  // SHORT_BINSTRING
+      case 'B':
+        return PushLengthString(4);  // BINBYTES
+      case 'C':
+        return PushLengthString(1);  // SHORT_BINBYTES
+      case 0x8e:
+        return PushLengthString(8);  // BINBYTES8
+      case 0x96:
+        return PushLengthString(8);  // BYTEARRAY8
+      case 'V': {                    // UNICODE: raw-unicode-escape text
         absl::StatusOr<absl::string_view> line = Line();
         if (!line.ok()) return line.status();
         absl::StatusOr<std::string> text = RawUnicodeEscape(*line);
@@ -357,9 +375,10 @@ class Reader {
         if (!v.ok()) return v.status();
         return Push(*v);
       }
-      case 0x94: return Memo(memo_.size());  // MEMOIZE
-      case 'q':                              // BINPUT
-      case 'r': {                            // LONG_BINPUT
+      case 0x94:
+        return Memo(memo_.size());  // MEMOIZE
+      case 'q':                     // BINPUT
+      case 'r': {                   // LONG_BINPUT
         absl::StatusOr<std::uint64_t> i = Unsigned(op == 'q' ? 1 : 4);
         if (!i.ok()) return i.status();
         return Memo(*i);
@@ -378,8 +397,8 @@ class Reader {
         if (!absl::SimpleAtoi(*line, &i)) return Error(absl::StrCat("a memo index \"", Excerpt(*line), "\""));
         return op == 'p' ? Memo(i) : Get(i);
       }
-      case 'c':     // GLOBAL
-      case 'i': {   // INST
+      case 'c':    // GLOBAL
+      case 'i': {  // INST
         absl::StatusOr<absl::string_view> module = Line();
         if (!module.ok()) return module.status();
         absl::StatusOr<absl::string_view> name = Line();
@@ -394,17 +413,26 @@ class Reader {
         }
         return Refuse(what);
       }
-      case 'R': return Refuse("a call (REDUCE)");
-      case 'b': return Refuse("an object's state (BUILD)");
-      case 'o': return Refuse("an object (OBJ)");
-      case 0x81: return Refuse("an object (NEWOBJ)");
-      case 0x92: return Refuse("an object (NEWOBJ_EX)");
-      case 'P': return Refuse("a persistent id (PERSID)");
-      case 'Q': return Refuse("a persistent id (BINPERSID)");
+      case 'R':
+        return Refuse("a call (REDUCE)");
+      case 'b':
+        return Refuse("an object's state (BUILD)");
+      case 'o':
+        return Refuse("an object (OBJ)");
+      case 0x81:
+        return Refuse("an object (NEWOBJ)");
+      case 0x92:
+        return Refuse("an object (NEWOBJ_EX)");
+      case 'P':
+        return Refuse("a persistent id (PERSID)");
+      case 'Q':
+        return Refuse("a persistent id (BINPERSID)");
       case 0x82:
       case 0x83:
-      case 0x84: return Refuse("an extension-registry object (EXT)");
-      case 0x97: return Refuse("an out-of-band buffer (NEXT_BUFFER)");
+      case 0x84:
+        return Refuse("an extension-registry object (EXT)");
+      case 0x97:
+        return Refuse("an out-of-band buffer (NEXT_BUFFER)");
       default:
         return Error(absl::StrCat("opcode 0x", absl::Hex(op, absl::kZeroPad2), ", which no plain-data pickle holds"));
     }
@@ -432,7 +460,10 @@ class Reader {
       }
     };
     for (std::size_t i = 0; i < in.size(); ++i) {
-      const std::size_t digits = in[i] == '\\' && i + 1 < in.size() ? (in[i + 1] == 'u' ? 4 : in[i + 1] == 'U' ? 8 : 0) : 0;
+      const std::size_t digits = in[i] == '\\' && i + 1 < in.size() ? (in[i + 1] == 'u'   ? 4
+                                                                       : in[i + 1] == 'U' ? 8
+                                                                                          : 0)
+                                                                    : 0;
       if (digits == 0) {
         put(static_cast<unsigned char>(in[i]));
         continue;
@@ -455,12 +486,16 @@ class Reader {
 
   absl::Status ToJson(const Value& v, int depth, nlohmann::json* out) const {
     if (depth > kMaxPickleDepth) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source_, ": data nested deeper than ", kMaxPickleDepth, " levels (or a container holding itself)"));
+      return absl::InvalidArgumentError(absl::StrCat(source_, ": data nested deeper than ", kMaxPickleDepth,
+                                                     " levels (or a container holding itself)"));
     }
     switch (v.kind) {
-      case Value::Kind::kNone: *out = nullptr; return absl::OkStatus();
-      case Value::Kind::kBool: *out = v.boolean; return absl::OkStatus();
+      case Value::Kind::kNone:
+        *out = nullptr;
+        return absl::OkStatus();
+      case Value::Kind::kBool:
+        *out = v.boolean;
+        return absl::OkStatus();
       case Value::Kind::kInt:
         if (v.unsigned_big || v.integer >= 0) {
           *out = static_cast<std::uint64_t>(v.integer);
@@ -468,8 +503,12 @@ class Reader {
           *out = v.integer;
         }
         return absl::OkStatus();
-      case Value::Kind::kFloat: *out = v.real; return absl::OkStatus();
-      case Value::Kind::kString: *out = v.text; return absl::OkStatus();
+      case Value::Kind::kFloat:
+        *out = v.real;
+        return absl::OkStatus();
+      case Value::Kind::kString:
+        *out = v.text;
+        return absl::OkStatus();
       case Value::Kind::kList: {
         *out = nlohmann::json::array();
         for (const Ref& item : v.items) {
@@ -486,12 +525,13 @@ class Reader {
           if (absl::Status s = ToJson(*key, depth + 1, &k); !s.ok()) return s;
           if (absl::Status s = ToJson(*value, depth + 1, &j); !s.ok()) return s;
           // A key that is not a string becomes its JSON text (bytes that are not UTF-8 replaced).
-          (*out)[k.is_string() ? k.get<std::string>() : k.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)] =
-              std::move(j);
+          (*out)[k.is_string() ? k.get<std::string>()
+                               : k.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)] = std::move(j);
         }
         return absl::OkStatus();
       }
-      case Value::Kind::kMark: break;
+      case Value::Kind::kMark:
+        break;
     }
     return absl::InvalidArgumentError(absl::StrCat(source_, ": a mark left inside the data"));
   }
