@@ -224,6 +224,60 @@ std::int64_t SegmentRegistry::LargeRangesOver(std::size_t bytes) const {
   return n;
 }
 
+absl::Status SegmentRegistry::CheckHolds(absl::Span<const std::pair<std::uintptr_t, std::size_t>> blocks) const {
+  auto range = ranges_.begin();
+  for (const auto& [ptr, size] : blocks) {
+    while (range != ranges_.end() && range->first + range->second.bytes <= ptr) ++range;
+    if (range == ranges_.end() || range->first > ptr || ptr + size > range->first + range->second.bytes) {
+      return absl::InternalError(absl::StrCat("block ", absl::Hex(ptr), " does not lie inside one registered segment"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// What CheckUnits compares of a range, mixed into 64 bits (SplitMix64's finalizer over the fields).
+std::uint64_t UnitHash(std::uintptr_t base, std::size_t bytes, PoolIndex pool, bool virtual_memory,
+                       std::size_t mapped) {
+  auto mix = [](std::uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  std::uint64_t h = mix(base);
+  h = mix(h ^ bytes);
+  h = mix(h ^ (static_cast<std::uint64_t>(pool) << 1 | static_cast<std::uint64_t>(virtual_memory)));
+  return mix(h ^ mapped);
+}
+
+}  // namespace
+
+absl::Status SegmentRegistry::CheckUnits(absl::Span<const Range> units) const {
+  if (units.size() != ranges_.size()) {
+    return absl::InternalError(
+        absl::StrCat(ranges_.size(), " ranges are registered for ", units.size(), " segments and slabs of the pools"));
+  }
+  // The two collections are equal as multisets when the sums of their elements' 64-bit mixes are
+  // (a difference passes with a chance of about 2^-64): one pass over each, no sort. On a
+  // difference, the unit at fault is looked up for the message.
+  std::uint64_t want = 0, got = 0;
+  for (const auto& [base, r] : ranges_) {
+    want += UnitHash(base, r.bytes, r.pool, r.virtual_memory, r.virtual_memory ? r.mapped : r.bytes);
+  }
+  for (const Range& u : units) got += UnitHash(u.base, u.bytes, u.pool, u.virtual_memory, u.mapped);
+  if (want == got) return absl::OkStatus();
+  for (const Range& u : units) {
+    auto it = ranges_.find(u.base);
+    if (it == ranges_.end() || it->second.bytes != u.bytes || it->second.pool != u.pool ||
+        it->second.virtual_memory != u.virtual_memory ||
+        (it->second.virtual_memory ? it->second.mapped : it->second.bytes) != u.mapped) {
+      return absl::InternalError(absl::StrCat("segment ", absl::Hex(u.base), " does not match its registered range"));
+    }
+  }
+  return absl::InternalError("two segments of the pools name the same registered range");
+}
+
 absl::Status SegmentRegistry::CheckInvariants(std::size_t spare_bytes) const {
   auto fail = [](absl::string_view what) { return absl::InternalError(absl::StrCat("segment registry: ", what)); };
   std::uintptr_t end = 0;

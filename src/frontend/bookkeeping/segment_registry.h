@@ -28,12 +28,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "bucketalloc/backend.h"
 #include "bucketalloc/capture.h"
 #include "bucketalloc/stat_types.h"
@@ -148,6 +150,13 @@ class SegmentRegistry final : public MemorySource {
   std::int64_t LargeRangesOver(std::size_t bytes) const;
   // `spare_bytes`: physical memory the pools hold unmapped (it exists, and is reserved).
   absl::Status CheckInvariants(std::size_t spare_bytes) const;
+  // For the device-wide check, each linear (not a lookup each): every block of `blocks` ((address,
+  // size), sorted by address) lies inside one registered range (one walk beside the ranges); and
+  // `units` (the pools' segments and slabs as ranges, in any order) are exactly the registered
+  // ranges, each with its bytes, pool, kind and mapped bytes (as multisets, by a sum of 64-bit
+  // mixes). The error names the first block or unit that does not.
+  absl::Status CheckHolds(absl::Span<const std::pair<std::uintptr_t, std::size_t>> blocks) const;
+  absl::Status CheckUnits(absl::Span<const Range> units) const;
 
  private:
   // ResourceExhausted when reserving `bytes` more would exceed the cap.

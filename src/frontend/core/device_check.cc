@@ -88,25 +88,25 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
   pending_.ForEach([&](std::uintptr_t ptr, const LiveEntry& e) { visit(ptr, e, false); });
   if (!entries.ok()) return entries;
   std::sort(blocks.begin(), blocks.end());
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    const auto [ptr, size] = blocks[i];
-    if (i + 1 < blocks.size() && ptr + size > blocks[i + 1].first) {
-      return fail(absl::StrCat("live blocks overlap at ", absl::Hex(ptr), " and ", absl::Hex(blocks[i + 1].first)));
-    }
-    if (!registry_.Holding(ptr, size).has_value()) {
-      return fail(absl::StrCat("block ", absl::Hex(ptr), " does not lie inside one registered segment"));
+  for (std::size_t i = 0; i + 1 < blocks.size(); ++i) {
+    if (blocks[i].first + blocks[i].second > blocks[i + 1].first) {
+      return fail(
+          absl::StrCat("live blocks overlap at ", absl::Hex(blocks[i].first), " and ", absl::Hex(blocks[i + 1].first)));
     }
   }
+  if (absl::Status s = registry_.CheckHolds(blocks); !s.ok()) return fail(s.message());
   if (absl::Status s = private_.CheckInvariants(tags); !s.ok()) return fail(s.message());
   // Each pool checks itself, given the active blocks the entries name; and its units are exactly
   // the registered ranges.
   absl::Status pools;
-  std::size_t units = 0;
-  std::int64_t spare[kNumPoolIndices] = {};  // reserved bytes in no unit (spare pieces)
+  std::vector<SegmentRegistry::Range> units;  // every pool's segments and slabs, for the registry
+  std::int64_t spare[kNumPoolIndices] = {};   // reserved bytes in no unit (spare pieces)
   InactiveSplit split[kNumPoolIndices];
+  // Returns the reserved bytes the pools hold: what their units map and their spares hold.
   auto check_pools =
       [&](std::uint16_t tag, const Pools& instance,
           const absl::flat_hash_map<Stream, std::unique_ptr<StreamPools>>& streams) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        std::int64_t held = 0;
         instance.ForEach([&](const auto& pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
           using P = PoolType<decltype(pool)>;
           spare[P::kIndex] += static_cast<std::int64_t>(pool.spare_bytes());
@@ -126,27 +126,22 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
                                                      ": the largest free block of the streams' lists is ", largest,
                                                      " bytes, a walk finds ", walked.pools[P::kIndex].largest_free));
           }
+          held += static_cast<std::int64_t>(pool.spare_bytes());
           pool.ForEachUnit([&](std::uintptr_t base, std::size_t bytes, std::size_t mapped, bool virtual_memory) {
-            ++units;
-            std::optional<SegmentRegistry::Range> r = registry_.At(base);
-            if (pools.ok() &&
-                (!r.has_value() || r->bytes != bytes || r->pool != P::kIndex || r->virtual_memory != virtual_memory ||
-                 (r->virtual_memory ? r->mapped : r->bytes) != mapped)) {
-              pools = absl::InternalError(
-                  absl::StrCat("segment ", absl::Hex(base), " does not match its registered range"));
-            }
+            SegmentRegistry::Range& u = units.emplace_back();
+            u.base = base;
+            u.bytes = bytes;
+            u.pool = P::kIndex;
+            u.virtual_memory = virtual_memory;
+            u.mapped = mapped;
+            held += static_cast<std::int64_t>(mapped);
           });
         });
+        return held;
       };
   // The reserved bytes counted for a pool (tag; 0: the device's own) are what its units map and
-  // its spares hold.
-  auto check_owned = [&](std::uint16_t tag, const Pools& p, const std::string& name) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    std::int64_t held = 0;
-    p.ForEach([&](const auto& pool) {
-      held += static_cast<std::int64_t>(pool.spare_bytes());
-      pool.ForEachUnit(
-          [&](std::uintptr_t, std::size_t, std::size_t mapped, bool) { held += static_cast<std::int64_t>(mapped); });
-    });
+  // its spares hold (`held`, as check_pools summed them).
+  auto check_owned = [&](std::uint16_t tag, std::int64_t held, const std::string& name) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     const StatArray* owned = registry_.OwnedReserved(tag);
     const std::int64_t counted = owned == nullptr ? 0 : (*owned)[kAllPools].current;
     if (pools.ok() && counted != held) {
@@ -154,14 +149,13 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
           absl::StrCat(name, " holds ", held, " reserved bytes but ", counted, " are counted for it"));
     }
   };
-  check_pools(0, pools_, streams_);
-  check_owned(0, pools_, "the device's own pool");
+  check_owned(0, check_pools(0, pools_, streams_), "the device's own pool");
   private_.ForEach([&](std::uint16_t tag, const PrivatePools::Pool& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (pools.ok() && p.freeable() && !p.pools->HoldsMemory()) {
       pools = absl::InternalError("a freeable private pool that holds no memory is still kept");
     }
-    check_owned(tag, *p.pools, absl::StrCat("private pool (", p.id.first, ", ", p.id.second, ")"));
-    check_pools(tag, *p.pools, p.streams);
+    check_owned(tag, check_pools(tag, *p.pools, p.streams),
+                absl::StrCat("private pool (", p.id.first, ", ", p.id.second, ")"));
   });
   // Tenants: their pools, caps and kept uses (a walk over the live and pending blocks).
   if (pools.ok()) {
@@ -177,12 +171,8 @@ absl::Status DeviceAllocator::CheckInvariantsLocked() const {
     });
   }
   if (!pools.ok()) return fail(pools.message());
+  if (absl::Status s = registry_.CheckUnits(units); !s.ok()) return fail(s.message());
   const SegmentRegistry::Totals totals = registry_.totals();
-  std::int64_t ranges = 0;
-  for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) ranges += totals.segments[p];
-  if (static_cast<std::int64_t>(units) != ranges) {
-    return fail(absl::StrCat(ranges, " ranges are registered for ", units, " segments and slabs of the pools"));
-  }
   // The stats: every gauge equals the sum of what the components hold.
   for (int p = kAllPools + 1; p < kNumPoolIndices; ++p) {
     const auto pool = static_cast<PoolIndex>(p);

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -57,6 +59,38 @@ TEST_F(SegmentRegistryTest, AllocationsCountAgainstTheCapAndAreRegistered) {
   ASSERT_EQ(history_.Entries().size(), 3u);
   EXPECT_EQ(history_.Entries()[2].action, TraceAction::kSegmentFree);
   EXPECT_TRUE(registry_->CheckInvariants(0).ok());
+}
+
+// The device-wide check's linear walks: blocks inside the ranges, and the pools' units exactly the
+// ranges (in any order); each difference named.
+TEST_F(SegmentRegistryTest, TheLinearChecksOfBlocksAndUnitsNameWhatDiffers) {
+  absl::StatusOr<std::uintptr_t> a = registry_->AllocateSegment(8 * kMiB, kLargePool);
+  absl::StatusOr<std::uintptr_t> b = registry_->AllocateSegment(2 * kMiB, kSmallPool);
+  ASSERT_TRUE(a.ok() && b.ok());
+  using Block = std::pair<std::uintptr_t, std::size_t>;
+  std::vector<Block> blocks = {{*a, kMiB}, {*a + kMiB, 7 * kMiB}, {*b + 512, 512}};
+  std::sort(blocks.begin(), blocks.end());
+  EXPECT_TRUE(registry_->CheckHolds(blocks).ok());
+  std::vector<Block> across = {{*a + 7 * kMiB, 2 * kMiB}};  // past the range's end
+  absl::Status s = registry_->CheckHolds(across);
+  EXPECT_TRUE(absl::StrContains(s.message(), "does not lie inside one registered segment")) << s;
+  std::vector<Block> outside = {{*a + 64 * kMiB, 512}};
+  EXPECT_FALSE(registry_->CheckHolds(outside).ok());
+  using Range = SegmentRegistry::Range;
+  const Range large{.base = *a, .bytes = 8 * kMiB, .pool = kLargePool, .mapped = 8 * kMiB};
+  const Range small{.base = *b, .bytes = 2 * kMiB, .pool = kSmallPool, .mapped = 2 * kMiB};
+  EXPECT_TRUE(registry_->CheckUnits(std::vector<Range>{small, large}).ok()) << "in any order";
+  Range wrong_pool = small;
+  wrong_pool.pool = kLargePool;
+  s = registry_->CheckUnits(std::vector<Range>{large, wrong_pool});
+  EXPECT_TRUE(absl::StrContains(s.message(), "does not match its registered range")) << s;
+  Range shorter = large;
+  shorter.bytes = 6 * kMiB;
+  EXPECT_FALSE(registry_->CheckUnits(std::vector<Range>{shorter, small}).ok());
+  s = registry_->CheckUnits(std::vector<Range>{large, large});
+  EXPECT_TRUE(absl::StrContains(s.message(), "name the same registered range")) << s;
+  s = registry_->CheckUnits(std::vector<Range>{large});
+  EXPECT_TRUE(absl::StrContains(s.message(), "2 ranges are registered for 1 segments")) << s;
 }
 
 TEST_F(SegmentRegistryTest, DuringACaptureItGrowsWithoutCollectingAndTheCollectorRunsBeforeGrowthOtherwise) {
