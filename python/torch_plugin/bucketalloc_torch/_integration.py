@@ -197,6 +197,11 @@ def enable(
     When prometheus_client is installed, bucketalloc's metrics are registered in its default
     registry (register_metrics()), so a server that exposes /metrics with it shows them.
 
+    The defaults are PyTorch's policy. Which options remove a workload's fragmentation (tiers,
+    stitching, max_split_size_mb, ...) depends on it: ``bucketalloc-bench tune`` on a recording of
+    the service (a ``torch.cuda.memory._dump_snapshot`` pickle, a profiler trace) recommends a
+    ``conf`` checked on a part of the recording it did not tune on (docs/harness.md, "Tune").
+
     Returns:
         torch's object for the allocator: ``torch.cuda.memory._get_current_allocator()`` on the native
         path, the ``torch.cuda.memory.CUDAPluggableAllocator`` on the pluggable one.

@@ -930,6 +930,9 @@ std::string PlanToText(const Plan& p) {
   }
   if (p.checked) absl::StrAppendFormat(&s, "  measured margin: %s\n", SignedBytes(p.measured_margin_bytes));
   for (const std::string& n : p.notes) absl::StrAppend(&s, "  note: ", n, "\n");
+  absl::StrAppend(&s,
+                  "  allocator settings for this service's fragmentation: bucketalloc-bench tune on a recording of it "
+                  "(docs/harness.md, \"Tune\")\n");
   return s;
 }
 
