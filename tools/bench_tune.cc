@@ -58,7 +58,7 @@ TuneCommand::TuneCommand(CLI::App& app) : flags_(std::make_unique<Flags>()) {
       "checked on data the search did not see");
   sub_->add_option("recording", f.input,
                    "the workload: a trace (RMM CSV), a profiler trace (Kineto JSON, JSON.gz or CSV) or a memory "
-                   "snapshot with its history (JSON)")
+                   "snapshot with its history (torch.cuda.memory._dump_snapshot's pickle, or JSON)")
       ->required();
   sub_->add_option("--capacity", f.capacity_text, "the card: report the OOMs of each recommendation at it, e.g. 80GiB");
   sub_->add_option("--validate", f.validate,

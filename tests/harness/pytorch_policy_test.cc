@@ -102,18 +102,29 @@ TEST(PyTorchPolicyTest, MaxSplitSizeKeepsOversizeBlocksWhole) {
   EXPECT_EQ(d->reserved_bytes(), 100 * kMiB);
 }
 
+// release_available_cached_blocks before release_cached_blocks: only the oversize block goes back,
+// and the other whole cached segment stays (release_cached_blocks alone would free both).
 TEST(PyTorchPolicyTest, AFailedDeviceAllocationReleasesOversizeBlocksFirst) {
-  auto a = Make(200 * kMiB, "pytorch-policy:max_split_size_mb:64");
-  void* keep = *a->Allocate(3 * kMiB, S(0));  // a split 20 MiB segment, kept in use
-  void* big = *a->Allocate(100 * kMiB, S(0));
-  void* small = *a->Allocate(3 * kMiB, S(0));
-  ASSERT_TRUE(a->Free(small, 3 * kMiB).ok());
+  auto a = Make(190 * kMiB, "pytorch-policy:max_split_size_mb:64");
+  void* big = *a->Allocate(100 * kMiB, S(0));   // oversize: its own segment, never split
+  void* other = *a->Allocate(30 * kMiB, S(0));  // not oversize: its own 30 MiB segment
   ASSERT_TRUE(a->Free(big, 100 * kMiB).ok());
-  // 120 MiB reserved; 150 MiB more do not fit until the oversize 100 MiB block goes back.
-  ASSERT_TRUE(a->Allocate(150 * kMiB, S(0)).ok());
-  EXPECT_EQ(a->reserved_bytes(), 170 * kMiB);
+  ASSERT_TRUE(a->Free(other, 30 * kMiB).ok());
+  // 70 MiB: the cached 100 MiB block is 30 MiB too large for it (max_non_split_rounding 20), the
+  // 30 MiB one too small; 60 MiB are left on the card. The oversize block goes back, and only it.
+  ASSERT_TRUE(a->Allocate(70 * kMiB, S(0)).ok());
   EXPECT_EQ(a->backend_counters().frees, 1);
-  (void)keep;
+  EXPECT_EQ(a->reserved_bytes(), 100 * kMiB) << "the 30 MiB segment stays cached";
+  // Unlimited max_split_size: nothing is oversize, and release_cached_blocks frees every whole
+  // cached segment.
+  auto b = Make(190 * kMiB);
+  void* p = *b->Allocate(100 * kMiB, S(0));
+  void* q = *b->Allocate(30 * kMiB, S(0));
+  ASSERT_TRUE(b->Free(p, 100 * kMiB).ok());
+  ASSERT_TRUE(b->Free(q, 30 * kMiB).ok());
+  ASSERT_TRUE(b->Allocate(110 * kMiB, S(1)).ok());
+  EXPECT_EQ(b->backend_counters().frees, 2);
+  EXPECT_EQ(b->reserved_bytes(), 110 * kMiB);
 }
 
 // roundup_power2_divisions (reference/pytorch.md §1.4): sizes above 512 x div round to 1/div steps
@@ -148,7 +159,9 @@ TEST(PyTorchPolicyTest, LargeSegmentSizeSetsTheSharedSegment) {
 
 TEST(PyTorchPolicyTest, AConfOfAKeyTheModelDoesNotFollowIsRefusedNamingTheKeys) {
   for (const char* spec : {"pytorch-policy:expandable_segments:True", "pytorch-policy:tiers:[64MiB]",
-                           "pytorch-policy:max_split_size_mb:banana", "pytorch-policy:max_split_size_mb:4"}) {
+                           "pytorch-policy:max_split_size_mb:banana", "pytorch-policy:max_split_size_mb:4",
+                           "pytorch-policy:large_segment_size_mb:2", "pytorch-policy:large_segment_size_mb:10",
+                           "pytorch-policy:max_non_split_rounding_mb:0"}) {
     absl::StatusOr<std::unique_ptr<ReplayAllocator>> a = MakeReplayAllocator(spec, 64 * kMiB);
     ASSERT_FALSE(a.ok()) << spec;
     EXPECT_TRUE(absl::IsInvalidArgument(a.status())) << spec;

@@ -212,7 +212,29 @@ TEST(SnapshotPickleTest, DamagedPicklesAreErrorsNamingWhere) {
   EXPECT_TRUE(absl::StrContains(unknown.status().message(), "opcode 0xff")) << unknown.status();
   absl::StatusOr<nlohmann::json> itself = ParsePlainPickle(Bytes(kSelf));
   ASSERT_FALSE(itself.ok());
-  EXPECT_TRUE(absl::StrContains(itself.status().message(), "nested deeper")) << itself.status();
+  EXPECT_TRUE(absl::StrContains(itself.status().message(), "a container holds itself")) << itself.status();
+  // A list holding itself twice (12 bytes): refused at once, not expanded 2^256 times.
+  absl::StatusOr<nlohmann::json> twice =
+      ParsePlainPickle(std::string("\x80\x04]\x94h\x00"
+                                   "ah\x00"
+                                   "a.",
+                                   12));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_TRUE(absl::StrContains(twice.status().message(), "a container holds itself")) << twice.status();
+  // 100 lists, each holding the one before twice (no cycle): 2^100 values from about 600 bytes,
+  // refused by the budget.
+  std::string doubling =
+      "\x80\x04]\x94"
+      "0";  // list 0, memo 0, popped
+  for (int i = 1; i <= 100; ++i) {
+    doubling += "]\x94";                                                                        // list i, memo i
+    for (int k = 0; k < 2; ++k) doubling += std::string("h") + static_cast<char>(i - 1) + "a";  // append list i-1
+    if (i < 100) doubling += "0";  // popped: it lives on in the memo
+  }
+  doubling += ".";
+  absl::StatusOr<nlohmann::json> blowup = ParsePlainPickle(doubling);
+  ASSERT_FALSE(blowup.ok());
+  EXPECT_TRUE(absl::StrContains(blowup.status().message(), "shared references expand")) << blowup.status();
 }
 
 }  // namespace

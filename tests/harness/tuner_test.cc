@@ -1,13 +1,18 @@
-// The tuner (src/harness/planning/tuner.cc): on generated serving traces of each KV layout (tiered:
-// the trace's own tiers found, tried, and better than the default; growth: no tiers; paged: within noise of the
-// default), on the vendored GPU trace, on a snapshot's history, and on bad input; its split of a
-// trace and the veto of the held-out part.
+// The tuner (src/harness/planning/tuner.cc).
+// TunerSearchTest (the unsanitized build only: tests/CMakeLists.txt says why): its answers on
+// generated serving traces of each KV layout (tiered: the trace's own tiers found, tried, and better
+// than the default; growth: no tiers; paged: within noise of the default), on the vendored GPU
+// trace, on held-out data of its own and of another shape (the veto), on one thread and on two.
+// TunerTest (every build): bad input, the split of a trace, a snapshot's history, and one whole
+// search of a small workload.
 #include "harness/planning/tuner.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -75,7 +80,7 @@ void ExpectUsableAndNoWorse(const TuneResult& r) {
   EXPECT_FALSE(j["front"].empty());
 }
 
-TEST(TunerTest, ATieredTraceGetsItsOwnTiers) {
+TEST(TunerSearchTest, ATieredTraceGetsItsOwnTiers) {
   const Generated g = Serving(KvLayout::kTiered, 150);  // enough requests for the K/V tiers to recur most
   ASSERT_FALSE(g.tiers_conf.empty());
   absl::StatusOr<Options> own = ParseOptions(absl::StripPrefix(g.tiers_conf, "bucketalloc:"));
@@ -107,14 +112,14 @@ TEST(TunerTest, ATieredTraceGetsItsOwnTiers) {
   ExpectUsableAndNoWorse(r);
 }
 
-TEST(TunerTest, AGrowthTraceGetsNoTiers) {
+TEST(TunerSearchTest, AGrowthTraceGetsNoTiers) {
   const Generated g = Serving(KvLayout::kGrowth);
   const TuneResult r = MustTune(g.trace.trace);
   EXPECT_FALSE(absl::StrContains(Recommended(r).allocator, "tiers")) << Recommended(r).allocator;
   ExpectUsableAndNoWorse(r);
 }
 
-TEST(TunerTest, APagedTraceStaysWithinNoiseOfTheDefault) {
+TEST(TunerSearchTest, APagedTraceStaysWithinNoiseOfTheDefault) {
   const Generated g = Serving(KvLayout::kPaged);
   const TuneResult r = MustTune(g.trace.trace);
   const TunePoint& p = Recommended(r);
@@ -128,7 +133,7 @@ TEST(TunerTest, APagedTraceStaysWithinNoiseOfTheDefault) {
   ExpectUsableAndNoWorse(r);
 }
 
-TEST(TunerTest, TheVendoredGpuTraceIsTuned) {
+TEST(TunerSearchTest, TheVendoredGpuTraceIsTuned) {
   absl::StatusOr<Trace> t = ReadRecording(Data("traces/hta_kineto_trace_v100_rank1_profile_memory.json.gz"));
   ASSERT_TRUE(t.ok()) << t.status();
   TuneOptions o;
@@ -138,7 +143,7 @@ TEST(TunerTest, TheVendoredGpuTraceIsTuned) {
   ExpectUsableAndNoWorse(r);
 }
 
-TEST(TunerTest, AValidationTraceIsTheHeldOutPart) {
+TEST(TunerSearchTest, AValidationTraceIsTheHeldOutPart) {
   const Generated a = Serving(KvLayout::kTiered, 40);
   TuneOptions o;
   o.validate = Serving(KvLayout::kTiered, 60).trace.trace;
@@ -148,6 +153,78 @@ TEST(TunerTest, AValidationTraceIsTheHeldOutPart) {
   EXPECT_EQ(r.tune_peak_live_bytes, PeakLiveBytes(a.trace.trace));
   EXPECT_EQ(r.held_out_peak_live_bytes, PeakLiveBytes(*o.validate));
   ExpectUsableAndNoWorse(r);
+}
+
+// The same answer on one thread as on two: every point's state and figures, both choices.
+TEST(TunerSearchTest, TheAnswerDoesNotDependOnTheThreads) {
+  const Generated g = Serving(KvLayout::kGrowth, 40);
+  TuneOptions one;
+  one.jobs = 1;
+  absl::StatusOr<TuneResult> a = Tune(g.trace.trace, one);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const TuneResult b = MustTune(g.trace.trace);  // two threads
+  ASSERT_EQ(a->points.size(), b.points.size());
+  for (std::size_t i = 0; i < b.points.size(); ++i) {
+    EXPECT_EQ(a->points[i].allocator, b.points[i].allocator);
+    EXPECT_EQ(a->points[i].state, b.points[i].state) << b.points[i].allocator;
+    EXPECT_EQ(a->points[i].tune.has_value(), b.points[i].tune.has_value()) << b.points[i].allocator;
+    if (a->points[i].tune.has_value() && b.points[i].tune.has_value()) {
+      EXPECT_EQ(a->points[i].tune->min_capacity_bytes, b.points[i].tune->min_capacity_bytes);
+      EXPECT_EQ(a->points[i].tune->backend_calls, b.points[i].tune->backend_calls);
+    }
+  }
+  EXPECT_EQ(a->bucketalloc.point, b.bucketalloc.point);
+  EXPECT_EQ(a->pytorch.point, b.pytorch.point);
+}
+
+// Held-out data of another shape (tuned on a tiered trace, checked on the growth trace of the same
+// requests): whatever was best on the tuning part is recommended only if the held-out data does not
+// veto it, and every candidate ranked above the choice and checked there was worse than the bar.
+TEST(TunerSearchTest, TheHeldOutPartVetoesWhatItDoesNotConfirm) {
+  const Generated tiered = Serving(KvLayout::kTiered, 150);
+  TuneOptions o;
+  o.validate = Serving(KvLayout::kGrowth, 150).trace.trace;
+  const TuneResult r = MustTune(tiered.trace.trace, o);
+  const double tolerance = 0.002 * static_cast<double>(r.held_out_peak_live_bytes);
+  std::size_t bar = SIZE_MAX;
+  for (const char* b : {"bucketalloc", "bucketalloc:backend:vmm"}) {
+    for (const TunePoint& p : r.points) {
+      if (p.allocator == b && p.held_out.has_value()) bar = std::min(bar, p.held_out->min_capacity_bytes);
+    }
+  }
+  ASSERT_NE(bar, SIZE_MAX);
+  const TunePoint& chosen = Recommended(r);
+  ASSERT_TRUE(chosen.held_out.has_value());
+  EXPECT_LE(static_cast<double>(chosen.held_out->min_capacity_bytes), static_cast<double>(bar) + tolerance);
+  int vetoed = 0;
+  for (const TunePoint& p : r.points) {
+    if (p.pytorch || !p.tune.has_value() || !p.held_out.has_value() || &p == &chosen) continue;
+    const bool above = std::make_pair(p.tune->min_capacity_bytes, p.tune->backend_ms) <
+                       std::make_pair(chosen.tune->min_capacity_bytes, chosen.tune->backend_ms);
+    if (!above) continue;
+    EXPECT_GT(static_cast<double>(p.held_out->min_capacity_bytes), static_cast<double>(bar) + tolerance)
+        << p.allocator << " was ranked above " << chosen.allocator << " and held up";
+    ++vetoed;
+  }
+  EXPECT_GT(vetoed, 0) << "the tiers that suit the tiered part should not hold up on the growth part: "
+                       << chosen.allocator << ": " << r.bucketalloc.why;
+  EXPECT_TRUE(absl::StrContains(r.bucketalloc.why, "were worse there")) << r.bucketalloc.why;
+}
+
+// One whole search on a small workload (every sanitizer build runs it): screens, pruning,
+// combination, the held-out check, the choices, the JSON and the page.
+TEST(TunerTest, ASmallWorkloadEndToEnd) {
+  const Generated g = Serving(KvLayout::kGrowth, 12);
+  TuneOptions o;
+  o.capacity = std::size_t{20} << 30;
+  const TuneResult r = MustTune(g.trace.trace, o);
+  ASSERT_GE(r.bucketalloc.point, 0);
+  ASSERT_GE(r.pytorch.point, 0);
+  EXPECT_TRUE(r.bucketalloc.ooms.has_value());
+  ExpectUsableAndNoWorse(r);
+  const std::string html = r.ToHtml("small.csv");
+  EXPECT_TRUE(absl::StrContains(html, "<svg class=\"chart front\"")) << html.substr(0, 300);
+  EXPECT_TRUE(absl::StrContains(html, "BUCKETALLOC_CONF="));
 }
 
 TEST(TunerTest, TheHeldOutHalfStartsFromTheBlocksLiveAtTheMidpoint) {

@@ -59,12 +59,13 @@ std::string SizeList(const std::vector<std::size_t>& sizes) {
   return absl::StrCat("[", absl::StrJoin(s, ","), "]");
 }
 
-// max_split_size_mb's candidates: the large sizes' quantiles in MiB, at least 20 (both allocators'
-// floor, the large segment), each once.
-std::vector<std::size_t> SplitCandidates(const TraceShape& shape) {
+// max_split_size_mb's candidates: the large sizes' quantiles in MiB, at least `floor` (bucketalloc's
+// is the large segment, 20; PyTorch's CUDAAllocatorConfig takes only values above 20, so the PyTorch
+// family's is 21: a setting every PyTorch version accepts), each once.
+std::vector<std::size_t> SplitCandidates(const TraceShape& shape, std::size_t floor) {
   std::vector<std::size_t> mib;
   for (std::size_t b : {shape.large_p50, shape.large_p90, shape.large_p99}) {
-    const std::size_t m = std::max<std::size_t>(20, (b + kSmallLimit - 1) / kSmallLimit);
+    const std::size_t m = std::max<std::size_t>(floor, (b + kSmallLimit - 1) / kSmallLimit);
     if (b > 0 && std::find(mib.begin(), mib.end(), m) == mib.end()) mib.push_back(m);
   }
   return mib;
@@ -84,8 +85,8 @@ std::vector<Candidate> FirstRound(const TraceShape& shape) {
   if (shape.recurring_sizes.size() > shape.tier_sizes.size()) {
     c.push_back({"bucketalloc", {{"tiers", SizeList(shape.recurring_sizes)}}, "tiers of all recurring large sizes"});
   }
-  for (std::size_t m : SplitCandidates(shape)) {
-    for (const char* family : {"bucketalloc", "pytorch-policy"}) {
+  for (const auto& [family, floor] : {std::pair{"bucketalloc", 20}, std::pair{"pytorch-policy", 21}}) {
+    for (std::size_t m : SplitCandidates(shape, floor)) {
       c.push_back({family, {{"max_split_size_mb", absl::StrCat(m)}}, absl::StrCat("max_split_size_mb ", m)});
     }
   }
@@ -160,13 +161,14 @@ class Search {
       TunePoint p;
       p.allocator = c.Allocator();
       p.pytorch = c.pytorch();
+      p.policy = c.family;
       p.change = c.change;
       points_.push_back(std::move(p));
       index.push_back(static_cast<int>(points_.size()) - 1);
     }
-    std::vector<int> fresh;
+    std::vector<int> fresh;  // each new point once
     for (int i : index) {
-      if (points_[i].state.empty()) fresh.push_back(i);
+      if (points_[i].state.empty() && std::find(fresh.begin(), fresh.end(), i) == fresh.end()) fresh.push_back(i);
     }
     ForEachParallel(static_cast<int>(fresh.size()), jobs_, [&](int k) { Screen(points_[fresh[k]]); });
     // In order of their upper bound, two at a time against the best before them.
@@ -182,7 +184,10 @@ class Search {
       std::vector<std::optional<std::pair<std::size_t, double>>> best(n);
       for (std::size_t k = 0; k < n; ++k) {
         const TunePoint& p = points_[fresh[at + k]];
-        if (prune != Prune::kNone) best[k] = Best(p.pytorch);
+        // A combination is held against its own policy's best (a pytorch-policy chain not against
+        // pytorch-expandable); a first-round change against its family's.
+        if (prune == Prune::kNotBetter) best[k] = Best([&](const TunePoint& q) { return q.policy == p.policy; });
+        if (prune == Prune::kDominated) best[k] = Best([&](const TunePoint& q) { return q.pytorch == p.pytorch; });
       }
       const std::vector<TunePoint> measured = points_;  // read by the dominance test below, as it was
       ForEachParallel(static_cast<int>(n), jobs_,
@@ -195,11 +200,12 @@ class Search {
     return index;
   }
 
-  // The family's best measured point: its min capacity and backend time.
-  std::optional<std::pair<std::size_t, double>> Best(bool pytorch) const {
+  // The best measured point of those `of` takes: its min capacity and backend time.
+  template <typename Of>
+  std::optional<std::pair<std::size_t, double>> Best(Of of) const {
     std::optional<std::pair<std::size_t, double>> best;
     for (const TunePoint& p : points_) {
-      if (p.pytorch != pytorch || !p.tune.has_value()) continue;
+      if (!of(p) || !p.tune.has_value()) continue;
       std::pair<std::size_t, double> v{p.tune->min_capacity_bytes, p.tune->backend_ms};
       if (!best.has_value() || v < *best) best = v;
     }
@@ -337,7 +343,8 @@ void Combine(Search& s, const std::string& family, int default_point) {
   }
   std::sort(better.begin(), better.end());
   std::vector<std::pair<std::string, std::string>> keys;
-  for (const auto& [min, kv] : better) {
+  for (const auto& entry : better) {
+    const std::pair<std::string, std::string>& kv = entry.second;
     if (std::none_of(keys.begin(), keys.end(), [&](const auto& k) { return k.first == kv.first; })) keys.push_back(kv);
   }
   if (keys.size() < 2) return;
@@ -481,6 +488,10 @@ absl::StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options) 
     result.held_out_name = options.validate_name.empty() ? "the validation trace" : options.validate_name;
     const TraceShape held = ReadShape(parts.held_out);
     if (held.allocations == 0) return nothing(result.held_out_name, "has no allocations");
+    if (held.large_allocations == 0) {
+      return nothing(result.held_out_name,
+                     "has no allocation above 1 MiB (the small pool's, which no setting changes)");
+    }
   } else {
     parts = SplitTrace(trace);
     result.held_out_name = "the trace's second half";
@@ -536,6 +547,7 @@ absl::StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options) 
         TunePoint p;
         p.allocator = b;
         p.pytorch = pytorch;
+        p.policy = b.substr(0, b.find(':'));
         p.change = "a baseline";
         p.state = "budget";
         points.push_back(std::move(p));
@@ -548,10 +560,13 @@ absl::StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options) 
   ForEachParallel(static_cast<int>(check.size()), s.jobs(), [&](int k) {
     held[k] = s.MinCapacityOf(parts.held_out, points[check[k]].allocator, MinCapacitySearch{}, /*held_out=*/true);
   });
+  bool held_out_cut = false;  // the budget ran out before a held-out measurement
   for (std::size_t k = 0; k < check.size(); ++k) {
     if (held[k].ok()) {
       points[check[k]].held_out = FiguresOf(*held[k]);
-    } else if (!absl::IsDeadlineExceeded(held[k].status())) {
+    } else if (absl::IsDeadlineExceeded(held[k].status())) {
+      held_out_cut = true;
+    } else {
       return absl::Status(held[k].status().code(),
                           absl::StrCat("tune: ", points[check[k]].allocator, " on ", result.held_out_name, ": ",
                                        held[k].status().message()));
@@ -560,8 +575,7 @@ absl::StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options) 
   }
 
   // The choice per family: the best on the tuning part that the held-out part does not veto.
-  const std::size_t tolerance =
-      ReplayCapacity(static_cast<std::size_t>(0.002 * static_cast<double>(result.held_out_peak_live_bytes)));
+  const double tolerance = 0.002 * static_cast<double>(result.held_out_peak_live_bytes);
   auto choose = [&](bool pytorch, TuneChoice* choice) {
     choice->default_point = s.Find(baselines[pytorch][0]);
     std::optional<std::size_t> bar;  // the least baseline on the held-out part
@@ -571,18 +585,32 @@ absl::StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options) 
         bar = std::min(bar.value_or(std::numeric_limits<std::size_t>::max()), points[i].held_out->min_capacity_bytes);
       }
     }
+    const char* baseline = pytorch ? "default" : "default and stitching";
+    int vetoed = 0, unchecked = 0;  // ranked above the choice
     for (int i : ranked(pytorch)) {
-      if (!points[i].held_out.has_value() || !bar.has_value()) continue;
-      if (points[i].held_out->min_capacity_bytes <= *bar + (pytorch ? 0 : tolerance)) {
+      if (!points[i].held_out.has_value() || !bar.has_value()) {
+        ++unchecked;
+        continue;
+      }
+      if (static_cast<double>(points[i].held_out->min_capacity_bytes) <=
+          static_cast<double>(*bar) + (pytorch ? 0.0 : tolerance)) {
         choice->point = i;
-        choice->why = i == ranked(pytorch).front()
-                          ? absl::StrCat("the least memory on the tuning part, and no more than the ",
-                                         pytorch ? "default" : "default and stitching", " on ", result.held_out_name)
-                          : absl::StrCat("the best on the tuning part that is no worse than the ",
-                                         pytorch ? "default" : "default and stitching", " on ", result.held_out_name,
-                                         " (those ranked above it are)");
+        if (vetoed + unchecked == 0) {
+          choice->why = absl::StrCat("the least memory on the tuning part, and no more than the ", baseline, " on ",
+                                     result.held_out_name);
+        } else {
+          choice->why = absl::StrCat("the best on the tuning part that is no worse than the ", baseline, " on ",
+                                     result.held_out_name);
+          if (vetoed > 0) absl::StrAppend(&choice->why, "; ", vetoed, " ranked above it were worse there");
+          if (unchecked > 0) {
+            absl::StrAppend(&choice->why, "; ", unchecked,
+                            " ranked above it were not checked there (only the best three are, and the budget may "
+                            "have run out)");
+          }
+        }
         return;
       }
+      ++vetoed;
     }
     choice->point = choice->default_point;
     choice->why = bar.has_value() ? "nothing held up on the held-out part: the default"
@@ -592,7 +620,8 @@ absl::StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options) 
   choose(true, &result.pytorch);
   for (TuneChoice* c : {&result.bucketalloc, &result.pytorch}) c->conf = ConfOf(points[c->point].allocator);
 
-  // OOMs at the card, the whole trace.
+  // OOMs at the card, the whole trace (not when the budget has run out: said in the result).
+  const bool ooms_cut = options.capacity > 0 && s.Expired();
   if (options.capacity > 0 && !s.Expired()) {
     const int list[4] = {result.bucketalloc.point, result.bucketalloc.default_point, result.pytorch.point,
                          result.pytorch.default_point};
@@ -613,8 +642,9 @@ absl::StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options) 
     result.pytorch.default_fragmentation_ooms = at[3]->fragmentation_ooms;
   }
   MarkFront(points);
-  result.budget_ran_out =
-      std::any_of(points.begin(), points.end(), [](const TunePoint& p) { return p.state == "budget"; });
+  result.budget_ran_out = held_out_cut || ooms_cut || std::any_of(points.begin(), points.end(), [](const TunePoint& p) {
+                            return p.state == "budget";
+                          });
   result.points = std::move(points);
   result.seconds = s.Elapsed();
   result.replays = s.replays();

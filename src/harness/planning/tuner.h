@@ -25,11 +25,14 @@
 //   5. Validation: the best few of each family and the baselines (bucketalloc's default and
 //      backend:vmm, pytorch-policy, pytorch-expandable) are measured on the held-out part. The
 //      recommendation is the best on the tuning part that is, on the held-out part, no worse than
-//      every baseline of its family (bucketalloc: the default and stitching, within 2 MiB;
-//      PyTorch: pytorch-policy's default); failing that, the best baseline there.
+//      every baseline of its family (bucketalloc: the default and stitching, within 0.002 x that
+//      part's peak live bytes; PyTorch: pytorch-policy's default); failing that, the best baseline
+//      there.
 // The front: the measured points not dominated in (min capacity, backend time at it).
 // Every figure is from the simulated device (deterministic): the same trace and options give the same
-// answer, whatever the number of threads.
+// answer, whatever the number of threads (candidates are measured two at a time against the best
+// before them; more threads speed the screens and the held-out check) — without a budget, whose
+// deadline falls wherever the clock puts it.
 // Thread-safety: Tune runs replays on `jobs` threads of its own; one Tune at a time per caller.
 #ifndef BUCKETALLOC_HARNESS_PLANNING_TUNER_H_
 #define BUCKETALLOC_HARNESS_PLANNING_TUNER_H_
@@ -102,6 +105,7 @@ struct TuneFigures {
 struct TunePoint {
   std::string allocator;  // as replay --allocator takes it
   bool pytorch = false;   // PyTorch's allocator (pytorch-policy[:CONF], pytorch-expandable)
+  std::string policy;     // the policy it configures: bucketalloc, pytorch-policy, pytorch-expandable
   std::string change;     // what it changes from its family's default
   // The screen: peak reserved with no cap (the upper bound) and the backend time then.
   std::size_t screen_peak_reserved_bytes = 0;
@@ -145,7 +149,7 @@ struct TuneResult {
 
 // InvalidArgument for a trace without allocations or without large ones (nothing to tune), or
 // held-out data of that kind; DeadlineExceeded when the budget runs out before both families'
-// defaults are measured (it names the time they took).
+// defaults are measured (it names the time it had taken).
 absl::StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options);
 
 }  // namespace bucketalloc::harness

@@ -249,8 +249,8 @@ absl::StatusOr<std::optional<Trace>> ImportSnapshotHistory(const nlohmann::json&
     }
     const std::string action = e["action"];
     const auto addr = e["addr"].get<std::uint64_t>(), size = e["size"].get<std::uint64_t>();
-    const std::string time =
-        absl::StrCat(std::max<std::int64_t>(0, static_cast<std::int64_t>(e["time_us"].get<double>())));
+    const double us = e["time_us"].get<double>();  // a time out of range (or NaN) reads as 0
+    const std::string time = absl::StrCat(std::isfinite(us) && us > 0 && us < 9e18 ? static_cast<std::int64_t>(us) : 0);
     const std::uint64_t stream =
         e.contains("stream") && e["stream"].is_number_unsigned() ? e["stream"].get<std::uint64_t>() : 0;
     if (action == "alloc" && size > 0 && addr != 0) {
@@ -295,8 +295,10 @@ absl::StatusOr<Trace> ReadRecording(const std::string& path, int device) {
       absl::StatusOr<std::optional<Trace>> t = ImportSnapshotHistory(j, device);
       if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", t.status().message()));
       if (!t->has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, " is a snapshot without history (record it with _record_memory_history first); ", kAccepted));
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, " is a snapshot without history",
+                         device >= 0 ? absl::StrCat(" for device ", device, " (--device)") : std::string(),
+                         " (record it with torch.cuda.memory._record_memory_history first); ", kAccepted));
       }
       return std::move(**t);
     }

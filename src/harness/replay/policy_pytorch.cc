@@ -258,6 +258,17 @@ absl::StatusOr<Settings> ParseSettings(absl::string_view conf) {
   }
   absl::StatusOr<Options> options = ParseOptions(conf);
   if (!options.ok()) return bad(options.status().message());
+  // PyTorch's own floors, where they are above bucketalloc's (a large segment under 10 MiB would
+  // be smaller than the requests it is for).
+  if (options->large_segment_size <= 10 * kMiB) {
+    return bad(absl::StrCat("large_segment_size_mb ", options->large_segment_size / kMiB,
+                            " is PyTorch's floor or below: PyTorch takes a whole number above 10 (the model an even "
+                            "one: its segments are whole 2 MiB pages)"));
+  }
+  if (options->max_non_split_rounding < options->large_segment_size) {
+    return bad(absl::StrCat("max_non_split_rounding_mb ", options->max_non_split_rounding / kMiB,
+                            " is below large_segment_size_mb, which PyTorch takes as its floor"));
+  }
   s.max_split_size = options->max_split_size;
   s.max_non_split_rounding = options->max_non_split_rounding;
   s.large_segment_size = options->large_segment_size;

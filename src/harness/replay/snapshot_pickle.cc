@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -403,13 +404,13 @@ class Reader {
         if (!module.ok()) return module.status();
         absl::StatusOr<absl::string_view> name = Line();
         if (!name.ok()) return name.status();
-        return Refuse(absl::StrCat(*module, ".", *name));
+        return Refuse(absl::StrCat(Excerpt(*module), ".", Excerpt(*name)));
       }
       case 0x93: {  // STACK_GLOBAL
         std::string what = "a global";
         if (stack_.size() >= 2 && stack_[stack_.size() - 2]->kind == Value::Kind::kString &&
             stack_.back()->kind == Value::Kind::kString) {
-          what = absl::StrCat(stack_[stack_.size() - 2]->text, ".", stack_.back()->text);
+          what = absl::StrCat(Excerpt(stack_[stack_.size() - 2]->text), ".", Excerpt(stack_.back()->text));
         }
         return Refuse(what);
       }
@@ -484,11 +485,31 @@ class Reader {
                               "file is not one, or is hostile"));
   }
 
-  absl::Status ToJson(const Value& v, int depth, nlohmann::json* out) const {
+  // `v` as JSON. A shared value (the memo's GET) is written once per reference, as Python's own
+  // json module would: the nodes written are counted against a budget in proportion to the
+  // input, so that a few bytes of references to references cannot expand without bound; a
+  // container met again inside itself is refused at once.
+  absl::Status ToJson(const Value& v, int depth, nlohmann::json* out) {
     if (depth > kMaxPickleDepth) {
-      return absl::InvalidArgumentError(absl::StrCat(source_, ": data nested deeper than ", kMaxPickleDepth,
-                                                     " levels (or a container holding itself)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_, ": data nested deeper than ", kMaxPickleDepth, " levels"));
     }
+    if (++nodes_ > NodeBudget()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_, ": its shared references expand to more than ", NodeBudget(), " values (",
+                       kNodesPerByte, " per byte of the pickle); a memory snapshot shares only strings"));
+    }
+    const bool container = v.kind == Value::Kind::kList || v.kind == Value::Kind::kDict;
+    if (container && !open_.insert(&v).second) {
+      return absl::InvalidArgumentError(absl::StrCat(source_, ": a container holds itself"));
+    }
+    absl::Status s = Convert(v, depth, out);
+    if (container) open_.erase(&v);
+    return s;
+  }
+  std::uint64_t NodeBudget() const { return kNodesPerByte * in_.size() + 1024; }
+
+  absl::Status Convert(const Value& v, int depth, nlohmann::json* out) {
     switch (v.kind) {
       case Value::Kind::kNone:
         *out = nullptr;
@@ -544,6 +565,7 @@ class Reader {
   }
 
   static constexpr std::size_t kMaxStack = std::size_t{1} << 24;
+  static constexpr std::uint64_t kNodesPerByte = 16;
   absl::string_view in_;
   std::string source_;
   std::size_t pos_ = 0;
@@ -551,7 +573,9 @@ class Reader {
   bool stopped_ = false;
   std::vector<Ref> stack_;
   absl::flat_hash_map<std::uint64_t, Ref> memo_;
-  std::vector<Ref> made_;  // the containers
+  std::vector<Ref> made_;                   // the containers
+  std::uint64_t nodes_ = 0;                 // written by ToJson
+  absl::flat_hash_set<const Value*> open_;  // the containers ToJson is inside
 };
 
 }  // namespace

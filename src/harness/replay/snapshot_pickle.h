@@ -9,7 +9,9 @@
 // REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID) is refused before anything of the file is used,
 // as tools/import_torch_snapshot.py's restricted unpickler refuses them: a memory snapshot holds
 // only plain data, so a file that needs them is not one, or is hostile.
-// Limits: nesting at most kMaxPickleDepth deep; a length beyond the end of the input is an error.
+// Limits: nesting at most kMaxPickleDepth deep; a container that holds itself, shared references
+// that expand to more than 16 values per byte of the input, and a length beyond the end of the
+// input are errors.
 // Thread-safety: none needed (a function of its input).
 #ifndef BUCKETALLOC_HARNESS_REPLAY_SNAPSHOT_PICKLE_H_
 #define BUCKETALLOC_HARNESS_REPLAY_SNAPSHOT_PICKLE_H_
@@ -22,7 +24,9 @@ namespace bucketalloc::harness {
 
 inline constexpr int kMaxPickleDepth = 256;
 
-// True when `bytes` starts as a pickle of protocol 2 or later does (the PROTO opcode).
+// True when `bytes` starts as a pickle of protocol 2 or later does (the PROTO opcode; what
+// _dump_snapshot writes is protocol 4 or 5). Protocols 0 and 1 have no mark of their own: their
+// bytes are read by ParsePlainPickle when a caller knows them to be a pickle.
 bool LooksLikePickle(absl::string_view bytes);
 
 // The plain data of a pickle. InvalidArgument names the opcode and its offset: one that would run
