@@ -15,12 +15,6 @@
 namespace bucketalloc::bench {
 namespace {
 
-std::string Figures(const std::optional<harness::TuneFigures>& f) {
-  if (!f.has_value()) return "-";
-  return absl::StrFormat("%s (%.3f x live), %llu calls, %.1f ms", FormatBytes(f->min_capacity_bytes), f->over_live,
-                         static_cast<unsigned long long>(f->backend_calls), f->backend_ms);
-}
-
 void PrintChoice(const char* family, const char* variable, const harness::TuneResult& r, const harness::TuneChoice& c) {
   const harness::TunePoint& p = r.points[c.point];
   const harness::TunePoint& d = r.points[c.default_point];
@@ -28,9 +22,10 @@ void PrintChoice(const char* family, const char* variable, const harness::TuneRe
   std::printf("  %s=%s\n", variable, c.conf.c_str());
   std::printf("  why: %s\n", c.why.c_str());
   std::printf("  %-22s %-48s %s\n", "", "tuning part", r.held_out_name.c_str());
-  std::printf("  %-22s %-48s %s\n", "recommended", Figures(p.tune).c_str(), Figures(p.held_out).c_str());
-  std::printf("  %-22s %-48s %s\n", absl::StrCat("default (", d.allocator, ")").c_str(), Figures(d.tune).c_str(),
-              Figures(d.held_out).c_str());
+  std::printf("  %-22s %-48s %s\n", "recommended", harness::TuneFiguresText(p.tune).c_str(),
+              harness::TuneFiguresText(p.held_out).c_str());
+  std::printf("  %-22s %-48s %s\n", absl::StrCat("default (", d.allocator, ")").c_str(),
+              harness::TuneFiguresText(d.tune).c_str(), harness::TuneFiguresText(d.held_out).c_str());
   if (c.ooms.has_value()) {
     std::printf("  OOMs at %s: %llu (fragmentation %llu); the default %llu (fragmentation %llu)\n",
                 FormatBytes(r.capacity).c_str(), static_cast<unsigned long long>(*c.ooms),
@@ -124,19 +119,15 @@ int TuneCommand::Run() const {
         s.recurring_sizes.size(), 100 * s.recurring_share, s.tier_sizes.size(), FormatBytes(s.quantum_bytes).c_str());
   }
   std::printf("tuned on %s of live peak %s; checked on %s, live peak %s\n\n",
-              f.validate.empty() ? "the first half" : "the whole recording",
+              r->held_out_is_second_half ? "the first half" : "the whole recording",
               FormatBytes(r->tune_peak_live_bytes).c_str(), r->held_out_name.c_str(),
               FormatBytes(r->held_out_peak_live_bytes).c_str());
   std::printf("%-62s %5s %-48s %s\n", "allocator", "front", "tuning part: min capacity, backend at it",
               "held-out part");
   for (const harness::TunePoint& p : r->points) {
-    std::string tuned = Figures(p.tune);
-    if (p.state == "pruned")
-      tuned = absl::StrCat("fails at ", FormatBytes(p.fails_at), " (2 MiB under the best): pruned");
-    if (p.state == "budget") tuned = "not measured: the budget ran out";
-    if (p.state == "failed") tuned = absl::StrCat("failed: ", p.error);
+    const std::string tuned = harness::TunePointText(p);
     std::printf("%-62s %5s %-48s %s\n", p.allocator.c_str(), p.on_front ? "*" : "", tuned.c_str(),
-                Figures(p.held_out).c_str());
+                harness::TuneFiguresText(p.held_out).c_str());
   }
   PrintChoice("bucketalloc", "BUCKETALLOC_CONF", *r, r->bucketalloc);
   PrintChoice("PyTorch", "PYTORCH_CUDA_ALLOC_CONF", *r, r->pytorch);

@@ -137,13 +137,8 @@ absl::StatusOr<DoctorInput> ReadDoctorInput(const std::string& path, const Docto
     return absl::InvalidArgumentError(absl::StrCat("doctor: ", path, " is empty; ", kExpected));
   }
   if (LooksLikePickle(text)) {  // torch.cuda.memory._dump_snapshot's
-    absl::StatusOr<Json> j = ParsePlainPickle(text, path);
+    absl::StatusOr<Json> j = ParseSnapshotPickle(text, path, kExpected);
     if (!j.ok()) return absl::InvalidArgumentError(absl::StrCat("doctor: ", j.status().message()));
-    if (!j->is_object() || !j->contains("device_traces")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "doctor: ", path, " is a pickle but not a memory snapshot (a dict with \"device_traces\"); ", kExpected));
-    }
-    if (!j->contains("segments")) (*j)["segments"] = Json::array();
     return NamingThePath(FromSnapshot(*j, o), path);
   }
   if (text[first] == '{') {

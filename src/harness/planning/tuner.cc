@@ -194,7 +194,7 @@ class Search {
                       [&](int k) { Evaluate(points_[fresh[at + k]], best[k], prune, measured); });
       for (std::size_t k = 0; k < n; ++k) {
         const TunePoint& p = points_[fresh[at + k]];
-        Done(absl::StrCat(p.allocator, ": ", Describe(p)));
+        Done(absl::StrCat(p.allocator, ": ", TunePointText(p)));
       }
     }
     return index;
@@ -246,15 +246,6 @@ class Search {
   }
 
  private:
-  static std::string Describe(const TunePoint& p) {
-    if (p.state == "measured") {
-      return absl::StrFormat("%s (%.3f x live)", FormatBytes(p.tune->min_capacity_bytes), p.tune->over_live);
-    }
-    if (p.state == "pruned") return absl::StrCat("fails at ", FormatBytes(p.fails_at), ", dominated");
-    if (p.state == "budget") return "not measured: the budget ran out";
-    return absl::StrCat("failed: ", p.error);
-  }
-
   // The uncapped replay.
   void Screen(TunePoint& p) {
     if (SearchExpired()) return;
@@ -399,6 +390,19 @@ Json FiguresJson(const std::optional<TuneFigures>& f) {
 
 }  // namespace
 
+std::string TuneFiguresText(const std::optional<TuneFigures>& f) {
+  if (!f.has_value()) return "-";
+  return absl::StrFormat("%s (%.3f x live), %llu calls, %.1f ms", FormatBytes(f->min_capacity_bytes), f->over_live,
+                         static_cast<unsigned long long>(f->backend_calls), f->backend_ms);
+}
+
+std::string TunePointText(const TunePoint& p) {
+  if (p.state == "pruned") return absl::StrCat("fails at ", FormatBytes(p.fails_at), " (2 MiB under the best): pruned");
+  if (p.state == "budget") return "not measured: the budget ran out";
+  if (p.state == "failed") return absl::StrCat("failed: ", p.error);
+  return TuneFiguresText(p.tune);
+}
+
 TraceShape ReadShape(const Trace& trace) {
   TraceShape s;
   s.peak_live_bytes = PeakLiveBytes(trace);
@@ -486,6 +490,7 @@ absl::StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options) 
     parts.tune = trace;
     parts.held_out = *options.validate;
     result.held_out_name = options.validate_name.empty() ? "the validation trace" : options.validate_name;
+    result.held_out_is_second_half = false;
     const TraceShape held = ReadShape(parts.held_out);
     if (held.allocations == 0) return nothing(result.held_out_name, "has no allocations");
     if (held.large_allocations == 0) {
@@ -495,6 +500,7 @@ absl::StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options) 
   } else {
     parts = SplitTrace(trace);
     result.held_out_name = "the trace's second half";
+    result.held_out_is_second_half = true;
   }
   result.tune_peak_live_bytes = PeakLiveBytes(parts.tune);
   result.held_out_peak_live_bytes = PeakLiveBytes(parts.held_out);
@@ -720,12 +726,6 @@ std::string TuneResult::ToJson() const {
 
 namespace {
 
-std::string FiguresText(const std::optional<TuneFigures>& f) {
-  if (!f.has_value()) return "-";
-  return absl::StrFormat("%s (%.3f x live), %llu calls, %.1f ms", FormatBytes(f->min_capacity_bytes), f->over_live,
-                         static_cast<unsigned long long>(f->backend_calls), f->backend_ms);
-}
-
 // The front as an SVG plot: x the min capacity over the tuning part's peak live bytes, y the
 // simulated backend time at it (log scale: the candidates span orders of magnitude).
 std::string FrontSvg(const TuneResult& r) {
@@ -785,7 +785,7 @@ std::string FrontSvg(const TuneResult& r) {
     absl::StrAppendFormat(&svg,
                           "<circle class=\"point %s%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"5\"><title>%s: %s</title></circle>",
                           p.pytorch ? "pytorch" : "bucketalloc", p.on_front ? " on-front" : "", X(p.tune->over_live),
-                          Y(p.tune->backend_ms), EscapeHtml(p.allocator), EscapeHtml(FiguresText(p.tune)));
+                          Y(p.tune->backend_ms), EscapeHtml(p.allocator), EscapeHtml(TuneFiguresText(p.tune)));
   }
   for (const auto& [choice, label] :
        {std::pair{&r.bucketalloc, "recommended bucketalloc"}, std::pair{&r.pytorch, "recommended PyTorch"}}) {
@@ -809,8 +809,8 @@ std::string TuneResult::ToHtml(const std::string& recording) const {
       absl::StrFormat("%llu allocations, %llu above 1 MiB; peak live %s. Tuned on the ",
                       static_cast<unsigned long long>(shape.allocations),
                       static_cast<unsigned long long>(shape.large_allocations), FormatBytes(shape.peak_live_bytes)),
-      EscapeHtml(held_out_name == "the trace's second half" ? "first half" : "whole recording"), ", checked on ",
-      EscapeHtml(held_out_name), absl::StrFormat(". %d replays in %.1f s.", replays, seconds),
+      held_out_is_second_half ? "first half" : "whole recording", ", checked on ", EscapeHtml(held_out_name),
+      absl::StrFormat(". %d replays in %.1f s.", replays, seconds),
       budget_ran_out ? " The budget ran out: some candidates were not measured." : "", "</p>");
   for (const auto& [c, family, variable] : {std::tuple{&bucketalloc, "bucketalloc", "BUCKETALLOC_CONF"},
                                             std::tuple{&pytorch, "PyTorch", "PYTORCH_CUDA_ALLOC_CONF"}}) {
@@ -819,10 +819,10 @@ std::string TuneResult::ToHtml(const std::string& recording) const {
     absl::StrAppend(&h, "<h2>Recommended for ", family, "</h2><pre class=\"conf\"><code>", variable, "=",
                     EscapeHtml(c->conf), "</code></pre><p>", EscapeHtml(c->why), "</p><table class=\"facts\">",
                     "<tr><th></th><th>tuning part</th><th>", EscapeHtml(held_out_name), "</th></tr><tr><td>",
-                    EscapeHtml(p.allocator), "</td><td>", EscapeHtml(FiguresText(p.tune)), "</td><td>",
-                    EscapeHtml(FiguresText(p.held_out)), "</td></tr><tr><td>default (", EscapeHtml(d.allocator),
-                    ")</td><td>", EscapeHtml(FiguresText(d.tune)), "</td><td>", EscapeHtml(FiguresText(d.held_out)),
-                    "</td></tr></table>");
+                    EscapeHtml(p.allocator), "</td><td>", EscapeHtml(TuneFiguresText(p.tune)), "</td><td>",
+                    EscapeHtml(TuneFiguresText(p.held_out)), "</td></tr><tr><td>default (", EscapeHtml(d.allocator),
+                    ")</td><td>", EscapeHtml(TuneFiguresText(d.tune)), "</td><td>",
+                    EscapeHtml(TuneFiguresText(d.held_out)), "</td></tr></table>");
     if (c->ooms.has_value()) {
       absl::StrAppendFormat(&h, "<p>OOMs at %s: %llu (fragmentation %llu); the default %llu (fragmentation %llu).</p>",
                             FormatBytes(capacity), static_cast<unsigned long long>(*c->ooms),
@@ -840,11 +840,9 @@ std::string TuneResult::ToHtml(const std::string& recording) const {
                   "<th>allocator</th><th>change</th><th>state</th><th>tuning part</th><th>",
                   EscapeHtml(held_out_name), "</th></tr>");
   for (const TunePoint& p : points) {
-    absl::StrAppend(
-        &h, "<tr><td><code>", EscapeHtml(p.allocator), "</code></td><td>", EscapeHtml(p.change), "</td><td>",
-        EscapeHtml(p.state), p.on_front ? ", on the front" : "", "</td><td>",
-        EscapeHtml(p.state == "pruned" ? absl::StrCat("fails at ", FormatBytes(p.fails_at)) : FiguresText(p.tune)),
-        "</td><td>", EscapeHtml(FiguresText(p.held_out)), "</td></tr>");
+    absl::StrAppend(&h, "<tr><td><code>", EscapeHtml(p.allocator), "</code></td><td>", EscapeHtml(p.change),
+                    "</td><td>", EscapeHtml(p.state), p.on_front ? ", on the front" : "", "</td><td>",
+                    EscapeHtml(TunePointText(p)), "</td><td>", EscapeHtml(TuneFiguresText(p.held_out)), "</td></tr>");
   }
   absl::StrAppend(&h, "</table></div>");
   return HtmlPage(absl::StrCat("bucketalloc-bench tune: ", recording), h);

@@ -121,6 +121,12 @@ struct TunePoint {
   bool on_front = false;
 };
 
+// "81.83 GiB (1.040 x live), 9162 calls, 351.6 ms", or "-" without figures.
+std::string TuneFiguresText(const std::optional<TuneFigures>& f);
+// A point on the tuning part: its figures, or what its state says instead (the capacity it failed
+// at when pruned, the budget, its error).
+std::string TunePointText(const TunePoint& p);
+
 struct TuneChoice {
   int point = -1;          // into TuneResult::points
   int default_point = -1;  // the family's default
@@ -134,6 +140,7 @@ struct TuneResult {
   TraceShape shape;  // of the whole trace
   std::size_t tune_peak_live_bytes = 0, held_out_peak_live_bytes = 0;
   std::string held_out_name;
+  bool held_out_is_second_half = true;  // false: TuneOptions::validate (the whole trace tuned on)
   std::vector<TunePoint> points;
   TuneChoice bucketalloc, pytorch;
   std::size_t capacity = 0;

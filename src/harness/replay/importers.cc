@@ -280,14 +280,9 @@ absl::StatusOr<Trace> ReadRecording(const std::string& path, int device) {
   if (pickle || start[0] == '{') {
     nlohmann::json j;
     if (pickle) {
-      absl::StatusOr<nlohmann::json> p = ParsePlainPickle(text, path);
+      absl::StatusOr<nlohmann::json> p = ParseSnapshotPickle(text, path, kAccepted);
       if (!p.ok()) return p.status();
       j = std::move(*p);
-      if (!j.is_object() || !j.contains("device_traces")) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, " is a pickle but not a memory snapshot (a dict with \"device_traces\"); ", kAccepted));
-      }
-      if (!j.contains("segments")) j["segments"] = nlohmann::json::array();
     } else {
       j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     }

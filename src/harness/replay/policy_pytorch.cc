@@ -219,15 +219,7 @@ class PyTorchPolicy final : public DeviceReplayAllocator {
   // release_cached_blocks: every free block that is a whole segment goes back to the device.
   void ReleaseCachedBlocks() {
     for (BlockPool* pool : {&small_, &large_}) {
-      for (auto it = pool->begin(); it != pool->end();) {
-        Block* b = *it;
-        if (b->prev == nullptr && b->next == nullptr && device().Free(reinterpret_cast<void*>(b->ptr), b->size).ok()) {
-          it = pool->erase(it);
-          delete b;
-        } else {
-          ++it;
-        }
-      }
+      for (auto it = pool->begin(); it != pool->end();) Release(*pool, &it);
     }
   }
 

@@ -589,4 +589,16 @@ absl::StatusOr<nlohmann::json> ParsePlainPickle(absl::string_view bytes, absl::s
   return Reader(bytes, source).Run();
 }
 
+absl::StatusOr<nlohmann::json> ParseSnapshotPickle(absl::string_view bytes, absl::string_view source,
+                                                   absl::string_view accepted) {
+  absl::StatusOr<nlohmann::json> j = ParsePlainPickle(bytes, source);
+  if (!j.ok()) return j.status();
+  if (!j->is_object() || !j->contains("device_traces")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, " is a pickle but not a memory snapshot (a dict with \"device_traces\"); ", accepted));
+  }
+  if (!j->contains("segments")) (*j)["segments"] = nlohmann::json::array();
+  return j;
+}
+
 }  // namespace bucketalloc::harness

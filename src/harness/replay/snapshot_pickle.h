@@ -34,6 +34,12 @@ bool LooksLikePickle(absl::string_view bytes);
 // input, or data nested too deep.
 absl::StatusOr<nlohmann::json> ParsePlainPickle(absl::string_view bytes, absl::string_view source = "pickle");
 
+// A memory snapshot's pickle as the snapshot's JSON: ParsePlainPickle's data, which must be a dict
+// with "device_traces" (InvalidArgument naming `source` and `accepted` otherwise), with an empty
+// "segments" list added when it has none.
+absl::StatusOr<nlohmann::json> ParseSnapshotPickle(absl::string_view bytes, absl::string_view source,
+                                                   absl::string_view accepted);
+
 }  // namespace bucketalloc::harness
 
 #endif  // BUCKETALLOC_HARNESS_REPLAY_SNAPSHOT_PICKLE_H_
