@@ -105,10 +105,20 @@ int CompareCommand::Run() const {
       if (!r.ok()) return Fail(r.status());
       absl::StatusOr<harness::MinCapacityResult> m = harness::MinCapacity(*trace, name, f.device.cost());
       if (!m.ok()) return Fail(m.status());
+      if (absl::Status s = harness::MeasurePeakAtMin(*trace, name, f.device.cost(), &*m); !s.ok()) return Fail(s);
       m->true_need_bytes = *need;
       PrintRow(several, width, *r, *m);
       report.capacity = r->capacity;  // rounded down to the 2 MiB granularity, as replayed
       report.rows.push_back({std::move(*r), std::move(*m)});
+    }
+  }
+  // Where each allocator's bytes are at its own min capacity, when its reserved bytes peak.
+  std::printf("at min capacity, when reserved peaks (x peak live):\n");
+  for (const harness::CompareReport& report : reports) {
+    for (const harness::CompareRow& row : report.rows) {
+      if (!row.min_capacity.peak_at_min.has_value()) continue;
+      std::printf("  %-*s %s\n", width, row.at_capacity.allocator.c_str(),
+                  row.min_capacity.peak_at_min->breakdown.Text(report.peak_live_bytes).c_str());
     }
   }
   if (several) {

@@ -157,9 +157,14 @@ int MinCapacityCommand::Run() const {
                            [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   if (!m.ok()) return Fail(m.status());
   m->true_need_bytes = *need;
+  if (absl::Status s = harness::MeasurePeakAtMin(*trace, f.allocator, f.device.cost(), &*m); !s.ok()) return Fail(s);
   PrintResult(m->at_min);
   std::printf("%-28s %s (%.3f x peak live)\n", "min capacity", FormatBytes(m->min_capacity_bytes).c_str(),
               m->min_capacity_over_live);
+  if (m->peak_at_min.has_value()) {
+    std::printf("%-28s %s\n", "at its peak (x peak live)",
+                m->peak_at_min->breakdown.Text(m->at_min.peak_live_bytes).c_str());
+  }
   if (m->true_need_bytes.has_value()) {
     std::printf("%-28s %s; min capacity is %.3f x that\n", "true need (meta file)",
                 FormatBytes(*m->true_need_bytes).c_str(), m->min_capacity_over_true_need());

@@ -91,7 +91,12 @@ TEST(ReportTest, JsonHasEachAllocatorsResultsTimelineAndHistogram) {
   nlohmann::json expected = {{"event", 3}, {"live_bytes", f["live_bytes"]}};
   expected.update(
       nlohmann::json::parse(PoolFragmentationToJson(report.rows[1].at_capacity.peak_fragmentation->free_blocks)));
+  // And where the reserved bytes were (harness/replay/memory_breakdown.h): pytorch-policy's 14 MiB
+  // free lie in segments that hold live blocks.
+  expected["breakdown"] = nlohmann::json::parse(
+      report.rows[1].at_capacity.peak_fragmentation->breakdown.ToJson(report.rows[1].at_capacity.peak_live_bytes));
   EXPECT_EQ(f, expected);
+  EXPECT_EQ(f["breakdown"]["free_shared_with_live_bytes"], 14 * kMiB);
   ASSERT_EQ(f["histogram"].size(), 2u) << "only the non-empty bins: 6 MiB and 8 MiB";
   EXPECT_EQ(f["histogram"][0]["min_bytes"], 4 * kMiB);
   EXPECT_EQ(f["histogram"][0]["max_bytes"], 8 * kMiB - 1);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/options.h"
+#include "bucketalloc/snapshot.h"
 #include "bucketalloc/units.h"
 #include "harness/replay/replay_allocator.h"
 #include "harness/replay/trace.h"
@@ -67,6 +68,29 @@ class BucketallocReplay final : public ReplayAllocator {
   PoolFragmentation Fragmentation() const override {
     absl::StatusOr<FragmentationReport> f = a_->GetFragmentation(0);  // device 0 exists, as in Reserved()
     return f.ok() ? f->all() : PoolFragmentation{};
+  }
+  // Its snapshot's segments: a slab or a cudaMalloc segment is its own unit, a stitched range's
+  // mapped run is granule pieces (a tier segment's one piece holds its one block, so counting it by
+  // granules gives the same figures). Spare pieces are `other`.
+  MemoryBreakdown Breakdown() const override {
+    absl::StatusOr<MemorySnapshot> snapshot = a_->Snapshot(0);
+    absl::StatusOr<Backend*> device = a_->backend(0);
+    if (!snapshot.ok() || !device.ok()) return BreakDown({}, reserved_bytes());
+    const std::size_t granule = (*device)->Granularity();
+    std::vector<MemorySpan> spans;
+    spans.reserve(snapshot->segments.size());
+    for (const SegmentSnapshot& seg : snapshot->segments) {
+      MemorySpan& span = spans.emplace_back();
+      span.base = seg.address;
+      span.size = seg.total_size;
+      span.small_pool = seg.small;
+      span.unit = seg.expandable ? granule : 0;
+      span.blocks.reserve(seg.blocks.size());
+      for (const BlockSnapshot& b : seg.blocks) {
+        span.blocks.push_back({b.address, b.size, b.requested_size, b.state != BlockSnapshotState::kInactive});
+      }
+    }
+    return BreakDown(spans, reserved_bytes());
   }
 
  private:

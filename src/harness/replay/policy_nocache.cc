@@ -33,6 +33,13 @@ class NoCacheReplay final : public DeviceReplayAllocator {
     f.requested = static_cast<std::int64_t>(requested_);
     return f;
   }
+  MemoryBreakdown Breakdown() const override {
+    MemoryBreakdown m = BreakDown({}, reserved_bytes());
+    m.live_requested = requested_;
+    m.live_rounding = m.reserved - requested_;
+    m.other = 0;
+    return m;
+  }
 
  private:
   std::size_t requested_ = 0;  // bytes asked for by live blocks

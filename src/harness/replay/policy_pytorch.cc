@@ -167,6 +167,29 @@ class PyTorchPolicy final : public DeviceReplayAllocator {
     return f;
   }
 
+  // Each segment (one cudaMalloc: the unit that goes back whole), its blocks in address order.
+  MemoryBreakdown Breakdown() const override {
+    std::vector<MemorySpan> spans;
+    auto add_segment = [&](const Block* head) {
+      MemorySpan& span = spans.emplace_back();
+      span.base = head->ptr;
+      span.small_pool = head->small;
+      for (const Block* b = head; b != nullptr; b = b->next) {
+        span.blocks.push_back({b->ptr, b->size, b->requested, b->allocated});
+        span.size += b->size;
+      }
+    };
+    live_.ForEach([&](const Block* b) {
+      if (b->prev == nullptr) add_segment(b);
+    });
+    for (const BlockPool* pool : {&small_, &large_}) {
+      for (const Block* b : *pool) {
+        if (b->prev == nullptr) add_segment(b);
+      }
+    }
+    return BreakDown(spans, device().used_bytes());
+  }
+
  private:
   // get_free_block: the smallest free block of the stream that fits, unless it is oversize (at
   // least max_split_size) and the request is not, or the request is and the block exceeds it by

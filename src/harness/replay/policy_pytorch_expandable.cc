@@ -189,6 +189,42 @@ class PyTorchExpandablePolicy final : public DeviceReplayAllocator {
     return f;
   }
 
+  // Each run of mapped blocks of a segment (whole pages: unmapped blocks are page-aligned), a page
+  // the unit that goes back whole.
+  MemoryBreakdown Breakdown() const override {
+    std::vector<MemorySpan> spans;
+    auto add_segment = [&](const Block* head) {
+      MemorySpan* span = nullptr;
+      for (const Block* b = head; b != nullptr; b = b->next) {
+        if (!b->mapped) {
+          span = nullptr;
+          continue;
+        }
+        if (span == nullptr) {
+          span = &spans.emplace_back();
+          span->base = b->ptr;
+          span->small_pool = b->segment->pool == &small_;
+          span->unit = b->segment->page;
+        }
+        span->blocks.push_back({b->ptr, b->size, b->requested, b->allocated});
+        span->size += b->size;
+      }
+    };
+    live_.ForEach([&](const Block* b) {
+      if (b->prev == nullptr) add_segment(b);
+    });
+    auto add_heads = [&](const auto& blocks) {
+      for (const Block* b : blocks) {
+        if (b->prev == nullptr) add_segment(b);
+      }
+    };
+    for (const Pool* pool : {&small_, &large_}) {
+      add_heads(pool->blocks);
+      add_heads(pool->unmapped);
+    }
+    return BreakDown(spans, device().used_bytes());
+  }
+
  private:
   static Pool& PoolOf(const Block* b) { return *b->segment->pool; }
 

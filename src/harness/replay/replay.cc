@@ -338,6 +338,7 @@ absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, con
     f.event = index;
     f.live_bytes = live;
     f.free_blocks = a.Fragmentation();
+    f.breakdown = a.Breakdown();
     return false;
   };
   absl::Status s = RunPass(trace, options, capacity, a, counts, snapshot_at_event);
@@ -635,6 +636,20 @@ absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_v
   return m;
 }
 
+absl::Status MeasurePeakAtMin(const Trace& trace, absl::string_view allocator, const CostModel& cost,
+                              MinCapacityResult* m) {
+  ReplayOptions o;
+  o.allocator = std::string(allocator);
+  o.capacity = m->min_capacity_bytes;
+  o.cost = cost;
+  o.record_timeline = true;
+  o.timeline_points = 1;
+  absl::StatusOr<ReplayResult> r = Replay(trace, o);
+  if (!r.ok()) return r.status();
+  m->peak_at_min = std::move(r->peak_fragmentation);
+  return absl::OkStatus();
+}
+
 double MinCapacityResult::min_capacity_over_true_need() const {
   if (!true_need_bytes.has_value() || *true_need_bytes == 0) return 0.0;
   return static_cast<double>(min_capacity_bytes) / static_cast<double>(*true_need_bytes);
@@ -647,6 +662,12 @@ std::string MinCapacityResult::ToJson() const {
   if (true_need_bytes.has_value()) {
     j["true_need_bytes"] = *true_need_bytes;
     j["min_capacity_over_true_need"] = min_capacity_over_true_need();
+  }
+  if (peak_at_min.has_value()) {
+    j["peak_at_min"] = {
+        {"event", peak_at_min->event},
+        {"live_bytes", peak_at_min->live_bytes},
+        {"breakdown", nlohmann::ordered_json::parse(peak_at_min->breakdown.ToJson(at_min.peak_live_bytes))}};
   }
   return j.dump(2);
 }

@@ -34,6 +34,7 @@
 #include "bucketalloc/backend.h"
 #include "bucketalloc/stat_types.h"
 #include "bucketalloc/timeline.h"
+#include "harness/replay/memory_breakdown.h"
 #include "harness/replay/replay_allocator.h"
 #include "harness/replay/trace.h"
 
@@ -107,6 +108,7 @@ struct PeakFragmentation {
   std::uint64_t event = 0;        // index over all rounds
   std::size_t live_bytes = 0;     // the bytes the replay held for the trace then (TimelinePoint::live_bytes)
   PoolFragmentation free_blocks;  // ReplayAllocator::Fragmentation() then
+  MemoryBreakdown breakdown;      // ReplayAllocator::Breakdown() then: where the reserved bytes are
 };
 
 // What a replay measured (the JSON keys of docs/harness.md).
@@ -181,7 +183,10 @@ struct MinCapacityResult {
   // From the trace's meta file (harness/workload/serving.h) when it has one: the workload's true peak need
   // (no layout rounding), so min_capacity_over_true_need shows the layout's and the allocator's cost.
   std::optional<std::size_t> true_need_bytes;
-  ReplayResult at_min;                         // the replay at that capacity
+  ReplayResult at_min;  // the replay at that capacity
+  // Where the bytes are at that capacity when reserved bytes peak (MeasurePeakAtMin; the JSON's
+  // "peak_at_min": event, live_bytes, breakdown). Not measured by the search itself: two replays more.
+  std::optional<PeakFragmentation> peak_at_min;
   double min_capacity_over_true_need() const;  // 0 without a true need
   std::string ToJson() const;                  // true_need_bytes and min_capacity_over_true_need only when known
 };
@@ -201,6 +206,11 @@ struct MinCapacitySearch {
 };
 absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
                                               const MinCapacitySearch& search);
+
+// Sets m->peak_at_min: a replay of `allocator` at m->min_capacity_bytes that records where its bytes
+// are when its reserved bytes peak (compare and min-capacity report it for every allocator).
+absl::Status MeasurePeakAtMin(const Trace& trace, absl::string_view allocator, const CostModel& cost,
+                              MinCapacityResult* m);
 
 }  // namespace bucketalloc::harness
 

@@ -25,6 +25,7 @@
 #include "bucketalloc/backend.h"
 #include "bucketalloc/metrics.h"
 #include "bucketalloc/stat_types.h"
+#include "harness/replay/memory_breakdown.h"
 
 namespace bucketalloc::harness {
 
@@ -60,6 +61,10 @@ class ReplayAllocator {
   // caches nothing, has empty bins and reports reserved bytes as allocated. Not timed: it may walk
   // every free block.
   virtual PoolFragmentation Fragmentation() const;
+  // Where the reserved bytes are now (harness/replay/memory_breakdown.h): each policy describes its
+  // spans. The default, for a policy that describes none, counts them all as `other`. Not timed: it
+  // walks every block.
+  virtual MemoryBreakdown Breakdown() const { return BreakDown({}, reserved_bytes()); }
 };
 
 // A replay's capacity is a multiple of this (the granularity of every backend it runs on).

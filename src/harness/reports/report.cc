@@ -38,11 +38,12 @@ Json TimelineJson(const Timeline& t) {
 
 // The event and the bytes the trace held then, followed by the free blocks as the library writes
 // one pool's fragmentation (PoolFragmentationToJson: its byte totals and the non-empty bins of its
-// "histogram").
-Json PeakFragmentationJson(const PeakFragmentation& p) {
+// "histogram"), and where the reserved bytes were ("breakdown", each part also over `peak_live`).
+Json PeakFragmentationJson(const PeakFragmentation& p, std::size_t peak_live) {
   Json j = {{"event", p.event}, {"live_bytes", p.live_bytes}};
   Json free_blocks = Json::parse(PoolFragmentationToJson(p.free_blocks));
   for (auto& [key, value] : free_blocks.items()) j[key] = std::move(value);
+  j["breakdown"] = Json::parse(p.breakdown.ToJson(peak_live));
   return j;
 }
 
@@ -55,7 +56,8 @@ Json RowsJson(const std::vector<CompareReport>& reports) {
                 {"min_capacity", Json::parse(row.min_capacity.ToJson())}};
       if (row.at_capacity.timeline.events > 0) j["timeline"] = TimelineJson(row.at_capacity.timeline);
       if (row.at_capacity.peak_fragmentation.has_value()) {
-        j["peak_fragmentation"] = PeakFragmentationJson(*row.at_capacity.peak_fragmentation);
+        j["peak_fragmentation"] =
+            PeakFragmentationJson(*row.at_capacity.peak_fragmentation, row.at_capacity.peak_live_bytes);
       }
       rows.push_back(std::move(j));
     }
