@@ -22,8 +22,8 @@
 //                                      cache_hit_rate.
 //   BM_Mimalloc_MixedSizes             The same pattern with mi_malloc / mi_free (items/s only).
 //   BM_BucketAlloc_SlowPath/path:N     The slow path of one 12 MiB request after fragmentation: a
-//                                      plain backend allocation (0), a stitching range grown from
-//                                      new granules (1), or stitched from free ones at the cap (2).
+//                                      plain backend allocation (0), a stitching segment grown in
+//                                      place by new granules (1), or by free ones moved at the cap (2).
 //   BM_BucketAlloc_ScatteredFree/free:N/slabs:S
 //                                      One 512 B alloc + free pair with N free 512 B blocks scattered
 //                                      between live ones: packed (S=0, the default) or in slabs (1).
@@ -484,13 +484,16 @@ BENCHMARK(BM_BucketAlloc_PairWhileScraped)
     ->UseRealTime();
 
 // ---------------------------------------------------------------------------------------------
-// The slow path that serves a 12 MiB request after a fragmenting pattern (ten 4 MiB blocks in two
-// 20 MiB segments, every other one freed: 24 MiB free, no piece fits). Backed sim memory, so a map
+// The slow path that serves a 12 MiB request after a fragmenting pattern (ten 4 MiB blocks, every
+// other one freed: 20 MiB free, no piece fits; two 20 MiB segments on the plain device, one segment
+// grown in place with stitching). Backed sim memory, so a map
 // is a real mmap of the device's memfd and an unmap a real mmap(PROT_NONE). Only the Allocate is
 // timed; the set-up and the clean-up after it are not.
 //   path:0  plain sim device, headroom under the cap: one backend Allocate of 12 MiB (cudaMalloc)
-//   path:1  stitching on, headroom under the cap: a new range, 6 granules created and mapped
-//   path:2  stitching on, at the cap: a new range, the 6 free granules unmapped and mapped there
+//   path:1  stitching on, headroom under the cap: the segment grows in place, 6 granules created
+//           and mapped
+//   path:2  stitching on, at the cap: the segment's range (the cap's size) is all used, so a new one,
+//           the 6 free granules unmapped and mapped there
 //   path:3-5  the same on GPU 0 (backend:cuda, backend:vmm); skipped with the reason without one
 // Counters: backend_calls per request, granules_stitched per request.
 

@@ -197,8 +197,12 @@ class FakeSource : public internal::MemorySource {
     return absl::OkStatus();
   }
   std::size_t Headroom() const override { return limit_ > used_ ? limit_ - used_ : 0; }
+  std::size_t GrowableRangeBytes() const override { return growable_range; }
 
   std::size_t used() const { return used_; }
+  std::size_t ranges() const { return ranges_.size(); }
+  // A plain virtual segment's range (MemorySource::GrowableRangeBytes); 0: just what it maps.
+  std::size_t growable_range = 0;
   // Physical allocations that exist, and pieces mapped.
   std::size_t handles() const { return handles_.size(); }
   std::size_t mapped() const { return mapped_.size(); }

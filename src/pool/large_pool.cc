@@ -276,13 +276,25 @@ absl::StatusOr<LargePool::Handle> LargePool::Serve(StreamState& ss, Stream strea
     *served = Served::kFromCache;
     return Handle{block};
   }
-  const std::size_t minimal = RoundUp(r.rounded, config_.granularity);
-  const std::size_t preferred = r.tier >= 0 ? minimal : SegmentSizeFor(r.rounded);
-  absl::StatusOr<Block*> block = Grow(ss, stream, preferred, r.rounded, r.tier);
-  if (absl::IsResourceExhausted(block.status()) && preferred != minimal) {
-    block = Grow(ss, stream, minimal, r.rounded, r.tier);
-  }
   *served = Served::kFromNewMemory;
+  absl::StatusOr<Block*> block = absl::ResourceExhaustedError("");
+  // A plain request where the backing grows segments in place (virtual memory): new memory beside
+  // the stream's free bytes; else a new segment.
+  std::optional<absl::StatusOr<Block*>> extended;
+  if (r.tier < 0) {
+    Settle();
+    extended = backing_->Extend(*this, ss, stream, r.rounded);
+  }
+  if (extended.has_value()) {
+    block = std::move(*extended);
+  } else {
+    const std::size_t minimal = RoundUp(r.rounded, config_.granularity);
+    const std::size_t preferred = r.tier >= 0 ? minimal : SegmentSizeFor(r.rounded);
+    block = Grow(ss, stream, preferred, r.rounded, r.tier);
+    if (absl::IsResourceExhausted(block.status()) && preferred != minimal) {
+      block = Grow(ss, stream, minimal, r.rounded, r.tier);
+    }
+  }
   if (block.ok()) return Handle{*block};
   if (!absl::IsResourceExhausted(block.status())) return block.status();
   // At the cap: whatever else the backing can do (nullopt: nothing).
@@ -371,6 +383,29 @@ void LargePool::MakeHole(Block* block, std::uintptr_t lo, std::uintptr_t hi) {
       block = MergeBlocks(block, neighbour, blocks_);
   }
   UpdateInactiveSplit(before, seg);
+}
+
+Block* LargePool::FillHole(Block* hole, std::uintptr_t lo, std::uintptr_t hi) {
+  BA_CHECK(deferred_ == nullptr, "a block-level call with a block deferred (call it after a settling one)");
+  BA_DCHECK(hole->state == BlockState::kUnmapped && lo >= hole->ptr && lo < hi && hi <= hole->ptr + hole->size,
+            "filling a range that is not inside a hole");
+  Segment* seg = hole->segment;
+  const InactiveSplit before = InactiveOf(seg);
+  Block* block = hole;
+  if (block->ptr < lo) block = SplitBlock(block, lo - block->ptr, blocks_);
+  if (block->ptr + block->size > hi) SplitBlock(block, hi - block->ptr, blocks_)->state = BlockState::kUnmapped;
+  block->state = BlockState::kFree;
+  block->free_since = *ctx_.clock;
+  ctx_.stats->Increase(&DeviceStats::cached_bytes, config_.index, static_cast<std::int64_t>(hi - lo));
+  for (Block* neighbour : {block->prev, block->next}) {
+    if (neighbour != nullptr && neighbour->state == BlockState::kFree) {
+      RemoveFree(neighbour);
+      block = MergeBlocks(block, neighbour, blocks_);
+    }
+  }
+  InsertFree(block);
+  UpdateInactiveSplit(before, seg);
+  return block;
 }
 
 void LargePool::Return(Handle h) {

@@ -263,6 +263,10 @@ class LargePool final : private StatDebtor {
   // holes merged with holes. A tier block that loses granules is plain free memory from then on
   // (the tier list would hand it out at the tier's size).
   void MakeHole(Block* block, std::uintptr_t lo, std::uintptr_t hi);
+  // The reverse: [lo, hi) (whole granules inside hole `hole`, just mapped) becomes free memory merged
+  // with its free neighbours, the hole's rest on either side stays a hole. Returns the free block
+  // that holds it (in its free list).
+  Block* FillHole(Block* hole, std::uintptr_t lo, std::uintptr_t hi);
   // Takes free `block` (in a free list) for `rounded` bytes: splits off the rest when allowed.
   void Take(Block* block, std::size_t rounded, int tier);
 

@@ -41,6 +41,12 @@ class MemorySource {
   // its range with its free blocks already chosen, which a collection must not release), then
   // reserves and registers an address range of `bytes` (FailedPrecondition during a capture).
   virtual absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t to_map) = 0;
+  // Runs garbage collection for `to_map` bytes about to be mapped into a range reserved before (a
+  // plain segment growing into its hole), as ReserveRange does for a new range.
+  virtual void CollectFor(std::size_t to_map) {}
+  // The bytes of a plain virtual segment's address range (0: just what it maps): mapped only where
+  // it holds memory, so that it grows in place as PyTorch's expandable segments do (pool/stitcher.h).
+  virtual std::size_t GrowableRangeBytes() const { return 0; }
   // Releases a registered range that has nothing mapped.
   virtual void ReleaseRange(std::uintptr_t va, std::size_t bytes) = 0;
   // Forgets a registered range whose mappings could not be undone (a DataLoss from MapPieces): its

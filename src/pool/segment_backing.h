@@ -63,6 +63,14 @@ class SegmentBacking {
                                                            std::size_t rounded, int tier) {
     return std::nullopt;
   }
+  // Before a grow, for a plain request (tier < 0): serves `rounded` bytes as an active block of
+  // `pool` from new memory mapped beside free bytes of a segment of `stream`, as PyTorch's expandable
+  // segments grow (virtual memory), or nullopt when this backing makes a new segment instead (Grow).
+  // ResourceExhausted (nothing changed) when the memory cannot be created.
+  virtual std::optional<absl::StatusOr<Block*>> Extend(LargePool& pool, LargeStreamState& ss, Stream stream,
+                                                       std::size_t rounded) {
+    return std::nullopt;
+  }
   // Gives back the free memory it can inside the segments left after the pool released its wholly
   // free ones, and what it keeps in none (a full release: empty_cache, release-and-retry).
   virtual void ReleaseFreeMemory(LargePool& pool) {}

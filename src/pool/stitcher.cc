@@ -110,23 +110,22 @@ bool AnyFreeWholeGranule(const LargePool& pool, const VirtualBacking& backing) {
   return false;
 }
 
-}  // namespace
+// The blocks and segment a stitch must leave as they are: the destination's free neighbours (they
+// join the new memory) and its segment (it is mapped into, never dropped).
+struct Keep {
+  const Block* before = nullptr;
+  const Block* after = nullptr;
+  const Segment* segment = nullptr;
+};
 
-Stitcher::Stitcher(const PoolContext& ctx, VirtualBacking* backing)
-    : ctx_(ctx), backing_(backing), granule_(backing->granule()), shift_(std::countr_zero(granule_)) {}
-
-absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargeStreamState& ss, Stream stream, std::size_t rounded,
-                                        int tier) {
-  const std::size_t bytes = RoundUp(rounded, granule_);
-  // Stitch runs after a grow of `bytes` failed. With headroom for all of it, the device refused
-  // (another process holds memory), not the cap: then nothing is created, all of it moves.
-  std::size_t headroom = ctx_.source->Headroom() & ~(granule_ - 1);
-  if (headroom >= bytes) headroom = 0;
-  // A plain segment is granule pieces (pool/virtual_backing.h): a larger piece is not mapped into
-  // it, whether a spare or moved. A tier segment holds one block, and takes pieces of any size.
-  const std::size_t max_piece = tier >= 0 ? bytes : granule_;
-  const std::size_t spares = backing_->SpareBytesWithin(bytes - headroom, max_piece);
-  const std::size_t want = bytes - headroom - spares;
+// The free pieces a stitch of `bytes` takes to move `want` bytes: the units of free blocks (not
+// `keep`'s), chosen oldest first (ChooseUnits), after their streams have passed their last use,
+// as runs (a block's units side by side: one unmap call), highest first. ResourceExhausted, having
+// changed nothing, when too few can move.
+absl::StatusOr<std::vector<Unit>> ChooseRuns(LargePool& pool, const VirtualBacking& backing, MemorySource* source,
+                                             std::size_t bytes, std::size_t want, std::size_t max_piece,
+                                             const Keep& keep) {
+  const int shift = std::countr_zero(backing.granule());
   // The units a stitch may take: the whole pieces of free blocks (a walk; too few of them and the
   // choice below refuses, naming the bytes, before any stream wait or backend call).
   std::vector<Unit> units;
@@ -134,22 +133,21 @@ absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargeStreamState& ss, S
   for (Segment* seg : pool.segments()) {
     for (Block* b = seg->first; b != nullptr && want > 0; b = b->next) {
       std::size_t first = 0, last = 0;
-      if (b->state != BlockState::kFree) continue;
-      const std::size_t whole = backing_->WholePieces(b, &first, &last);
+      if (b->state != BlockState::kFree || b == keep.before || b == keep.after) continue;
+      const std::size_t whole = backing.WholePieces(b, &first, &last);
       if (whole == 0) continue;
       movable += whole;
-      absl::Span<const Piece> table = backing_->pieces(seg);
+      absl::Span<const Piece> table = backing.pieces(seg);
       if (seg->tier >= 0) {
         bool coarse = false;
-        for (std::size_t i = first; i < last; ++i) coarse = coarse || (table[i].n << shift_) > max_piece;
+        for (std::size_t i = first; i < last; ++i) coarse = coarse || (table[i].n << shift) > max_piece;
         units.push_back(Unit{b->free_since, b->ptr, b, first, last, whole, coarse});
         continue;
       }
       // A plain block's pieces one by one, its top ones first (its start stays where it is).
       for (std::size_t i = last; i-- > first;) {
-        const std::size_t piece = table[i].n << shift_;
-        units.push_back(
-            Unit{b->free_since, seg->base + (table[i].g0 << shift_), b, i, i + 1, piece, piece > max_piece});
+        const std::size_t piece = table[i].n << shift;
+        units.push_back(Unit{b->free_since, seg->base + (table[i].g0 << shift), b, i, i + 1, piece, piece > max_piece});
       }
     }
   }
@@ -161,7 +159,7 @@ absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargeStreamState& ss, S
   });
   // The chosen units' streams must have passed their last use before anything is unmapped; a
   // stream that cannot be synchronized keeps its blocks' pieces, and the choice is made again.
-  StreamWaits waits(ctx_.source);
+  StreamWaits waits(source);
   std::vector<Unit> chosen;
   for (;;) {
     if (!ChooseUnits(units, want, waits.failed(), &chosen)) {
@@ -187,43 +185,108 @@ absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargeStreamState& ss, S
       runs.push_back(u);
     }
   }
+  return runs;
+}
+
+// Unmaps `runs` (ChooseRuns) into holes, appending their pieces to `moved`, until one fails (its
+// error); a segment left all hole is dropped, but `keep`'s.
+absl::Status UnmapRuns(LargePool& pool, VirtualBacking& backing, const std::vector<Unit>& runs, const Keep& keep,
+                       std::vector<PhysicalPiece>* moved) {
   absl::InlinedVector<Segment*, 8> touched;
   for (const Unit& u : runs) {
     if (!Contains(touched, u.block->segment)) touched.push_back(u.block->segment);
   }
-  absl::StatusOr<std::uintptr_t> base = ctx_.source->ReserveRange(bytes, 0);
-  if (!base.ok()) return base.status();
-  std::vector<PhysicalPiece> moved;
   absl::Status s;
   for (const Unit& u : runs) {
     // Its block: a run's block may have been carved by a run above it (MakeHole keeps the block
     // object for the part below the hole, where the runs below lie).
-    s = backing_->UnmapPieces(pool, u.block, u.first, u.last, &moved);
+    s = backing.UnmapPieces(pool, u.block, u.first, u.last, moved);
     if (!s.ok()) break;
   }
   for (Segment* seg : touched) {
-    if (seg->active_blocks == 0 && seg->free_blocks == 0) pool.DropSegment(seg);  // all hole now
+    if (seg != keep.segment && seg->active_blocks == 0 && seg->free_blocks == 0) pool.DropSegment(seg);  // all hole
   }
-  // What moves: pieces while they fit (a plain segment's: granules); a piece past what is needed,
-  // or larger than a granule for a plain segment (a tier block's), goes back to the device, and
-  // what is needed of it is created anew with the rest, in granules for a plain segment.
-  std::vector<PhysicalPiece> pieces, surplus;
-  std::size_t rest = bytes;
-  backing_->TakeSpares(&rest, max_piece, &pieces);
-  std::size_t stitched = 0;
-  for (const PhysicalPiece& p : moved) {
-    if (p.bytes <= std::min(rest, max_piece)) {
-      pieces.push_back(p);
-      rest -= p.bytes;
-      stitched += p.bytes;
-    } else {
-      surplus.push_back(p);
+  return s;
+}
+
+// Where a plain request's new memory goes: `bytes` of `hole`, its first (beside the free block
+// before it) or its last (beside the one after it), which with those free bytes hold the request.
+struct Destination {
+  Block* hole = nullptr;
+  Keep keep;
+  std::size_t bytes = 0;
+  bool at_end = false;  // the last `bytes` of the hole, beside the free block after it
+  // The request, whole granules, starts at lo() (a granule) rather than in the free block before:
+  // the free bytes there would save it no granule, and it shares none with its neighbours.
+  bool aligned = false;
+  std::uintptr_t lo() const { return at_end ? hole->ptr + hole->size - bytes : hole->ptr; }
+};
+
+// The lowest hole of `stream`'s plain segments that holds `rounded` with the free bytes beside it,
+// as PyTorch's expandable segments map pages at the lowest address that fits, after the free block
+// before them: in it, the fewest granules: its first after the free block before it, or its last
+// before the free block after it, or all of it between both; nullopt when no hole holds it. (The
+// hole that needs the fewest granules anywhere was measured too: 0.0007 x peak live more on
+// mooncake Llama growth, docs/vmm.md.)
+std::optional<Destination> FindHole(const LargePool& pool, Stream stream, std::size_t rounded, std::size_t granule) {
+  std::optional<Destination> best;
+  for (Segment* seg : pool.segments()) {
+    if (seg->stream != stream || seg->tier >= 0 || seg->active_blocks + seg->free_blocks == 0) continue;
+    for (Block* b = seg->first; b != nullptr; b = b->next) {
+      if (b->state != BlockState::kUnmapped) continue;
+      Block* before = b->prev != nullptr && b->prev->state == BlockState::kFree ? b->prev : nullptr;
+      Block* after = b->next != nullptr && b->next->state == BlockState::kFree ? b->next : nullptr;
+      const std::size_t head = before != nullptr ? before->size : 0;
+      const std::size_t tail = after != nullptr ? after->size : 0;
+      // A free block that holds it alone is the cache's business (best fit said no).
+      if (head >= rounded || tail >= rounded || head + b->size + tail < rounded) continue;
+      std::size_t need = b->size;
+      bool at_end = false, aligned = false;
+      if (head + b->size >= rounded) {
+        need = RoundUp(rounded - head, granule);
+        aligned = rounded % granule == 0 && need == rounded;
+      }
+      if (tail + b->size >= rounded && RoundUp(rounded - tail, granule) < need) {
+        need = RoundUp(rounded - tail, granule);
+        at_end = true;
+        aligned = false;  // carved from the start of the granules it maps: on a granule already
+      }
+      if (!best.has_value() || b->ptr < best->hole->ptr) {
+        best = Destination{b, Keep{before, after, seg}, need, at_end, aligned};
+      }
+      break;  // the segment's lowest; blocks are in address order
     }
   }
-  backing_->ReleasePieces(&surplus);
-  if (s.ok() && rest > 0) s = backing_->Create(rest, max_piece, &pieces);
+  return best;
+}
+
+}  // namespace
+
+Stitcher::Stitcher(const PoolContext& ctx, VirtualBacking* backing)
+    : ctx_(ctx), backing_(backing), granule_(backing->granule()), shift_(std::countr_zero(granule_)) {}
+
+absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargeStreamState& ss, Stream stream, std::size_t rounded,
+                                        int tier) {
+  const std::size_t bytes = RoundUp(rounded, granule_);
+  // Stitch runs after a grow of `bytes` failed. With headroom for all of it, the device refused
+  // (another process holds memory), not the cap: then nothing is created, all of it moves.
+  std::size_t headroom = ctx_.source->Headroom() & ~(granule_ - 1);
+  if (headroom >= bytes) headroom = 0;
+  // A plain segment is granule pieces (pool/virtual_backing.h): a larger piece is not mapped into
+  // it, whether a spare or moved. A tier segment holds one block, and takes pieces of any size.
+  const std::size_t max_piece = tier >= 0 ? bytes : granule_;
+  const std::size_t spares = backing_->SpareBytesWithin(bytes - headroom, max_piece);
+  const std::size_t want = bytes - headroom - spares;
+  absl::StatusOr<std::vector<Unit>> runs = ChooseRuns(pool, *backing_, ctx_.source, bytes, want, max_piece, Keep{});
+  if (!runs.ok()) return runs.status();
+  absl::StatusOr<std::uintptr_t> base = ctx_.source->ReserveRange(bytes, 0);
+  if (!base.ok()) return base.status();
+  std::vector<PhysicalPiece> moved;
+  absl::Status s = UnmapRuns(pool, *backing_, *runs, Keep{}, &moved);
+  std::vector<PhysicalPiece> pieces;
+  std::size_t stitched = 0;
+  s = Gather(bytes, max_piece, std::move(s), std::move(moved), &pieces, &stitched);
   if (!s.ok()) {
-    backing_->ReleasePieces(&pieces);
     ctx_.source->ReleaseRange(*base, bytes);
     return s;
   }
@@ -233,6 +296,97 @@ absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargeStreamState& ss, S
   ctx_.stats->Count(&DeviceStats::num_granules_stitched, static_cast<std::int64_t>(stitched >> shift_));
   pool.Take((*seg)->first, rounded, tier);
   return (*seg)->first;
+}
+
+absl::Status Stitcher::Gather(std::size_t bytes, std::size_t max_piece, absl::Status unmapped,
+                              std::vector<PhysicalPiece> moved, std::vector<PhysicalPiece>* pieces,
+                              std::size_t* stitched) {
+  // What moves: pieces while they fit (a plain segment's: granules); a piece past what is needed,
+  // or larger than a granule for a plain segment (a tier block's), goes back to the device, and
+  // what is needed of it is created anew with the rest, in granules for a plain segment.
+  std::vector<PhysicalPiece> surplus;
+  std::size_t rest = bytes;
+  backing_->TakeSpares(&rest, max_piece, pieces);
+  for (const PhysicalPiece& p : moved) {
+    if (p.bytes <= std::min(rest, max_piece)) {
+      pieces->push_back(p);
+      rest -= p.bytes;
+      *stitched += p.bytes;
+    } else {
+      surplus.push_back(p);
+    }
+  }
+  backing_->ReleasePieces(&surplus);
+  absl::Status s = std::move(unmapped);
+  if (s.ok() && rest > 0) s = backing_->Create(rest, max_piece, pieces);
+  if (!s.ok()) backing_->ReleasePieces(pieces);
+  return s;
+}
+
+absl::StatusOr<Block*> Stitcher::Extend(LargePool& pool, LargeStreamState& ss, Stream stream, std::size_t rounded,
+                                        bool at_cap) {
+  // Garbage collection first (a grow's, as for a new range): it may release free blocks.
+  if (!at_cap) ctx_.source->CollectFor(RoundUp(rounded, granule_));
+  std::optional<Destination> to = FindHole(pool, stream, rounded, granule_);
+  // Else a new segment: a range of a whole reservation when the source has a size for one, its
+  // first granules mapped for the request and the rest a hole that later grows fill.
+  const std::size_t bytes = to.has_value() ? to->bytes : RoundUp(rounded, granule_);
+  const std::size_t range = std::max(bytes, ctx_.source->GrowableRangeBytes() & ~(granule_ - 1));
+  const Keep keep = to.has_value() ? to->keep : Keep{};
+  std::size_t headroom = ctx_.source->Headroom() & ~(granule_ - 1);
+  std::vector<PhysicalPiece> moved;
+  absl::Status unmapped;
+  // A grow creates what the spares leave (its failure is the source's, as a new segment's); at the
+  // cap, moved pieces make up the rest.
+  if (at_cap) {
+    // After a grow failed: with headroom for all of it the device refused, not the cap, and
+    // everything moves.
+    if (headroom >= bytes) headroom = 0;
+    const std::size_t want = bytes - headroom - backing_->SpareBytesWithin(bytes - headroom, granule_);
+    absl::StatusOr<std::vector<Unit>> runs = ChooseRuns(pool, *backing_, ctx_.source, bytes, want, granule_, keep);
+    if (!runs.ok()) return runs.status();
+    unmapped = UnmapRuns(pool, *backing_, *runs, keep, &moved);
+  }
+  std::optional<std::uintptr_t> base;
+  if (!to.has_value()) {
+    absl::StatusOr<std::uintptr_t> reserved = ctx_.source->ReserveRange(range, 0);
+    if (!reserved.ok()) {
+      backing_->ReleasePieces(&moved);
+      return reserved.status();
+    }
+    base = *reserved;
+  }
+  std::vector<PhysicalPiece> pieces;
+  std::size_t stitched = 0;
+  if (absl::Status s = Gather(bytes, granule_, std::move(unmapped), std::move(moved), &pieces, &stitched); !s.ok()) {
+    if (base.has_value()) ctx_.source->ReleaseRange(*base, range);
+    return s;
+  }
+  Block* block = nullptr;
+  bool carved = false;
+  if (base.has_value()) {
+    absl::StatusOr<Segment*> seg =
+        backing_->MapNewSegment(pool, ss, stream, *base, range, /*tier=*/-1, std::move(pieces), bytes);
+    if (!seg.ok()) return seg.status();
+    block = (*seg)->first;
+  } else {
+    const std::uintptr_t lo = to->lo();
+    absl::StatusOr<Block*> filled = backing_->MapIntoHole(pool, to->hole, lo, std::move(pieces));
+    if (!filled.ok()) return filled.status();
+    block = *filled;
+    if (to->aligned && block->ptr < lo) {
+      absl::StatusOr<LargePool::Handle> h = pool.TakeAt(lo, rounded, stream);
+      BA_CHECK(h.ok(), "the granules just mapped do not hold the request");
+      block = h->block;
+      carved = true;
+    }
+  }
+  if (at_cap) {
+    ctx_.stats->Count(&DeviceStats::num_stitches);
+    ctx_.stats->Count(&DeviceStats::num_granules_stitched, static_cast<std::int64_t>(stitched >> shift_));
+  }
+  if (!carved) pool.Take(block, rounded, /*tier=*/-1);
+  return block;
 }
 
 void Stitcher::ReleaseFreeGranules(LargePool& pool) {

@@ -126,13 +126,22 @@ std::optional<absl::StatusOr<Block*>> VirtualBacking::ServeAtCap(LargePool& pool
                                                                  std::size_t rounded, int tier) {
   // No stitching during a capture: it unmaps granules, which CUDA forbids then.
   if (ctx_.source->Capturing()) return std::nullopt;
-  absl::StatusOr<Block*> stitched = stitcher_->Stitch(pool, ss, stream, rounded, tier);
+  // A plain request grows a segment in place with moved pieces, as it would with created ones.
+  absl::StatusOr<Block*> stitched = tier < 0 && pool.config().max_split_size == kUnlimited
+                                        ? stitcher_->Extend(pool, ss, stream, rounded, /*at_cap=*/true)
+                                        : stitcher_->Stitch(pool, ss, stream, rounded, tier);
   if (stitched.ok()) return stitched;
   return absl::StatusOr<Block*>(
       absl::Status(stitched.status().code(), absl::StrCat("stitching: ", stitched.status().message())));
 }
 
 void VirtualBacking::ReleaseFreeMemory(LargePool& pool) { stitcher_->ReleaseFreeGranules(pool); }
+
+std::optional<absl::StatusOr<Block*>> VirtualBacking::Extend(LargePool& pool, LargeStreamState& ss, Stream stream,
+                                                             std::size_t rounded) {
+  if (pool.config().max_split_size != kUnlimited) return std::nullopt;
+  return stitcher_->Extend(pool, ss, stream, rounded, /*at_cap=*/false);
+}
 
 absl::Status VirtualBacking::PiecesUnder(const LargePool& pool, const Block* block, std::uintptr_t* first_va,
                                          std::vector<PhysicalPiece>* out) const {
@@ -186,8 +195,9 @@ absl::Status VirtualBacking::Create(std::size_t bytes, std::size_t piece, std::v
 
 absl::StatusOr<Segment*> VirtualBacking::MapNewSegment(LargePool& pool, LargeStreamState& ss, Stream stream,
                                                        std::uintptr_t base, std::size_t bytes, int tier,
-                                                       std::vector<PhysicalPiece> pieces) {
-  BA_DCHECK(BytesOf(pieces) == bytes, "a new segment's pieces do not cover it");
+                                                       std::vector<PhysicalPiece> pieces, std::size_t mapped_bytes) {
+  mapped_bytes = std::min(mapped_bytes, bytes);
+  BA_DCHECK(BytesOf(pieces) == mapped_bytes, "a new segment's pieces do not cover it");
   std::size_t mapped = 0;
   absl::Status s = ctx_.source->MapPieces(base, pieces, &mapped);
   std::vector<Piece> table;
@@ -197,7 +207,7 @@ absl::StatusOr<Segment*> VirtualBacking::MapNewSegment(LargePool& pool, LargeStr
     g += pieces[i].bytes >> shift_;
   }
   if (s.ok()) {
-    Segment* seg = pool.AddSegment(ss, stream, base, bytes, tier);
+    Segment* seg = pool.AddSegment(ss, stream, base, bytes, tier, mapped_bytes);
     AttachPieces(seg, std::move(table));
     return seg;
   }
@@ -214,6 +224,30 @@ absl::StatusOr<Segment*> VirtualBacking::MapNewSegment(LargePool& pool, LargeStr
     Segment* seg = pool.AddSegment(ss, stream, base, bytes, -1, /*mapped=*/g << shift_);
     AttachPieces(seg, std::move(table));
   }
+  return s;
+}
+
+absl::StatusOr<Block*> VirtualBacking::MapIntoHole(LargePool& pool, Block* hole, std::uintptr_t lo,
+                                                   std::vector<PhysicalPiece> pieces) {
+  Segment* seg = hole->segment;
+  BA_DCHECK(lo >= hole->ptr && lo + BytesOf(pieces) <= hole->ptr + hole->size, "mapping outside a hole");
+  std::size_t mapped = 0;
+  absl::Status s = ctx_.source->MapPieces(lo, pieces, &mapped);
+  std::vector<Piece>& table = *seg->pieces;
+  std::size_t g = (lo - seg->base) >> shift_;
+  auto at = std::lower_bound(table.begin(), table.end(), g, [](const Piece& p, std::size_t x) { return p.g0 < x; });
+  std::vector<Piece> added;
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < mapped; ++i) {
+    added.push_back({g, pieces[i].bytes >> shift_, pieces[i].handle});
+    g += pieces[i].bytes >> shift_;
+    bytes += pieces[i].bytes;
+  }
+  table.insert(at, added.begin(), added.end());
+  Block* block = bytes > 0 ? pool.FillHole(hole, lo, lo + bytes) : nullptr;
+  if (s.ok()) return block;
+  std::vector<PhysicalPiece> unmapped(pieces.begin() + static_cast<std::ptrdiff_t>(mapped), pieces.end());
+  ReleasePieces(&unmapped);
   return s;
 }
 

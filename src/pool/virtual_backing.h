@@ -8,8 +8,9 @@
 // segment's piece table (holes are gaps in it) and the spare pieces (unmapped, not released: a
 // release the backend refused; still reserved, used first), the operations a stitch is made of
 // (take memory, map a new segment, unmap pieces into a hole with one call, release pieces), and
-// its Stitcher (pool/stitcher.h), which serves at the cap (ServeAtCap) and gives back the free
-// pieces of partly used segments (ReleaseFreeMemory).
+// its Stitcher (pool/stitcher.h), which grows a plain segment in place (Extend: a plain segment's
+// range is the cap's size, mapped where it holds memory, the rest a hole), serves at the cap
+// (ServeAtCap) and gives back the free pieces of partly used segments (ReleaseFreeMemory).
 // How big a piece is, is the trade between driver calls and what a stitch can move (docs/vmm.md,
 // "What a piece is"): a plain segment, which the pool splits, is granule pieces, so that the free
 // granules beside a live block can move; a tier segment, one block never split, is one piece
@@ -39,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "bucketalloc/backend.h"
+#include "bucketalloc/units.h"
 #include "memory/segment.h"
 #include "pool/memory_source.h"
 #include "pool/segment_backing.h"
@@ -70,6 +72,10 @@ class VirtualBacking final : public SegmentBacking {
                                                    std::size_t rounded, int tier) override;
   // Stitcher::ReleaseFreeGranules: the spares and the whole pieces of free blocks.
   void ReleaseFreeMemory(LargePool& pool) override;
+  // A plain request grows a segment in place (Stitcher::Extend); nullopt with max_split_size set
+  // (a block grown in place may pass it, and would never be split).
+  std::optional<absl::StatusOr<Block*>> Extend(LargePool& pool, LargeStreamState& ss, Stream stream,
+                                               std::size_t rounded) override;
   // Bytes of the pieces wholly inside free blocks: what a stitch or a release can move (a walk).
   std::size_t MovableBytes(const LargePool& pool) const override;
   absl::Status PiecesUnder(const LargePool& pool, const Block* block, std::uintptr_t* first_va,
@@ -99,8 +105,14 @@ class VirtualBacking final : public SegmentBacking {
   // adds it to `pool` as a segment. On a failed map the mapped prefix stays as a free segment (a
   // hole after it) or, when nothing mapped, the range is released; the unmapped pieces are
   // released. The segment, or the error.
+  // With `mapped` < bytes the pieces cover its first `mapped` bytes, the rest is a hole.
   absl::StatusOr<Segment*> MapNewSegment(LargePool& pool, LargeStreamState& ss, Stream stream, std::uintptr_t base,
-                                         std::size_t bytes, int tier, std::vector<PhysicalPiece> pieces);
+                                         std::size_t bytes, int tier, std::vector<PhysicalPiece> pieces,
+                                         std::size_t mapped = kUnlimited);
+  // Maps `pieces` from `lo` (a granule of `hole`) on (LargePool::FillHole): the free block that
+  // holds them, or the error (a failed map leaves the mapped prefix filled and releases the rest).
+  absl::StatusOr<Block*> MapIntoHole(LargePool& pool, Block* hole, std::uintptr_t lo,
+                                     std::vector<PhysicalPiece> pieces);
   // Unmaps pieces [first, last) of the segment of free `block` (wholly inside it, side by side)
   // with one call and appends them to `out`; they become a hole (LargePool::MakeHole). On failure
   // nothing changes. The caller drops the segment if it is all hole now.

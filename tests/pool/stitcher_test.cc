@@ -359,5 +359,144 @@ TEST_F(StitchingPoolTest, AReleaseWithNoFreeGranuleWaitsOnNoStream) {
   Check(1);
 }
 
+// ---- A plain request grows its stream's segment in place (Stitcher::Extend), as PyTorch's
+// expandable segments do: through the pool's slow path, with a range of 64 MiB per segment.
+
+class GrowInPlaceTest : public StitchingPoolTest {
+ protected:
+  void Init(std::size_t cap) {
+    LargePoolConfig config;
+    config.keep_remainder = 0;  // as the front end configures a virtual-memory pool
+    InitStitching(cap, config);
+    source_->growable_range = 64 * kMiB;
+  }
+  Block* Serve(std::size_t size) {
+    Served served;
+    absl::StatusOr<LargePool::Handle> h = pool_->Serve(*ss_, nullptr, pool_->RequestFor(size), &served);
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() ? h->block : nullptr;
+  }
+};
+
+TEST_F(GrowInPlaceTest, EachRequestMapsWhatTheFreeTailBeforeItLacks) {
+  Init(64 * kMiB);
+  Block* a = Serve(3 * kMiB);
+  ASSERT_NE(a, nullptr);
+  Segment* seg = a->segment;
+  EXPECT_EQ(seg->size, 64 * kMiB) << "one range for the stream, mapped where it holds memory";
+  EXPECT_EQ(a->ptr, seg->base);
+  EXPECT_EQ(source_->handles(), 2u) << "3 MiB: two granules, not a 20 MiB segment's ten";
+  // The next one starts in the free megabyte after the first and maps one granule more.
+  Block* b = Serve(3 * kMiB);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->segment, seg);
+  EXPECT_EQ(b->ptr, a->ptr + 3 * kMiB);
+  EXPECT_EQ(source_->handles(), 3u);
+  EXPECT_EQ(source_->ranges(), 1u);
+  EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(6 * kMiB));
+  Check(2);
+  Return(a);
+  Return(b);
+  Check(0);
+  EXPECT_EQ(ReleaseAll(), 6 * kMiB);
+  EXPECT_EQ(source_->handles(), 0u);
+  EXPECT_EQ(source_->ranges(), 0u) << "a wholly free segment gives its range back";
+  Check(0);
+}
+
+// A request the free bytes before the hole would save no granule (4 MiB after a 3 MiB block: two
+// granules either way) starts on a granule: it holds whole granules of its own, which can move
+// when it is freed, and the free megabyte stays for a smaller request.
+TEST_F(GrowInPlaceTest, ARequestThatTheFreeBytesBeforeItSaveNoGranuleStartsOnAGranule) {
+  Init(64 * kMiB);
+  Block* a = Serve(3 * kMiB);
+  ASSERT_NE(a, nullptr);
+  Block* b = Serve(4 * kMiB);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->segment, a->segment);
+  EXPECT_EQ(b->ptr, a->ptr + 4 * kMiB);
+  EXPECT_EQ(source_->handles(), 4u);
+  EXPECT_EQ(pool_->largest_free_block(), kMiB) << "the megabyte after the first block";
+  Check(2);
+}
+
+// Five 4 MiB blocks fill a 20 MiB cap side by side; blocks 0 and 2 are freed, then block 4.
+TEST_F(GrowInPlaceTest, AtTheCapTheHoleBesideAFreeBlockTakesOnlyWhatItLacks) {
+  Init(20 * kMiB);
+  std::vector<Block*> b;
+  for (int i = 0; i < 5; ++i) b.push_back(Serve(4 * kMiB));
+  for (Block* x : b) ASSERT_NE(x, nullptr);
+  const std::uintptr_t base = b[0]->segment->base;
+  for (int i : {0, 2, 4}) {
+    ++clock_;
+    Return(b[i]);
+  }
+  Check(2);
+  // 6 MiB fits no free block; beside the free [16, 20) MiB it lacks one granule, and the oldest
+  // free block's top granule moves there.
+  Block* c = Serve(6 * kMiB);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->ptr, base + 16 * kMiB);
+  EXPECT_EQ(c->size, 6 * kMiB);
+  EXPECT_EQ(Stats().num_stitches, 1);
+  EXPECT_EQ(Stats().num_granules_stitched, 1);
+  EXPECT_EQ(source_->handles(), 10u) << "nothing created or released";
+  EXPECT_EQ(source_->ranges(), 1u) << "no new range";
+  EXPECT_EQ(source_->HandleAt(base + 2 * kMiB), 0u) << "block 0's top granule moved";
+  EXPECT_NE(source_->HandleAt(base + 20 * kMiB), 0u);
+  Check(3);
+  // Then 8 MiB, beside nothing free (c ends the mapped part): it needs 4 granules, and 3 can move
+  // (block 0's last and block 2's two): refused, having changed nothing.
+  Served served;
+  absl::StatusOr<LargePool::Handle> d = pool_->Serve(*ss_, nullptr, pool_->RequestFor(8 * kMiB), &served);
+  ASSERT_TRUE(absl::IsResourceExhausted(d.status())) << d.status();
+  EXPECT_EQ(source_->handles(), 10u);
+  Check(3);
+  Return(c);
+  Return(b[1]);
+  Return(b[3]);
+  Check(0);
+  ReleaseAll();
+  EXPECT_EQ(source_->handles(), 0u);
+  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, 0);
+  Check(0);
+}
+
+// A map that fails part-way leaves the granules it mapped as free memory of the segment, the rest
+// back to the device, and the pool consistent.
+TEST_F(GrowInPlaceTest, AMapThatFailsPartWayKeepsWhatItMappedFree) {
+  Init(64 * kMiB);
+  Block* a = Serve(3 * kMiB);
+  ASSERT_NE(a, nullptr);
+  source_->fail_map_in = 2;
+  Served served;
+  absl::StatusOr<LargePool::Handle> h = pool_->Serve(*ss_, nullptr, pool_->RequestFor(9 * kMiB), &served);
+  EXPECT_FALSE(h.ok());
+  EXPECT_EQ(source_->handles(), 3u) << "the granule mapped stays, the three others went back";
+  EXPECT_EQ(Stats().cached_bytes[kLargePool].current, static_cast<std::int64_t>(3 * kMiB));
+  Check(1);
+  Return(a);
+  ReleaseAll();
+  EXPECT_EQ(source_->handles(), 0u);
+  Check(0);
+}
+
+// With max_split_size set a block grown in place could pass it and never be split: plain requests
+// get segments of their own, as before.
+TEST_F(GrowInPlaceTest, WithMaxSplitSizeAPlainRequestGetsASegmentOfItsOwn) {
+  LargePoolConfig config;
+  config.max_split_size = 64 * kMiB;
+  config.keep_remainder = 0;
+  InitStitching(64 * kMiB, config);
+  source_->growable_range = 64 * kMiB;
+  Block* a = Serve(3 * kMiB);
+  Block* b = Serve(30 * kMiB);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_NE(a->segment, b->segment);
+  EXPECT_EQ(a->segment->size, 20 * kMiB);
+  Check(2);
+}
+
 }  // namespace
 }  // namespace bucketalloc::internal

@@ -78,9 +78,10 @@ bool SegmentRegistry::ReleaseSegment(std::uintptr_t base, std::size_t bytes, Poo
 }
 
 absl::StatusOr<std::uintptr_t> SegmentRegistry::ReserveRange(std::size_t bytes, std::size_t to_map) {
-  if (to_map > 0 && collect_ && !capturing_) collect_(to_map);
-  // Reservations of the cap's size: most grows and stitches make no address call.
-  absl::StatusOr<std::uintptr_t> va = arena_.Carve(bytes, cap_);
+  CollectFor(to_map);
+  // Reservations of 1 1/4 x the cap: a plain segment's range of the cap's size (GrowableRangeBytes)
+  // leaves room for the tier segments and stitches beside it, and most grows make no address call.
+  absl::StatusOr<std::uintptr_t> va = arena_.Carve(bytes, cap_ + cap_ / 4);
   if (!va.ok()) return va.status();
   ranges_.emplace(*va, Range{*va, bytes, kLargePool, /*virtual_memory=*/true, /*mapped=*/0, owner_});
   stats_->Increase(&DeviceStats::segment, kLargePool, 1);

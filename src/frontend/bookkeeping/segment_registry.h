@@ -115,6 +115,10 @@ class SegmentRegistry final : public MemorySource {
   void ResetOwnedPeaks();
   void ResetOwnedAccumulated();
   bool Capturing() const override { return capturing_; }
+  void CollectFor(std::size_t to_map) override {
+    if (to_map > 0 && collect_ && !capturing_) collect_(to_map);
+  }
+  std::size_t GrowableRangeBytes() const override { return cap_; }
 
   // MemorySource.
   absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) override;

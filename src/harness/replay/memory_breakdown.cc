@@ -80,8 +80,8 @@ MemoryBreakdown BreakDown(absl::Span<const MemorySpan> spans, std::size_t reserv
 
 std::string MemoryBreakdown::ToJson(std::size_t peak_live) const {
   const std::pair<const char*, std::size_t> parts[] = {
-      {"live_requested", live_requested},   {"live_rounding", live_rounding},
-      {"free_small_pool", free_small_pool}, {"free_shared_with_live", free_shared_with_live},
+      {"live_requested", live_requested},     {"live_rounding", live_rounding},
+      {"free_small_pool", free_small_pool},   {"free_shared_with_live", free_shared_with_live},
       {"free_whole_units", free_whole_units}, {"other", other}};
   nlohmann::ordered_json j = {{"reserved_bytes", reserved}};
   for (const auto& [name, bytes] : parts) j[absl::StrCat(name, "_bytes")] = bytes;
