@@ -154,10 +154,11 @@ class LargePool final : private StatDebtor {
     if (b == nullptr) return std::nullopt;
     return Handle{b};
   }
-  // Slow path: a cached block (looked up again); else a new segment (the preferred size,
-  // then just the request rounded to the granularity), which serves the request it was made for;
-  // else, at the cap, whatever the backing serves (SegmentBacking::ServeAtCap). ResourceExhausted
-  // names every failure.
+  // Slow path: a cached block (looked up again); else, for a plain request, a segment the backing
+  // grows in place (SegmentBacking::Extend, virtual memory), or else a new segment (the preferred
+  // size, then just the request rounded to the granularity), which serves the request it was made
+  // for; else, at the cap, whatever the backing serves (SegmentBacking::ServeAtCap).
+  // ResourceExhausted names every failure.
   absl::StatusOr<Handle> Serve(StreamState& ss, Stream stream, const Request& r, Served* served);
   // Rounding to the tier is a preference: a tier request falls back to its exact rounded size.
   std::optional<Request> Fallback(std::size_t size, const Request& r) const {
@@ -251,7 +252,8 @@ class LargePool final : private StatDebtor {
     for (const Segment* s : segments_) f(*s);
   }
   // A new segment over [base, base + bytes): one free block of its first `mapped` bytes (all of it
-  // by default), and a hole after them (virtual memory: a map that failed part-way). Counts the
+  // by default), and a hole after them (virtual memory: a segment that grows in place, or a map
+  // that failed part-way). Counts the
   // mapped bytes cached and puts the segment in the release order.
   Segment* AddSegment(StreamState& ss, Stream stream, std::uintptr_t base, std::size_t bytes, int tier,
                       std::size_t mapped = kUnlimited);

@@ -228,10 +228,13 @@ struct Destination {
 // before the free block after it, or all of it between both; nullopt when no hole holds it. (The
 // hole that needs the fewest granules anywhere was measured too: 0.0007 x peak live more on
 // mooncake Llama growth, docs/vmm.md.)
-std::optional<Destination> FindHole(const LargePool& pool, Stream stream, std::size_t rounded, std::size_t granule) {
+std::optional<Destination> FindHole(const LargePool& pool, const VirtualBacking& backing, Stream stream,
+                                    std::size_t rounded) {
+  const std::size_t granule = backing.granule();
   std::optional<Destination> best;
   for (Segment* seg : pool.segments()) {
     if (seg->stream != stream || seg->tier >= 0 || seg->active_blocks + seg->free_blocks == 0) continue;
+    if (backing.Unusable(seg)) continue;
     for (Block* b = seg->first; b != nullptr; b = b->next) {
       if (b->state != BlockState::kUnmapped) continue;
       Block* before = b->prev != nullptr && b->prev->state == BlockState::kFree ? b->prev : nullptr;
@@ -327,35 +330,41 @@ absl::StatusOr<Block*> Stitcher::Extend(LargePool& pool, LargeStreamState& ss, S
                                         bool at_cap) {
   // Garbage collection first (a grow's, as for a new range): it may release free blocks.
   if (!at_cap) ctx_.source->CollectFor(RoundUp(rounded, granule_));
-  std::optional<Destination> to = FindHole(pool, stream, rounded, granule_);
-  // Else a new segment: a range of a whole reservation when the source has a size for one, its
-  // first granules mapped for the request and the rest a hole that later grows fill.
+  std::optional<Destination> to = FindHole(pool, *backing_, stream, rounded);
+  // Else a new segment, its first granules mapped for the request and the rest a hole that later
+  // grows fill.
   const std::size_t bytes = to.has_value() ? to->bytes : RoundUp(rounded, granule_);
-  const std::size_t range = std::max(bytes, ctx_.source->GrowableRangeBytes() & ~(granule_ - 1));
   const Keep keep = to.has_value() ? to->keep : Keep{};
-  std::size_t headroom = ctx_.source->Headroom() & ~(granule_ - 1);
-  std::vector<PhysicalPiece> moved;
-  absl::Status unmapped;
   // A grow creates what the spares leave (its failure is the source's, as a new segment's); at the
   // cap, moved pieces make up the rest.
+  std::size_t headroom = ctx_.source->Headroom() & ~(granule_ - 1);
+  std::optional<std::vector<Unit>> runs;
   if (at_cap) {
     // After a grow failed: with headroom for all of it the device refused, not the cap, and
     // everything moves.
     if (headroom >= bytes) headroom = 0;
     const std::size_t want = bytes - headroom - backing_->SpareBytesWithin(bytes - headroom, granule_);
-    absl::StatusOr<std::vector<Unit>> runs = ChooseRuns(pool, *backing_, ctx_.source, bytes, want, granule_, keep);
-    if (!runs.ok()) return runs.status();
-    unmapped = UnmapRuns(pool, *backing_, *runs, keep, &moved);
+    absl::StatusOr<std::vector<Unit>> chosen = ChooseRuns(pool, *backing_, ctx_.source, bytes, want, granule_, keep);
+    if (!chosen.ok()) return chosen.status();
+    runs = std::move(*chosen);
   }
+  // A new segment's range, reserved before anything is unmapped: the cap's size, or just the
+  // request's granules when that much address space cannot be had.
   std::optional<std::uintptr_t> base;
+  std::size_t range = bytes;
   if (!to.has_value()) {
+    range = std::max(bytes, ctx_.source->GrowableRangeBytes() & ~(granule_ - 1));
     absl::StatusOr<std::uintptr_t> reserved = ctx_.source->ReserveRange(range, 0);
-    if (!reserved.ok()) {
-      backing_->ReleasePieces(&moved);
-      return reserved.status();
+    if (!reserved.ok() && range > bytes) {
+      range = bytes;
+      reserved = ctx_.source->ReserveRange(range, 0);
     }
+    if (!reserved.ok()) return reserved.status();
     base = *reserved;
   }
+  std::vector<PhysicalPiece> moved;
+  absl::Status unmapped;
+  if (runs.has_value()) unmapped = UnmapRuns(pool, *backing_, *runs, keep, &moved);
   std::vector<PhysicalPiece> pieces;
   std::size_t stitched = 0;
   if (absl::Status s = Gather(bytes, granule_, std::move(unmapped), std::move(moved), &pieces, &stitched); !s.ok()) {

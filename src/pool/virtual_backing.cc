@@ -78,6 +78,10 @@ bool VirtualBacking::Release(LargePool& pool, Segment* seg) {
 void VirtualBacking::Forget(Segment* seg) {
   pieces_.erase(seg);
   seg->pieces = nullptr;
+  if (unusable_.erase(seg) > 0) {
+    ctx_.source->AbandonRange(seg->base, seg->size);  // mappings it could not undo lie in it
+    return;
+  }
   ctx_.source->ReleaseRange(seg->base, seg->size);
 }
 
@@ -246,6 +250,9 @@ absl::StatusOr<Block*> VirtualBacking::MapIntoHole(LargePool& pool, Block* hole,
   table.insert(at, added.begin(), added.end());
   Block* block = bytes > 0 ? pool.FillHole(hole, lo, lo + bytes) : nullptr;
   if (s.ok()) return block;
+  // Pieces that could not be unmapped again lie in the hole: it is never mapped again, and the
+  // range never handed out again (Forget).
+  if (absl::IsDataLoss(s)) unusable_.insert(seg);
   std::vector<PhysicalPiece> unmapped(pieces.begin() + static_cast<std::ptrdiff_t>(mapped), pieces.end());
   ReleasePieces(&unmapped);
   return s;

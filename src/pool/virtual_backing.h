@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -110,9 +111,13 @@ class VirtualBacking final : public SegmentBacking {
                                          std::size_t bytes, int tier, std::vector<PhysicalPiece> pieces,
                                          std::size_t mapped = kUnlimited);
   // Maps `pieces` from `lo` (a granule of `hole`) on (LargePool::FillHole): the free block that
-  // holds them, or the error (a failed map leaves the mapped prefix filled and releases the rest).
+  // holds them, or the error (a failed map leaves the mapped prefix filled and releases the rest;
+  // DataLoss, mappings that could not be undone, also marks the segment: its holes are never
+  // mapped again, and its range is abandoned, not released, when it goes).
   absl::StatusOr<Block*> MapIntoHole(LargePool& pool, Block* hole, std::uintptr_t lo,
                                      std::vector<PhysicalPiece> pieces);
+  // True when a map into `seg`'s holes could not be undone (MapIntoHole).
+  bool Unusable(const Segment* seg) const { return unusable_.contains(seg); }
   // Unmaps pieces [first, last) of the segment of free `block` (wholly inside it, side by side)
   // with one call and appends them to `out`; they become a hole (LargePool::MakeHole). On failure
   // nothing changes. The caller drops the segment if it is all hole now.
@@ -134,6 +139,8 @@ class VirtualBacking final : public SegmentBacking {
   absl::flat_hash_map<const Segment*, std::unique_ptr<std::vector<Piece>>> pieces_;
   std::vector<PhysicalPiece> spare_;
   std::size_t spare_bytes_ = 0;
+  // Segments a map into a hole left with mappings it could not undo (MapIntoHole's DataLoss).
+  absl::flat_hash_set<const Segment*> unusable_;
   std::unique_ptr<Stitcher> stitcher_;
 };
 

@@ -481,6 +481,32 @@ TEST_F(GrowInPlaceTest, AMapThatFailsPartWayKeepsWhatItMappedFree) {
   Check(0);
 }
 
+// A map into a hole that could not be undone (DataLoss) leaves mappings there that the pool does
+// not know: that segment's holes are never mapped again (the next request gets a new segment), and
+// its range is abandoned, never handed out again, when it goes.
+TEST_F(GrowInPlaceTest, AMapIntoAHoleThatCannotBeUndoneRetiresTheSegmentsHoles) {
+  Init(64 * kMiB);
+  Block* a = Serve(3 * kMiB);
+  ASSERT_NE(a, nullptr);
+  source_->fail_map_in = 2;
+  source_->map_failure_is_data_loss = true;
+  Served served;
+  absl::StatusOr<LargePool::Handle> h = pool_->Serve(*ss_, nullptr, pool_->RequestFor(9 * kMiB), &served);
+  EXPECT_TRUE(absl::IsDataLoss(h.status())) << h.status();
+  Check(1);
+  Block* b = Serve(9 * kMiB);
+  ASSERT_NE(b, nullptr);
+  EXPECT_NE(b->segment, a->segment) << "not into the hole whose mappings are unknown";
+  EXPECT_EQ(source_->ranges(), 2u);
+  Check(2);
+  Return(a);
+  Return(b);
+  ReleaseAll();
+  EXPECT_EQ(source_->abandoned_ranges, 1);
+  EXPECT_EQ(source_->ranges(), 0u);
+  Check(0);
+}
+
 // With max_split_size set a block grown in place could pass it and never be split: plain requests
 // get segments of their own, as before.
 TEST_F(GrowInPlaceTest, WithMaxSplitSizeAPlainRequestGetsASegmentOfItsOwn) {

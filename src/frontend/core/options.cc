@@ -547,9 +547,9 @@ constexpr const char* kHostMemoryWhy =
     "a setting of torch's pinned (page-locked host) memory allocator; bucketalloc manages device memory only: set "
     "it in PYTORCH_ALLOC_CONF, where torch reads it (bucketalloc skips it there)";
 constexpr const char* kReserveWhy =
-    "bucketalloc reserves no address space per segment or per stream: its virtual-memory ranges are carved from a "
-    "few reservations of the cap's size that every stream shares (docs/vmm.md, \"Address space\"), so there is no "
-    "per-segment reserve to size: remove the key";
+    "bucketalloc sizes its virtual-memory address space itself: each stream's segment is a range of the cap's size, "
+    "carved with the others from a few reservations of 1 1/4 x the cap (docs/vmm.md, \"Address space\"), so there "
+    "is no reserve to size: remove the key";
 constexpr const char* kReleaseLockWhy =
     "bucketalloc holds its device lock while the backend allocates (PyTorch's False); releasing it around the call "
     "is not implemented";

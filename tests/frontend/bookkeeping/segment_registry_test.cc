@@ -139,7 +139,7 @@ TEST_F(SegmentRegistryTest, RangesCountTheirMappedPieces) {
   EXPECT_TRUE(registry_->CheckInvariants(0).ok());
 }
 
-// Ranges are carved from reservations of the cap's size (top down), not reserved one by one; a
+// Ranges are carved from reservations of 1 1/4 x the cap (top down), not reserved one by one; a
 // range larger than that gets a reservation of its own; empty_cache's trim gives back the unused.
 TEST_F(SegmentRegistryTest, RangesAreCarvedFromFewReservations) {
   std::vector<std::uintptr_t> ranges;
@@ -151,7 +151,7 @@ TEST_F(SegmentRegistryTest, RangesAreCarvedFromFewReservations) {
     }
     ranges.push_back(*va);
   }
-  EXPECT_EQ(sim_->counters().address_reserves, 1) << "five 4 MiB ranges from one 20 MiB reservation";
+  EXPECT_EQ(sim_->counters().address_reserves, 1) << "five 4 MiB ranges from one 25 MiB reservation";
   absl::StatusOr<std::uintptr_t> big = registry_->ReserveRange(24 * kMiB, 0);
   ASSERT_TRUE(big.ok());
   EXPECT_EQ(sim_->counters().address_reserves, 2);

@@ -431,10 +431,10 @@ TEST(OptionsTest, EveryPyTorch215KeyIsHonouredOrRefusedByName) {
       {"per_process_memory_fraction", "0", false, "a cap of 0 would refuse every allocation"},
       {"throw_on_cudamalloc_oom", "True", true, ""},
       {"throw_on_cudamalloc_oom", "False", true, ""},
-      {"expandable_segments_reserve", "0.5", false, "reserves no address space per segment or per stream"},
-      {"expandable_segments_reserve", "40G", false, "reserves no address space per segment or per stream"},
+      {"expandable_segments_reserve", "0.5", false, "sizes its virtual-memory address space itself"},
+      {"expandable_segments_reserve", "40G", false, "sizes its virtual-memory address space itself"},
       {"expandable_segments_reserve_by_class", "[capture:0.25,workspace:40G]", false,
-       "reserves no address space per segment or per stream"},
+       "sizes its virtual-memory address space itself"},
   };
   const std::string table = PyTorchKeysMarkdownTable();
   for (const Case& c : cases) {
