@@ -457,8 +457,9 @@ TEST(ReplayTest, StitchingNeedsAtMostTwoMiBPageExpandableSegments) {
   absl::StatusOr<ServingTrace> paged = GenerateServingTrace(requests->requests, *qwen, o);
   ASSERT_TRUE(paged.ok()) << paged.status();
   traces.emplace_back("azure_qwen25_7b_paged", std::move(paged->trace));
-  for (const auto& [name, trace] : traces) {
-    SCOPED_TRACE(name);
+  for (const auto& named : traces) {
+    SCOPED_TRACE(named.first);
+    const Trace& trace = named.second;
     const double live = static_cast<double>(PeakLiveBytes(trace));
     auto min = [&](const char* allocator) {
       absl::StatusOr<MinCapacityResult> m = MinCapacity(trace, allocator, CostModel{});
