@@ -277,24 +277,20 @@ absl::StatusOr<LargePool::Handle> LargePool::Serve(StreamState& ss, Stream strea
     return Handle{block};
   }
   *served = Served::kFromNewMemory;
-  absl::StatusOr<Block*> block = absl::ResourceExhaustedError("");
   // A plain request where the backing grows segments in place (virtual memory): new memory beside
-  // the stream's free bytes; else a new segment.
-  std::optional<absl::StatusOr<Block*>> extended;
-  if (r.tier < 0) {
-    Settle();
-    extended = backing_->Extend(*this, ss, stream, r.rounded);
-  }
-  if (extended.has_value()) {
-    block = std::move(*extended);
-  } else {
+  // the stream's free bytes (FindAndTake settled on its miss, so block-level calls may follow);
+  // else a new segment.
+  std::optional<absl::StatusOr<Block*>> grown;
+  if (r.tier < 0) grown = backing_->Extend(*this, ss, stream, r.rounded);
+  if (!grown.has_value()) {
     const std::size_t minimal = RoundUp(r.rounded, config_.granularity);
     const std::size_t preferred = r.tier >= 0 ? minimal : SegmentSizeFor(r.rounded);
-    block = Grow(ss, stream, preferred, r.rounded, r.tier);
-    if (absl::IsResourceExhausted(block.status()) && preferred != minimal) {
-      block = Grow(ss, stream, minimal, r.rounded, r.tier);
+    grown = Grow(ss, stream, preferred, r.rounded, r.tier);
+    if (absl::IsResourceExhausted(grown->status()) && preferred != minimal) {
+      grown = Grow(ss, stream, minimal, r.rounded, r.tier);
     }
   }
+  absl::StatusOr<Block*>& block = *grown;
   if (block.ok()) return Handle{*block};
   if (!absl::IsResourceExhausted(block.status())) return block.status();
   // At the cap: whatever else the backing can do (nullopt: nothing).

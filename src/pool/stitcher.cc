@@ -271,16 +271,11 @@ Stitcher::Stitcher(const PoolContext& ctx, VirtualBacking* backing)
 absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargeStreamState& ss, Stream stream, std::size_t rounded,
                                         int tier) {
   const std::size_t bytes = RoundUp(rounded, granule_);
-  // Stitch runs after a grow of `bytes` failed. With headroom for all of it, the device refused
-  // (another process holds memory), not the cap: then nothing is created, all of it moves.
-  std::size_t headroom = ctx_.source->Headroom() & ~(granule_ - 1);
-  if (headroom >= bytes) headroom = 0;
   // A plain segment is granule pieces (pool/virtual_backing.h): a larger piece is not mapped into
   // it, whether a spare or moved. A tier segment holds one block, and takes pieces of any size.
   const std::size_t max_piece = tier >= 0 ? bytes : granule_;
-  const std::size_t spares = backing_->SpareBytesWithin(bytes - headroom, max_piece);
-  const std::size_t want = bytes - headroom - spares;
-  absl::StatusOr<std::vector<Unit>> runs = ChooseRuns(pool, *backing_, ctx_.source, bytes, want, max_piece, Keep{});
+  absl::StatusOr<std::vector<Unit>> runs =
+      ChooseRuns(pool, *backing_, ctx_.source, bytes, BytesToMove(bytes, max_piece), max_piece, Keep{});
   if (!runs.ok()) return runs.status();
   absl::StatusOr<std::uintptr_t> base = ctx_.source->ReserveRange(bytes, 0);
   if (!base.ok()) return base.status();
@@ -295,10 +290,22 @@ absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargeStreamState& ss, S
   }
   absl::StatusOr<Segment*> seg = backing_->MapNewSegment(pool, ss, stream, *base, bytes, tier, std::move(pieces));
   if (!seg.ok()) return seg.status();
-  ctx_.stats->Count(&DeviceStats::num_stitches);
-  ctx_.stats->Count(&DeviceStats::num_granules_stitched, static_cast<std::int64_t>(stitched >> shift_));
+  CountStitch(stitched);
   pool.Take((*seg)->first, rounded, tier);
   return (*seg)->first;
+}
+
+std::size_t Stitcher::BytesToMove(std::size_t bytes, std::size_t max_piece) const {
+  // With headroom for all of it the device refused (another process holds memory), not the cap:
+  // then nothing is created, all of it moves.
+  std::size_t headroom = ctx_.source->Headroom() & ~(granule_ - 1);
+  if (headroom >= bytes) headroom = 0;
+  return bytes - headroom - backing_->SpareBytesWithin(bytes - headroom, max_piece);
+}
+
+void Stitcher::CountStitch(std::size_t stitched) {
+  ctx_.stats->Count(&DeviceStats::num_stitches);
+  ctx_.stats->Count(&DeviceStats::num_granules_stitched, static_cast<std::int64_t>(stitched >> shift_));
 }
 
 absl::Status Stitcher::Gather(std::size_t bytes, std::size_t max_piece, absl::Status unmapped,
@@ -336,15 +343,11 @@ absl::StatusOr<Block*> Stitcher::Extend(LargePool& pool, LargeStreamState& ss, S
   const std::size_t bytes = to.has_value() ? to->bytes : RoundUp(rounded, granule_);
   const Keep keep = to.has_value() ? to->keep : Keep{};
   // A grow creates what the spares leave (its failure is the source's, as a new segment's); at the
-  // cap, moved pieces make up the rest.
-  std::size_t headroom = ctx_.source->Headroom() & ~(granule_ - 1);
+  // cap, after a grow failed, moved pieces make up the rest.
   std::optional<std::vector<Unit>> runs;
   if (at_cap) {
-    // After a grow failed: with headroom for all of it the device refused, not the cap, and
-    // everything moves.
-    if (headroom >= bytes) headroom = 0;
-    const std::size_t want = bytes - headroom - backing_->SpareBytesWithin(bytes - headroom, granule_);
-    absl::StatusOr<std::vector<Unit>> chosen = ChooseRuns(pool, *backing_, ctx_.source, bytes, want, granule_, keep);
+    absl::StatusOr<std::vector<Unit>> chosen =
+        ChooseRuns(pool, *backing_, ctx_.source, bytes, BytesToMove(bytes, granule_), granule_, keep);
     if (!chosen.ok()) return chosen.status();
     runs = std::move(*chosen);
   }
@@ -390,10 +393,7 @@ absl::StatusOr<Block*> Stitcher::Extend(LargePool& pool, LargeStreamState& ss, S
       carved = true;
     }
   }
-  if (at_cap) {
-    ctx_.stats->Count(&DeviceStats::num_stitches);
-    ctx_.stats->Count(&DeviceStats::num_granules_stitched, static_cast<std::int64_t>(stitched >> shift_));
-  }
+  if (at_cap) CountStitch(stitched);
   if (!carved) pool.Take(block, rounded, /*tier=*/-1);
   return block;
 }

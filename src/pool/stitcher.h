@@ -65,6 +65,11 @@ class Stitcher {
   void ReleaseFreeGranules(LargePool& pool);
 
  private:
+  // What a stitch of `bytes` (in pieces of at most `max_piece`) must move from free blocks: what the
+  // cap's headroom and the spares leave.
+  std::size_t BytesToMove(std::size_t bytes, std::size_t max_piece) const;
+  // Counts a stitch that moved `stitched` bytes.
+  void CountStitch(std::size_t stitched);
   // The `bytes` of memory a new segment or a hole is mapped with, in pieces of at most `max_piece`:
   // spares, then `moved` pieces while they fit (the rest go back to the device), then new ones.
   // `unmapped` is the unmap's status: on an error (it, or a failed create) every piece goes back.

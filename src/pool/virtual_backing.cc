@@ -16,7 +16,7 @@ namespace bucketalloc::internal {
 
 namespace {
 
-[[maybe_unused]] std::size_t BytesOf(absl::Span<const PhysicalPiece> pieces) {
+std::size_t BytesOf(absl::Span<const PhysicalPiece> pieces) {
   std::size_t bytes = 0;
   for (const PhysicalPiece& p : pieces) bytes += p.bytes;
   return bytes;
@@ -131,7 +131,7 @@ std::optional<absl::StatusOr<Block*>> VirtualBacking::ServeAtCap(LargePool& pool
   // No stitching during a capture: it unmaps granules, which CUDA forbids then.
   if (ctx_.source->Capturing()) return std::nullopt;
   // A plain request grows a segment in place with moved pieces, as it would with created ones.
-  absl::StatusOr<Block*> stitched = tier < 0 && pool.config().max_split_size == kUnlimited
+  absl::StatusOr<Block*> stitched = tier < 0 && GrowsInPlace(pool)
                                         ? stitcher_->Extend(pool, ss, stream, rounded, /*at_cap=*/true)
                                         : stitcher_->Stitch(pool, ss, stream, rounded, tier);
   if (stitched.ok()) return stitched;
@@ -141,9 +141,11 @@ std::optional<absl::StatusOr<Block*>> VirtualBacking::ServeAtCap(LargePool& pool
 
 void VirtualBacking::ReleaseFreeMemory(LargePool& pool) { stitcher_->ReleaseFreeGranules(pool); }
 
+bool VirtualBacking::GrowsInPlace(const LargePool& pool) { return pool.config().max_split_size == kUnlimited; }
+
 std::optional<absl::StatusOr<Block*>> VirtualBacking::Extend(LargePool& pool, LargeStreamState& ss, Stream stream,
                                                              std::size_t rounded) {
-  if (pool.config().max_split_size != kUnlimited) return std::nullopt;
+  if (!GrowsInPlace(pool)) return std::nullopt;
   return stitcher_->Extend(pool, ss, stream, rounded, /*at_cap=*/false);
 }
 
@@ -204,12 +206,8 @@ absl::StatusOr<Segment*> VirtualBacking::MapNewSegment(LargePool& pool, LargeStr
   BA_DCHECK(BytesOf(pieces) == mapped_bytes, "a new segment's pieces do not cover it");
   std::size_t mapped = 0;
   absl::Status s = ctx_.source->MapPieces(base, pieces, &mapped);
-  std::vector<Piece> table;
-  std::size_t g = 0;
-  for (std::size_t i = 0; i < mapped; ++i) {
-    table.push_back({g, pieces[i].bytes >> shift_, pieces[i].handle});
-    g += pieces[i].bytes >> shift_;
-  }
+  const absl::Span<const PhysicalPiece> done = absl::MakeConstSpan(pieces).first(mapped);
+  std::vector<Piece> table = TableOf(0, done);
   if (s.ok()) {
     Segment* seg = pool.AddSegment(ss, stream, base, bytes, tier, mapped_bytes);
     AttachPieces(seg, std::move(table));
@@ -225,7 +223,7 @@ absl::StatusOr<Segment*> VirtualBacking::MapNewSegment(LargePool& pool, LargeStr
     ctx_.source->ReleaseRange(base, bytes);
   } else {
     // The mapped prefix is cached memory like any other (a plain segment: a tier segment has no holes).
-    Segment* seg = pool.AddSegment(ss, stream, base, bytes, -1, /*mapped=*/g << shift_);
+    Segment* seg = pool.AddSegment(ss, stream, base, bytes, -1, /*mapped=*/BytesOf(done));
     AttachPieces(seg, std::move(table));
   }
   return s;
@@ -237,17 +235,12 @@ absl::StatusOr<Block*> VirtualBacking::MapIntoHole(LargePool& pool, Block* hole,
   BA_DCHECK(lo >= hole->ptr && lo + BytesOf(pieces) <= hole->ptr + hole->size, "mapping outside a hole");
   std::size_t mapped = 0;
   absl::Status s = ctx_.source->MapPieces(lo, pieces, &mapped);
+  const absl::Span<const PhysicalPiece> done = absl::MakeConstSpan(pieces).first(mapped);
+  const std::size_t g = (lo - seg->base) >> shift_, bytes = BytesOf(done);
   std::vector<Piece>& table = *seg->pieces;
-  std::size_t g = (lo - seg->base) >> shift_;
-  auto at = std::lower_bound(table.begin(), table.end(), g, [](const Piece& p, std::size_t x) { return p.g0 < x; });
-  std::vector<Piece> added;
-  std::size_t bytes = 0;
-  for (std::size_t i = 0; i < mapped; ++i) {
-    added.push_back({g, pieces[i].bytes >> shift_, pieces[i].handle});
-    g += pieces[i].bytes >> shift_;
-    bytes += pieces[i].bytes;
-  }
-  table.insert(at, added.begin(), added.end());
+  const std::vector<Piece> added = TableOf(g, done);
+  table.insert(std::lower_bound(table.begin(), table.end(), g, [](const Piece& p, std::size_t x) { return p.g0 < x; }),
+               added.begin(), added.end());
   Block* block = bytes > 0 ? pool.FillHole(hole, lo, lo + bytes) : nullptr;
   if (s.ok()) return block;
   // Pieces that could not be unmapped again lie in the hole: it is never mapped again, and the
@@ -272,6 +265,16 @@ absl::Status VirtualBacking::UnmapPieces(LargePool& pool, Block* block, std::siz
   table.erase(table.begin() + static_cast<std::ptrdiff_t>(first), table.begin() + static_cast<std::ptrdiff_t>(last));
   pool.MakeHole(block, lo, hi);
   return absl::OkStatus();
+}
+
+std::vector<Piece> VirtualBacking::TableOf(std::size_t g0, absl::Span<const PhysicalPiece> mapped) const {
+  std::vector<Piece> table;
+  table.reserve(mapped.size());
+  for (const PhysicalPiece& p : mapped) {
+    table.push_back({g0, p.bytes >> shift_, p.handle});
+    g0 += p.bytes >> shift_;
+  }
+  return table;
 }
 
 void VirtualBacking::AttachPieces(Segment* seg, std::vector<Piece> table) {

@@ -73,8 +73,8 @@ class VirtualBacking final : public SegmentBacking {
                                                    std::size_t rounded, int tier) override;
   // Stitcher::ReleaseFreeGranules: the spares and the whole pieces of free blocks.
   void ReleaseFreeMemory(LargePool& pool) override;
-  // A plain request grows a segment in place (Stitcher::Extend); nullopt with max_split_size set
-  // (a block grown in place may pass it, and would never be split).
+  // A plain request grows a segment in place (Stitcher::Extend); nullopt when plain segments do not
+  // grow in place (GrowsInPlace).
   std::optional<absl::StatusOr<Block*>> Extend(LargePool& pool, LargeStreamState& ss, Stream stream,
                                                std::size_t rounded) override;
   // Bytes of the pieces wholly inside free blocks: what a stitch or a release can move (a walk).
@@ -129,6 +129,11 @@ class VirtualBacking final : public SegmentBacking {
   std::vector<PhysicalPiece> TakeAllSpares();
 
  private:
+  // Whether plain segments grow in place: not with max_split_size set (a block grown in place may
+  // pass it, and would never be split).
+  static bool GrowsInPlace(const LargePool& pool);
+  // The piece table entries of `mapped`, mapped side by side from granule g0 of a segment.
+  std::vector<Piece> TableOf(std::size_t g0, absl::Span<const PhysicalPiece> mapped) const;
   void AttachPieces(Segment* seg, std::vector<Piece> table);
   void AddSpare(const PhysicalPiece& piece);
 

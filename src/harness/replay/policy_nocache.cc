@@ -34,10 +34,10 @@ class NoCacheReplay final : public DeviceReplayAllocator {
     return f;
   }
   MemoryBreakdown Breakdown() const override {
-    MemoryBreakdown m = BreakDown({}, reserved_bytes());
+    MemoryBreakdown m;  // every reserved byte is a live block's: what it asked for and its rounding
+    m.reserved = reserved_bytes();
     m.live_requested = requested_;
     m.live_rounding = m.reserved - requested_;
-    m.other = 0;
     return m;
   }
 

@@ -179,14 +179,7 @@ class PyTorchPolicy final : public DeviceReplayAllocator {
         span.size += b->size;
       }
     };
-    live_.ForEach([&](const Block* b) {
-      if (b->prev == nullptr) add_segment(b);
-    });
-    for (const BlockPool* pool : {&small_, &large_}) {
-      for (const Block* b : *pool) {
-        if (b->prev == nullptr) add_segment(b);
-      }
-    }
+    pytorch_model::ForEachSegmentHead(live_, add_segment, small_, large_);
     return BreakDown(spans, device().used_bytes());
   }
 

@@ -210,18 +210,8 @@ class PyTorchExpandablePolicy final : public DeviceReplayAllocator {
         span->size += b->size;
       }
     };
-    live_.ForEach([&](const Block* b) {
-      if (b->prev == nullptr) add_segment(b);
-    });
-    auto add_heads = [&](const auto& blocks) {
-      for (const Block* b : blocks) {
-        if (b->prev == nullptr) add_segment(b);
-      }
-    };
-    for (const Pool* pool : {&small_, &large_}) {
-      add_heads(pool->blocks);
-      add_heads(pool->unmapped);
-    }
+    pytorch_model::ForEachSegmentHead(live_, add_segment, small_.blocks, small_.unmapped, large_.blocks,
+                                      large_.unmapped);
     return BreakDown(spans, device().used_bytes());
   }
 

@@ -89,6 +89,18 @@ class LiveBlocks {
   std::size_t requested_ = 0;  // their callers' sizes
 };
 
+// Calls f(head) for the first block of each segment of a model (the block without a predecessor)
+// among its live blocks and `sets` (its sets of free or unmapped blocks): every block of a model is
+// in exactly one of them.
+template <typename Block, typename F, typename... Sets>
+void ForEachSegmentHead(const LiveBlocks<Block>& live, F f, const Sets&... sets) {
+  auto heads = [&](const Block* b) {
+    if (b->prev == nullptr) f(b);
+  };
+  live.ForEach(heads);
+  (std::for_each(sets.begin(), sets.end(), heads), ...);
+}
+
 }  // namespace bucketalloc::harness::pytorch_model
 
 #endif  // BUCKETALLOC_HARNESS_REPLAY_PYTORCH_MODEL_H_
