@@ -1,39 +1,58 @@
 // fuzz/snapshot_fuzz.cc — the reader of PyTorch's memory snapshot pickles
-// (src/harness/replay/snapshot_pickle.cc) and the snapshot history importer: any input is plain data
-// or an InvalidArgument (never an exception, a crash, a leak or code run), and a history it imports
-// is a trace that replay reads back.
+// (src/harness/replay/snapshot_pickle.cc) and the snapshot reader (snapshot_import.cc): any input is
+// plain data or an InvalidArgument (never an exception, a crash, a leak or code run); the tree holds
+// at most a few bytes per byte of input however its values are shared (memo bombs of strings or of
+// containers); its JSON stays within the expansion budget; a snapshot it reads has a history that
+// replay reads back and segment totals no larger than kMaxRequestBytes per segment.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "bucketalloc/units.h"
 #include "fuzz_util.h"
-#include "harness/replay/importers.h"
+#include "harness/replay/snapshot_import.h"
 #include "harness/replay/snapshot_pickle.h"
 #include "harness/replay/trace.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using bucketalloc::fuzz::Broken;
   namespace h = bucketalloc::harness;
-  absl::StatusOr<nlohmann::json> j = h::ParsePlainPickle(bucketalloc::fuzz::Text(data, size), "fuzz.pickle");
-  if (!j.ok()) {
-    if (!absl::IsInvalidArgument(j.status())) Broken("a bad pickle is InvalidArgument", j.status().ToString());
+  absl::StatusOr<h::PlainPickle> p =
+      h::PlainPickle::Parse(std::string(bucketalloc::fuzz::Text(data, size)), "fuzz.pickle");
+  if (!p.ok()) {
+    if (!absl::IsInvalidArgument(p.status())) Broken("a bad pickle is InvalidArgument", p.status().ToString());
     return 0;
   }
-  // Plain data: it prints (bytes that are not UTF-8 replaced) and reads back as the same value.
-  const std::string text = j->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false).is_discarded()) {
-    Broken("the plain data of a pickle prints as JSON", text);
+  // Every opcode makes at most one node (16 bytes) and one reference (4), and a container's
+  // references move at most into a region twice as large: the tree is linear in the input.
+  if (p->tree_bytes() > 64 * size + 4096) Broken("the tree is linear in the input", std::to_string(p->tree_bytes()));
+  absl::StatusOr<nlohmann::json> j = h::PickleToJson(p->root(), *p);
+  if (j.ok()) {
+    // Plain data: it prints (bytes that are not UTF-8 replaced) and reads back as the same value.
+    const std::string text = j->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    if (nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false).is_discarded()) {
+      Broken("the plain data of a pickle prints as JSON", text);
+    }
+    if (text.size() > (h::kPickleExpansionPerByte + 1) * size + 65536) Broken("the JSON stays within its budget");
+  } else if (!absl::IsInvalidArgument(j.status())) {
+    Broken("data that cannot be JSON is InvalidArgument", j.status().ToString());
   }
-  if (!j->is_object()) return 0;
-  absl::StatusOr<std::optional<h::Trace>> t = h::ImportSnapshotHistory(*j);
-  if (!t.ok()) {
-    if (!absl::IsInvalidArgument(t.status())) Broken("a bad history is InvalidArgument", t.status().ToString());
+  if (!p->root().is_dict()) return 0;
+  h::SnapshotReadOptions o;
+  o.segments_device = 0;
+  absl::StatusOr<h::SnapshotContents> c = h::ReadSnapshot(*p, "accepted: a snapshot", o);
+  if (!c.ok()) {
+    if (!absl::IsInvalidArgument(c.status())) Broken("a bad snapshot is InvalidArgument", c.status().ToString());
     return 0;
   }
-  if (!t->has_value()) return 0;
-  const std::string csv = h::FormatTrace(**t);
+  if (c->segments.reserved_bytes < 0 ||
+      c->segments.reserved_bytes / static_cast<std::int64_t>(bucketalloc::kMaxRequestBytes) > c->segments.segments) {
+    Broken("the segments' bytes are their sum, each at most kMaxRequestBytes");
+  }
+  if (!c->history.has_value()) return 0;
+  const std::string csv = h::FormatTrace(*c->history);
   absl::StatusOr<h::Trace> again = h::ParseTrace(csv, "snapshot");
   if (!again.ok()) Broken("an imported history replays", csv + "\n" + again.status().ToString());
-  if (again->events.size() != (*t)->events.size()) Broken("an imported history keeps its events", csv);
+  if (again->events.size() != c->history->events.size()) Broken("an imported history keeps its events", csv);
   return 0;
 }

@@ -1,12 +1,17 @@
 // tools/bench_common.cc — what the replay subcommands of bucketalloc-bench share.
 #include "bench_common.h"
 
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bucketalloc/options.h"
 #include "harness/replay/policies.h"
+#include "harness/replay/trace.h"
 
 namespace bucketalloc::bench {
 
@@ -17,13 +22,49 @@ int Fail(const absl::Status& s, const std::string& prefix) {
 
 bool WriteText(const std::string& path, const std::string& text, const std::string& prefix) {
   if (path.empty()) return true;
-  std::ofstream out(path);
-  out << text << "\n";
-  if (!out) {
-    std::fprintf(stderr, "%s: cannot write %s\n", prefix.c_str(), path.c_str());
-    return false;
+  if (absl::Status s = harness::WriteWholeFile(path, text + "\n", "the output"); !s.ok()) return Fail(s, prefix) == 0;
+  return true;
+}
+
+CLI::Validator FiniteRange(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        if (!absl::SimpleAtod(text, &v) || !(v >= lo && v <= hi)) {  // NaN fails the comparison
+          return absl::StrCat("Value ", text, " not in range [", lo, " - ", hi, "] (a number; nan is not one)");
+        }
+        return std::string();
+      },
+      absl::StrCat("FLOAT in [", lo, " - ", hi, "]"));
+}
+
+bool CheckOutputs(std::initializer_list<std::string> paths, const std::string& prefix) {
+  for (const std::string& path : paths) {
+    if (path.empty()) continue;
+    std::error_code error;
+    const bool existed = std::filesystem::exists(path, error);
+    if (std::filesystem::is_directory(path, error)) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(path, " is a directory; accepted: a file to write")),
+                  prefix) == 0;
+    }
+    std::FILE* f = std::fopen(path.c_str(), "a");  // neither truncates nor writes
+    if (f == nullptr) {
+      return Fail(absl::PermissionDeniedError(absl::StrCat(path, ": cannot open it for writing: ", std::strerror(errno),
+                                                           " (checked before any work)")),
+                  prefix) == 0;
+    }
+    std::fclose(f);
+    if (!existed) std::filesystem::remove(path, error);
   }
   return true;
+}
+
+int FinishOutput(int rc, const std::string& prefix) {
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    std::fprintf(stderr, "%s: writing the standard output failed: %s\n", prefix.c_str(), std::strerror(errno));
+    return rc == 0 ? 1 : rc;
+  }
+  return rc;
 }
 
 absl::StatusOr<std::size_t> ParseCapacity(const std::string& text) {

@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <string>
 
+#include <initializer_list>
+
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -21,8 +23,23 @@ namespace bucketalloc::bench {
 int Fail(const absl::Status& s, const std::string& prefix = "bucketalloc-bench");
 
 // Writes `text` and a newline to `path`; nothing when `path` is empty. A file that cannot be
-// written is said on stderr (prefixed "PREFIX: ") and returns false.
+// written, to its close (a full disk, /dev/full), is said on stderr (prefixed "PREFIX: ") and
+// returns false.
 bool WriteText(const std::string& path, const std::string& text, const std::string& prefix = "bucketalloc-bench");
+
+// A flag's number from `lo` to `hi`, NaN refused (CLI::Range lets NaN through: a NaN budget read
+// as no budget, a NaN interval as no sampling).
+CLI::Validator FiniteRange(double lo, double hi);
+
+// Before any work: each of `paths` (empty: not asked for) can be opened for writing (a missing one
+// is created and removed again). A path that cannot be is said on stderr and returns false, so a
+// long search is not lost to a typo in --json; a write that fails later (a full disk) is still said
+// then (WriteText).
+bool CheckOutputs(std::initializer_list<std::string> paths, const std::string& prefix = "bucketalloc-bench");
+
+// `rc`, or 1 when the standard output could not be written (flushed here; a full disk, a closed
+// pipe, /dev/full), said on stderr: what main returns.
+int FinishOutput(int rc, const std::string& prefix = "bucketalloc-bench");
 
 // --capacity's SIZE (e.g. 24GiB); InvalidArgument names the flag and the text.
 absl::StatusOr<std::size_t> ParseCapacity(const std::string& text);

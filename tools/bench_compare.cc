@@ -75,6 +75,7 @@ CompareCommand::~CompareCommand() = default;
 
 int CompareCommand::Run() const {
   const Flags& f = *flags_;
+  if (!CheckOutputs({f.json_path, f.html_path})) return 1;
   absl::StatusOr<harness::ReplayDeviceKind> device = f.device.Device();
   if (!device.ok()) return Fail(device.status());
   absl::StatusOr<std::size_t> capacity = ParseCapacity(f.capacity_text);
@@ -112,13 +113,17 @@ int CompareCommand::Run() const {
       report.rows.push_back({std::move(*r), std::move(*m)});
     }
   }
-  // Where each allocator's bytes are at its own min capacity, when its reserved bytes peak.
-  std::printf("at min capacity, when reserved peaks (x peak live):\n");
+  // Where each allocator's bytes are at its own min capacity, at the event that decides it (the first
+  // to fail 2 MiB below; where none does, when its reserved bytes peak: marked).
+  std::printf("at min capacity, after the event that fails 2 MiB below it (x peak live):\n");
   for (const harness::CompareReport& report : reports) {
     for (const harness::CompareRow& row : report.rows) {
       if (!row.min_capacity.peak_at_min.has_value()) continue;
-      std::printf("  %-*s %s\n", width, row.at_capacity.allocator.c_str(),
-                  row.min_capacity.peak_at_min->breakdown.Text(report.peak_live_bytes).c_str());
+      std::printf("  %-*s %s%s\n", width, row.at_capacity.allocator.c_str(),
+                  row.min_capacity.peak_at_min->breakdown.Text(report.peak_live_bytes).c_str(),
+                  row.min_capacity.peak_at_min->moment == harness::BreakdownMoment::kPeakReserved
+                      ? " (none fails below: where reserved peaks)"
+                      : "");
     }
   }
   if (several) {

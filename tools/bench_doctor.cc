@@ -30,7 +30,7 @@ DoctorCommand::DoctorCommand(CLI::App& app) : flags_(std::make_unique<Flags>()) 
       ->check(CLI::Range(1, 1000));
   sub_->add_option("--interval-ms", f.interval_ms,
                    "a replay's sampling interval in ms of the trace's time (default: a 500th of it)")
-      ->check(CLI::Range(0.001, 3600000.0));
+      ->check(FiniteRange(0.001, 3600000.0));
   sub_->add_option("--snapshot-device", f.options.device, "a snapshot's device")
       ->check(CLI::Range(0, harness::kMaxDoctorDevice));
   sub_->add_option("--json", f.json_path, "also write {\"verdicts\": [...]} as JSON");
@@ -41,6 +41,7 @@ DoctorCommand::~DoctorCommand() = default;
 
 int DoctorCommand::Run() const {
   const Flags& f = *flags_;
+  if (!CheckOutputs({f.json_path, f.html_path})) return 1;
   harness::DoctorOptions o = f.options;
   if (!f.capacity_text.empty()) {
     absl::StatusOr<std::size_t> capacity = ParseCapacity(f.capacity_text);

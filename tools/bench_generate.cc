@@ -174,6 +174,7 @@ GenerateCommand::~GenerateCommand() = default;
 
 int GenerateCommand::Run() const {
   const Flags& f = *flags_;
+  if (!CheckOutputs({f.output}, "bucketalloc-bench generate serving")) return 1;
   auto fail = [](const absl::Status& s) { return Fail(s, "bucketalloc-bench generate serving"); };
   if (absl::EndsWith(f.output, ".gz")) {
     return fail(absl::InvalidArgumentError(absl::StrCat("-o ", f.output,

@@ -92,6 +92,7 @@ PlanCommand::~PlanCommand() = default;
 
 int PlanCommand::Run() const {
   const Flags& f = *flags_;
+  if (!CheckOutputs({f.json_path, f.html_path}, kPlanPrefix)) return 1;
   auto fail = [](const absl::Status& s) { return Fail(NamingTheFlag(s), kPlanPrefix); };
   harness::PlanOptions o = f.plan;
   // Sizes: what the user wrote is named, with what the planner accepts (harness/planning/planner.h).

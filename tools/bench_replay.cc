@@ -106,6 +106,7 @@ ReplayCommand::~ReplayCommand() = default;
 
 int ReplayCommand::Run() const {
   const Flags& f = *flags_;
+  if (!CheckOutputs({f.json_path})) return 1;
   absl::StatusOr<harness::ReplayDeviceKind> device = f.device.Device();
   if (!device.ok()) return Fail(device.status());
   absl::StatusOr<harness::Trace> trace = harness::ReadTraceFile(f.trace_path);
@@ -119,6 +120,7 @@ int ReplayCommand::Run() const {
     if (absl::Status s = ParseTimelineFlag(f.timeline_spec, &timeline_path, &o.sample_interval_s); !s.ok()) {
       return Fail(s);
     }
+    if (!CheckOutputs({timeline_path})) return 1;
   }
   absl::StatusOr<harness::ReplayResult> r = harness::Replay(*trace, o);
   if (!r.ok()) return Fail(r.status());
@@ -148,6 +150,7 @@ MinCapacityCommand::~MinCapacityCommand() = default;
 
 int MinCapacityCommand::Run() const {
   const Flags& f = *flags_;
+  if (!CheckOutputs({f.json_path})) return 1;
   absl::StatusOr<harness::Trace> trace = harness::ReadTraceFile(f.trace_path);
   if (!trace.ok()) return Fail(trace.status());
   absl::StatusOr<std::optional<std::uint64_t>> need = harness::ReadTrueNeed(f.trace_path, trace->events.size());
@@ -162,7 +165,9 @@ int MinCapacityCommand::Run() const {
   std::printf("%-28s %s (%.3f x peak live)\n", "min capacity", FormatBytes(m->min_capacity_bytes).c_str(),
               m->min_capacity_over_live);
   if (m->peak_at_min.has_value()) {
-    std::printf("%-28s %s\n", "at its peak (x peak live)",
+    std::printf("%-28s %s\n",
+                m->peak_at_min->moment == harness::BreakdownMoment::kDecidingEvent ? "where it binds (x peak live)"
+                                                                                   : "at its peak (x peak live)",
                 m->peak_at_min->breakdown.Text(m->at_min.peak_live_bytes).c_str());
   }
   if (m->true_need_bytes.has_value()) {
@@ -189,6 +194,7 @@ ImportKinetoCommand::~ImportKinetoCommand() = default;
 
 int ImportKinetoCommand::Run() const {
   const Flags& f = *flags_;
+  if (!CheckOutputs({f.output})) return 1;
   absl::StatusOr<harness::Trace> t = harness::ImportKinetoFile(f.file, f.device);
   if (!t.ok()) return Fail(t.status());
   if (absl::Status s = harness::WriteTraceFile(*t, f.output); !s.ok()) return Fail(s);

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -60,7 +61,7 @@ TuneCommand::TuneCommand(CLI::App& app) : flags_(std::make_unique<Flags>()) {
                    "another recording of the same service to check on (default: the recording's second half, the "
                    "first half then being tuned on)");
   sub_->add_option("--budget-s", f.budget_s, "seconds the search may take (default: what it needs)")
-      ->check(CLI::Range(0.0, 1e7));
+      ->check(FiniteRange(0.0, harness::kMaxTuneBudgetSeconds));
   sub_->add_option("--jobs", f.jobs, "threads for replays (default: the machine's cores)")->check(CLI::Range(0, 1024));
   sub_->add_option("--device", f.device, "the CUDA device of a profiler trace or snapshot (default: the first)");
   sub_->add_option("--json", f.json_path, "also write the front, both parts' figures and the recommendations as JSON");
@@ -75,7 +76,9 @@ TuneCommand::~TuneCommand() = default;
 int TuneCommand::Run() const {
   const Flags& f = *flags_;
   const std::string prefix = "bucketalloc-bench tune";
-  absl::StatusOr<harness::Trace> trace = harness::ReadRecording(f.input, f.device);
+  if (!CheckOutputs({f.json_path, f.html_path}, prefix)) return 1;
+  std::vector<std::string> warnings;
+  absl::StatusOr<harness::Trace> trace = harness::ReadRecording(f.input, f.device, &warnings);
   if (!trace.ok()) return Fail(trace.status(), prefix);
   harness::TuneOptions o;
   o.cost = f.device_flags.cost();
@@ -87,11 +90,12 @@ int TuneCommand::Run() const {
     o.capacity = *c;
   }
   if (!f.validate.empty()) {
-    absl::StatusOr<harness::Trace> v = harness::ReadRecording(f.validate, f.device);
+    absl::StatusOr<harness::Trace> v = harness::ReadRecording(f.validate, f.device, &warnings);
     if (!v.ok()) return Fail(v.status(), prefix);
     o.validate = std::move(*v);
     o.validate_name = f.validate;
   }
+  for (const std::string& w : warnings) std::fprintf(stderr, "%s: warning: %s\n", prefix.c_str(), w.c_str());
   const bool tty = isatty(fileno(stderr)) != 0;
   o.progress = [tty](int done, int total, const std::string& line) {
     constexpr int kWidth = 30;

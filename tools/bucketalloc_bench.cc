@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   const bucketalloc::bench::Command* const commands[] = {&replay, &min_capacity, &compare, &doctor,
                                                          &import, &generate,     &plan,    &tune};
   for (const bucketalloc::bench::Command* command : commands) {
-    if (command->parsed()) return command->Run();
+    if (command->parsed()) return bucketalloc::bench::FinishOutput(command->Run());
   }
   return 1;  // not reached: CLI11 requires one subcommand
 }

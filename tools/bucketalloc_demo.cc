@@ -80,5 +80,9 @@ int main(int argc, char** argv) {
   std::cout << "\n=== outcome under a " << capacity << " cap ===\n"
             << "plain:  " << Outcome(plain, wl.steps) << "\n"
             << "tiered: " << Outcome(tiered, wl.steps) << "\n";
+  if (!std::cout.flush()) {  // a full disk or /dev/full: the outcome is not there
+    std::cerr << "bucketalloc_demo: writing the standard output failed\n";
+    return 1;
+  }
   return 0;
 }

@@ -18,5 +18,9 @@ int main(int argc, char** argv) {
   } else {
     std::cout << bucketalloc::OptionsMarkdownTable();
   }
+  if (!std::cout.flush()) {  // a full disk or /dev/full: the table is not there
+    std::cerr << "bucketalloc_options_doc: writing the standard output failed\n";
+    return 1;
+  }
   return 0;
 }

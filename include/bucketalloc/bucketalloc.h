@@ -282,8 +282,14 @@ BUCKETALLOC_API int bucketalloc_pool_set_no_split(int device, bucketalloc_pool_i
 /* MemPool(allocator) (createOrIncrefPool with an allocator, as vLLM's sleep mode builds one): the
  * segments of `pool` come from `alloc` and go back through `free`, not from the device; the pool
  * caches, splits, counts and reports them as its others, and does not stitch them. `alloc` returns
- * NULL when it has no memory (the pool then releases its cache and retries); both are called under
- * the device's lock, on the allocating or releasing thread, and must not call into bucketalloc.
+ * NULL when it has no memory (the pool then releases its cache and retries), else `bytes` of memory
+ * at a 512-byte-aligned address that no segment of the device holds: a pointer that overlaps one (a
+ * pointer returned twice) or is not aligned fails the request with an error naming it, and nothing
+ * is registered (a misaligned one is given back through `free`; an overlapping one is not, as its
+ * free could release memory live blocks use). Both are called under the device's lock, on the
+ * allocating or releasing thread, and must not call into bucketalloc: a call from inside them (or
+ * from `release`) is refused with an error that says so (-1, NULL, or for a void function the
+ * message on stderr) instead of waiting for that lock forever.
  * `release(ctx)` (may be NULL) is called once the pool no longer needs them: when it is forgotten
  * (freeable and empty), or at once when this call fails. Set before the pool holds memory. */
 typedef void* (*bucketalloc_segment_alloc_fn)(size_t bytes, int device, cudaStream_t stream, void* ctx);

@@ -35,7 +35,10 @@ using CaptureFilter = std::function<bool(Stream)>;
 // again). The pool caches, splits and reports its segments as any other; it asks Allocate for a
 // new segment (`bytes`: a multiple of the backend's granularity) and gives one back with Free,
 // under the device's lock (neither may call back into bucketalloc). Allocate returns
-// ResourceExhausted when it has no memory (the pool then releases its cache and retries).
+// ResourceExhausted when it has no memory (the pool then releases its cache and retries), else
+// memory at a 512-byte-aligned address that no segment of the device holds: the request fails with
+// Internal naming a pointer that is null, overlaps a segment (one returned twice; not given back) or
+// is misaligned (given back through Free), and nothing is registered.
 class SegmentAllocator {
  public:
   virtual ~SegmentAllocator() = default;

@@ -108,8 +108,39 @@ Allocator* CreateAllocatorAndObservers() {
   return a;
 }
 
-// The allocator, created on first use; nullptr with the last error set when it cannot be created.
+// True on a thread inside a private pool's segment allocator (bucketalloc_pool_set_segment_allocator's
+// alloc, free or release, which the library calls under the device's lock): a call into the library
+// from there would wait for that lock forever, so every call that reaches the allocator is refused
+// (Get). Initial-exec: one load on the allocation path, no __tls_get_addr.
+thread_local bool t_in_segment_callback __attribute__((tls_model("initial-exec"))) = false;
+
+// Marks the thread inside a segment allocator's callback for its scope.
+class SegmentCallbackScope {
+ public:
+  SegmentCallbackScope() : outer_(t_in_segment_callback) { t_in_segment_callback = true; }
+  ~SegmentCallbackScope() { t_in_segment_callback = outer_; }
+  SegmentCallbackScope(const SegmentCallbackScope&) = delete;
+  SegmentCallbackScope& operator=(const SegmentCallbackScope&) = delete;
+
+ private:
+  const bool outer_;
+};
+
+// A call from inside a segment allocator's callback: the error, set and printed (a void function's
+// caller sees nothing else).
+[[gnu::cold, gnu::noinline]] Allocator* RefuseReentry() {
+  ReportError(absl::FailedPreconditionError(
+      "bucketalloc: called from inside a private pool's segment allocator (the alloc, free or release given to "
+      "bucketalloc_pool_set_segment_allocator), which runs under the device's lock: refused, as it would wait for "
+      "that lock forever; a segment allocator must not call into bucketalloc (free or allocate after it returns)"));
+  return nullptr;
+}
+
+// The allocator, created on first use; nullptr with the last error set when it cannot be created
+// or when called from inside a segment allocator's callback.
 inline Allocator* Get() {
+  if (t_in_segment_callback) [[unlikely]]
+    return RefuseReentry();
   if (Allocator* a = g_process.get()) [[likely]]
     return a;
   return CreateAllocatorAndObservers();
@@ -573,15 +604,23 @@ class CSegmentAllocator final : public SegmentAllocator {
                     void (*release)(void*), void* ctx)
       : device_(device), alloc_(alloc), free_(free), release_(release), ctx_(ctx) {}
   ~CSegmentAllocator() override {
+    SegmentCallbackScope scope;
     if (release_ != nullptr) release_(ctx_);
   }
   absl::StatusOr<void*> Allocate(std::size_t bytes, Stream stream) override {
-    void* p = alloc_(bytes, device_, static_cast<cudaStream_t>(stream), ctx_);
+    void* p = nullptr;
+    {
+      SegmentCallbackScope scope;
+      p = alloc_(bytes, device_, static_cast<cudaStream_t>(stream), ctx_);
+    }
     if (p != nullptr) return p;
     return absl::ResourceExhaustedError(
         absl::StrCat("bucketalloc: the private pool's segment allocator has no ", bytes, " bytes"));
   }
-  void Free(void* ptr, std::size_t bytes) override { free_(ptr, bytes, device_, ctx_); }
+  void Free(void* ptr, std::size_t bytes) override {
+    SegmentCallbackScope scope;
+    free_(ptr, bytes, device_, ctx_);
+  }
 
  private:
   const int device_;

@@ -426,6 +426,155 @@ TEST_F(CAbiStructuredTest, AMemPoolWithItsOwnAllocatorCachesItsSegmentsAndCounts
   EXPECT_EQ(unused.releases, 2);
 }
 
+// A MemPool allocator's answers are checked (issue 42 item 5): a pointer it returns twice, one inside
+// a segment it gave, or one not 512-byte aligned fails the request naming it; nothing is registered
+// (the stats, the invariants and the blocks are as before), a misaligned one goes back through its
+// free, an overlapping one does not (its free could release memory live blocks use), and releasing
+// the pool later frees each real segment once.
+struct ScriptedSegments {
+  enum class Answer { kFresh, kFirstAgain, kInsideFirst, kMisaligned } next = Answer::kFresh;
+  std::vector<std::pair<void*, std::size_t>> fresh;  // what it allocated, in order
+  std::vector<std::pair<void*, std::size_t>> freed;
+  void* spare = nullptr;  // the buffer a misaligned answer points into
+};
+void* ScriptedAlloc(size_t bytes, int, cudaStream_t, void* ctx) {
+  auto* h = static_cast<ScriptedSegments*>(ctx);
+  switch (h->next) {
+    case ScriptedSegments::Answer::kFresh: {
+      void* p = std::aligned_alloc(2 * kMiB, bytes);
+      h->fresh.emplace_back(p, bytes);
+      return p;
+    }
+    case ScriptedSegments::Answer::kFirstAgain:
+      return h->fresh.front().first;
+    case ScriptedSegments::Answer::kInsideFirst:
+      return static_cast<char*>(h->fresh.front().first) + 2 * kMiB;
+    case ScriptedSegments::Answer::kMisaligned:
+      h->spare = std::aligned_alloc(2 * kMiB, bytes + 2 * kMiB);
+      return static_cast<char*>(h->spare) + 256;
+  }
+  return nullptr;
+}
+void ScriptedFree(void* p, size_t bytes, int, void* ctx) {
+  auto* h = static_cast<ScriptedSegments*>(ctx);
+  h->freed.emplace_back(p, bytes);
+  if (h->spare != nullptr && p == static_cast<char*>(h->spare) + 256) {
+    std::free(h->spare);
+    h->spare = nullptr;
+    return;
+  }
+  std::free(p);
+}
+
+TEST_F(CAbiStructuredTest, AMemPoolAllocatorsRepeatedOverlappingOrMisalignedMemoryIsRefused) {
+  ScriptedSegments host;
+  const bucketalloc_pool_id pool{0, 12};
+  ASSERT_EQ(bucketalloc_pool_incref(0, pool), 0);
+  ASSERT_EQ(bucketalloc_pool_set_segment_allocator(0, pool, ScriptedAlloc, ScriptedFree, nullptr, &host), 0);
+  ASSERT_EQ(bucketalloc_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return true; }), 0);
+  void* first = bucketalloc_malloc(16 * kMiB, 0, StreamOf(0));
+  ASSERT_NE(first, nullptr) << bucketalloc_last_error();
+  ASSERT_EQ(host.fresh.size(), 1u);
+  const bucketalloc_device_stats before = StatsStruct();
+  const std::size_t segments_before = Segments().size();
+  struct Case {
+    ScriptedSegments::Answer answer;
+    const char* says;
+    bool given_back;
+  };
+  for (const Case& c :
+       {Case{ScriptedSegments::Answer::kFirstAgain, "which overlaps the segment it gave before", false},
+        Case{ScriptedSegments::Answer::kInsideFirst, "which overlaps the segment it gave before", false},
+        Case{ScriptedSegments::Answer::kMisaligned, "which is not 512-byte aligned", true}}) {
+    host.next = c.answer;
+    const std::size_t freed = host.freed.size();
+    EXPECT_EQ(bucketalloc_malloc(64 * kMiB, 0, StreamOf(0)), nullptr);  // needs a segment of its own
+    EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(),
+                                  "a private pool's segment allocator (MemPool(allocator)) returned 0x"))
+        << bucketalloc_last_error();
+    EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), c.says)) << bucketalloc_last_error();
+    EXPECT_EQ(host.freed.size(), freed + (c.given_back ? 1 : 0));
+    EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error();
+    EXPECT_EQ(StatsStruct().reserved_bytes[0].current, before.reserved_bytes[0].current);
+    EXPECT_EQ(StatsStruct().segment[0].current, before.segment[0].current);
+    EXPECT_EQ(Segments().size(), segments_before);
+  }
+  EXPECT_EQ(host.spare, nullptr) << "the misaligned answer was given back";
+  // The pool goes on serving from good answers, and gives each real segment back once.
+  host.next = ScriptedSegments::Answer::kFresh;
+  void* second = bucketalloc_malloc(64 * kMiB, 0, StreamOf(0));
+  ASSERT_NE(second, nullptr) << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_end_allocate_to_pool(0, pool), 0);
+  for (void* p : {first, second}) bucketalloc_free(p, -1, 0, StreamOf(0));
+  ASSERT_EQ(bucketalloc_release_pool_id(0, pool), 0);
+  ASSERT_EQ(bucketalloc_release_pool_id(0, pool), 0);
+  ASSERT_EQ(bucketalloc_pool_empty_cache(0, pool), 0);
+  std::vector<std::pair<void*, std::size_t>> real(host.freed.end() - static_cast<std::ptrdiff_t>(host.fresh.size()),
+                                                  host.freed.end());
+  std::sort(real.begin(), real.end());
+  std::vector<std::pair<void*, std::size_t>> given = host.fresh;
+  std::sort(given.begin(), given.end());
+  EXPECT_EQ(real, given);
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, 0);
+}
+
+// A segment allocator that calls into bucketalloc (issue 42 item 6) would wait for the device's lock
+// forever: the call is refused with an error that says so, and the request goes on.
+struct ReentrantSegments {
+  void* got = reinterpret_cast<void*>(1);  // what bucketalloc_malloc returned inside the callback
+  int stats_rc = 0;
+  std::string error, free_error;
+  void* outside = nullptr;  // a block of the device's own pools, freed from inside the free callback
+  std::vector<void*> live;
+};
+void* ReentrantAlloc(size_t bytes, int, cudaStream_t, void* ctx) {
+  auto* h = static_cast<ReentrantSegments*>(ctx);
+  h->got = bucketalloc_malloc(4096, 0, StreamOf(0));
+  h->error = bucketalloc_last_error();
+  bucketalloc_device_stats s{};
+  h->stats_rc = bucketalloc_get_device_stats(0, &s, sizeof s);
+  void* p = std::aligned_alloc(2 * kMiB, bytes);
+  h->live.push_back(p);
+  return p;
+}
+void ReentrantFree(void* p, size_t, int, void* ctx) {
+  auto* h = static_cast<ReentrantSegments*>(ctx);
+  bucketalloc_free(h->outside, -1, 0, StreamOf(0));  // refused (and printed): the block stays live
+  h->free_error = bucketalloc_last_error();
+  h->live.erase(std::find(h->live.begin(), h->live.end(), p));
+  std::free(p);
+}
+
+TEST_F(CAbiStructuredTest, ACallIntoBucketallocFromASegmentAllocatorIsRefusedNotADeadlock) {
+  ReentrantSegments host;
+  host.outside = bucketalloc_malloc(4096, 0, StreamOf(0));
+  ASSERT_NE(host.outside, nullptr);
+  const bucketalloc_pool_id pool{0, 13};
+  ASSERT_EQ(bucketalloc_pool_incref(0, pool), 0);
+  ASSERT_EQ(bucketalloc_pool_set_segment_allocator(0, pool, ReentrantAlloc, ReentrantFree, nullptr, &host), 0);
+  ASSERT_EQ(bucketalloc_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return true; }), 0);
+  void* p = bucketalloc_malloc(8 * kMiB, 0, StreamOf(0));
+  ASSERT_NE(p, nullptr) << bucketalloc_last_error();
+  EXPECT_EQ(host.got, nullptr);
+  EXPECT_EQ(host.stats_rc, -1);
+  EXPECT_TRUE(absl::StrContains(host.error, "called from inside a private pool's segment allocator")) << host.error;
+  EXPECT_TRUE(absl::StrContains(host.error, "would wait for that lock forever")) << host.error;
+  // Outside the callback every call works again.
+  bucketalloc_device_stats s{};
+  EXPECT_EQ(bucketalloc_get_device_stats(0, &s, sizeof s), 0) << bucketalloc_last_error();
+  ASSERT_EQ(bucketalloc_end_allocate_to_pool(0, pool), 0);
+  bucketalloc_free(p, -1, 0, StreamOf(0));
+  ASSERT_EQ(bucketalloc_release_pool_id(0, pool), 0);
+  ASSERT_EQ(bucketalloc_release_pool_id(0, pool), 0);
+  ASSERT_EQ(bucketalloc_pool_empty_cache(0, pool), 0);
+  EXPECT_TRUE(host.live.empty()) << "the free callback ran";
+  EXPECT_TRUE(absl::StrContains(host.free_error, "called from inside a private pool's segment allocator"))
+      << host.free_error;
+  EXPECT_EQ(StatsStruct().allocated_bytes[0].current, 4096) << "the refused free freed nothing";
+  bucketalloc_free(host.outside, -1, 0, StreamOf(0));
+  EXPECT_EQ(StatsStruct().allocated_bytes[0].current, 0);
+}
+
 // torch 2.15's CUDAGraph marks its captures: a use_mem_pool context is then not a capture, and a
 // miss in it releases the device's cache and retries; a marked capture still may not.
 TEST_F(CAbiStructuredTest, WithMarkedCapturesAMemPoolContextReleasesAndRetriesButACaptureDoesNot) {

@@ -334,4 +334,32 @@ start=$SECONDS
 out=$(timeout 10 "$bench" doctor "$work/many.jsonl" --html "$work/many.html") || fail "doctor on 40,000 devices: exit $?"
 [[ $(grep -c "^device [0-9]*: " <<<"$out") == 40000 ]] || fail "doctor on 40,000 devices: not one verdict each"
 echo "doctor on 80,000 lines over 40,000 devices: $((SECONDS - start)) s"
+# Every writer reports a failed write, to the file's close (issue 42 item 7): /dev/full opens, then
+# fails the write, so a tool that checks the stream before closing it exits 0 with nothing written.
+if [[ -w /dev/full ]]; then
+  full_fails() {  # full_fails ARGS...: the command exits non-zero, saying the write failed
+    local err
+    err=$("$bench" "$@" 2>&1 >/dev/null) && fail "a failed write went unreported: $*"
+    grep -q "/dev/full: writing .* failed: No space left on device" <<<"$err" || fail "$*: got: $err"
+  }
+  full_fails replay "$work/t.csv" --capacity 64MiB --json /dev/full
+  full_fails replay "$work/t.csv" --capacity 64MiB --timeline /dev/full,1
+  full_fails min-capacity "$work/t.csv" --allocator nocache --json /dev/full
+  full_fails compare "$work/t.csv" --allocators nocache --capacity 64MiB --json /dev/full
+  full_fails compare "$work/t.csv" --allocators nocache --capacity 64MiB --html /dev/full
+  full_fails doctor "$work/t.csv" --capacity 64MiB --json /dev/full
+  full_fails doctor "$work/t.csv" --capacity 64MiB --html /dev/full
+  full_fails import-kineto "$work/k.csv" -o /dev/full
+  full_fails tune "$work/t.csv" --jobs 1 --json /dev/full
+  full_fails tune "$work/t.csv" --jobs 1 --html /dev/full
+  if [[ -n $src ]]; then
+    full_fails generate serving --requests "$requests" --model "$model" --limit 5 -o /dev/full
+    full_fails plan --model "$model" --card 80GiB --requests "$requests" --check-requests 20 --json /dev/full
+    full_fails plan --model "$model" --card 80GiB --requests "$requests" --check-requests 20 --html /dev/full
+  fi
+  err=$("$bench" replay "$work/t.csv" --capacity 64MiB 2>&1 >/dev/full) && fail "a failed standard output went unreported"
+  grep -q "writing the standard output failed: No space left on device" <<<"$err" || fail "standard output: $err"
+else
+  echo "check_bench_cli: WARNING: /dev/full is not writable here: the failed-write checks did NOT run" >&2
+fi
 echo "check_bench_cli: PASS"

@@ -89,4 +89,16 @@ expect_error "is empty" tune "$work/empty.csv"
   >"$work/small.csv"
 expect_error "no allocation above 1 MiB" tune "$work/small.csv"
 expect_error "--budget-s" tune "$work/t.csv" --budget-s 0.000001
+# Issue 42 item 8: a NaN budget is no number (it was read as no budget); an output that cannot be
+# written is found before the search (it was found after it, the search lost); a directory is one.
+expect_error "--budget-s: Value nan not in range" tune "$work/t.csv" --budget-s nan
+for flag in --json --html; do
+  start=$SECONDS
+  expect_error "$work/no/such/dir/out: cannot open it for writing: No such file or directory (checked before any work)" \
+    tune "$work/t.csv" "$flag" "$work/no/such/dir/out"
+  ((SECONDS - start <= 5)) || fail "tune $flag to an unwritable path ran the search first ($((SECONDS - start)) s)"
+done
+expect_error "$work is a directory; accepted: a file to write" tune "$work/t.csv" --json "$work"
+expect_error "$work is a directory; accepted: a file, the recording" tune "$work"
+[[ ! -e $work/no ]] || fail "the check of an output left something behind"
 echo "check_tune_cli: PASS"

@@ -458,5 +458,41 @@ TEST_F(DoctorInputTest, DevicesNoProcessHasAndSnapshotsLargerThanTheCardAreRefus
       << big.status();
 }
 
+// Segment sizes near 2^63 overflowed the doctor's sums (issue 42 item 4: UBSan aborted; a release
+// build said "allocated (live) 0 B is more than reserved 0 B"): refused naming the field and range.
+TEST_F(DoctorInputTest, AbsurdSegmentSizesAreRefusedNamingTheField) {
+  const std::string snapshot = R"({"segments": [
+      {"device": 0, "total_size": 9223372036854775000, "allocated_size": 0, "active_size": 0, "blocks": []},
+      {"device": 0, "total_size": 9223372036854775000, "allocated_size": 0, "active_size": 0, "blocks": []}]})";
+  DoctorOptions o;
+  o.capacity = std::size_t{80} << 30;
+  const std::string path = Write("absurd.json", snapshot);
+  absl::StatusOr<DoctorInput> in = ReadDoctorInput(path, o);
+  ASSERT_FALSE(in.ok());
+  EXPECT_TRUE(absl::StrContains(in.status().message(),
+                                absl::StrCat(path,
+                                             ": segments[0] has \"total_size\" 9223372036854775000; accepted: "
+                                             "\"total_size\" an integer from 0 to 70368744177664")))
+      << in.status();
+}
+
+// A snapshot of torch 2.1 (_dump_snapshot's first release) has no time_us (issue 42 item 1): its
+// history is replayed in entry order, with a warning that says so.
+TEST_F(DoctorInputTest, AHistoryWithoutTimesIsReplayedInEntryOrderWithAWarning) {
+  const std::string snapshot = R"({"segments": [], "device_traces": [[
+      {"action": "segment_alloc", "addr": 4096, "size": 20971520, "stream": 0},
+      {"action": "alloc", "addr": 4096, "size": 1048576, "stream": 0, "frames": []},
+      {"action": "oom", "device_free": 0, "size": 1073741824, "stream": 0},
+      {"action": "free_completed", "addr": 4096, "size": 1048576, "stream": 0}]]})";
+  DoctorOptions o;
+  o.capacity = 64 << 20;
+  absl::StatusOr<DoctorInput> in = ReadDoctorInput(Write("torch21.json", snapshot), o);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->kind, "snapshot");
+  EXPECT_FALSE(in->samples.empty());
+  ASSERT_EQ(in->warnings.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(in->warnings[0], "has no \"time_us\"")) << in->warnings[0];
+}
+
 }  // namespace
 }  // namespace bucketalloc::harness

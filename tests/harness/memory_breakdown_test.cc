@@ -1,5 +1,6 @@
 // Where the bytes are (src/harness/replay/memory_breakdown.cc): the counting on spans whose answer is
-// known, and every replay policy's description of its own memory at the peak of a replay.
+// known, every replay policy's description of its own memory at the peak of a replay, and the moment
+// min-capacity describes (MeasurePeakAtMin, harness/replay/replay.h).
 #include "harness/replay/memory_breakdown.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,9 @@
 #include <string>
 
 #include "harness/replay/replay.h"
+#include "harness/workload/model_config.h"
+#include "harness/workload/requests.h"
+#include "harness/workload/serving.h"
 #include "nlohmann/json.hpp"
 
 namespace bucketalloc::harness {
@@ -103,6 +107,56 @@ TEST(MemoryBreakdownTest, EveryPolicyDescribesItsMemoryAtThePeak) {
     }
     if (allocator != "nocache") EXPECT_GT(b.free_small_pool, 0u) << "the 300 KiB block's segment or slab";
   }
+}
+
+// Issue 42 item 9: at min capacity the breakdown was taken at the first event where reserved bytes
+// peak, which for stitching is where the cap first fills, long before it binds (on a trace of two
+// streams, 0.04 x peak live of free whole units at 0.92 x peak live). It is taken after the event that
+// decides the min capacity: the first that fails 2 MiB below it. 60 Azure requests on Llama-3.1-8B
+// with growing KV tensors, the long ones on a stream of their own.
+TEST(MemoryBreakdownTest, AtMinCapacityTheBreakdownIsWhereTheCapBinds) {
+  const std::string data = std::string(BUCKETALLOC_SOURCE_DIR) + "/data/";
+  absl::StatusOr<ModelSpec> model = ReadModelConfig(data + "models/Llama-3.1-8B-Instruct.config.json");
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<RequestSet> requests = ReadRequestsFile(data + "requests/azure_llm_inference_trace_2023_conv.csv", {});
+  ASSERT_TRUE(requests.ok()) << requests.status();
+  requests->requests.resize(60);
+  ServingOptions o;
+  o.kv_layout = KvLayout::kGrowth;
+  o.tenant_split_tokens = 2048;
+  absl::StatusOr<ServingTrace> t = GenerateServingTrace(requests->requests, *model, o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const Trace& trace = t->trace;
+  const std::string allocator = "bucketalloc:backend:vmm";
+  absl::StatusOr<MinCapacityResult> m = MinCapacity(trace, allocator, CostModel{});
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(MeasurePeakAtMin(trace, allocator, CostModel{}, &*m).ok());
+  ASSERT_TRUE(m->peak_at_min.has_value());
+  const PeakFragmentation& at = *m->peak_at_min;
+  // The event is the first to fail one step below.
+  ReplayOptions below;
+  below.allocator = allocator;
+  below.capacity = m->min_capacity_bytes - 2 * kMiB;
+  below.stop_at_first_oom = true;
+  absl::StatusOr<ReplayResult> r = Replay(trace, below);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->first_card_oom_event.has_value());
+  EXPECT_EQ(at.moment, BreakdownMoment::kDecidingEvent);
+  EXPECT_EQ(at.event, *r->first_card_oom_event);
+  EXPECT_EQ(Sum(at.breakdown), at.breakdown.reserved);
+  EXPECT_LE(at.breakdown.reserved, m->min_capacity_bytes);
+  // Not where reserved first peaks at the min capacity: there less is live and whole units are free.
+  ReplayOptions peak;
+  peak.allocator = allocator;
+  peak.capacity = m->min_capacity_bytes;
+  peak.record_timeline = true;
+  absl::StatusOr<ReplayResult> p = Replay(trace, peak);
+  ASSERT_TRUE(p.ok() && p->peak_fragmentation.has_value());
+  EXPECT_GT(at.live_bytes, p->peak_fragmentation->live_bytes);
+  EXPECT_LT(at.breakdown.free_whole_units, p->peak_fragmentation->breakdown.free_whole_units);
+  const nlohmann::json j = nlohmann::json::parse(m->ToJson());
+  EXPECT_EQ(j["peak_at_min"]["moment"], "deciding_event");
+  EXPECT_EQ(j["peak_at_min"]["event"], at.event);
 }
 
 }  // namespace

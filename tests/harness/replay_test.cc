@@ -11,7 +11,9 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -564,7 +566,9 @@ TEST(ReplayTest, ATimelineNeedsTimesItCanRead) {
   o.sample_interval_s = 1.0;
   absl::StatusOr<ReplayResult> r = Replay(Abc(), o);  // no times
   EXPECT_TRUE(absl::IsInvalidArgument(r.status()));
-  EXPECT_TRUE(absl::StrContains(r.status().message(), "accepted: HH:MM:SS.ffffff or whole microseconds")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "accepted: HH:MM:SS.ffffff (hours 0 to 1000000, minutes 0 to 59"))
+      << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "or whole microseconds")) << r.status();
   Trace micros = Abc();
   for (std::size_t i = 0; i < micros.events.size(); ++i) micros.events[i].time = absl::StrCat(1669783687404093 + i);
   o.sample_interval_s = 1e-6;
@@ -591,6 +595,53 @@ TEST(ReplayTest, SamplesNeverShowTheFutureAndTheLastKeepsWhatTheTraceHeld) {
   EXPECT_EQ(r->samples[10].allocated_bytes, 0);
   EXPECT_EQ(r->samples.back().time_s, 15.0);
   EXPECT_EQ(r->samples.back().allocated_bytes, static_cast<std::int64_t>(10 * kMiB)) << "never freed: still held";
+}
+
+// A trace's time span is not a loop count (issue 42): a 303-byte RMM trace whose second time has a
+// huge minutes field kept the doctor busy for minutes, stepping a day at a time towards it. Such a
+// time is refused naming its line; a time many days before the one it follows moves on by whole
+// days at once; an interval that would give more samples than a timeline holds over the span is
+// refused before the replay starts.
+TEST(ReplayTest, ATracesTimeSpanIsNotALoopCount) {
+  ReplayOptions o;
+  o.capacity = 1024 * kMiB;
+  o.sample_interval_s = 1.0;
+  Trace huge = Make({{kAlloc, 0xa, kMiB}, {kAlloc, 0xb, kMiB}, {kFree, 0xa, kMiB}});
+  huge.events[0].time = "00:00:00.000001";
+  huge.events[1].time = absl::StrCat("00:00", std::string(200, '7'), ":00.000002");
+  huge.events[1].line = 3;
+  huge.events[2].time = "00:00:00.000003";
+  absl::StatusOr<ReplayResult> r = Replay(huge, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "line 3: time \"00:00777")) << r.status();
+  for (const char* bad : {"00:60:00", "00:00:61.5", "1000001:00:00", "-1:00:00", "00:00:nan", "00:00:inf"}) {
+    huge.events[1].time = bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(Replay(huge, o).status())) << bad;
+  }
+  for (double interval : {std::nan(""), -1.0, std::numeric_limits<double>::infinity()}) {
+    o.sample_interval_s = interval;
+    EXPECT_TRUE(absl::StrContains(Replay(Abc(), o).status().message(), "accepted: 0 (no timeline) or a number"))
+        << interval;
+  }
+  // The largest hour, then midnight: the next event is the first midnight that is not more than 12 h
+  // before it (41,667 days on: 1,000,008 h, 8 h after the first).
+  Trace days = Make({{kAlloc, 0xa, kMiB}, {kFree, 0xa, kMiB}});
+  days.events[0].time = "1000000:00:00.000000";
+  days.events[1].time = "00:00:00.000000";
+  o.sample_interval_s = 3600.0;
+  r = Replay(days, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->samples.back().time_s, 8.0 * 3600.0);
+  // 1,000,000 h at 1 s: 3.6e9 samples, refused before the replay.
+  days.events[0].time = "00:00:00.000000";
+  days.events[1].time = "1000000:00:00.000000";
+  o.sample_interval_s = 1.0;
+  r = Replay(days, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(),
+                                "would have more than 1000000 samples; accepted: an interval of "
+                                "at least 3600"))
+      << r.status();
 }
 
 // The address space this process has mapped now (VmSize), 0 when /proc does not say.

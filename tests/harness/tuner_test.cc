@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "bucketalloc/units.h"
 #include "harness/replay/importers.h"
 #include "harness/replay/policies.h"
+#include "harness/replay/snapshot_import.h"
 #include "harness/workload/model_config.h"
 #include "harness/workload/requests.h"
 #include "harness/workload/serving.h"
@@ -266,6 +268,13 @@ TEST(TunerTest, BadInputIsAClearError) {
   ASSERT_FALSE(no_time.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(no_time.status()));
   EXPECT_TRUE(absl::StrContains(no_time.status().message(), "--budget-s")) << no_time.status();
+  // A NaN budget is no budget to keep (issue 42 item 8: it was read as none), nor is a negative one.
+  for (double bad : {std::nan(""), -1.0, 2e7}) {
+    o.budget_s = bad;
+    absl::StatusOr<TuneResult> r = Tune(Serving(KvLayout::kTiered, 50).trace.trace, o);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "accepted: 0 (none) to 10000000 seconds")) << r.status();
+  }
 }
 
 TEST(TunerTest, ASnapshotsHistoryIsReadAsATrace) {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "internal/check.h"
@@ -47,6 +49,9 @@ absl::StatusOr<std::uintptr_t> SegmentRegistry::AllocateSegment(std::size_t byte
       external != nullptr ? external->Allocate(bytes, slow_path_stream_) : backend_->Allocate(bytes);
   if (!p.ok()) return p.status();
   const auto base = reinterpret_cast<std::uintptr_t>(*p);
+  if (external != nullptr) {
+    if (absl::Status s = CheckExternalSegment(*external, base, bytes); !s.ok()) return s;
+  }
   ranges_.emplace(base, Range{base, bytes, pool, false, 0, owner_, external != nullptr});
   stats_->Increase(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(bytes));
   CountOwned(owner_, pool, static_cast<std::int64_t>(bytes));
@@ -54,6 +59,34 @@ absl::StatusOr<std::uintptr_t> SegmentRegistry::AllocateSegment(std::size_t byte
   stats_->Count(&DeviceStats::num_device_alloc);
   history_->Record(TraceAction::kSegmentAlloc, base, bytes, slow_path_stream_, 0, owner_);
   return base;
+}
+
+absl::Status SegmentRegistry::CheckExternalSegment(SegmentAllocator& external, std::uintptr_t base,
+                                                   std::size_t bytes) const {
+  const std::string what =
+      absl::StrCat("bucketalloc: a private pool's segment allocator (MemPool(allocator)) returned 0x", absl::Hex(base),
+                   " for a segment of ", bytes, " bytes");
+  if (base == 0) return absl::InternalError(absl::StrCat(what, " (NULL with success); accepted: memory, or no memory"));
+  if (base > std::numeric_limits<std::uintptr_t>::max() - bytes) {
+    return absl::InternalError(absl::StrCat(what, ", which runs past the end of the address space; refused"));
+  }
+  // The registered range that starts last before the new one's end: the only one it can overlap.
+  auto it = ranges_.lower_bound(base + bytes);
+  if (it != ranges_.begin() && std::prev(it)->second.base + std::prev(it)->second.bytes > base) {
+    const Range& held = std::prev(it)->second;
+    // Not given back: its free would release memory the live segment's blocks use.
+    return absl::InternalError(absl::StrCat(
+        what, ", which overlaps the ", held.external ? "segment it gave before" : "device memory", " at [0x",
+        absl::Hex(held.base), ", 0x", absl::Hex(held.base + held.bytes),
+        "); refused, and not given back to it (its free could release memory live blocks use); accepted: memory no "
+        "segment holds"));
+  }
+  if (base % kSegmentAlignment != 0) {
+    external.Free(reinterpret_cast<void*>(base), bytes);
+    return absl::InternalError(absl::StrCat(what, ", which is not ", kSegmentAlignment,
+                                            "-byte aligned (every block is); refused and given back to it"));
+  }
+  return absl::OkStatus();
 }
 
 bool SegmentRegistry::ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) {

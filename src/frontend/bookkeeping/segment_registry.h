@@ -42,12 +42,15 @@
 #include "frontend/bookkeeping/address_arena.h"
 #include "frontend/observability/history.h"
 #include "internal/stat_ledger.h"
+#include "memory/size_classes.h"
 #include "pool/memory_source.h"
 
 namespace bucketalloc::internal {
 
 class SegmentRegistry final : public MemorySource {
  public:
+  // A segment's base must be a multiple of this, as every block's is.
+  static constexpr std::size_t kSegmentAlignment = kMinBlockSize;
   // A registered backend allocation, or (vmm) an address range with `mapped` bytes of granules.
   struct Range {
     std::uintptr_t base = 0;
@@ -165,6 +168,11 @@ class SegmentRegistry final : public MemorySource {
  private:
   // ResourceExhausted when reserving `bytes` more would exceed the cap.
   absl::Status CheckHeadroom(std::size_t bytes) const;
+  // What a private pool's SegmentAllocator returned for `bytes` (one lookup in the registered
+  // ranges): Internal naming it when it is NULL, wraps past the address space's end, overlaps a
+  // registered range (a repeated pointer; not given back: its free could release memory live blocks
+  // use) or is not kSegmentAlignment-aligned (given back through its Free); nothing is registered.
+  absl::Status CheckExternalSegment(SegmentAllocator& external, std::uintptr_t base, std::size_t bytes) const;
   // Counts `delta` reserved bytes of `pool` for pool tag `owner` (0: the device's own pools).
   void CountOwned(std::uint16_t owner, PoolIndex pool, std::int64_t delta);
 

@@ -17,6 +17,7 @@
 #include "harness/operations/doctor.h"
 #include "harness/replay/importers.h"
 #include "harness/replay/replay.h"
+#include "harness/replay/snapshot_import.h"
 #include "harness/replay/snapshot_pickle.h"
 #include "harness/replay/trace.h"
 #include "nlohmann/json.hpp"
@@ -69,34 +70,25 @@ absl::StatusOr<DoctorInput> Replayed(const Trace& trace, const DoctorOptions& o,
 
 // A snapshot's history as a trace (alloc -> allocate, free_completed -> free of a live block, as
 // tools/import_torch_snapshot.py maps it), or its segments as one sample when it has none.
-absl::StatusOr<DoctorInput> FromSnapshot(const Json& j, const DoctorOptions& o) {
-  if (!j.contains("segments") || !j["segments"].is_array()) {
-    return absl::InvalidArgumentError("doctor: the JSON object is not a snapshot (no \"segments\" list)");
+absl::StatusOr<DoctorInput> FromSnapshot(absl::StatusOr<SnapshotContents> c, const DoctorOptions& o) {
+  if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("doctor: ", c.status().message()));
+  if (c->history.has_value()) {
+    absl::StatusOr<DoctorInput> in = Replayed(*c->history, o, "snapshot");
+    if (in.ok()) in->warnings.insert(in->warnings.end(), c->warnings.begin(), c->warnings.end());
+    return in;
   }
-  absl::StatusOr<std::optional<Trace>> history = ImportSnapshotHistory(j, o.device);
-  if (!history.ok()) return absl::InvalidArgumentError(absl::StrCat("doctor: ", history.status().message()));
-  if (history->has_value()) return Replayed(**history, o, "snapshot");
+  if (!c->has_segments) {
+    return absl::InvalidArgumentError("doctor: the snapshot has neither history nor a \"segments\" list");
+  }
   if (o.capacity == 0) return NeedsCapacity("snapshot without history");
+  const SnapshotSegmentTotals& t = c->segments;
   TimelineSample s;
   s.device = o.device;
-  for (const Json& seg : j["segments"]) {
-    if (!seg.is_object() || (seg.contains("device") && seg["device"] != o.device)) continue;
-    auto get = [&](const char* key) {
-      return seg.contains(key) && seg[key].is_number_integer() ? seg[key].get<std::int64_t>() : std::int64_t{0};
-    };
-    s.reserved_bytes += get("total_size");
-    s.allocated_bytes += get("allocated_size");
-    s.active_bytes += get("active_size");
-    s.requested_bytes += get("requested_size");
-    if (seg.contains("blocks") && seg["blocks"].is_array()) {
-      for (const Json& b : seg["blocks"]) {
-        if (b.is_object() && b.value("state", "") == "inactive" && b.contains("size") &&
-            b["size"].is_number_integer()) {
-          s.largest_free_block_bytes = std::max(s.largest_free_block_bytes, b["size"].get<std::int64_t>());
-        }
-      }
-    }
-  }
+  s.reserved_bytes = t.reserved_bytes;
+  s.allocated_bytes = t.allocated_bytes;
+  s.active_bytes = t.active_bytes;
+  s.requested_bytes = t.requested_bytes;
+  s.largest_free_block_bytes = t.largest_free_block_bytes;
   s.cached_bytes = std::max<std::int64_t>(0, s.reserved_bytes - s.active_bytes);
   s.capacity_bytes = static_cast<std::int64_t>(o.capacity);
   if (s.reserved_bytes > s.capacity_bytes) {
@@ -112,6 +104,13 @@ absl::StatusOr<DoctorInput> FromSnapshot(const Json& j, const DoctorOptions& o) 
   in.kind = "snapshot";
   in.samples.push_back(s);
   return in;
+}
+
+SnapshotReadOptions SnapshotOptions(const DoctorOptions& o) {
+  SnapshotReadOptions r;
+  r.device = o.device;
+  r.segments_device = o.device;
+  return r;
 }
 
 // `in`, or its error naming `path` (a snapshot's or a replay's own errors do not).
@@ -130,21 +129,23 @@ absl::StatusOr<DoctorInput> ReadDoctorInput(const std::string& path, const Docto
   }
   absl::StatusOr<std::string> read = ReadTextFile(path, "the doctor's input");
   if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat("doctor: ", read.status().message()));
+  if (LooksLikePickle(*read)) {  // torch.cuda.memory._dump_snapshot's
+    absl::StatusOr<PlainPickle> p = PlainPickle::Parse(std::move(*read), path);
+    if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat("doctor: ", p.status().message()));
+    return NamingThePath(FromSnapshot(ReadSnapshot(*p, kExpected, SnapshotOptions(o)), o), path);
+  }
   absl::string_view text = *read;
   if (absl::StartsWith(text, kUtf8Bom)) text.remove_prefix(kUtf8Bom.size());  // an editor's byte-order mark
   const std::size_t first = text.find_first_not_of(" \t\r\n");
   if (first == absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat("doctor: ", path, " is empty; ", kExpected));
   }
-  if (LooksLikePickle(text)) {  // torch.cuda.memory._dump_snapshot's
-    absl::StatusOr<Json> j = ParseSnapshotPickle(text, path, kExpected);
-    if (!j.ok()) return absl::InvalidArgumentError(absl::StrCat("doctor: ", j.status().message()));
-    return NamingThePath(FromSnapshot(*j, o), path);
-  }
   if (text[first] == '{') {
     // A snapshot is one JSON object; a timeline one object per line.
     Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("segments")) return NamingThePath(FromSnapshot(j, o), path);
+    if (j.is_object() && j.contains("segments")) {
+      return NamingThePath(FromSnapshot(ReadSnapshot(j, path, SnapshotOptions(o)), o), path);
+    }
     std::vector<std::string> warnings;  // damaged lines, skipped
     absl::StatusOr<std::vector<TimelineSample>> samples = ReadTimeline(text, path, &warnings);
     if (!samples.ok()) return samples.status();

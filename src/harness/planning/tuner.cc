@@ -472,6 +472,11 @@ TraceParts SplitTrace(const Trace& trace) {
 }
 
 absl::StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options) {
+  if (!(options.budget_s >= 0.0 && options.budget_s <= kMaxTuneBudgetSeconds)) {  // NaN fails too
+    return absl::InvalidArgumentError(absl::StrCat("tune: budget ", options.budget_s, " s; accepted: 0 (none) to ",
+                                                   static_cast<std::int64_t>(kMaxTuneBudgetSeconds),
+                                                   " seconds (--budget-s)"));
+  }
   TuneResult result;
   result.shape = ReadShape(trace);
   result.capacity = options.capacity;

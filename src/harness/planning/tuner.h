@@ -80,6 +80,9 @@ struct TraceParts {
 };
 TraceParts SplitTrace(const Trace& trace);
 
+// The longest search a budget may allow (--budget-s): over 115 days.
+inline constexpr double kMaxTuneBudgetSeconds = 1e7;
+
 struct TuneOptions {
   // The card: OOMs of the recommendations and defaults at it are reported (0: not reported).
   std::size_t capacity = 0;
@@ -87,7 +90,7 @@ struct TuneOptions {
   // the trace's second half.
   std::optional<Trace> validate;
   std::string validate_name;  // named in the report ("second half" without one)
-  double budget_s = 0.0;      // > 0: no new probe starts after this many seconds
+  double budget_s = 0.0;      // > 0: no new probe starts after this many seconds (at most kMaxTuneBudgetSeconds)
   int jobs = 0;               // threads for replays; 0: the machine's cores
   CostModel cost;
   // Each finished candidate (and phase): done and total so far, and a line saying what finished.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bucketalloc/allocator.h"
+#include "harness/replay/snapshot_import.h"
 #include "harness/replay/snapshot_pickle.h"
 #include "nlohmann/json.hpp"
 
@@ -220,83 +221,37 @@ absl::StatusOr<Trace> ImportKinetoFile(const std::string& path, int device) {
   return ImportKinetoCsv(text, device, path);
 }
 
-absl::StatusOr<std::optional<Trace>> ImportSnapshotHistory(const nlohmann::json& snapshot, int device) {
-  const nlohmann::json* traces = nullptr;
-  if (snapshot.contains("device_traces") && snapshot["device_traces"].is_array()) traces = &snapshot["device_traces"];
-  if (traces == nullptr) return std::optional<Trace>();
-  if (device >= 0 && static_cast<std::size_t>(device) >= traces->size()) return std::optional<Trace>();
-  if (device < 0) {
-    for (std::size_t d = 0; d < traces->size(); ++d) {
-      if ((*traces)[d].is_array() && !(*traces)[d].empty()) {
-        device = static_cast<int>(d);
-        break;
-      }
-    }
-    if (device < 0) return std::optional<Trace>();
-  }
-  const nlohmann::json& history = (*traces)[static_cast<std::size_t>(device)];
-  if (!history.is_array() || history.empty()) return std::optional<Trace>();
-  Trace trace;
-  absl::flat_hash_map<std::uint64_t, std::uint64_t> live;
-  int index = 0;
-  for (const nlohmann::json& e : history) {
-    ++index;
-    if (!e.is_object() || !e.contains("action") || !e["action"].is_string() || !e.contains("addr") ||
-        !e["addr"].is_number_unsigned() || !e.contains("size") || !e["size"].is_number_unsigned() ||
-        !e.contains("time_us") || !e["time_us"].is_number()) {
-      return absl::InvalidArgumentError(absl::StrCat("snapshot: history entry ", index, " of device ", device,
-                                                     " lacks an action, an addr, a size or a time_us"));
-    }
-    const std::string action = e["action"];
-    const auto addr = e["addr"].get<std::uint64_t>(), size = e["size"].get<std::uint64_t>();
-    const double us = e["time_us"].get<double>();  // a time out of range (or NaN) reads as 0
-    const std::string time = absl::StrCat(std::isfinite(us) && us > 0 && us < 9e18 ? static_cast<std::int64_t>(us) : 0);
-    const std::uint64_t stream =
-        e.contains("stream") && e["stream"].is_number_unsigned() ? e["stream"].get<std::uint64_t>() : 0;
-    if (action == "alloc" && size > 0 && addr != 0) {
-      live[addr] = size;
-      trace.events.push_back({1, time, TraceAction::kAllocate, addr, size, stream, index});
-    } else if (action == "free_completed") {
-      auto it = live.find(addr);
-      if (it == live.end()) continue;
-      trace.events.push_back({1, time, TraceAction::kFree, addr, it->second, stream, index});
-      live.erase(it);
-    }
-  }
-  if (absl::Status s = CheckTrace(trace, "snapshot"); !s.ok()) return s;
-  return std::optional<Trace>(std::move(trace));
-}
-
-absl::StatusOr<Trace> ReadRecording(const std::string& path, int device) {
+absl::StatusOr<Trace> ReadRecording(const std::string& path, int device, std::vector<std::string>* warnings) {
   constexpr absl::string_view kAccepted =
       "accepted: a trace (RMM CSV), a profiler trace (Kineto JSON, JSON.gz or its memory-event CSV) or a memory "
       "snapshot with its history (torch.cuda.memory._dump_snapshot's pickle, or JSON)";
   absl::StatusOr<std::string> read = ReadTextFile(path, "the recording");
   if (!read.ok()) return read.status();
-  const std::string& text = *read;
+  std::string& text = *read;
   const absl::string_view start = absl::StripLeadingAsciiWhitespace(text);
   if (start.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " is empty; ", kAccepted));
-  const bool pickle = LooksLikePickle(text);
-  if (pickle || start[0] == '{') {
-    nlohmann::json j;
-    if (pickle) {
-      absl::StatusOr<nlohmann::json> p = ParseSnapshotPickle(text, path, kAccepted);
-      if (!p.ok()) return p.status();
-      j = std::move(*p);
-    } else {
-      j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // A snapshot's history, from its pickle or its JSON.
+  auto history = [&](absl::StatusOr<SnapshotContents> c) -> absl::StatusOr<Trace> {
+    if (!c.ok()) return c.status();
+    if (!c->history.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, " is a snapshot without history",
+                       device >= 0 ? absl::StrCat(" for device ", device, " (--device)") : std::string(),
+                       " (record it with torch.cuda.memory._record_memory_history first); ", kAccepted));
     }
-    if (j.is_object() && j.contains("segments")) {
-      absl::StatusOr<std::optional<Trace>> t = ImportSnapshotHistory(j, device);
-      if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", t.status().message()));
-      if (!t->has_value()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, " is a snapshot without history",
-                         device >= 0 ? absl::StrCat(" for device ", device, " (--device)") : std::string(),
-                         " (record it with torch.cuda.memory._record_memory_history first); ", kAccepted));
-      }
-      return std::move(**t);
-    }
+    if (warnings != nullptr) warnings->insert(warnings->end(), c->warnings.begin(), c->warnings.end());
+    return std::move(*c->history);
+  };
+  SnapshotReadOptions options;
+  options.device = device;
+  if (LooksLikePickle(text)) {
+    absl::StatusOr<PlainPickle> p = PlainPickle::Parse(std::move(text), path);
+    if (!p.ok()) return p.status();
+    return history(ReadSnapshot(*p, kAccepted, options));
+  }
+  if (start[0] == '{') {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("segments")) return history(ReadSnapshot(j, path, options));
     return ImportKinetoJson(text, device, path);
   }
   if (absl::StartsWith(start, "Thread,")) return ParseTrace(text, path);

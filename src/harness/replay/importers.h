@@ -8,21 +8,20 @@
 // Only CUDA events (Device Type 1) of one device are kept (`device`, or the first CUDA device seen
 // when it is -1). A free of an address the log never allocated (allocated before the profile began)
 // is dropped. Time becomes the event's microsecond timestamp.
-// Memory snapshots (torch.cuda.memory._dump_snapshot's pickle, read by harness/replay/snapshot_pickle.h,
-// or bucketalloc_torch.snapshot() as JSON): a device's history
-// (device_traces[N], recorded with _record_memory_history) becomes a trace, alloc -> allocate and
-// free_completed -> free of a block it allocated (a free_requested alone is ignored; a free whose
-// alloc the ring buffer dropped is dropped). Time becomes time_us.
+// Memory snapshots (torch.cuda.memory._dump_snapshot's pickle, or bucketalloc_torch.snapshot() as
+// JSON): a device's history (device_traces[N], recorded with _record_memory_history) becomes a trace
+// as harness/replay/snapshot_import.h reads it.
 #ifndef BUCKETALLOC_HARNESS_REPLAY_IMPORTERS_H_
 #define BUCKETALLOC_HARNESS_REPLAY_IMPORTERS_H_
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "harness/replay/snapshot_import.h"
 #include "harness/replay/trace.h"
-#include "nlohmann/json.hpp"
 
 namespace bucketalloc::harness {
 
@@ -32,15 +31,12 @@ absl::StatusOr<Trace> ImportKinetoJson(absl::string_view text, int device = -1,
 // Reads `path` (gzip-compressed when it ends in .gz) and imports it as JSON or CSV by its content.
 absl::StatusOr<Trace> ImportKinetoFile(const std::string& path, int device = -1);
 
-// The history of `device` (-1: the first with one) of a parsed snapshot (a JSON object with
-// "segments"), or nullopt when it has none (or no such device). InvalidArgument names an entry
-// without an action, an addr, a size or a time_us.
-absl::StatusOr<std::optional<Trace>> ImportSnapshotHistory(const nlohmann::json& snapshot, int device = -1);
-
 // A recording of a workload, by its content: a trace (RMM CSV), a profiler trace (Kineto JSON,
 // JSON.gz or CSV) or a snapshot with its history (a pickle, or JSON). InvalidArgument names the file, what it
-// seemed to be and what is accepted.
-absl::StatusOr<Trace> ReadRecording(const std::string& path, int device = -1);
+// seemed to be and what is accepted. A snapshot's warnings (a history without time_us) are added to
+// `warnings` when given.
+absl::StatusOr<Trace> ReadRecording(const std::string& path, int device = -1,
+                                    std::vector<std::string>* warnings = nullptr);
 
 }  // namespace bucketalloc::harness
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <optional>
@@ -42,6 +43,7 @@ struct PassCounts {
   std::uint64_t fragmentation_ooms = 0;
   std::map<std::uint64_t, std::uint64_t> ooms_by_stream;  // the trace's streams
   std::uint64_t tenant_cap_ooms = 0;
+  std::optional<std::uint64_t> first_card_oom_event;  // index over all rounds
   // The last event's OOM, when a tenant's own cap refused it (a bigger card would not serve it).
   std::optional<ReplayAllocator::TenantCapOom> last_oom_at_tenant_cap;
   std::vector<std::uint32_t> latencies;  // ns per allocate or free
@@ -100,6 +102,7 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
           if (counts.last_oom_at_tenant_cap.has_value()) {
             ++counts.tenant_cap_ooms;  // its cause: the tenant's cap, as a process counts it
           } else {
+            if (!counts.first_card_oom_event.has_value()) counts.first_card_oom_event = index;
             // The allocator's own definition (frontend/observability/oom_diagnosis.h): requested bytes, not rounded.
             ++(internal::WorkingSetExceedsCap(live_bytes, e.size, capacity) ? counts.capacity_ooms
                                                                             : counts.fragmentation_ooms);
@@ -167,9 +170,26 @@ class TimelineBuilder {
   Timeline timeline_;
 };
 
+// The largest hour an RMM time may name (HH of HH:MM:SS.ffffff; a generated trace counts hours from
+// its start): over a century, and a time a double still holds to the microsecond.
+constexpr std::int64_t kMaxTraceHours = 1000000;
+constexpr double kDaySeconds = 24 * 3600.0;
+
+// An RMM time, HH:MM:SS.ffffff (whole hours from 0 to kMaxTraceHours, whole minutes 0 to 59, seconds
+// from 0 to below 61: a leap second), in seconds; nullopt for any other text.
+std::optional<double> ClockSeconds(absl::Span<const absl::string_view> hms) {
+  std::int64_t h = 0, m = 0;
+  double sec = 0;
+  if (hms.size() != 3 || !absl::SimpleAtoi(hms[0], &h) || !absl::SimpleAtoi(hms[1], &m) ||
+      !absl::SimpleAtod(hms[2], &sec) || h < 0 || h > kMaxTraceHours || m < 0 || m > 59 || !(sec >= 0) || sec >= 61) {
+    return std::nullopt;
+  }
+  return static_cast<double>(h) * 3600.0 + static_cast<double>(m) * 60.0 + sec;
+}
+
 // The trace's event times in seconds from its first event (its Time column: HH:MM:SS.ffffff, or
 // whole microseconds as import-kineto writes them), never decreasing; InvalidArgument naming the line
-// of a time that is neither.
+// of a time that is neither. Linear in the events, whatever the times say.
 absl::StatusOr<std::vector<double>> EventTimes(const Trace& trace) {
   std::vector<double> times;
   times.reserve(trace.events.size());
@@ -178,21 +198,23 @@ absl::StatusOr<std::vector<double>> EventTimes(const Trace& trace) {
     double t = 0.0;
     std::vector<absl::string_view> hms = absl::StrSplit(e.time, ':');
     std::int64_t micros = 0;
-    double h = 0, m = 0, sec = 0;
-    if (hms.size() == 3 && absl::SimpleAtod(hms[0], &h) && absl::SimpleAtod(hms[1], &m) &&
-        absl::SimpleAtod(hms[2], &sec) && h >= 0 && m >= 0 && sec >= 0) {
-      t = h * 3600.0 + m * 60.0 + sec;
+    if (std::optional<double> clock = ClockSeconds(hms)) {
+      t = *clock;
+      // RMM's times have no date: a time far before the previous one (more than 12 h) is on a later
+      // day, the first on which it is no longer far before (days counted, not stepped through).
+      if (!times.empty() && t + 12 * 3600.0 < times.back()) {
+        t += std::ceil((times.back() - 12 * 3600.0 - t) / kDaySeconds) * kDaySeconds;
+      }
     } else if (hms.size() == 1 && absl::SimpleAtoi(e.time, &micros) && micros >= 0) {
       // Microseconds since an epoch are too large for a double's microseconds: from the first one.
       if (!first_micros.has_value()) first_micros = micros;
       t = static_cast<double>(micros - *first_micros) * 1e-6;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("line ", e.line, ": time \"", e.time,
-                                                     "\" cannot place the event on a timeline; accepted: "
-                                                     "HH:MM:SS.ffffff or whole microseconds"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", e.line, ": time \"", Excerpt(e.time),
+                       "\" cannot place the event on a timeline; accepted: HH:MM:SS.ffffff (hours 0 to ",
+                       kMaxTraceHours, ", minutes 0 to 59, seconds below 61) or whole microseconds"));
     }
-    // RMM's times have no date: a time far before the previous one (more than 12 h) is the next day.
-    while (!times.empty() && hms.size() == 3 && t + 12 * 3600.0 < times.back()) t += 24 * 3600.0;
     times.push_back(times.empty() ? t : std::max(t, times.back()));
   }
   const double first = times.empty() ? 0.0 : times.front();
@@ -275,9 +297,9 @@ class Sampler {
   }
 
   absl::Status Sample(double t) {
-    if (samples_.size() >= kMaxSamples) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the timeline would have more than ", kMaxSamples, " samples; accepted: a longer interval"));
+    if (samples_.size() >= kMaxTimelineSamples) {
+      return absl::InvalidArgumentError(absl::StrCat("the timeline would have more than ", kMaxTimelineSamples,
+                                                     " samples; accepted: a longer interval"));
     }
     TimelineSample s;
     if (std::optional<DeviceMetrics> m = a_.Metrics(); m.has_value()) {
@@ -300,7 +322,6 @@ class Sampler {
     return absl::OkStatus();
   }
 
-  static constexpr std::size_t kMaxSamples = 1000000;
   const Trace& trace_;
   const std::vector<double> times_;
   const double interval_;
@@ -319,10 +340,11 @@ class Sampler {
 };
 
 // Replays again on a fresh allocator up to event `event` and snapshots its free blocks there
-// (PeakFragmentation's comment says why a second replay).
+// (PeakFragmentation's comment says why a second replay); `expected_reserved`, when given, is what
+// the first replay had reserved then (a replay that differs is an internal error).
 absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, const ReplayOptions& options,
                                                          std::size_t capacity, std::uint64_t event,
-                                                         std::size_t expected_reserved) {
+                                                         std::optional<std::size_t> expected_reserved) {
   absl::StatusOr<std::unique_ptr<ReplayAllocator>> made =
       MakeReplayAllocator(options.allocator, options.capacity, options.device);
   if (!made.ok()) return made.status();
@@ -343,15 +365,19 @@ absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, con
   };
   absl::Status s = RunPass(trace, options, capacity, a, counts, snapshot_at_event);
   if (!s.ok()) return s;
-  if (!reached || reserved != expected_reserved) {
-    return absl::InternalError(absl::StrCat("allocator ", options.allocator,
-                                            " replayed differently the second time: reserved bytes after event ", event,
-                                            " were ", expected_reserved, ", then ", reached ? reserved : 0));
+  if (!reached || (expected_reserved.has_value() && reserved != *expected_reserved)) {
+    return absl::InternalError(absl::StrCat(
+        "allocator ", options.allocator, " replayed differently the second time: reserved bytes after event ", event,
+        " were ", expected_reserved.value_or(0), ", then ", reached ? reserved : 0, reached ? "" : " (never reached)"));
   }
   return f;
 }
 
 }  // namespace
+
+absl::string_view BreakdownMomentName(BreakdownMoment moment) {
+  return moment == BreakdownMoment::kDecidingEvent ? "deciding_event" : "peak_reserved";
+}
 
 absl::Status CheckCostModel(const CostModel& cost) {
   for (const auto& [flag, us] : {std::pair{"--malloc-us", cost.malloc_us}, std::pair{"--free-us", cost.free_us},
@@ -398,6 +424,10 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   if (options.repeat < 1) {
     return absl::InvalidArgumentError(absl::StrCat("repeat ", options.repeat, " is invalid; accepted: 1 or more"));
   }
+  if (!(options.sample_interval_s >= 0.0 && options.sample_interval_s < std::numeric_limits<double>::infinity())) {
+    return absl::InvalidArgumentError(absl::StrCat("sample interval ", options.sample_interval_s,
+                                                   " s; accepted: 0 (no timeline) or a number of seconds above 0"));
+  }
   if (options.record_timeline && options.timeline_points == 0) {
     return absl::InvalidArgumentError("timeline_points 0 is invalid; accepted: 1 or more");
   }
@@ -423,6 +453,15 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   if (options.sample_interval_s > 0.0) {
     absl::StatusOr<std::vector<double>> times = EventTimes(trace);
     if (!times.ok()) return times.status();
+    // A sample per interval over every round (Sampler): refused before the replay when too many,
+    // so that a trace's time span never becomes the replay's loop count.
+    const double span = ((times->empty() ? 0.0 : times->back()) + options.sample_interval_s) * options.repeat;
+    if (!(span / options.sample_interval_s <= static_cast<double>(kMaxTimelineSamples))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a timeline sampled every ", options.sample_interval_s, " s over the trace's ", span,
+          " s (all rounds) would have more than ", kMaxTimelineSamples, " samples; accepted: an interval of at least ",
+          span / static_cast<double>(kMaxTimelineSamples), " s"));
+    }
     sampler.emplace(trace, std::move(*times), options.sample_interval_s, r.capacity, a);
   }
   // Samples after each event when asked; false stops the replay (too many samples).
@@ -462,6 +501,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   r.fragmentation_ooms = counts.fragmentation_ooms;
   r.ooms_by_stream = std::move(counts.ooms_by_stream);
   r.tenant_cap_ooms = counts.tenant_cap_ooms;
+  r.first_card_oom_event = counts.first_card_oom_event;
   if (std::optional<DeviceMetrics> m = a.Metrics(); m.has_value()) r.tenants = std::move(m->tenants);
   r.per_round_peak_reserved_bytes = std::move(counts.per_round_peak_reserved_bytes);
   r.per_round_end_live_bytes = counts.end_of_round_live_bytes;
@@ -640,13 +680,33 @@ absl::Status MeasurePeakAtMin(const Trace& trace, absl::string_view allocator, c
                               MinCapacityResult* m) {
   ReplayOptions o;
   o.allocator = std::string(allocator);
-  o.capacity = m->min_capacity_bytes;
   o.cost = cost;
+  // The event that decides the min capacity: the first that fails one step below it.
+  if (m->min_capacity_bytes > kReplayGranularity) {
+    o.capacity = m->min_capacity_bytes - kReplayGranularity;
+    o.stop_at_first_oom = true;
+    absl::StatusOr<ReplayResult> below = Replay(trace, o);
+    if (!below.ok()) return below.status();
+    if (below->first_card_oom_event.has_value()) {
+      o.capacity = m->min_capacity_bytes;
+      o.stop_at_first_oom = false;
+      absl::StatusOr<PeakFragmentation> f = CaptureFragmentationAt(
+          trace, o, ReplayCapacity(o.capacity), *below->first_card_oom_event, /*expected_reserved=*/std::nullopt);
+      if (!f.ok()) return f.status();
+      f->moment = BreakdownMoment::kDecidingEvent;
+      m->peak_at_min = std::move(*f);
+      return absl::OkStatus();
+    }
+  }
+  // No step below fails (the smallest card, or tenants' caps refuse the rest): where reserved peaks.
+  o.capacity = m->min_capacity_bytes;
+  o.stop_at_first_oom = false;
   o.record_timeline = true;
   o.timeline_points = 1;
   absl::StatusOr<ReplayResult> r = Replay(trace, o);
   if (!r.ok()) return r.status();
   m->peak_at_min = std::move(r->peak_fragmentation);
+  if (m->peak_at_min.has_value()) m->peak_at_min->moment = BreakdownMoment::kPeakReserved;
   return absl::OkStatus();
 }
 
@@ -666,6 +726,7 @@ std::string MinCapacityResult::ToJson() const {
   if (peak_at_min.has_value()) {
     j["peak_at_min"] = {
         {"event", peak_at_min->event},
+        {"moment", BreakdownMomentName(peak_at_min->moment)},
         {"live_bytes", peak_at_min->live_bytes},
         {"breakdown", nlohmann::ordered_json::parse(peak_at_min->breakdown.ToJson(at_min.peak_live_bytes))}};
   }

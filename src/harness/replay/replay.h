@@ -71,10 +71,11 @@ struct ReplayOptions {
   // is all they ask); an OOM a tenant's own cap refused does not stop it. Not with record_timeline.
   bool stop_at_first_oom = false;
   // > 0: ReplayResult::samples, the memory timeline (bucketalloc/timeline.h) at the trace's time
-  // (its Time column: HH:MM:SS.ffffff, a day added where it wraps past midnight, or microseconds;
+  // (its Time column: HH:MM:SS.ffffff, days added where it wraps past midnight, or microseconds;
   // from its first event): a sample at each multiple of the interval, with the state after the
   // last event at or before it, and one at the last event; round k of a repeat starts one interval
-  // after round k - 1 ends. At most 1e6 samples.
+  // after round k - 1 ends. At most kMaxTimelineSamples: an interval that would give more over the
+  // trace's span is refused before the replay starts.
   double sample_interval_s = 0.0;
 };
 
@@ -104,7 +105,16 @@ struct Timeline {
 // stops there, because snapshotting at every new peak would walk the free lists once per backend
 // growth; replays are deterministic, and the second one checks that it reached the same reserved
 // bytes at that event.
+// Which moment of a replay a PeakFragmentation shows.
+enum class BreakdownMoment : std::uint8_t {
+  kPeakReserved,   // the first event after which reserved bytes are at their peak
+  kDecidingEvent,  // the event that decides a min capacity: the first that fails one step (2 MiB) below it
+};
+// "peak_reserved" or "deciding_event" (the JSON's "moment").
+absl::string_view BreakdownMomentName(BreakdownMoment moment);
+
 struct PeakFragmentation {
+  BreakdownMoment moment = BreakdownMoment::kPeakReserved;
   std::uint64_t event = 0;        // index over all rounds
   std::size_t live_bytes = 0;     // the bytes the replay held for the trace then (TimelinePoint::live_bytes)
   PoolFragmentation free_blocks;  // ReplayAllocator::Fragmentation() then
@@ -136,6 +146,9 @@ struct ReplayResult {
   std::uint64_t tenant_cap_ooms = 0;
   // The OOMs a bigger card could serve: what min-capacity drives to 0.
   std::uint64_t card_ooms() const { return ooms - tenant_cap_ooms; }
+  // The first of them (index over all rounds; not in the JSON): with stop_at_first_oom, where the
+  // replay stopped.
+  std::optional<std::uint64_t> first_card_oom_event;
   double p50_ns = 0.0;  // per operation (allocate or free)
   double p99_ns = 0.0;
   // Backend allocations + frees, and the virtual-memory driver calls: creates (failed ones too),
@@ -168,6 +181,10 @@ std::size_t PeakLiveBytes(const Trace& trace, int rounds = 1);
 
 absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
 
+// The most samples a replay's timeline may have (ReplayOptions::sample_interval_s): a replay whose
+// interval would give more is refused before it starts.
+inline constexpr std::size_t kMaxTimelineSamples = 1000000;
+
 // The seconds from the trace's first event to its last (its Time column, as the timeline reads
 // it); InvalidArgument naming the line of a time it cannot read.
 absl::StatusOr<double> TraceDuration(const Trace& trace);
@@ -184,8 +201,9 @@ struct MinCapacityResult {
   // (no layout rounding), so min_capacity_over_true_need shows the layout's and the allocator's cost.
   std::optional<std::size_t> true_need_bytes;
   ReplayResult at_min;  // the replay at that capacity
-  // Where the bytes are at that capacity when reserved bytes peak (MeasurePeakAtMin; the JSON's
-  // "peak_at_min": event, live_bytes, breakdown). Not measured by the search itself: two replays more.
+  // Where the bytes are at that capacity at the moment that decides it (MeasurePeakAtMin; the JSON's
+  // "peak_at_min": event, moment, live_bytes, breakdown). Not measured by the search itself: two
+  // replays more.
   std::optional<PeakFragmentation> peak_at_min;
   double min_capacity_over_true_need() const;  // 0 without a true need
   std::string ToJson() const;                  // true_need_bytes and min_capacity_over_true_need only when known
@@ -207,8 +225,13 @@ struct MinCapacitySearch {
 absl::StatusOr<MinCapacityResult> MinCapacity(const Trace& trace, absl::string_view allocator, const CostModel& cost,
                                               const MinCapacitySearch& search);
 
-// Sets m->peak_at_min: a replay of `allocator` at m->min_capacity_bytes that records where its bytes
-// are when its reserved bytes peak (compare and min-capacity report it for every allocator).
+// Sets m->peak_at_min: where the bytes of `allocator` are at m->min_capacity_bytes at the moment that
+// decides that capacity (compare and min-capacity report it for every allocator): right after the
+// event that is the first to fail one step (2 MiB) below it (BreakdownMoment::kDecidingEvent; one
+// replay below finds it, one at the min capacity stops there). Where no step below fails (the
+// smallest card; the rest refused by tenants' caps), after the first event at which reserved bytes
+// peak (kPeakReserved). The first moment the reserved bytes peak is not it: stitching's cap fills
+// long before it binds.
 absl::Status MeasurePeakAtMin(const Trace& trace, absl::string_view allocator, const CostModel& cost,
                               MinCapacityResult* m);
 

@@ -3,8 +3,12 @@
 
 #include <zlib.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <system_error>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -125,6 +129,10 @@ absl::StatusOr<Trace> ParseTrace(absl::string_view text, absl::string_view sourc
 
 absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_view what) {
   std::string text;
+  std::error_code directory_error;
+  if (std::filesystem::is_directory(path, directory_error)) {  // opens, and reads as empty
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a directory; accepted: a file, ", what));
+  }
   if (absl::EndsWith(path, ".gz")) {
     gzFile f = gzopen(path.c_str(), "rb");
     if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open ", what));
@@ -138,9 +146,16 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_v
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open ", what));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+  // Read in place, into a string of the file's size where it has one (a copy through a stream
+  // buffer held the bytes twice); a pipe or a file that grows is read to its end.
+  std::error_code error;
+  const std::uintmax_t size =
+      std::filesystem::is_regular_file(path, error) ? std::filesystem::file_size(path, error) : 0;
+  if (!error && size > 0) text.reserve(static_cast<std::size_t>(size));
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) text.append(buf, static_cast<std::size_t>(in.gcount()));
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": reading ", what, " failed"));
+  return text;
 }
 
 absl::StatusOr<Trace> ReadTraceFile(const std::string& path) {
@@ -162,12 +177,24 @@ std::string FormatTrace(const Trace& trace) {
   return out;
 }
 
-absl::Status WriteTraceFile(const Trace& trace, const std::string& path) {
-  std::ofstream out(path, std::ios::binary);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open it for writing"));
-  out << FormatTrace(trace);
-  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+absl::Status WriteWholeFile(const std::string& path, absl::string_view text, absl::string_view what) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": cannot open it to write ", what, ": ", std::strerror(errno)));
+  }
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+  const int write_errno = errno;
+  const bool closed = std::fclose(f) == 0;  // the last buffered bytes go out here: its error counts too
+  if (!written || !closed) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": writing ", what, " failed: ", std::strerror(written ? errno : write_errno)));
+  }
   return absl::OkStatus();
+}
+
+absl::Status WriteTraceFile(const Trace& trace, const std::string& path) {
+  return WriteWholeFile(path, FormatTrace(trace), "the trace");
 }
 
 }  // namespace bucketalloc::harness

@@ -64,8 +64,12 @@ absl::Status CheckTrace(const Trace& trace, absl::string_view source = "trace");
 std::string Excerpt(absl::string_view text, std::size_t max_bytes = 80);
 
 // Reads a whole file (gzip-decompressed when `path` ends in .gz); NotFound names `path` and `what`
-// it was meant to be.
+// it was meant to be, InvalidArgument a directory.
 absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_view what);
+
+// Writes `text` to `path` (created or truncated) and closes it: every failure, of the open, a write,
+// the flush or the close (a full disk, /dev/full), is an error naming `path`, `what` it was and why.
+absl::Status WriteWholeFile(const std::string& path, absl::string_view text, absl::string_view what);
 
 // Writes RMM CSV (with the header).
 std::string FormatTrace(const Trace& trace);

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <numeric>
 
@@ -617,10 +616,7 @@ absl::Status WriteServingTrace(const ServingTrace& trace, const ModelSpec& model
   };
   if (absl::Status st = WriteTraceFile(trace.trace, path); !st.ok()) return st;
   const std::string meta_path = MetaPathFor(path);
-  std::ofstream out(meta_path);
-  out << meta.dump(2) << "\n";
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(meta_path, ": cannot write the meta file"));
-  return absl::OkStatus();
+  return WriteWholeFile(meta_path, meta.dump(2) + "\n", "the trace's meta file");
 }
 
 absl::StatusOr<std::optional<std::uint64_t>> ReadTrueNeed(const std::string& trace_path, std::size_t trace_events) {
