@@ -23,8 +23,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!absl::IsInvalidArgument(p.status())) Broken("a bad pickle is InvalidArgument", p.status().ToString());
     return 0;
   }
-  // Every opcode makes at most one node (16 bytes) and one reference (4), and a container's
-  // references move at most into a region twice as large: the tree is linear in the input.
+  // Every opcode makes at most one node (16 bytes); an item is a 4-byte reference in a region at most
+  // twice its container's size, and the regions left behind hold as much again: the tree is linear
+  // in the input (vectors' spare capacity included).
   if (p->tree_bytes() > 64 * size + 4096) Broken("the tree is linear in the input", std::to_string(p->tree_bytes()));
   absl::StatusOr<nlohmann::json> j = h::PickleToJson(p->root(), *p);
   if (j.ok()) {
@@ -33,7 +34,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false).is_discarded()) {
       Broken("the plain data of a pickle prints as JSON", text);
     }
-    if (text.size() > (h::kPickleExpansionPerByte + 1) * size + 65536) Broken("the JSON stays within its budget");
+    // The writer's budget counts each value once and its string bytes: a value prints in at most 32
+    // bytes (a double's digits, an escaped byte's \u00XX, the separators).
+    if (text.size() > 32 * (h::kPickleExpansionPerByte * size + 1024)) Broken("the JSON stays within its budget");
   } else if (!absl::IsInvalidArgument(j.status())) {
     Broken("data that cannot be JSON is InvalidArgument", j.status().ToString());
   }

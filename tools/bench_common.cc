@@ -1,7 +1,10 @@
 // tools/bench_common.cc — what the replay subcommands of bucketalloc-bench share.
 #include "bench_common.h"
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -30,9 +33,9 @@ CLI::Validator FiniteRange(double lo, double hi) {
   return CLI::Validator(
       [lo, hi](std::string& text) -> std::string {
         double v = 0;
-        if (!absl::SimpleAtod(text, &v) || !(v >= lo && v <= hi)) {  // NaN fails the comparison
-          return absl::StrCat("Value ", text, " not in range [", lo, " - ", hi, "] (a number; nan is not one)");
-        }
+        if (!absl::SimpleAtod(text, &v)) return absl::StrCat("Value ", text, " is not a number");
+        if (std::isnan(v)) return absl::StrCat("Value ", text, " is not a number; accepted: ", lo, " to ", hi);
+        if (!(v >= lo && v <= hi)) return absl::StrCat("Value ", text, " not in range [", lo, " - ", hi, "]");
         return std::string();
       },
       absl::StrCat("FLOAT in [", lo, " - ", hi, "]"));
@@ -42,19 +45,28 @@ bool CheckOutputs(std::initializer_list<std::string> paths, const std::string& p
   for (const std::string& path : paths) {
     if (path.empty()) continue;
     std::error_code error;
-    const bool existed = std::filesystem::exists(path, error);
-    if (std::filesystem::is_directory(path, error)) {
+    const std::filesystem::file_status status = std::filesystem::status(path, error);
+    if (std::filesystem::is_directory(status)) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(path, " is a directory; accepted: a file to write")),
                   prefix) == 0;
     }
-    std::FILE* f = std::fopen(path.c_str(), "a");  // neither truncates nor writes
-    if (f == nullptr) {
-      return Fail(absl::PermissionDeniedError(absl::StrCat(path, ": cannot open it for writing: ", std::strerror(errno),
-                                                           " (checked before any work)")),
-                  prefix) == 0;
+    const bool existed = std::filesystem::exists(status);
+    // A regular file, or one to create, is opened (neither truncated nor written) and closed; anything
+    // else (a FIFO, whose reader an open and close would end; a device) is only asked about.
+    bool writable = true;
+    if (!existed || std::filesystem::is_regular_file(status)) {
+      std::FILE* f = std::fopen(path.c_str(), "a");
+      writable = f != nullptr;
+      if (f != nullptr) std::fclose(f);
+      if (writable && !existed) std::filesystem::remove(path, error);
+    } else {
+      writable = access(path.c_str(), W_OK) == 0;
     }
-    std::fclose(f);
-    if (!existed) std::filesystem::remove(path, error);
+    if (!writable) {
+      const absl::Status s =
+          absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open it for writing (checked before any work)"));
+      return Fail(s, prefix) == 0;
+    }
   }
   return true;
 }

@@ -108,17 +108,30 @@ Allocator* CreateAllocatorAndObservers() {
   return a;
 }
 
-// True on a thread inside a private pool's segment allocator (bucketalloc_pool_set_segment_allocator's
-// alloc, free or release, which the library calls under the device's lock): a call into the library
-// from there would wait for that lock forever, so every call that reaches the allocator is refused
-// (Get). Initial-exec: one load on the allocation path, no __tls_get_addr.
-thread_local bool t_in_segment_callback __attribute__((tls_model("initial-exec"))) = false;
+// Threads inside a private pool's segment allocator now (bucketalloc_pool_set_segment_allocator's
+// alloc, free or release, which the library calls under the device's lock), and whether this thread
+// is one: a call into the library from there would wait for that lock forever, so every call that
+// reaches the allocator is refused (Get). The allocation path reads the count alone (one load; the
+// thread's flag only while some thread is inside one), so the library needs no static TLS and still
+// loads with dlopen wherever it did.
+std::atomic<int> g_threads_in_segment_callbacks{0};
+thread_local bool t_in_segment_callback = false;
 
 // Marks the thread inside a segment allocator's callback for its scope.
 class SegmentCallbackScope {
  public:
-  SegmentCallbackScope() : outer_(t_in_segment_callback) { t_in_segment_callback = true; }
-  ~SegmentCallbackScope() { t_in_segment_callback = outer_; }
+  SegmentCallbackScope() : outer_(t_in_segment_callback) {
+    if (!outer_) {
+      t_in_segment_callback = true;
+      g_threads_in_segment_callbacks.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  ~SegmentCallbackScope() {
+    if (!outer_) {
+      g_threads_in_segment_callbacks.fetch_sub(1, std::memory_order_relaxed);
+      t_in_segment_callback = false;
+    }
+  }
   SegmentCallbackScope(const SegmentCallbackScope&) = delete;
   SegmentCallbackScope& operator=(const SegmentCallbackScope&) = delete;
 
@@ -126,21 +139,29 @@ class SegmentCallbackScope {
   const bool outer_;
 };
 
-// A call from inside a segment allocator's callback: the error, set and printed (a void function's
-// caller sees nothing else).
-[[gnu::cold, gnu::noinline]] Allocator* RefuseReentry() {
-  ReportError(absl::FailedPreconditionError(
+// A call from inside a segment allocator's callback: the error (a void function prints it too).
+[[gnu::cold, gnu::noinline]] void RefuseReentry() {
+  SetError(absl::FailedPreconditionError(
       "bucketalloc: called from inside a private pool's segment allocator (the alloc, free or release given to "
       "bucketalloc_pool_set_segment_allocator), which runs under the device's lock: refused, as it would wait for "
       "that lock forever; a segment allocator must not call into bucketalloc (free or allocate after it returns)"));
-  return nullptr;
+}
+
+// True, with the last error set, on a thread inside a segment allocator's callback: every function
+// that reaches the allocator asks first (through Get, or itself where it never creates it).
+inline bool Reentered() {
+  if (g_threads_in_segment_callbacks.load(std::memory_order_relaxed) != 0 && t_in_segment_callback) [[unlikely]] {
+    RefuseReentry();
+    return true;
+  }
+  return false;
 }
 
 // The allocator, created on first use; nullptr with the last error set when it cannot be created
 // or when called from inside a segment allocator's callback.
 inline Allocator* Get() {
-  if (t_in_segment_callback) [[unlikely]]
-    return RefuseReentry();
+  if (Reentered()) [[unlikely]]
+    return nullptr;
   if (Allocator* a = g_process.get()) [[likely]]
     return a;
   return CreateAllocatorAndObservers();
@@ -362,7 +383,10 @@ void bucketalloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream) 
   if (ptr == nullptr) return;
   Guarded<int>(0, [&]() -> int {
     Allocator* a = Get();
-    if (a == nullptr) return 0;
+    if (a == nullptr) {  // the host sees nothing of a void function's failure but this
+      bucketalloc::ReportIfFailed(-1);
+      return 0;
+    }
     std::optional<std::size_t> checked;
     if (size >= 0) checked = static_cast<std::size_t>(size);
     if (absl::Status s = a->Free(ptr, device, checked); !s.ok()) bucketalloc::ReportError(s);
@@ -398,6 +422,10 @@ void bucketalloc_init(int device_count) {
 
 void bucketalloc_empty_cache(void) {
   Guarded<int>(0, [&]() -> int {
+    if (bucketalloc::Reentered()) {
+      bucketalloc::ReportIfFailed(-1);
+      return 0;
+    }
     Allocator* a = bucketalloc::g_process.get();
     if (a == nullptr) return 0;  // nothing cached yet
     if (absl::Status s = a->EmptyCache(); !s.ok()) bucketalloc::ReportError(s);
@@ -784,6 +812,7 @@ ssize_t bucketalloc_fragmentation_json(int device, char* buf, size_t len) {
 ssize_t bucketalloc_metrics_text(char* buf, size_t len) {
   return Guarded<ssize_t>(-1, [&]() -> ssize_t {
     // Never creates the allocator: before it exists there is nothing to report.
+    if (bucketalloc::Reentered()) return ssize_t{-1};
     const Allocator* a = bucketalloc::g_process.get();
     return bucketalloc::WriteText(a == nullptr ? std::string() : bucketalloc::MetricsToPrometheus(a->Metrics()), buf,
                                   len);

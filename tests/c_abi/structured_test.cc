@@ -523,7 +523,8 @@ TEST_F(CAbiStructuredTest, AMemPoolAllocatorsRepeatedOverlappingOrMisalignedMemo
 struct ReentrantSegments {
   void* got = reinterpret_cast<void*>(1);  // what bucketalloc_malloc returned inside the callback
   int stats_rc = 0;
-  std::string error, free_error;
+  ssize_t metrics_rc = 0;
+  std::string error, free_error, empty_cache_error;
   void* outside = nullptr;  // a block of the device's own pools, freed from inside the free callback
   std::vector<void*> live;
 };
@@ -533,6 +534,12 @@ void* ReentrantAlloc(size_t bytes, int, cudaStream_t, void* ctx) {
   h->error = bucketalloc_last_error();
   bucketalloc_device_stats s{};
   h->stats_rc = bucketalloc_get_device_stats(0, &s, sizeof s);
+  // Those that never create the allocator, and the void ones, are refused too.
+  char text[64];
+  h->metrics_rc = bucketalloc_metrics_text(text, sizeof text);
+  bucketalloc_empty_cache();
+  h->empty_cache_error = bucketalloc_last_error();
+  bucketalloc_set_memory_fraction(0.5, 0);
   void* p = std::aligned_alloc(2 * kMiB, bytes);
   h->live.push_back(p);
   return p;
@@ -559,6 +566,10 @@ TEST_F(CAbiStructuredTest, ACallIntoBucketallocFromASegmentAllocatorIsRefusedNot
   EXPECT_EQ(host.stats_rc, -1);
   EXPECT_TRUE(absl::StrContains(host.error, "called from inside a private pool's segment allocator")) << host.error;
   EXPECT_TRUE(absl::StrContains(host.error, "would wait for that lock forever")) << host.error;
+  EXPECT_EQ(host.metrics_rc, -1);
+  EXPECT_TRUE(absl::StrContains(host.empty_cache_error, "called from inside a private pool's segment allocator"))
+      << host.empty_cache_error;
+  EXPECT_EQ(StatsStruct().capacity_bytes, static_cast<std::int64_t>(256 * kMiB)) << "the fraction was refused";
   // Outside the callback every call works again.
   bucketalloc_device_stats s{};
   EXPECT_EQ(bucketalloc_get_device_stats(0, &s, sizeof s), 0) << bucketalloc_last_error();

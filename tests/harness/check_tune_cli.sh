@@ -91,14 +91,22 @@ expect_error "no allocation above 1 MiB" tune "$work/small.csv"
 expect_error "--budget-s" tune "$work/t.csv" --budget-s 0.000001
 # Issue 42 item 8: a NaN budget is no number (it was read as no budget); an output that cannot be
 # written is found before the search (it was found after it, the search lost); a directory is one.
-expect_error "--budget-s: Value nan not in range" tune "$work/t.csv" --budget-s nan
+expect_error "--budget-s: Value nan is not a number; accepted: 0 to 1e+07" tune "$work/t.csv" --budget-s nan
 for flag in --json --html; do
   start=$SECONDS
-  expect_error "$work/no/such/dir/out: cannot open it for writing: No such file or directory (checked before any work)" \
+  expect_error "$work/no/such/dir/out: cannot open it for writing (checked before any work): No such file or directory" \
     tune "$work/t.csv" "$flag" "$work/no/such/dir/out"
   ((SECONDS - start <= 5)) || fail "tune $flag to an unwritable path ran the search first ($((SECONDS - start)) s)"
 done
 expect_error "$work is a directory; accepted: a file to write" tune "$work/t.csv" --json "$work"
 expect_error "$work is a directory; accepted: a file, the recording" tune "$work"
 [[ ! -e $work/no ]] || fail "the check of an output left something behind"
+# A FIFO's reader is not ended by the check: it gets the whole JSON at the end.
+mkfifo "$work/fifo"
+cat "$work/fifo" >"$work/from_fifo" &
+reader=$!
+timeout 120 "$bench" tune "$work/t.csv" --jobs 2 --budget-s 60 --json "$work/fifo" >/dev/null 2>&1 ||
+  fail "tune --json FIFO"
+wait "$reader"
+/usr/bin/python3 -c "import json, sys; json.load(open(sys.argv[1]))" "$work/from_fifo" || fail "the FIFO's JSON"
 echo "check_tune_cli: PASS"

@@ -84,10 +84,14 @@ std::string SnapshotPickle(const Layout& layout, const std::vector<Entry>& entri
 // free_completed, an oom (no "addr"), a snapshot marker, a free_completed of a block the ring buffer
 // dropped.
 std::vector<Entry> Workload() {
-  return {{"segment_alloc", 0x7f0000000000, 20 << 20, 1},  {"alloc", 0x7f0000000000, 3 << 20, 2},
-          {"alloc", 0x7f0000300000, 5 << 20, 3},           {"free_requested", 0x7f0000000000, 3 << 20, 4},
-          {"free_completed", 0x7f0000000000, 3 << 20, 5}, {"oom", 1 << 30, 40 << 20, 6},
-          {"snapshot", 0, 5 << 20, 7},                     {"free_completed", 0x7f0009999000, 1 << 20, 8}};
+  return {{"segment_alloc", 0x7f0000000000, 20 << 20, 1},
+          {"alloc", 0x7f0000000000, 3 << 20, 2},
+          {"alloc", 0x7f0000300000, 5 << 20, 3},
+          {"free_requested", 0x7f0000000000, 3 << 20, 4},
+          {"free_completed", 0x7f0000000000, 3 << 20, 5},
+          {"oom", 1 << 30, 40 << 20, 6},
+          {"snapshot", 0, 5 << 20, 7},
+          {"free_completed", 0x7f0009999000, 1 << 20, 8}};
 }
 
 absl::StatusOr<SnapshotContents> Read(const std::string& bytes, const SnapshotReadOptions& o = {}) {
@@ -124,7 +128,8 @@ TEST(SnapshotImportTest, EveryLayoutTorchWroteIsRead) {
 }
 
 TEST(SnapshotImportTest, AnEntryWithoutTimeInATimedHistoryTakesTheTimeBefore) {
-  std::vector<Entry> w = {{"alloc", 0x1000, 4096, 100}, {"alloc", 0x2000, 4096, -1}, {"free_completed", 0x1000, 4096, 300}};
+  std::vector<Entry> w = {
+      {"alloc", 0x1000, 4096, 100}, {"alloc", 0x2000, 4096, -1}, {"free_completed", 0x1000, 4096, 300}};
   absl::StatusOr<SnapshotContents> c = Read(SnapshotPickle(kLayouts[4], w));
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_EQ(c->history->events.size(), 3u);
@@ -264,9 +269,9 @@ TEST(SnapshotImportTest, SegmentSizesOutOfRangeAreRefusedNamingTheField) {
     bad["segments"][0][field] = std::int64_t{9223372036854775000};
     absl::StatusOr<SnapshotContents> r = ReadSnapshot(bad, "s.json", o);
     ASSERT_FALSE(r.ok()) << field;
-    EXPECT_TRUE(absl::StrContains(r.status().message(),
-                                  absl::StrCat("s.json: segments[0] has \"", field, "\" 9223372036854775000; accepted: \"",
-                                               field, "\" an integer from 0 to 70368744177664")))
+    EXPECT_TRUE(absl::StrContains(
+        r.status().message(), absl::StrCat("s.json: segments[0] has \"", field, "\" 9223372036854775000; accepted: \"",
+                                           field, "\" an integer from 0 to 70368744177664")))
         << r.status();
   }
   nlohmann::json block = s;
@@ -283,8 +288,8 @@ TEST(SnapshotImportTest, SegmentSizesOutOfRangeAreRefusedNamingTheField) {
   p.SetItems();
   absl::StatusOr<SnapshotContents> sum = Read(p.Done(), o);
   ASSERT_FALSE(sum.ok());
-  EXPECT_TRUE(absl::StrContains(sum.status().message(),
-                                "segments[131071] brings the segments' \"total_size\" past 2^63 bytes"))
+  EXPECT_TRUE(
+      absl::StrContains(sum.status().message(), "segments[131071] brings the segments' \"total_size\" past 2^63 bytes"))
       << sum.status();
 }
 

@@ -237,5 +237,43 @@ TEST(SnapshotPickleTest, DamagedPicklesAreErrorsNamingWhere) {
   EXPECT_TRUE(absl::StrContains(blowup.status().message(), "shared references expand")) << blowup.status();
 }
 
+// The memo holds any value at any index (issue 42's review): 2^31 - 1, the largest 32-bit int, once
+// shared the reference that marks a slot never PUT; an entry PUT at an index far ahead of the input
+// was hidden once a later PUT grew the dense slots past it.
+TEST(SnapshotPickleTest, MemoEntriesAreFoundWhereverTheyWerePut) {
+  absl::StatusOr<nlohmann::json> big_int =
+      ParsePlainPickle(std::string("\x80\x04J\xff\xff\xff\x7f\x94"
+                                   "0h\x00.",
+                                   12));
+  ASSERT_TRUE(big_int.ok()) << big_int.status();
+  EXPECT_EQ(*big_int, 2147483647);
+  auto le32 = [](std::uint32_t v) {
+    std::string b(4, '\0');
+    for (int i = 0; i < 4; ++i) b[i] = static_cast<char>(v >> (8 * i));
+    return b;
+  };
+  std::string sparse = std::string("\x80\x04K\x07r", 5) + le32(1000) + "0";  // 7 PUT at 1000, early
+  for (int i = 0; i < 800; ++i) sparse += "N0";
+  sparse += "Nr" + le32(1500) + "0";  // PUT at 1500 once the input has passed it: the dense slots grow
+  sparse += "j" + le32(1000) + ".";
+  absl::StatusOr<nlohmann::json> j = ParsePlainPickle(sparse);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(*j, 7);
+}
+
+// A pickle of nothing but nested one-item tuples (TUPLE1, one byte each) holds a node and one
+// reference per tuple, no spare room: a container built whole gets a region of its size. The worst
+// case of the tree: 20 bytes per byte of input, and the vectors' unused capacity.
+TEST(SnapshotPickleTest, AContainerBuiltWholeTakesNoSpareRoom) {
+  std::string tuples = "\x80\x04N";
+  for (int i = 0; i < 100000; ++i) tuples += "\x85";
+  tuples += ".";
+  absl::StatusOr<PlainPickle> p = PlainPickle::Parse(tuples);
+  ASSERT_TRUE(p.ok()) << p.status();
+  // 20 bytes per tuple, and the vectors' unused capacity, up to as much again (37 per tuple here);
+  // with 4 references' room for each, 32 bytes per tuple (52 here).
+  EXPECT_LT(p->tree_bytes(), 40 * tuples.size()) << p->tree_bytes();
+}
+
 }  // namespace
 }  // namespace bucketalloc::harness

@@ -283,15 +283,16 @@ TEST(TunerTest, ASnapshotsHistoryIsReadAsATrace) {
       {"action": "free_requested", "addr": 4096, "size": 2097152, "time_us": 2},
       {"action": "free_completed", "addr": 4096, "size": 2097152, "time_us": 3},
       {"action": "free_completed", "addr": 8192, "size": 512, "time_us": 4}]]})");
-  absl::StatusOr<std::optional<Trace>> t = ImportSnapshotHistory(s);
-  ASSERT_TRUE(t.ok()) << t.status();
-  ASSERT_TRUE(t->has_value());
-  ASSERT_EQ((*t)->events.size(), 2u);  // the free of a block it never allocated is dropped
-  EXPECT_EQ((*t)->events[0].action, TraceAction::kAllocate);
-  EXPECT_EQ((*t)->events[1].action, TraceAction::kFree);
-  EXPECT_EQ((*t)->events[1].time, "3");
+  absl::StatusOr<SnapshotContents> c = ReadSnapshot(s, "s.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->history.has_value());
+  const std::vector<TraceEvent>& events = c->history->events;
+  ASSERT_EQ(events.size(), 2u);  // the free of a block it never allocated is dropped
+  EXPECT_EQ(events[0].action, TraceAction::kAllocate);
+  EXPECT_EQ(events[1].action, TraceAction::kFree);
+  EXPECT_EQ(events[1].time, "3");
   s["device_traces"][0][0].erase("size");
-  EXPECT_TRUE(absl::IsInvalidArgument(ImportSnapshotHistory(s).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ReadSnapshot(s, "s.json").status()));
 }
 
 }  // namespace

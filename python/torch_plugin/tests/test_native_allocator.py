@@ -191,6 +191,12 @@ text = viz.trace(dumped)
 assert "cudaMalloc(" in text and "del " in text, text
 for plot in (viz.trace_plot, viz.segment_plot):
     assert "<html" in plot(dumped).lower()
+# The harness reads torch's own pickle, stacks and all (issue 42: read in place, every layout).
+import subprocess
+from bucketalloc_torch._commands import bench_path
+doctor = subprocess.run([bench_path(), "doctor", {str(out)!r}, "--capacity", "1GiB"], capture_output=True, text=True)
+assert doctor.returncode == 0 and "(snapshot, " in doctor.stdout, doctor.stdout + doctor.stderr
+assert "time_us" not in doctor.stderr, doctor.stderr                # torch 2.2 on records it
 # "state": stacks of live blocks only, none in the trace
 probe.record_history(True, "state", 1000)
 r = probe.malloc(2 * MiB, S)

@@ -2,10 +2,14 @@
 // its JSON (harness/replay/snapshot_import.h). One walk, written once over a view of either form.
 #include "harness/replay/snapshot_import.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -32,7 +36,8 @@ struct JsonView {
   }
   static std::optional<std::uint64_t> Unsigned(Value v) {
     if (v->is_number_unsigned()) return v->get<std::uint64_t>();
-    if (v->is_number_integer() && v->get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v->get<std::int64_t>());
+    if (v->is_number_integer() && v->get<std::int64_t>() >= 0)
+      return static_cast<std::uint64_t>(v->get<std::int64_t>());
     return std::nullopt;
   }
   static std::optional<std::int64_t> Signed(Value v) {
@@ -122,9 +127,8 @@ class SnapshotWalk {
 
   absl::Status Error(absl::string_view where, absl::string_view what, absl::string_view holds,
                      absl::string_view accepted) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_, ": ", where, " ", what, holds.empty() ? "" : " (", holds, holds.empty() ? "" : ")",
-                     "; accepted: ", accepted));
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": ", where, " ", what, holds.empty() ? "" : " (", holds,
+                                                   holds.empty() ? "" : ")", "; accepted: ", accepted));
   }
   absl::Status Visit(std::uint64_t n) {
     if (n <= budget_ - visits_) {
@@ -160,7 +164,8 @@ class SnapshotWalk {
   absl::Status ReadHistory(Value traces, SnapshotContents* c) {
     c->has_device_traces = true;
     if (!View::IsList(traces)) {
-      return Error("\"device_traces\"", "is not a list", Describe(traces), "a list of one list of trace entries per device");
+      return Error("\"device_traces\"", "is not a list", Describe(traces),
+                   "a list of one list of trace entries per device");
     }
     if (absl::Status s = Visit(View::Size(traces)); !s.ok()) return s;
     int device = options_.device;
@@ -174,7 +179,8 @@ class SnapshotWalk {
     }
     const Value history = View::Item(traces, static_cast<std::size_t>(device));
     const std::string where_history = absl::StrCat("device_traces[", device, "]");
-    if (!View::IsList(history)) return Error(where_history, "is not a list", Describe(history), "a list of trace entries");
+    if (!View::IsList(history))
+      return Error(where_history, "is not a list", Describe(history), "a list of trace entries");
     if (View::Size(history) == 0) return absl::OkStatus();
 
     Trace trace;
@@ -349,14 +355,6 @@ absl::StatusOr<SnapshotContents> ReadSnapshot(const PlainPickle& snapshot, absl:
   }
   return SnapshotWalk<PickleView>(snapshot.source(), kVisitsPerByte * snapshot.input_bytes() + 4096, options)
       .Read(root);
-}
-
-absl::StatusOr<std::optional<Trace>> ImportSnapshotHistory(const nlohmann::json& snapshot, int device) {
-  SnapshotReadOptions o;
-  o.device = device;
-  absl::StatusOr<SnapshotContents> c = ReadSnapshot(snapshot, "snapshot", o);
-  if (!c.ok()) return c.status();
-  return std::move(c->history);
 }
 
 }  // namespace bucketalloc::harness

@@ -4,13 +4,14 @@
 // Owns: `ReadSnapshot`, over either form a snapshot comes in: torch.cuda.memory._dump_snapshot's
 // pickle (parsed by harness/replay/snapshot_pickle.h, read in place: nothing but the fields below is
 // copied, and shared values are never expanded) or bucketalloc_torch.snapshot()'s JSON.
-// The layouts read (reference/pytorch.md §4.2): every one torch has written since _dump_snapshot
-// exists (torch 2.0 on). A trace entry needs an "action" (a string); an `alloc` or `free_completed`
-// also needs "addr" and "size" (integers); "stream" (default 0) and "time_us" (a number) are read
-// when present. Other actions (segment_*, free_requested, snapshot, oom, whose address field is
-// "device_free", user_defined, ...) are skipped unread. A history without any "time_us" (torch
-// before 2.1) is timed by entry order, 1 µs per entry, and says so in `warnings`; an entry without it
-// in a history that has it takes the time of the entry before. alloc -> allocate and free_completed
+// The layouts read (reference/pytorch.md §4.2; docs/harness.md, "Reading a snapshot"): every one
+// torch has written since _dump_snapshot exists (torch 2.1), and torch 2.0's _snapshot() dict. A
+// trace entry needs an "action" (a string); an `alloc` or `free_completed` also needs "addr", and an
+// `alloc` "size" (integers); "stream" (default 0) and "time_us" (a number) are read when present.
+// Other actions (segment_*, free_requested, snapshot, oom, whose address field is "device_free") are
+// skipped unread. A history without any "time_us" (torch before 2.2) is timed by entry order, 1 µs
+// per entry, and says so in `warnings`; an entry without it in a history that has it takes the time
+// of the entry before. alloc -> allocate and free_completed
 // -> free of a block it allocated (a free_requested alone is ignored; a free whose alloc the ring
 // buffer dropped is dropped).
 // A segment's "total_size", "allocated_size", "active_size" and "requested_size" (each absent in
@@ -43,10 +44,10 @@ struct SnapshotReadOptions {
 // The totals of one device's segments (those without a "device" count for every device).
 struct SnapshotSegmentTotals {
   std::int64_t segments = 0;
-  std::int64_t reserved_bytes = 0;   // total_size
-  std::int64_t allocated_bytes = 0;  // allocated_size
-  std::int64_t active_bytes = 0;     // active_size
-  std::int64_t requested_bytes = 0;  // requested_size
+  std::int64_t reserved_bytes = 0;            // total_size
+  std::int64_t allocated_bytes = 0;           // allocated_size
+  std::int64_t active_bytes = 0;              // active_size
+  std::int64_t requested_bytes = 0;           // requested_size
   std::int64_t largest_free_block_bytes = 0;  // the largest inactive block
 };
 
@@ -66,10 +67,6 @@ absl::StatusOr<SnapshotContents> ReadSnapshot(const nlohmann::json& snapshot, ab
 // the pickle's source and `accepted` otherwise).
 absl::StatusOr<SnapshotContents> ReadSnapshot(const PlainPickle& snapshot, absl::string_view accepted,
                                               const SnapshotReadOptions& options = {});
-
-// The history of `device` (-1: the first with one) of a snapshot's JSON, or nullopt when it has
-// none (or no such device): ReadSnapshot's history.
-absl::StatusOr<std::optional<Trace>> ImportSnapshotHistory(const nlohmann::json& snapshot, int device = -1);
 
 }  // namespace bucketalloc::harness
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -21,16 +20,17 @@
 namespace bucketalloc::harness {
 
 // The tree. A reference (a stack slot, a container's item, a memo entry) is 32 bits: with its top
-// bit set, an int in [0, 2^31) held in the reference itself (most ints of a snapshot: sizes, line
+// bit set, an int in [0, 2^31 - 1) held in the reference itself (most ints of a snapshot: sizes, line
 // numbers, small addresses); otherwise a node's index. Nodes 0 to 2 are None, True and False, shared
 // by every reference to them. A container's references lie in `refs` at `payload`, `count` of them
-// (a dict's are key, value pairs) in a region of Capacity(count): a container filled by several
-// opcodes grows in place when its region is the last, or moves to the end into a region twice as
+// (a dict's are key, value pairs) in a region of Capacity(node): exactly `count` when it was built
+// whole (kExact: LIST, TUPLE, DICT, TUPLE1-3); a container filled by several opcodes (APPENDS,
+// SETITEMS) grows in place when its region is the last, or moves to the end into a region twice as
 // large, so filling costs amortized O(1) per item and the regions left behind at most as much again.
 // Invariants: every reference in `refs`, the memo and `root` is an inline int or a node index below
 // nodes.size(); a string's [payload, payload + count) lies in `input` (or `decoded` when kDecoded).
 struct PlainPickle::Tree {
-  enum Flag : std::uint8_t { kUnsignedBig = 1, kDecoded = 2 };
+  enum Flag : std::uint8_t { kUnsignedBig = 1, kDecoded = 2, kExact = 4 };
   struct Node {
     PickleValue::Kind kind = PickleValue::Kind::kNone;
     std::uint8_t flags = 0;
@@ -38,12 +38,18 @@ struct PlainPickle::Tree {
     std::uint64_t payload = 0;  // an int's or a float's bits; a string's or a container's offset
   };
   static constexpr std::uint32_t kInline = 0x80000000u;
+  // The largest int held in a reference: 2^31 - 2, so that no reference is 0xFFFFFFFF (the parser's
+  // mark of a memo slot never PUT).
+  static constexpr std::uint32_t kMaxInline = 0x7FFFFFFEu;
   static constexpr std::uint32_t kNoneRef = 0, kTrueRef = 1, kFalseRef = 2;
 
   static bool IsInline(std::uint32_t ref) { return (ref & kInline) != 0; }
-  static std::uint64_t Capacity(std::uint64_t count) {
-    return count == 0 ? 0 : std::max<std::uint64_t>(4, std::bit_ceil(count));
+  // A container's region: exactly its items when built whole (kExact), else room to double into.
+  static std::uint64_t Capacity(const Node& n) {
+    if ((n.flags & kExact) != 0 || n.count == 0) return n.count;
+    return GrowthCapacity(n.count);
   }
+  static std::uint64_t GrowthCapacity(std::uint64_t count) { return std::max<std::uint64_t>(4, std::bit_ceil(count)); }
   const Node& At(std::uint32_t ref) const { return nodes[ref]; }
 
   std::string input;
@@ -160,8 +166,9 @@ class Parser {
   }
 
   absl::Status PushInt(std::int64_t n) {
-    if (n >= 0 && n < static_cast<std::int64_t>(Tree::kInline))
+    if (n >= 0 && n <= static_cast<std::int64_t>(Tree::kMaxInline)) {
       return Push(Tree::kInline | static_cast<std::uint32_t>(n));
+    }
     return PushNew(Kind::kInt, 0, 0, static_cast<std::uint64_t>(n));
   }
   absl::Status PushUnsigned(std::uint64_t n) {
@@ -212,13 +219,14 @@ class Parser {
     Tree::Node& c = t_.nodes[ref];
     const std::uint64_t need = std::uint64_t{c.count} + n;
     if (need > std::numeric_limits<std::uint32_t>::max()) return Error("a container of more than 2^32 items");
-    const std::uint64_t cap = Tree::Capacity(c.count);
+    const std::uint64_t cap = Tree::Capacity(c);
     if (need > cap) {
+      c.flags &= ~Tree::kExact;  // filled again: from now on it doubles
       if (c.count > 0 && c.payload + cap == t_.refs.size()) {
-        t_.refs.resize(c.payload + Tree::Capacity(need));
+        t_.refs.resize(c.payload + Tree::GrowthCapacity(need));
       } else {
         const std::uint64_t to = t_.refs.size();
-        t_.refs.resize(to + Tree::Capacity(need));
+        t_.refs.resize(to + Tree::GrowthCapacity(need));
         std::copy_n(t_.refs.begin() + static_cast<std::ptrdiff_t>(c.payload), c.count,
                     t_.refs.begin() + static_cast<std::ptrdiff_t>(to));
         c.payload = to;
@@ -236,10 +244,14 @@ class Parser {
     if (kind == Kind::kDict && items.size() % 2 != 0) return Error("SETITEMS with an odd number of keys and values");
     return Append(container, items.data(), items.size());
   }
+  // A container built whole (LIST, TUPLE, DICT, TUPLE1-3): its items in a region of their number.
   absl::Status PushContainer(Kind kind, const std::vector<std::uint32_t>& items) {
-    absl::StatusOr<std::uint32_t> ref = Make(kind);
+    if (kind == Kind::kDict && items.size() % 2 != 0) return Error("DICT with an odd number of keys and values");
+    if (items.size() > std::numeric_limits<std::uint32_t>::max()) return Error("a container of more than 2^32 items");
+    absl::StatusOr<std::uint32_t> ref =
+        Make(kind, Tree::kExact, static_cast<std::uint32_t>(items.size()), t_.refs.size());
     if (!ref.ok()) return ref.status();
-    if (absl::Status s = AppendTo(kind, kind == Kind::kList ? "LIST" : "DICT", *ref, items); !s.ok()) return s;
+    t_.refs.insert(t_.refs.end(), items.begin(), items.end());
     return Push(*ref);
   }
 
@@ -254,12 +266,12 @@ class Parser {
     }
     return absl::OkStatus();
   }
+  // The last PUT of `index`: its dense slot once set (a PUT of an index the input has passed goes
+  // there, and is later than any sparse one of it), else its sparse entry.
   absl::Status Get(std::uint64_t index) {
-    std::uint32_t ref = kUnset;
-    if (index < memo_.size()) {
-      ref = memo_[index];
-    } else if (auto it = sparse_memo_.find(index); it != sparse_memo_.end()) {
-      ref = it->second;
+    std::uint32_t ref = index < memo_.size() ? memo_[index] : kUnset;
+    if (ref == kUnset) {
+      if (auto it = sparse_memo_.find(index); it != sparse_memo_.end()) ref = it->second;
     }
     if (ref == kUnset) return Error(absl::StrCat("GET of memo entry ", index, ", which was never PUT"));
     return Push(ref);

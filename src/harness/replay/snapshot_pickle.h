@@ -7,8 +7,9 @@
 // (views of the input; protocol 0's escaped text decoded once), lists, tuples (as lists), sets and
 // dicts; the memo (PUT/GET, MEMOIZE) and protocol 4's framing. A value the memo shares is held once,
 // however many references it has (torch's pickler shares strings and frame dicts): the tree holds at
-// most one node per opcode, a 4-byte reference per item, and small integers inside the reference,
-// so its memory is a small multiple of the input's (docs/harness.md, "Reading a snapshot").
+// most one 16-byte node per opcode and a 4-byte reference per item (small integers inside the
+// reference). A snapshot's tree is about 2 bytes per byte of its input; the worst case, a pickle of
+// one-byte container opcodes, 20 bytes per byte (docs/harness.md, "Reading a snapshot").
 // Every opcode that names or calls code (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ,
 // EXT*, PERSID) is refused before anything of the file is used, as tools/import_torch_snapshot.py's
 // restricted unpickler refuses them: a memory snapshot holds only plain data, so a file that needs

@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
@@ -179,16 +178,12 @@ std::string FormatTrace(const Trace& trace) {
 
 absl::Status WriteWholeFile(const std::string& path, absl::string_view text, absl::string_view what) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(path, ": cannot open it to write ", what, ": ", std::strerror(errno)));
-  }
+  if (f == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open it to write ", what));
   const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
   const int write_errno = errno;
   const bool closed = std::fclose(f) == 0;  // the last buffered bytes go out here: its error counts too
   if (!written || !closed) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": writing ", what, " failed: ", std::strerror(written ? errno : write_errno)));
+    return absl::ErrnoToStatus(written ? errno : write_errno, absl::StrCat(path, ": writing ", what, " failed"));
   }
   return absl::OkStatus();
 }
