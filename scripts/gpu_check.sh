@@ -5,9 +5,10 @@
 # budget, and the summary ("step <name>: PASS|FAIL|NOT RUN (seconds)" per step, then
 # "gpu_check: N passed, M failed, K not run"). Exits non-zero when any step failed or a step that
 # needs the GPU was not run.
-# Order: what only a GPU machine can check first (PyTorch on the GPU, then the real CUDA tests and
-# the shim), the CPU-only core tests last (CI runs them anyway; they are cut first when the budget
-# runs out). The default budget (480 s) fits one 600 s device call.
+# Order: what only a GPU machine can check first (each CUDA driver call's cost measured on the idle
+# device and read back by the harness, PyTorch on the GPU, then the real CUDA tests and the shim),
+# the CPU-only core tests last (CI runs them anyway; they are cut first when the budget runs out).
+# The default budget (480 s) fits one 600 s device call.
 # Libraries: PyTorch's steps run with PyTorch's own CUDA libraries (nothing of the bundle on
 # LD_LIBRARY_PATH; libbucketalloc.so finds its Abseil beside itself through its RUNPATH and loads
 # the driver itself); only the bundle's test programs get bundle/lib on LD_LIBRARY_PATH.
@@ -18,8 +19,9 @@
 # Usage, from the repo root on the GPU machine:
 #   bash scripts/gpu_check.sh
 # Environment: GPU_CHECK_BUDGET_S (overall budget, default 480 s), BUNDLE (default bundle),
-# GPU_CHECK_LOG_DIR (where gpu_check.log, every step's output, and cuda_backend_test.xml go; default
-# $OUT/gpu_check when $OUT is set, so they come back from the device tool, else /tmp/gpu_check).
+# GPU_CHECK_LOG_DIR (where gpu_check.log, every step's output, cuda_backend_test.xml and the measured
+# cost file driver_costs.json go; default $OUT/gpu_check when $OUT is set, so they come back from the
+# device tool, else /tmp/gpu_check).
 #
 # Adding a check: append a `run_step <name> <timeout_s> <command...>` line in the steps section.
 set -uo pipefail
@@ -125,6 +127,27 @@ if [[ -x $BUNDLE/bin/bucketalloc-bench ]]; then
     --model data/models/Llama-3.1-8B-Instruct.config.json --limit 300 -o "$TRACE"
 else
   STEP_LINES+=("step serving_trace: FAIL (0s, $BUNDLE/bin/bucketalloc-bench missing)")
+  FAILED=$((FAILED + 1))
+fi
+
+# 1a. What each CUDA driver call costs on this GPU (tools/measure_driver_costs.cc: cudaMalloc/cudaFree,
+#    the cuMem* family, address reserve/free, synchronize), measured on the still idle device and
+#    written to $LOG_DIR/driver_costs.json (it comes back from the device tool); then the harness must
+#    read it: the serving trace replayed with backend:vmm priced by it (--costs FILE), so that one GPU
+#    run calibrates bucketalloc-bench's driver time.
+if [[ -x $BUNDLE/bin/bucketalloc-measure-driver-costs && -x $BUNDLE/bin/bucketalloc-bench && -s $TRACE ]]; then
+  run_step driver_costs 90 "${WITH_BUNDLE[@]}" bash -c '
+    set -eo pipefail
+    BUNDLE=$0 TRACE=$1 LOG_DIR=$2
+    rm -f "$LOG_DIR/driver_costs.json" "$LOG_DIR/replay_measured_costs.json"
+    "$BUNDLE/bin/bucketalloc-measure-driver-costs" --budget-s 60 -o "$LOG_DIR/driver_costs.json"
+    "$BUNDLE/bin/bucketalloc-bench" replay "$TRACE" --capacity 80GiB --allocator bucketalloc:backend:vmm \
+      --costs "$LOG_DIR/driver_costs.json" --json "$LOG_DIR/replay_measured_costs.json"
+    grep -q "\"measured-" "$LOG_DIR/replay_measured_costs.json" ||
+      { echo "driver_costs: the replay JSON does not name the measured profile"; exit 1; }' \
+    "$BUNDLE" "$TRACE" "$LOG_DIR"
+else
+  STEP_LINES+=("step driver_costs: FAIL (0s, no trace, or $BUNDLE/bin/bucketalloc-measure-driver-costs or bucketalloc-bench missing)")
   FAILED=$((FAILED + 1))
 fi
 

@@ -3,16 +3,16 @@
 #
 # Owns: the bundle that scripts/gpu_check.sh runs on the GPU machine, whose image has no Abseil,
 # GoogleTest or Google Benchmark: bundle/bin (cuda_backend_test, every core *_test, and
-# bucketalloc_microbench and bucketalloc_c_abi_bench when built, preload_probe and
-# preload_kernel_check), bundle/lib (libbucketalloc.so.0, the C ABI PyTorch loads,
-# libbucketalloc_preload.so, libcudart.so for the preload programs, and the non-system shared
-# libraries all of these load:
+# bucketalloc_microbench and bucketalloc_c_abi_bench when built, bucketalloc-bench,
+# bucketalloc-measure-driver-costs, preload_probe and preload_kernel_check), bundle/lib
+# (libbucketalloc.so.0, the C ABI PyTorch loads, libbucketalloc_preload.so, libcudart.so for the
+# programs that link it, and the non-system shared libraries all of these load:
 # Abseil, GoogleTest/GoogleMock, Google Benchmark, mimalloc, and any shared library of this
 # build), bundle/gpu_check.sh and bundle/MANIFEST. The libraries load the CUDA driver at run time
-# and link no cudart; only the preload programs link the toolkit's libcudart.so (it travels); the
-# tests that run on the CUDA double (*_double_test) stay behind: on a GPU machine they would load the
-# real libcuda.so.1 in its place. The system's libc/libstdc++ are not copied (the GPU image is
-# newer, which is compatible).
+# and link no cudart; only the preload programs and bucketalloc-measure-driver-costs link the
+# toolkit's libcudart.so (it travels); the tests that run on the CUDA double (*_double_test) stay
+# behind: on a GPU machine they would load the real libcuda.so.1 in its place. The system's
+# libc/libstdc++ are not copied (the GPU image is newer, which is compatible).
 # The bundle must stay within the device tool's 64 MiB carry limit: binaries and libraries are
 # stripped when they would take more than 40 MiB, and bundle/bin travels as bundle/bin.tar.xz (each
 # test binary links the whole core statically, so the ~50 of them share most of their bytes and
@@ -61,6 +61,12 @@ if [[ ! -x $BUILD_DIR/tools/bucketalloc-bench ]]; then
   exit 1
 fi
 BINARIES+=("$BUILD_DIR/tools/bucketalloc-bench")
+# Each CUDA driver call's cost on the GPU (gpu_check's driver_costs step); built with the toolkit's libcudart.
+if [[ ! -x $BUILD_DIR/tools/bucketalloc-measure-driver-costs ]]; then
+  echo "make_gpu_bundle: $BUILD_DIR/tools/bucketalloc-measure-driver-costs was not built" >&2
+  exit 1
+fi
+BINARIES+=("$BUILD_DIR/tools/bucketalloc-measure-driver-costs")
 # The LD_PRELOAD drop-in's programs (the kernel check needs nvcc; CMake builds it when nvcc works).
 for program in preload_probe preload_kernel_check preload_double_program; do
   if [[ ! -x $BUILD_DIR/tests/$program ]]; then

@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "bucketalloc/options.h"
 #include "harness/replay/policies.h"
 #include "harness/replay/trace.h"
@@ -96,23 +97,58 @@ void DeviceFlags::AddTo(CLI::App* sub, bool with_device) {
                     "on the simulated device")
         ->capture_default_str();
   }
-  sub->add_option("--malloc-us", cost_.malloc_us, "simulated cost of a backend allocation (us)")->capture_default_str();
-  sub->add_option("--free-us", cost_.free_us, "simulated cost of a backend free (us)")->capture_default_str();
-  sub->add_option("--vmm-call-us", cost_.vmm_call_us,
-                  "simulated cost of one virtual-memory call: create, release, map or unmap of a granule (us)")
+  sub->add_option("--costs", costs_,
+                  absl::StrCat("the driver calls' prices by call and size: a built-in profile (",
+                               absl::StrJoin(harness::CostProfileNames(), ", "),
+                               ") or the path of a JSON cost file, such as scripts/gpu_check.sh writes "
+                               "(docs/harness.md, \"Driver time\")"))
       ->capture_default_str();
+  malloc_flag_ = sub->add_option("--malloc-us", malloc_us_, "one price for every cudaMalloc (us), over --costs'");
+  free_flag_ = sub->add_option("--free-us", free_us_, "one price for every cudaFree (us), over --costs'");
+  vmm_flag_ = sub->add_option("--vmm-call-us", vmm_call_us_,
+                              "one price for every virtual-memory call (create, release, map, set-access, unmap, "
+                              "address reserve and free; us), over --costs'");
+}
+
+absl::StatusOr<harness::CostModel> DeviceFlags::Costs() const {
+  absl::StatusOr<harness::CostModel> c = harness::LoadCostModel(costs_);
+  if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("--costs ", costs_, ": ", c.status().message()));
+  using harness::DriverCall;
+  const struct {
+    const CLI::Option* flag;
+    double us;
+    const char* note;
+    std::initializer_list<DriverCall> calls;
+  } overrides[] = {
+      {malloc_flag_, malloc_us_, "malloc-us", {DriverCall::kMalloc}},
+      {free_flag_, free_us_, "free-us", {DriverCall::kFree}},
+      {vmm_flag_,
+       vmm_call_us_,
+       "vmm-call-us",
+       {DriverCall::kCreate, DriverCall::kRelease, DriverCall::kMap, DriverCall::kSetAccess, DriverCall::kUnmap,
+        DriverCall::kAddressReserve, DriverCall::kAddressFree}},
+  };
+  for (const auto& o : overrides) {
+    if (o.flag == nullptr || o.flag->count() == 0) continue;
+    for (DriverCall call : o.calls) {
+      if (absl::Status s = c->Override(call, o.us, o.note); !s.ok()) return s;
+    }
+  }
+  return c;
 }
 
 absl::StatusOr<harness::ReplayDeviceKind> DeviceFlags::Device() const {
   return harness::ParseReplayDeviceKind(device_name_);
 }
 
-harness::ReplayOptions DeviceFlags::Options(const std::string& allocator, std::size_t capacity,
-                                            harness::ReplayDeviceKind device) const {
+absl::StatusOr<harness::ReplayOptions> DeviceFlags::Options(const std::string& allocator, std::size_t capacity,
+                                                            harness::ReplayDeviceKind device) const {
+  absl::StatusOr<harness::CostModel> costs = Costs();
+  if (!costs.ok()) return costs.status();
   harness::ReplayOptions o;
   o.allocator = allocator;
   o.capacity = capacity;
-  o.cost = cost_;
+  o.cost = *std::move(costs);
   o.device = device;
   return o;
 }

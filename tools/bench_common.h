@@ -61,21 +61,28 @@ class Command {
 };
 
 // The simulated device's flags of one subcommand: --device (`with_device`: where a replay runs) and
-// the cost model of backend calls.
+// the driver calls' prices: --costs (a built-in profile or a JSON file, harness/replay/driver_costs.h)
+// and --malloc-us, --free-us and --vmm-call-us, which set one price for every size of their calls.
 class DeviceFlags {
  public:
   // Adds them to `sub`, in that order (after the subcommand's own flags).
   void AddTo(CLI::App* sub, bool with_device);
   // --device, read (InvalidArgument names the flag).
   absl::StatusOr<harness::ReplayDeviceKind> Device() const;
-  const harness::CostModel& cost() const { return cost_; }
-  // ReplayOptions of `allocator` at `capacity` on this device, at this cost.
-  harness::ReplayOptions Options(const std::string& allocator, std::size_t capacity,
-                                 harness::ReplayDeviceKind device) const;
+  // --costs, read, with the prices given on the command line over it (InvalidArgument names the
+  // flag, the file's field, or the profiles accepted).
+  absl::StatusOr<harness::CostModel> Costs() const;
+  // ReplayOptions of `allocator` at `capacity` on this device, at these costs.
+  absl::StatusOr<harness::ReplayOptions> Options(const std::string& allocator, std::size_t capacity,
+                                                 harness::ReplayDeviceKind device) const;
 
  private:
   std::string device_name_ = "sim";
-  harness::CostModel cost_;
+  std::string costs_ = "a100-published";
+  double malloc_us_ = 0.0, free_us_ = 0.0, vmm_call_us_ = 0.0;
+  CLI::Option* malloc_flag_ = nullptr;
+  CLI::Option* free_flag_ = nullptr;
+  CLI::Option* vmm_flag_ = nullptr;
 };
 
 }  // namespace bucketalloc::bench

@@ -27,21 +27,24 @@ int AllocatorWidth(const std::vector<std::string>& allocators) {
 }
 
 void PrintHeader(bool several, int width) {
-  std::printf("%s%-*s %10s %10s %8s %8s %6s %6s %6s %8s %8s %10s %12s %8s %8s\n", several ? "trace\n  " : "", width,
-              "allocator", "reserved", "min cap", "min/live", "min/need", "OOMs", "cap", "frag", "p50 ns", "p99 ns",
-              "backend", "backend ms", "stitched", "verdict");
+  std::printf("%s%-*s %10s %10s %8s %8s %6s %6s %6s %8s %8s %10s %10s %10s %10s %7s %8s %8s\n",
+              several ? "trace\n  " : "", width, "allocator", "reserved", "min cap", "min/live", "min/need", "OOMs",
+              "cap", "frag", "p50 ns", "p99 ns", "backend", "driver ms", "request ms", "p99 req us", "syncs",
+              "stitched", "verdict");
 }
 
 void PrintRow(bool several, int width, const harness::ReplayResult& r, const harness::MinCapacityResult& m) {
   const std::string over_need =
       m.true_need_bytes.has_value() ? absl::StrFormat("%.3f", m.min_capacity_over_true_need()) : "-";
-  std::printf("%s%-*s %10s %10s %8.3f %8s %6llu %6llu %6llu %8.0f %8.0f %10llu %12.1f %8llu %8s\n", several ? "  " : "",
-              width, r.allocator.c_str(), FormatBytes(r.peak_reserved_bytes).c_str(),
+  const harness::DriverTime& d = r.driver_time;
+  std::printf("%s%-*s %10s %10s %8.3f %8s %6llu %6llu %6llu %8.0f %8.0f %10llu %10.1f %10.1f %10.0f %7llu %8llu %8s\n",
+              several ? "  " : "", width, r.allocator.c_str(), FormatBytes(r.peak_reserved_bytes).c_str(),
               FormatBytes(m.min_capacity_bytes).c_str(), m.min_capacity_over_live, over_need.c_str(),
               static_cast<unsigned long long>(r.ooms), static_cast<unsigned long long>(r.capacity_ooms),
               static_cast<unsigned long long>(r.fragmentation_ooms), r.p50_ns, r.p99_ns,
-              static_cast<unsigned long long>(r.backend_calls), r.simulated_backend_ms,
-              static_cast<unsigned long long>(r.granules_stitched), r.verdict.c_str());
+              static_cast<unsigned long long>(r.backend_calls), d.total_ms, d.request_path_ms, d.p99_request_us,
+              static_cast<unsigned long long>(d.synchronizations), static_cast<unsigned long long>(r.granules_stitched),
+              r.verdict.c_str());
 }
 
 }  // namespace
@@ -100,13 +103,14 @@ int CompareCommand::Run() const {
     if (!need.ok()) return Fail(need.status());
     if (several) std::printf("%s (peak live %s)\n", path.c_str(), FormatBytes(report.peak_live_bytes).c_str());
     for (const std::string& name : *allocators) {
-      harness::ReplayOptions o = f.device.Options(name, *capacity, *device);
-      o.record_timeline = record;
-      absl::StatusOr<harness::ReplayResult> r = harness::Replay(*trace, o);
+      absl::StatusOr<harness::ReplayOptions> o = f.device.Options(name, *capacity, *device);
+      if (!o.ok()) return Fail(o.status());
+      o->record_timeline = record;
+      absl::StatusOr<harness::ReplayResult> r = harness::Replay(*trace, *o);
       if (!r.ok()) return Fail(r.status());
-      absl::StatusOr<harness::MinCapacityResult> m = harness::MinCapacity(*trace, name, f.device.cost());
+      absl::StatusOr<harness::MinCapacityResult> m = harness::MinCapacity(*trace, name, o->cost);
       if (!m.ok()) return Fail(m.status());
-      if (absl::Status s = harness::MeasurePeakAtMin(*trace, name, f.device.cost(), &*m); !s.ok()) return Fail(s);
+      if (absl::Status s = harness::MeasurePeakAtMin(*trace, name, o->cost, &*m); !s.ok()) return Fail(s);
       m->true_need_bytes = *need;
       PrintRow(several, width, *r, *m);
       report.capacity = r->capacity;  // rounded down to the 2 MiB granularity, as replayed

@@ -48,6 +48,15 @@ void PrintResult(const harness::ReplayResult& r) {
   std::printf("%-28s p50 %.0f ns, p99 %.0f ns\n", "latency per operation", r.p50_ns, r.p99_ns);
   std::printf("%-28s %llu (simulated %.1f ms)\n", "backend calls", static_cast<unsigned long long>(r.backend_calls),
               r.simulated_backend_ms);
+  const harness::DriverTime& d = r.driver_time;
+  std::printf("%-28s %.1f ms on requests' path, %.1f ms off it; %.1f ms until reserved peaked, %.1f ms after (%s)\n",
+              "driver time", d.request_path_ms, d.background_ms, d.warmup_ms, d.steady_ms, d.profile.c_str());
+  std::printf("%-28s p99 %.0f us, max %.0f us, over the %llu requests that called the driver\n",
+              "a request's driver time", d.p99_request_us, d.max_request_us,
+              static_cast<unsigned long long>(d.requests_calling_driver));
+  std::printf("%-28s %llu (%llu after reserved peaked)\n", "synchronizations",
+              static_cast<unsigned long long>(d.synchronizations),
+              static_cast<unsigned long long>(d.steady_synchronizations));
   std::printf("%-28s %llu\n", "granules stitched", static_cast<unsigned long long>(r.granules_stitched));
   if (r.per_round_peak_reserved_bytes.size() > 1) {
     std::string rounds;
@@ -113,7 +122,9 @@ int ReplayCommand::Run() const {
   if (!trace.ok()) return Fail(trace.status());
   absl::StatusOr<std::size_t> capacity = ParseCapacity(f.capacity_text);
   if (!capacity.ok()) return Fail(capacity.status());
-  harness::ReplayOptions o = f.device.Options(f.allocator, *capacity, *device);
+  absl::StatusOr<harness::ReplayOptions> options = f.device.Options(f.allocator, *capacity, *device);
+  if (!options.ok()) return Fail(options.status());
+  harness::ReplayOptions& o = *options;
   o.repeat = f.repeat;
   std::string timeline_path;
   if (f.timeline->count() > 0) {  // given, even empty: an empty PATH is an error, not "no timeline"
@@ -155,12 +166,13 @@ int MinCapacityCommand::Run() const {
   if (!trace.ok()) return Fail(trace.status());
   absl::StatusOr<std::optional<std::uint64_t>> need = harness::ReadTrueNeed(f.trace_path, trace->events.size());
   if (!need.ok()) return Fail(need.status());
-  absl::StatusOr<harness::MinCapacityResult> m =
-      harness::MinCapacity(*trace, f.allocator, f.device.cost(),
-                           [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+  absl::StatusOr<harness::CostModel> costs = f.device.Costs();
+  if (!costs.ok()) return Fail(costs.status());
+  absl::StatusOr<harness::MinCapacityResult> m = harness::MinCapacity(
+      *trace, f.allocator, *costs, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   if (!m.ok()) return Fail(m.status());
   m->true_need_bytes = *need;
-  if (absl::Status s = harness::MeasurePeakAtMin(*trace, f.allocator, f.device.cost(), &*m); !s.ok()) return Fail(s);
+  if (absl::Status s = harness::MeasurePeakAtMin(*trace, f.allocator, *costs, &*m); !s.ok()) return Fail(s);
   PrintResult(m->at_min);
   std::printf("%-28s %s (%.3f x peak live)\n", "min capacity", FormatBytes(m->min_capacity_bytes).c_str(),
               m->min_capacity_over_live);

@@ -81,7 +81,9 @@ int TuneCommand::Run() const {
   absl::StatusOr<harness::Trace> trace = harness::ReadRecording(f.input, f.device, &warnings);
   if (!trace.ok()) return Fail(trace.status(), prefix);
   harness::TuneOptions o;
-  o.cost = f.device_flags.cost();
+  absl::StatusOr<harness::CostModel> costs = f.device_flags.Costs();
+  if (!costs.ok()) return Fail(costs.status(), prefix);
+  o.cost = *std::move(costs);
   o.budget_s = f.budget_s;
   o.jobs = f.jobs;
   if (!f.capacity_text.empty()) {

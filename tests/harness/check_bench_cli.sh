@@ -30,6 +30,23 @@ r = json.load(open('$work/r.json')); m = json.load(open('$work/m.json'))
 assert r['peak_live_bytes'] == 30 << 20 and r['ooms'] == 0 and r['backend_calls'] == 6, r
 assert m['min_capacity_bytes'] == 30 << 20 and m['min_capacity_over_live'] == 1.0, m
 " || fail "JSON results"
+# Driver time (issue 43): every allocator's compare and min-capacity JSON carries it, under the profile chosen.
+"$bench" compare "$work/t.csv" --capacity 64MiB --costs gpu2-published --json "$work/c.json" \
+  --allocators bucketalloc,bucketalloc:backend:vmm,pytorch-policy,pytorch-expandable,nocache >/dev/null || fail "compare"
+/usr/bin/python3 -c "
+import json
+keys = {'profile', 'total_ms', 'request_path_ms', 'background_ms', 'warmup_ms', 'steady_ms', 'p99_request_us',
+        'synchronizations'}
+rows = json.load(open('$work/c.json'))
+assert len(rows) == 5, rows
+for row in rows:
+    for part in ('at_capacity', 'min_capacity'):
+        d = row[part]['driver_time']
+        assert keys <= set(d), (row[part]['allocator'], part, d)
+        assert d['profile'] == 'gpu2-published', d
+m = json.load(open('$work/m.json'))['driver_time']
+assert m['profile'] == 'a100-published' and m['request_path_ms'] == m['total_ms'] == 0.18, m
+" || fail "driver_time in compare's and min-capacity's JSON"
 printf 'Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0xa,16,0\n1,t,grab,0xa,16,0\n' >"$work/bad.csv"
 err=$("$bench" replay "$work/bad.csv" --capacity 64MiB 2>&1) && fail "a bad trace was accepted"
 grep -q "bad.csv:3: Action \"grab\" is unknown" <<<"$err" || fail "the bad line was not named: $err"
@@ -50,6 +67,10 @@ expect_error "cost --malloc-us nan: accepted a number of microseconds from 0 to 
   replay "$work/t.csv" --capacity 64MiB --malloc-us nan
 expect_error "cost --free-us inf" replay "$work/t.csv" --capacity 64MiB --free-us inf
 expect_error "cost --vmm-call-us -1" min-capacity "$work/t.csv" --vmm-call-us -1
+expect_error 'cost profile "h100" is not built in; accepted: a100-published, gpu2-published, flat, or the path' \
+  compare "$work/t.csv" --allocators bucketalloc --capacity 64MiB --costs h100
+echo '{"profile": "x", "calls": {"cudaMalloc": []}}' >"$work/costs.json"
+expect_error "calls.cudaMalloc is not an array of 1 to 64" replay "$work/t.csv" --capacity 64MiB --costs "$work/costs.json"
 printf '\x01\x02\xff\xfe binary\n' >"$work/binary.csv"
 expect_error 'found "\x01\x02\xff\xfe binary"' replay "$work/binary.csv" --capacity 64MiB
 printf 'Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0xa,18446744073709551615,0\n' >"$work/huge.csv"

@@ -105,7 +105,9 @@ TEST(MemoryBreakdownTest, EveryPolicyDescribesItsMemoryAtThePeak) {
       // The 12 MiB block was carved from the 30 MiB segment, whose rest is pinned by it.
       EXPECT_GE(b.free_shared_with_live, 17 * kMiB);
     }
-    if (allocator != "nocache") EXPECT_GT(b.free_small_pool, 0u) << "the 300 KiB block's segment or slab";
+    if (allocator != "nocache") {
+      EXPECT_GT(b.free_small_pool, 0u) << "the 300 KiB block's segment or slab";
+    }
   }
 }
 

@@ -125,8 +125,9 @@ TEST(ReportTest, HtmlEmbedsTheDataTheTableAndTheChartCount) {
   EXPECT_TRUE(absl::StrContains(html, "capacity 64.00 MiB &middot; peak live 36.00 MiB"));
   EXPECT_EQ(data["rows"], nlohmann::json::parse(CompareToJson(report))) << "the page shows what --json writes";
   // The table: the terminal table's columns, a row per allocator.
-  for (const char* column : {"peak reserved", "min capacity", "min / live", "capacity OOMs", "fragmentation OOMs",
-                             "p50 ns", "p99 ns", "backend calls", "simulated backend ms", "verdict"}) {
+  for (const char* column :
+       {"peak reserved", "min capacity", "min / live", "capacity OOMs", "fragmentation OOMs", "p50 ns", "p99 ns",
+        "backend calls", "simulated backend ms", "driver ms on requests' path", "synchronizations", "verdict"}) {
     EXPECT_TRUE(absl::StrContains(html, absl::StrCat("<th>", column, "</th>"))) << column;
   }
   EXPECT_TRUE(absl::StrContains(html, "<tr><td>pytorch-policy</td><td>50.00 MiB</td>"));

@@ -123,7 +123,8 @@ void ForEachParallel(int n, int jobs, const std::function<void(int)>& f) {
 }
 
 TuneFigures FiguresOf(const MinCapacityResult& m) {
-  return {m.min_capacity_bytes, m.min_capacity_over_live, m.at_min.backend_calls, m.at_min.simulated_backend_ms};
+  return {m.min_capacity_bytes, m.min_capacity_over_live, m.at_min.backend_calls, m.at_min.simulated_backend_ms,
+          m.at_min.driver_time};
 }
 
 // Which candidates stop after the probe under the family's best min capacity, when it fails:
@@ -385,6 +386,7 @@ Json FiguresJson(const std::optional<TuneFigures>& f) {
   j["min_capacity_over_live"] = f->over_live;
   j["backend_calls"] = f->backend_calls;
   j["simulated_backend_ms"] = f->backend_ms;
+  j["driver_time"] = f->driver_time.ToJson();
   return j;
 }
 
@@ -392,8 +394,10 @@ Json FiguresJson(const std::optional<TuneFigures>& f) {
 
 std::string TuneFiguresText(const std::optional<TuneFigures>& f) {
   if (!f.has_value()) return "-";
-  return absl::StrFormat("%s (%.3f x live), %llu calls, %.1f ms", FormatBytes(f->min_capacity_bytes), f->over_live,
-                         static_cast<unsigned long long>(f->backend_calls), f->backend_ms);
+  return absl::StrFormat(
+      "%s (%.3f x live), %llu calls, %.1f ms (%.1f on requests' path, %llu syncs)", FormatBytes(f->min_capacity_bytes),
+      f->over_live, static_cast<unsigned long long>(f->backend_calls), f->backend_ms, f->driver_time.request_path_ms,
+      static_cast<unsigned long long>(f->driver_time.synchronizations));
 }
 
 std::string TunePointText(const TunePoint& p) {

@@ -97,12 +97,14 @@ struct TuneOptions {
   std::function<void(int done, int total, const std::string& line)> progress;
 };
 
-// One allocator's figures on one part: its min capacity, and its backend calls and time there.
+// One allocator's figures on one part: its min capacity, and its backend calls and driver time
+// there under the cost profile (backend_ms: the total, which the front weighs against memory).
 struct TuneFigures {
   std::size_t min_capacity_bytes = 0;
   double over_live = 0.0;  // min capacity / the part's peak of live bytes
   std::uint64_t backend_calls = 0;
   double backend_ms = 0.0;
+  DriverTime driver_time;  // who waited for it, and the synchronizations
 };
 
 struct TunePoint {

@@ -13,14 +13,14 @@ namespace bucketalloc::harness {
 
 // The factories, one per policy file.
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::string_view conf, std::size_t capacity,
-                                                                       ReplayDeviceKind kind);
+                                                                       ReplayDeviceKind kind, DriverMeter* meter);
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(absl::string_view conf, std::size_t capacity,
-                                                                   ReplayDeviceKind kind);
+                                                                   ReplayDeviceKind kind, DriverMeter* meter);
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchExpandablePolicy(absl::string_view conf,
                                                                              std::size_t capacity,
-                                                                             ReplayDeviceKind kind);
+                                                                             ReplayDeviceKind kind, DriverMeter* meter);
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeNoCachePolicy(absl::string_view conf, std::size_t capacity,
-                                                                   ReplayDeviceKind kind);
+                                                                   ReplayDeviceKind kind, DriverMeter* meter);
 
 namespace {
 
@@ -75,7 +75,7 @@ std::string PolicyHelpText() {
 }
 
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity,
-                                                                     ReplayDeviceKind kind) {
+                                                                     ReplayDeviceKind kind, DriverMeter* meter) {
   if (capacity < kReplayGranularity) {
     return absl::InvalidArgumentError(
         absl::StrCat("capacity ", capacity, " bytes is too small; accepted: 2 MiB or more"));
@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::strin
     return absl::InvalidArgumentError(
         absl::StrCat("allocator \"", spec, "\": ", policy->name, " takes no CONF; accepted: ", PolicySpecsText()));
   }
-  return policy->make(conf, capacity, kind);
+  return policy->make(conf, capacity, kind, meter);
 }
 
 absl::StatusOr<std::vector<std::string>> SplitAllocatorList(absl::string_view list) {

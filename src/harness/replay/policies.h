@@ -37,9 +37,10 @@ struct PolicyEntry {
   bool takes_conf;
   const char* help;
   // Makes the policy over a device of `capacity` bytes (a positive multiple of 2 MiB) of `kind`.
-  // `conf` is empty unless takes_conf. InvalidArgument names a bad CONF and what is accepted.
+  // `conf` is empty unless takes_conf. InvalidArgument names a bad CONF and what is accepted. Its
+  // device's calls go through MeterBackend when `meter` is not null.
   absl::StatusOr<std::unique_ptr<ReplayAllocator>> (*make)(absl::string_view conf, std::size_t capacity,
-                                                           ReplayDeviceKind kind);
+                                                           ReplayDeviceKind kind, DriverMeter* meter);
 };
 
 // "bucketalloc, bucketalloc:CONF, pytorch-policy, pytorch-policy:CONF, pytorch-expandable,
@@ -52,9 +53,11 @@ std::string PolicyHelpText();
 // (rounded down to 2 MiB), the device made now. InvalidArgument names a bad spec, capacity or
 // configuration and what is accepted; a device that cannot be made (CUDA without a usable device,
 // a simulated device whose address space this process may not reserve) is FailedPrecondition
-// (ReplayDeviceError), for every policy alike.
+// (ReplayDeviceError), for every policy alike. With a `meter` (which must outlive the allocator),
+// every driver call of the allocator's device is priced and attributed there (driver_meter.h).
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeReplayAllocator(absl::string_view spec, std::size_t capacity,
-                                                                     ReplayDeviceKind kind = ReplayDeviceKind::kSim);
+                                                                     ReplayDeviceKind kind = ReplayDeviceKind::kSim,
+                                                                     DriverMeter* meter = nullptr);
 // The most a simulated replay device holds (the sim backend's sim_total_memory limit).
 inline constexpr std::size_t kMaxSimReplayCapacity = std::size_t{4} << 40;
 

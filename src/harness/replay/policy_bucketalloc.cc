@@ -112,7 +112,7 @@ class BucketallocReplay final : public ReplayAllocator {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::string_view conf, std::size_t capacity,
-                                                                       ReplayDeviceKind kind) {
+                                                                       ReplayDeviceKind kind, DriverMeter* meter) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat("allocator \"bucketalloc", conf.empty() ? "" : ":", conf, "\": ", why));
@@ -147,10 +147,13 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::str
   keys.insert(keys.end(), policy.begin(), policy.end());
   absl::StatusOr<Options> options = ParseOptions(absl::StrJoin(keys, ","));
   if (!options.ok()) return bad(options.status().message());
-  absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::Create(*options);
+  // Its device 0 is the replay device's backend (metered when asked), made as the CONF names it.
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeReplayBackend(capacity, kind, stitching, meter);
+  if (!backend.ok()) return backend.status();
+  absl::StatusOr<std::unique_ptr<Allocator>> a = Allocator::CreateWithBackend(*options, std::move(*backend));
   if (!a.ok()) {
     if (absl::IsInvalidArgument(a.status())) return bad(a.status().message());
-    return ReplayDeviceError(a.status(), capacity, kind);  // no device (CUDA without a driver)
+    return ReplayDeviceError(a.status(), capacity, kind);
   }
   // The allocator makes its device on first use; made now, a device that cannot be made (an
   // address space the process may not reserve) is this error, not an OOM of every request.

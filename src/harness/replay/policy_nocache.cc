@@ -48,8 +48,8 @@ class NoCacheReplay final : public DeviceReplayAllocator {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeNoCachePolicy(absl::string_view, std::size_t capacity,
-                                                                   ReplayDeviceKind kind) {
-  absl::StatusOr<std::unique_ptr<ReplayDevice>> b = MakeReplayDevice(capacity, kind);
+                                                                   ReplayDeviceKind kind, DriverMeter* meter) {
+  absl::StatusOr<std::unique_ptr<ReplayDevice>> b = MakeReplayDevice(capacity, kind, /*virtual_memory=*/false, meter);
   if (!b.ok()) return b.status();
   return std::unique_ptr<ReplayAllocator>(std::make_unique<NoCacheReplay>(std::move(*b)));
 }

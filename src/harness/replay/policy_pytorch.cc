@@ -288,10 +288,11 @@ absl::StatusOr<Settings> ParseSettings(absl::string_view conf) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchPolicy(absl::string_view conf, std::size_t capacity,
-                                                                   ReplayDeviceKind kind) {
+                                                                   ReplayDeviceKind kind, DriverMeter* meter) {
   absl::StatusOr<Settings> settings = ParseSettings(conf);
   if (!settings.ok()) return settings.status();
-  absl::StatusOr<std::unique_ptr<ReplayDevice>> device = MakeReplayDevice(capacity, kind);
+  absl::StatusOr<std::unique_ptr<ReplayDevice>> device =
+      MakeReplayDevice(capacity, kind, /*virtual_memory=*/false, meter);
   if (!device.ok()) return device.status();
   return std::unique_ptr<ReplayAllocator>(std::make_unique<PyTorchPolicy>(std::move(*device), std::move(*settings)));
 }

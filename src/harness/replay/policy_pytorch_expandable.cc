@@ -22,9 +22,9 @@
 //     run (cuMemSetAccess); the mapped block merges with its free neighbours;
 //   - every split keeps a remainder of 512 B or more (splitting in expandable mode, both pools);
 //   - a freed block coalesces at once with its free neighbours (mapped state equal);
-//   - when mapping fails: every free block of both pools gives back its whole pages (cuMemUnmap and
-//     cuMemRelease of each; the pieces of pages it shares with live blocks stay), a segment left all
-//     unmapped is released (cuMemAddressFree), and the allocation is tried once more; then OOM.
+//   - when mapping fails: every free block of both pools gives back its whole pages (a stream
+//     synchronization, then cuMemUnmap and cuMemRelease of each; the pieces of pages it shares with live blocks stay),
+//     a segment left all unmapped is released (cuMemAddressFree), and the allocation is tried once more; then OOM.
 // The device's memory is the replay's capacity (totalGlobalMem), and its physical pages are what
 // the capacity counts: reserved bytes are the pages mapped. Segments are ordered by address as
 // PyTorch orders them; the simulated device reserves ranges top-down (mmap), so when a stream has
@@ -373,6 +373,9 @@ class PyTorchExpandablePolicy final : public DeviceReplayAllocator {
     const std::size_t begin = (block->ptr - s.va + s.page - 1) / s.page;
     const std::size_t end = (block->ptr + block->size - s.va) / s.page;
     if (begin >= end) return absl::OkStatus();
+    // unmapHandles: "unlike cudaFree, MemUnmap and MemRelease do not appear to synchronize in all
+    // cases, so we have to wait for the stream to finish" (a cudaStreamSynchronize per call).
+    if (absl::Status st = device().Synchronize(); !st.ok()) return st;
     for (std::size_t i = begin; i < end; ++i) {
       if (absl::Status st = device().Unmap(s.va + i * s.page, s.page); !st.ok()) return st;
       if (absl::Status st = device().ReleasePhysical(*s.handles[i], s.page); !st.ok()) return st;
@@ -438,7 +441,8 @@ class PyTorchExpandablePolicy final : public DeviceReplayAllocator {
 
 absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchExpandablePolicy(absl::string_view conf,
                                                                              std::size_t capacity,
-                                                                             ReplayDeviceKind kind) {
+                                                                             ReplayDeviceKind kind,
+                                                                             DriverMeter* meter) {
   std::size_t large_page_mib = kDefaultLargePageMiB;
   if (!conf.empty()) {
     absl::string_view value = conf;
@@ -452,7 +456,8 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakePyTorchExpandablePolicy(abs
                        kMaxLargePageMiB, " (PyTorch's is 20)"));
     }
   }
-  absl::StatusOr<std::unique_ptr<ReplayDevice>> device = MakeReplayDevice(capacity, kind, /*virtual_memory=*/true);
+  absl::StatusOr<std::unique_ptr<ReplayDevice>> device =
+      MakeReplayDevice(capacity, kind, /*virtual_memory=*/true, meter);
   if (!device.ok()) return device.status();
   return std::unique_ptr<ReplayAllocator>(
       std::make_unique<PyTorchExpandablePolicy>(std::move(*device), large_page_mib * kMiB));

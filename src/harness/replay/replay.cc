@@ -54,11 +54,13 @@ struct PassCounts {
 // Replays `repeat` rounds of `trace` on `a`, timing each allocator call. After every event, outside
 // the timed calls, `after_event(index, live_bytes, oom)` runs (index over all rounds); it returns
 // false to end the pass there. The blocks still held at the end (the trace never freed them, or
-// the pass ended early) go back to the allocator, untimed, so that it ends clean. A template so
-// that the plain replay's no-op observer costs nothing.
+// the pass ended early) go back to the allocator, untimed, so that it ends clean. With a `meter`
+// (the allocator's device's), each allocate or free is a request of it, and it is stopped before
+// those last frees (a service never makes them). A template so that the plain replay's no-op
+// observer costs nothing.
 template <typename AfterEvent>
 absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size_t capacity, ReplayAllocator& a,
-                     PassCounts& counts, AfterEvent&& after_event) {
+                     PassCounts& counts, DriverMeter* meter, AfterEvent&& after_event) {
   const int repeat = options.repeat;
   // A trace's streams are another process's handles: on a GPU every event uses the default stream.
   const bool default_stream = options.device == ReplayDeviceKind::kCuda;
@@ -71,6 +73,13 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
                                std::numeric_limits<std::uint32_t>::max()));
   };
   std::vector<Held> held_over;  // blocks earlier rounds never freed
+  bool called_driver = false;   // by a request of this event
+  auto begin_request = [&] {
+    if (meter != nullptr) meter->BeginRequest();
+  };
+  auto end_request = [&] {
+    if (meter != nullptr && meter->EndRequest()) called_driver = true;
+  };
   std::uint64_t index = 0;
   bool stopped = false;
   absl::Status status;
@@ -78,18 +87,23 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
     a.ResetPeak();
     for (const TraceEvent& e : trace.events) {
       bool oom = false;
+      called_driver = false;
       if (e.action == TraceAction::kAllocate) {
         ++counts.allocations;
         a.SetTraceStream(e.stream);
+        begin_request();
         const auto t0 = Clock::now();
         const Stream stream =
             default_stream ? nullptr : reinterpret_cast<Stream>(static_cast<std::uintptr_t>(e.stream));
         absl::StatusOr<void*> p = a.Allocate(e.size, stream);
         counts.latencies.push_back(elapsed_ns(t0));
+        end_request();
         if (p.ok()) {
           if (auto old = live.find(e.pointer); old != live.end()) {
             // Logged twice without a free between: the log lost the free (PeakLiveBytes agrees).
+            begin_request();
             a.Free(old->second.ptr, old->second.size).IgnoreError();
+            end_request();
             live_bytes -= old->second.size;
           }
           live[e.pointer] = Held{*p, e.size};
@@ -115,9 +129,11 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
         // A pointer not held was never allocated in this replay (its allocation failed, or the log
         // lacks it): skipped, though it still counts as an event of the timeline.
         if (auto it = live.find(e.pointer); it != live.end()) {
+          begin_request();
           const auto t0 = Clock::now();
           absl::Status s = a.Free(it->second.ptr, it->second.size);
           counts.latencies.push_back(elapsed_ns(t0));
+          end_request();
           if (!s.ok()) {
             status = absl::Status(s.code(), absl::StrCat("line ", e.line, ": ", s.message()));
             break;
@@ -126,6 +142,8 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
           live.erase(it);
         }
       }
+      // Reserved bytes change only through the driver: read after the events that called it.
+      if (called_driver) meter->NoteReserved(a.reserved_bytes());
       if (!after_event(index++, live_bytes, oom)) {
         stopped = true;
         break;
@@ -138,6 +156,7 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
     for (const auto& [pointer, held] : live) held_over.push_back(held);
     live.clear();
   }
+  if (meter != nullptr) meter->Stop();
   for (const Held& held : held_over) a.Free(held.ptr, held.size).IgnoreError();
   return status;
 }
@@ -363,7 +382,7 @@ absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, con
     f.breakdown = a.Breakdown();
     return false;
   };
-  absl::Status s = RunPass(trace, options, capacity, a, counts, snapshot_at_event);
+  absl::Status s = RunPass(trace, options, capacity, a, counts, /*meter=*/nullptr, snapshot_at_event);
   if (!s.ok()) return s;
   if (!reached || (expected_reserved.has_value() && reserved != *expected_reserved)) {
     return absl::InternalError(absl::StrCat(
@@ -377,18 +396,6 @@ absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, con
 
 absl::string_view BreakdownMomentName(BreakdownMoment moment) {
   return moment == BreakdownMoment::kDecidingEvent ? "deciding_event" : "peak_reserved";
-}
-
-absl::Status CheckCostModel(const CostModel& cost) {
-  for (const auto& [flag, us] : {std::pair{"--malloc-us", cost.malloc_us}, std::pair{"--free-us", cost.free_us},
-                                 std::pair{"--vmm-call-us", cost.vmm_call_us}}) {
-    if (!(us >= 0.0 && us <= kMaxCallMicroseconds)) {  // NaN fails too
-      return absl::InvalidArgumentError(absl::StrCat("cost ", flag, " ", us,
-                                                     ": accepted a number of microseconds from 0 to ",
-                                                     static_cast<std::int64_t>(kMaxCallMicroseconds), " (one second)"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::size_t PeakLiveBytes(const Trace& trace, int rounds) {
@@ -432,9 +439,9 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
     return absl::InvalidArgumentError("timeline_points 0 is invalid; accepted: 1 or more");
   }
   if (absl::Status s = CheckTrace(trace); !s.ok()) return s;
-  if (absl::Status s = CheckCostModel(options.cost); !s.ok()) return s;
+  DriverMeter meter(options.cost);  // outlives the allocator: its teardown still calls the driver
   absl::StatusOr<std::unique_ptr<ReplayAllocator>> made =
-      MakeReplayAllocator(options.allocator, options.capacity, options.device);
+      MakeReplayAllocator(options.allocator, options.capacity, options.device, &meter);
   if (!made.ok()) return made.status();
   ReplayAllocator& a = **made;
   ReplayResult r;
@@ -476,7 +483,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
       return sample(index, live, oom) &&
              !(oom && options.stop_at_first_oom && !counts.last_oom_at_tenant_cap.has_value());
     };
-    absl::Status s = RunPass(trace, options, r.capacity, a, counts, until_oom);
+    absl::Status s = RunPass(trace, options, r.capacity, a, counts, &meter, until_oom);
     if (!s.ok()) return s;
   } else {
     TimelineBuilder timeline(events, options.timeline_points);
@@ -489,7 +496,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
       }
       return sample(index, live, oom);
     };
-    absl::Status s = RunPass(trace, options, r.capacity, a, counts, record);
+    absl::Status s = RunPass(trace, options, r.capacity, a, counts, &meter, record);
     if (!s.ok()) return s;
     r.timeline = timeline.Take();
   }
@@ -513,17 +520,12 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
   r.p50_ns = Percentile(absl::MakeSpan(counts.latencies), 0.50);
   r.p99_ns = Percentile(absl::MakeSpan(counts.latencies), 0.99);
   const BackendCounters c = a.backend_counters();
-  std::int64_t all_calls = 0, vmm_calls = 0;
-  for (const BackendCall& call : BackendCalls(c)) {
-    all_calls += call.count;
-    if (call.virtual_memory) vmm_calls += call.count;
-  }
+  std::int64_t all_calls = 0;
+  for (const BackendCall& call : BackendCalls(c)) all_calls += call.count;
   r.backend_calls = static_cast<std::uint64_t>(all_calls);
   r.backend_counters = c;
-  r.simulated_backend_ms = (static_cast<double>(c.allocs + c.failed_allocs) * options.cost.malloc_us +
-                            static_cast<double>(c.frees) * options.cost.free_us +
-                            static_cast<double>(vmm_calls) * options.cost.vmm_call_us) /
-                           1000.0;
+  r.driver_time = meter.Summary();
+  r.simulated_backend_ms = r.driver_time.total_ms;
   r.granules_stitched = a.granules_stitched();
   if (options.repeat == 1) {
     r.verdict = "single round";
@@ -564,6 +566,7 @@ std::string ReplayResult::ToJson() const {
                               {"backend_call_counts", nlohmann::ordered_json::object()},
                               {"granules_stitched", granules_stitched},
                               {"simulated_backend_ms", simulated_backend_ms},
+                              {"driver_time", driver_time.ToJson()},
                               {"per_round_peak_reserved_bytes", per_round_peak_reserved_bytes},
                               {"verdict", verdict}};
   for (const BackendCall& call : BackendCalls(backend_counters)) j["backend_call_counts"][call.key] = call.count;

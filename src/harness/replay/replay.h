@@ -8,9 +8,11 @@
 //
 // The replay is sequential in file order (RMM's logs are in timestamp order even for several
 // threads). A free of a pointer whose allocation failed in the replay is skipped; "allocate
-// failure" lines (failures of the logged run) are skipped. Backend calls are priced by a cost model
-// (CostModel: published figures for cudaMalloc and cudaFree, whose implicit synchronization is part
-// of its price), so an allocator cannot win on memory by hiding driver calls.
+// failure" lines (failures of the logged run) are skipped. Every driver call is priced by a cost
+// model (harness/replay/driver_costs.h: published figures by call and size) and attributed by a
+// DriverMeter (harness/replay/driver_meter.h) to the request that waited for it or to the
+// background, and to the warmup or the steady state (ReplayResult::driver_time), so an allocator
+// cannot win on memory by hiding driver calls.
 //
 // For compare's report, a replay can also record (ReplayOptions::record_timeline) the trace's live
 // bytes and the allocator's reserved bytes after every event, downsampled to a bounded number of
@@ -34,34 +36,20 @@
 #include "bucketalloc/backend.h"
 #include "bucketalloc/stat_types.h"
 #include "bucketalloc/timeline.h"
+#include "harness/replay/driver_costs.h"
+#include "harness/replay/driver_meter.h"
 #include "harness/replay/memory_breakdown.h"
 #include "harness/replay/replay_allocator.h"
 #include "harness/replay/trace.h"
 
 namespace bucketalloc::harness {
 
-// The price of backend calls in simulated time. Defaults: cudaMalloc ~50 us, cudaFree ~10 us
-// (reference/pytorch.md §6: the only published per-call figures found; to be calibrated on a GPU).
-struct CostModel {
-  double malloc_us = 50.0;
-  double free_us = 10.0;
-  // One virtual-memory driver call (cuMemCreate, cuMemRelease, cuMemMap of a handle, cuMemSetAccess
-  // of a run, cuMemUnmap, cuMemAddressReserve or cuMemAddressFree).
-  double vmm_call_us = 10.0;
-};
-
-// The simulated cost of one backend call is at most a second; a cost that is not a number in
-// [0, kMaxCallMicroseconds] is InvalidArgument naming its flag (CheckCostModel; Replay and
-// MinCapacity check it).
-inline constexpr double kMaxCallMicroseconds = 1e6;
-absl::Status CheckCostModel(const CostModel& cost);
-
 struct ReplayOptions {
   std::string allocator = "bucketalloc";
   std::size_t capacity = 0;  // bytes, > 0
   ReplayDeviceKind device = ReplayDeviceKind::kSim;
   int repeat = 1;  // rounds of the trace on the same allocator
-  CostModel cost;
+  CostModel cost;  // the driver calls' prices (a100-published unless chosen)
   // Records ReplayResult::timeline (at most `timeline_points` points) and peak_fragmentation. Off
   // by default: it reads the reserved bytes after every event, and the histogram costs a second
   // replay, which min-capacity's probes need not pay.
@@ -100,11 +88,6 @@ struct Timeline {
   std::vector<TimelinePoint> points;
 };
 
-// The allocator's free blocks when its reserved bytes peaked: after the first event at which the
-// reserved bytes (read after each event) reached their highest value. Found by a second replay that
-// stops there, because snapshotting at every new peak would walk the free lists once per backend
-// growth; replays are deterministic, and the second one checks that it reached the same reserved
-// bytes at that event.
 // Which moment of a replay a PeakFragmentation shows.
 enum class BreakdownMoment : std::uint8_t {
   kPeakReserved,   // the first event after which reserved bytes are at their peak
@@ -112,6 +95,13 @@ enum class BreakdownMoment : std::uint8_t {
 };
 // "peak_reserved" or "deciding_event" (the JSON's "moment").
 absl::string_view BreakdownMomentName(BreakdownMoment moment);
+
+// The allocator's free blocks and where its reserved bytes are at one moment of a replay (`moment`):
+// for compare's timeline, after the first event at which the reserved bytes (read after each event)
+// reached their highest value; for a min capacity, after its deciding event (MeasurePeakAtMin).
+// Found by a second replay that stops there, because snapshotting at every new peak would walk the
+// free lists once per backend growth; replays are deterministic, and the second one checks that it
+// reached the same reserved bytes at that event.
 
 struct PeakFragmentation {
   BreakdownMoment moment = BreakdownMoment::kPeakReserved;
@@ -157,7 +147,10 @@ struct ReplayResult {
   // The same calls by kind (the JSON's "backend_call_counts"): which calls a policy pays for.
   BackendCounters backend_counters;
   std::uint64_t granules_stitched = 0;  // granules of free blocks moved into stitched ranges (vmm)
-  double simulated_backend_ms = 0.0;    // backend calls priced by the cost model
+  // The driver calls priced by the cost model, and who waited for them (JSON "driver_time");
+  // simulated_backend_ms is its total_ms.
+  DriverTime driver_time;
+  double simulated_backend_ms = 0.0;
   std::vector<std::size_t> per_round_peak_reserved_bytes;
   // The bytes the trace still held at the end of each round (what it never frees carries over).
   std::vector<std::size_t> per_round_end_live_bytes;

@@ -86,31 +86,32 @@ absl::Status ReplayDeviceError(const absl::Status& cause, std::size_t capacity, 
       "several times its capacity; an address-space limit, ulimit -v, may be lower)"));
 }
 
-namespace {
-
-// The replay device's backend, from the public factories: on the simulated device what
-// ReplayDeviceSettings names (the bucketalloc policy's allocator makes the same one from them by
-// name), on CUDA device 0's cuda or vmm backend.
 absl::StatusOr<std::unique_ptr<Backend>> MakeReplayBackend(std::size_t capacity, ReplayDeviceKind kind,
-                                                           bool virtual_memory) {
+                                                           bool virtual_memory, DriverMeter* meter) {
+  absl::StatusOr<std::unique_ptr<Backend>> made;
   if (kind == ReplayDeviceKind::kCuda) {
-    return virtual_memory ? MakeVmmBackend(/*device=*/0) : MakeCudaBackend(/*device=*/0);
+    made = virtual_memory ? MakeVmmBackend(/*device=*/0) : MakeCudaBackend(/*device=*/0);
+  } else {
+    SimBackendOptions options;
+    options.device = 0;
+    options.total_memory = capacity;
+    options.memory = SimMemoryMode::kUnbacked;
+    absl::StatusOr<std::unique_ptr<SimBackend>> sim = MakeSimBackend(options);
+    if (sim.ok()) {
+      made = std::unique_ptr<Backend>(std::move(*sim));
+    } else {
+      made = sim.status();
+    }
   }
-  SimBackendOptions options;
-  options.device = 0;
-  options.total_memory = capacity;
-  options.memory = SimMemoryMode::kUnbacked;
-  absl::StatusOr<std::unique_ptr<SimBackend>> sim = MakeSimBackend(options);
-  if (!sim.ok()) return sim.status();
-  return std::unique_ptr<Backend>(std::move(*sim));
+  if (!made.ok()) return ReplayDeviceError(made.status(), capacity, kind);
+  if (meter != nullptr) return MeterBackend(std::move(*made), meter);
+  return made;
 }
 
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity, ReplayDeviceKind kind,
-                                                               bool virtual_memory) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeReplayBackend(capacity, kind, virtual_memory);
-  if (!backend.ok()) return ReplayDeviceError(backend.status(), capacity, kind);
+                                                               bool virtual_memory, DriverMeter* meter) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeReplayBackend(capacity, kind, virtual_memory, meter);
+  if (!backend.ok()) return backend.status();
   return std::make_unique<ReplayDevice>(std::move(*backend), capacity,
                                         /*enforce_capacity=*/kind != ReplayDeviceKind::kSim);
 }

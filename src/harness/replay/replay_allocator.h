@@ -25,6 +25,7 @@
 #include "bucketalloc/backend.h"
 #include "bucketalloc/metrics.h"
 #include "bucketalloc/stat_types.h"
+#include "harness/replay/driver_meter.h"
 #include "harness/replay/memory_breakdown.h"
 
 namespace bucketalloc::harness {
@@ -102,6 +103,8 @@ class ReplayDevice {
     return backend_->MapRun(va, pieces, mapped);
   }
   absl::Status Unmap(std::uintptr_t va, std::size_t bytes) { return backend_->Unmap(va, bytes); }
+  // Waits for the work queued on the device (a policy that unmaps memory a stream may still use).
+  absl::Status Synchronize() { return backend_->SynchronizeDevice(); }
   // Bytes allocated and physical bytes created, not yet freed or released.
   std::size_t used_bytes() const { return used_; }
   std::size_t capacity() const { return capacity_; }
@@ -151,13 +154,19 @@ BackendSettings ReplayDeviceSettings(std::size_t capacity, ReplayDeviceKind kind
 // it). Every policy reports it so, never as an OOM.
 absl::Status ReplayDeviceError(const absl::Status& cause, std::size_t capacity, ReplayDeviceKind kind);
 
-// The device of `capacity` bytes of `kind`, made by the public backend factories
-// (bucketalloc/backend.h, bucketalloc/testing/sim_backend.h; sim: unbacked, with its virtual memory). On CUDA
-// `virtual_memory` chooses the vmm backend (the driver's VMM API) over the cuda backend (cudaMalloc). A device that
-// cannot be made is ReplayDeviceError's.
+// The replay device's backend, from the public factories (bucketalloc/backend.h,
+// bucketalloc/testing/sim_backend.h): on the simulated device what ReplayDeviceSettings names
+// (unbacked, with its virtual memory), on CUDA device 0's vmm backend (the driver's VMM API) when
+// `virtual_memory`, else its cuda backend (cudaMalloc). With a `meter`, MeterBackend's decorator
+// over it. A device that cannot be made is ReplayDeviceError's.
+absl::StatusOr<std::unique_ptr<Backend>> MakeReplayBackend(std::size_t capacity, ReplayDeviceKind kind,
+                                                           bool virtual_memory, DriverMeter* meter);
+
+// The device of `capacity` bytes of `kind` over MakeReplayBackend's backend.
 absl::StatusOr<std::unique_ptr<ReplayDevice>> MakeReplayDevice(std::size_t capacity,
                                                                ReplayDeviceKind kind = ReplayDeviceKind::kSim,
-                                                               bool virtual_memory = false);
+                                                               bool virtual_memory = false,
+                                                               DriverMeter* meter = nullptr);
 
 }  // namespace bucketalloc::harness
 

@@ -81,7 +81,9 @@ std::string ResultsTable(const std::vector<CompareReport>& reports) {
       "<th>allocator</th><th>peak reserved</th><th>min capacity</th><th>min / live</th>",
       any_true_need ? "<th>min / true need</th>" : "",
       "<th>OOMs</th><th>capacity OOMs</th><th>fragmentation OOMs</th><th>p50 ns</th><th>p99 ns</th>"
-      "<th>backend calls</th><th>simulated backend ms</th><th>granules stitched</th><th>verdict</th></tr></thead>\n"
+      "<th>backend calls</th><th>simulated backend ms</th><th>driver ms on requests' path</th>"
+      "<th>p99 &micro;s of a request calling the driver</th><th>synchronizations</th><th>granules stitched</th>"
+      "<th>verdict</th></tr></thead>\n"
       "<tbody>\n");
   for (const CompareReport& report : reports) {
     for (const CompareRow& row : report.rows) {
@@ -100,7 +102,10 @@ std::string ResultsTable(const std::vector<CompareReport>& reports) {
       absl::StrAppend(&t, "<td>", r.ooms, "</td><td>", r.capacity_ooms, "</td><td>", r.fragmentation_ooms, "</td><td>",
                       absl::StrFormat("%.0f", r.p50_ns), "</td><td>", absl::StrFormat("%.0f", r.p99_ns), "</td><td>",
                       r.backend_calls, "</td><td>", absl::StrFormat("%.1f", r.simulated_backend_ms), "</td><td>",
-                      r.granules_stitched, "</td><td>", EscapeHtml(r.verdict), "</td></tr>\n");
+                      absl::StrFormat("%.1f", r.driver_time.request_path_ms), "</td><td>",
+                      absl::StrFormat("%.0f", r.driver_time.p99_request_us), "</td><td>",
+                      r.driver_time.synchronizations, "</td><td>", r.granules_stitched, "</td><td>",
+                      EscapeHtml(r.verdict), "</td></tr>\n");
     }
   }
   absl::StrAppend(&t, "</tbody></table></div>\n");
@@ -140,7 +145,12 @@ std::string CompareReportHtml(const std::vector<CompareReport>& reports) {
       "the exact KV of the tokens held + activations, so it also counts what the KV layout's rounding costs. A "
       "<b>capacity OOM</b> is one where live + request exceeds the capacity; every other OOM is "
       "fragmentation. Latencies are wall time per allocate or free on the machine that ran the replay; "
-      "backend calls are priced by the cost model.</p>\n"
+      "driver calls are priced by the cost profile <code>",
+      EscapeHtml(reports.empty() || reports.front().rows.empty()
+                     ? std::string("a100-published")
+                     : reports.front().rows.front().at_capacity.driver_time.profile),
+      "</code> (docs/harness.md, &ldquo;Driver time&rdquo;): a request's are those it waited for; a "
+      "synchronization is a cudaFree or a wait for queued work before memory is unmapped.</p>\n"
       "<p class=\"note\"><span class=\"swatch live\"></span>live bytes (the trace) "
       "<span class=\"swatch reserved\"></span>reserved bytes (the allocator) "
       "<span class=\"swatch capacity\"></span>capacity</p>\n"
