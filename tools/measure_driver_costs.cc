@@ -1,24 +1,48 @@
 // tools/measure_driver_costs.cc — bucketalloc-measure-driver-costs: what each CUDA call the replay
-// harness prices costs on this GPU, measured, written as the cost file that `bucketalloc-bench ...
-// --costs FILE` reads (src/harness/replay/driver_costs.h, ParseCostModel).
+// harness prices costs on this GPU, measured as the backends make the calls (cuda/cuda_backend.cc,
+// cuda/vmm_backend.cc), written as the cost file that `bucketalloc-bench ... --costs FILE` reads
+// (src/harness/replay/driver_costs.h, ParseCostModel).
+//
+// Needs a driver for CUDA 13 or newer: the program links the toolkit's libcudart.so.13, which
+// refuses an older driver (a CUDA 12.x driver is cudaErrorInsufficientDriver, a message and exit 1).
 //
 // Owns: the measurement (every call timed alone with std::chrono::steady_clock, after one untimed
-// warm-up, on an otherwise idle device), its budget, the JSON cost file and the table on stderr.
-// The calls and sizes:
-//   cudaMalloc, cudaFree         2 MiB, 20 MiB, 128 MiB, 1 GiB: those that fit in half the free memory
-//   cuMemCreate, cuMemMap,       the same sizes rounded up to the granularity: one handle, mapped whole
-//   cuMemSetAccess, cuMemUnmap,    into one reserved address range reused for every size
-//   cuMemRelease
+// warm-up), its budget, the JSON cost file and the table on stderr. The calls and sizes:
+//   cudaMalloc, cudaFree         the cost file's names for what backend:cuda calls, cuMemAlloc and
+//                                cuMemFree, at 2 MiB, 20 MiB, 128 MiB, 1 GiB (those that fit in half
+//                                the free memory), in batches as a pool grows and shrinks: N
+//                                cuMemAlloc in a row, then the N cuMemFree
+//   cuMemCreate, cuMemMap,       the same sizes rounded up to the granularity, in batches as backend:vmm
+//   cuMemSetAccess, cuMemUnmap,    grows a pool: N cuMemCreate in a row (backend:vmm's properties:
+//   cuMemRelease                   pinned, GPUDirect RDMA capable where the device has it with VMM,
+//                                  requestedHandleTypes a POSIX file descriptor unless the driver
+//                                  refuses that type, then without it, as the backend falls back);
+//                                  N cuMemMap side by side into one reserved range; cuMemSetAccess of
+//                                  each handle's range (read-write for the device and each peer that
+//                                  can access it, the backend's descriptors); the range touched (an
+//                                  untimed cudaMemset and cudaDeviceSynchronize) so that unmapping and
+//                                  releasing free used memory; N cuMemUnmap, one per handle; N
+//                                  cuMemRelease
 //   cuMemAddressReserve,         2 MiB, 1 GiB, 64 GiB, 1 TiB (a size the driver refuses is left out)
 //   cuMemAddressFree
-//   synchronize                  cudaDeviceSynchronize of an idle device (bytes 0)
-// Each (call, size) gets up to 200 repetitions (fewer for large physical sizes), at least 3; the
-// budget (--budget-s) is shared out over the series still to run, and a series stops adding
-// repetitions once its share is spent. A point is {"bytes", "us" (the mean), "p99_us" (nearest rank)}.
+//   synchronize                  cudaDeviceSynchronize of an idle device (bytes 0): the idle round
+//                                trip only, not a wait on queued work (that costs what the work costs)
+// N: at most the size's repetitions, with N x size at most half the free memory; batches repeat
+// until the size's repetitions are done or its share of the budget is spent (a batch also ends
+// early then). Each (call, size) gets up to 200 repetitions (fewer for large physical sizes), at
+// least 3; the budget (--budget-s) is shared out over the series still to run. The first VMM batch
+// of each size grants access over the whole run in one cuMemSetAccess, as backend:vmm's MapRun does;
+// the cuMemSetAccess point is the per-handle series of the batches after it (so that batch adds up
+// to N repetitions to the other four VMM calls). A point is {"bytes", "us" (the mean), "p99_us"
+// (nearest rank)}.
+// On stderr only (the cost file's reader refuses other keys): that one cuMemSetAccess over a whole
+// run, per size, and cuMemFree of 2 MiB after a cudaMemsetAsync over the largest size measured,
+// queued on the default stream: the stall a free can cost (a free waits for the device's work).
 // The driver is linked nowhere: its functions come from the runtime's cudaGetDriverEntryPointByVersion
 // (the same driver the runtime loaded), each at the oldest CUDA version with its ABI, as
 // cuda/driver_api.h asks for them. A missing driver or device is a message naming the CUDA error
-// and exit status 1.
+// and exit status 1; a --device out of range (the message gives 0 to count - 1) and a -o path that
+// cannot be written (checked before measuring, with the reason) are a message and exit status 1 too.
 //
 // Example (scripts/gpu_check.sh's driver_costs step):
 //   bucketalloc-measure-driver-costs -o driver_costs.json --budget-s 60
@@ -26,15 +50,20 @@
 #include <cuda.h>  // the driver API's types only: its functions come from cudaGetDriverEntryPointByVersion
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -110,6 +139,14 @@ std::string SizeText(std::size_t bytes) {
   return absl::StrCat(bytes, " B");
 }
 
+// printf's `format` of `args`, as a string.
+template <typename... Args>
+std::string Format(const char* format, Args... args) {
+  std::array<char, 512> text = {};
+  std::snprintf(text.data(), text.size(), format, args...);
+  return text.data();
+}
+
 // A runtime error as "what: CUDA error 35 (cudaErrorInsufficientDriver: ...)".
 absl::Status CudaError(absl::string_view what, cudaError_t error) {
   const std::string text = absl::StrCat(what, ": CUDA error ", static_cast<int>(error), " (", cudaGetErrorName(error),
@@ -133,6 +170,10 @@ struct DriverCalls {
   PFN_cuGetErrorName_v6000 get_error_name = nullptr;
   PFN_cuDeviceGet_v2000 device_get = nullptr;
   PFN_cuDeviceGetName_v2000 device_get_name = nullptr;
+  PFN_cuDeviceGetAttribute_v2000 device_get_attribute = nullptr;
+  PFN_cuDeviceCanAccessPeer_v4000 device_can_access_peer = nullptr;
+  PFN_cuMemAlloc_v3020 mem_alloc = nullptr;
+  PFN_cuMemFree_v3020 mem_free = nullptr;
   PFN_cuMemGetAllocationGranularity_v10020 mem_get_allocation_granularity = nullptr;
   PFN_cuMemAddressReserve_v10020 mem_address_reserve = nullptr;
   PFN_cuMemAddressFree_v10020 mem_address_free = nullptr;
@@ -178,6 +219,10 @@ absl::StatusOr<DriverCalls> ResolveDriver() {
            Resolve("cuGetErrorName", 6000, &d.get_error_name),
            Resolve("cuDeviceGet", 2000, &d.device_get),
            Resolve("cuDeviceGetName", 2000, &d.device_get_name, /*optional=*/true),
+           Resolve("cuDeviceGetAttribute", 2000, &d.device_get_attribute),
+           Resolve("cuDeviceCanAccessPeer", 4000, &d.device_can_access_peer),
+           Resolve("cuMemAlloc", 3020, &d.mem_alloc),
+           Resolve("cuMemFree", 3020, &d.mem_free),
            Resolve("cuMemGetAllocationGranularity", 10020, &d.mem_get_allocation_granularity),
            Resolve("cuMemAddressReserve", 10020, &d.mem_address_reserve),
            Resolve("cuMemAddressFree", 10020, &d.mem_address_free),
@@ -261,62 +306,209 @@ struct Measurement {
   std::size_t granularity = 0;
   std::size_t free_bytes = 0;
   std::array<std::vector<Point>, kCalls> points;
-  std::vector<std::string> notes;  // sizes left out and why
+  std::vector<std::string> notes;        // sizes left out and why, the properties measured with
+  std::vector<std::string> stderr_only;  // series shown on stderr, never written to the cost file
 };
 
-// cudaMalloc and cudaFree of `bytes`, paired.
-absl::Status MeasureMalloc(std::size_t bytes, Budget& budget, Measurement* m) {
+// The repetitions so far of a series, as Budget::Another counts them.
+int Count(const std::vector<double>& samples) { return static_cast<int>(samples.size()); }
+
+// cuMemAlloc and cuMemFree of `bytes` (what backend:cuda calls; the cost file's cudaMalloc and
+// cudaFree), in batches of at most `batch`: the allocations in a row, then their frees in the same
+// order.
+absl::Status MeasureMalloc(const DriverCalls& d, std::size_t bytes, std::size_t batch, Budget& budget, Measurement* m) {
+  const std::string size = SizeText(bytes);
   const int max = RepetitionsFor(bytes);
-  std::vector<double> malloc_us, free_us;
+  std::vector<double> alloc_us, free_us;
+  std::vector<CUdeviceptr> ptrs;
+  std::size_t freed = 0;  // ptrs[freed...] are still allocated
+  auto fail = [&](const std::string& call, CUresult e) {
+    for (std::size_t i = freed; i < ptrs.size(); ++i) d.mem_free(ptrs[i]);
+    return d.Error(absl::StrCat(call, "(", size, ")"), e);
+  };
   budget.StartSeries();
-  for (int done = -1; done < 0 || budget.Another(done, max); ++done) {  // done == -1: the warm-up
-    const bool timed = done >= 0;
-    void* p = nullptr;
-    if (cudaError_t e = Timed(timed ? &malloc_us : nullptr, [&] { return cudaMalloc(&p, bytes); }); e != cudaSuccess) {
-      return CudaError(absl::StrCat("cudaMalloc(", SizeText(bytes), ")"), e);
+  // The warm-up, untimed.
+  CUdeviceptr warm = 0;
+  if (CUresult e = d.mem_alloc(&warm, bytes); e != CUDA_SUCCESS) return fail("cuMemAlloc", e);
+  if (CUresult e = d.mem_free(warm); e != CUDA_SUCCESS) return fail("cuMemFree", e);
+  while (budget.Another(Count(alloc_us), max)) {
+    ptrs.clear();
+    freed = 0;
+    const std::size_t n = std::min(batch, static_cast<std::size_t>(max - Count(alloc_us)));
+    while (ptrs.size() < n && (ptrs.empty() || budget.Another(Count(alloc_us), max))) {
+      CUdeviceptr p = 0;
+      if (CUresult e = Timed(&alloc_us, [&] { return d.mem_alloc(&p, bytes); }); e != CUDA_SUCCESS) {
+        return fail("cuMemAlloc", e);
+      }
+      ptrs.push_back(p);
     }
-    if (cudaError_t e = Timed(timed ? &free_us : nullptr, [&] { return cudaFree(p); }); e != cudaSuccess) {
-      return CudaError(absl::StrCat("cudaFree(", SizeText(bytes), ")"), e);
+    while (freed < ptrs.size()) {
+      const CUdeviceptr p = ptrs[freed++];
+      if (CUresult e = Timed(&free_us, [&] { return d.mem_free(p); }); e != CUDA_SUCCESS) return fail("cuMemFree", e);
     }
   }
-  m->points[kMalloc].push_back(Summarize(bytes, std::move(malloc_us)));
+  m->points[kMalloc].push_back(Summarize(bytes, std::move(alloc_us)));
   m->points[kFree].push_back(Summarize(bytes, std::move(free_us)));
   return absl::OkStatus();
 }
 
-// cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap and cuMemRelease of one `bytes` handle mapped
-// at `va` (a reservation of at least `bytes`).
-absl::Status MeasureVmm(const DriverCalls& d, CUdevice device, CUdeviceptr va, std::size_t bytes, Budget& budget,
-                        Measurement* m) {
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  CUmemAccessDesc access = {};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  const int max = RepetitionsFor(bytes);
-  std::array<std::vector<double>, 5> us;  // create, map, set access, unmap, release
-  budget.StartSeries();
-  for (int done = -1; done < 0 || budget.Another(done, max); ++done) {
-    const bool timed = done >= 0;
-    auto into = [&](std::size_t i) { return timed ? &us[i] : nullptr; };
-    const std::string size = SizeText(bytes);
-    CUmemGenericAllocationHandle h = 0;
-    if (CUresult e = Timed(into(0), [&] { return d.mem_create(&h, bytes, &prop, 0); }); e != CUDA_SUCCESS) {
-      return d.Error(absl::StrCat("cuMemCreate(", size, ")"), e);
-    }
-    if (CUresult e = Timed(into(1), [&] { return d.mem_map(va, bytes, 0, h, 0); }); e != CUDA_SUCCESS) {
-      d.mem_release(h);
-      return d.Error(absl::StrCat("cuMemMap(", size, ")"), e);
-    }
-    CUresult e = Timed(into(2), [&] { return d.mem_set_access(va, bytes, &access, 1); });
-    const CUresult unmapped = Timed(into(3), [&] { return d.mem_unmap(va, bytes); });
-    const CUresult released = Timed(into(4), [&] { return d.mem_release(h); });
-    if (e != CUDA_SUCCESS) return d.Error(absl::StrCat("cuMemSetAccess(", size, ")"), e);
-    if (unmapped != CUDA_SUCCESS) return d.Error(absl::StrCat("cuMemUnmap(", size, ")"), unmapped);
-    if (released != CUDA_SUCCESS) return d.Error(absl::StrCat("cuMemRelease(", size, ")"), released);
+// cuMemFree of a 2 MiB allocation right after a cudaMemsetAsync over `work_bytes` queued on the
+// default stream: the free waits for the device, so it costs what the queued work has left to do.
+// Shown on stderr only (its price depends on the work, which the cost file cannot say).
+absl::Status MeasureFreeAfterWork(const DriverCalls& d, std::size_t work_bytes, Budget& budget, Measurement* m) {
+  const std::size_t bytes = kAllocationSizes.front();
+  CUdeviceptr work = 0;
+  if (CUresult e = d.mem_alloc(&work, work_bytes); e != CUDA_SUCCESS) {
+    return d.Error(absl::StrCat("cuMemAlloc(", SizeText(work_bytes), ")"), e);
   }
+  std::vector<double> us;
+  absl::Status status;
+  budget.StartSeries();
+  for (int done = -1; status.ok() && (done < 0 || budget.Another(done, kLargeRepetitions)); ++done) {
+    CUdeviceptr p = 0;
+    if (CUresult e = d.mem_alloc(&p, bytes); e != CUDA_SUCCESS) {
+      status = d.Error(absl::StrCat("cuMemAlloc(", SizeText(bytes), ")"), e);
+      break;
+    }
+    const cudaError_t queued = cudaMemsetAsync(reinterpret_cast<void*>(work), done & 0xff, work_bytes, nullptr);
+    if (CUresult e = Timed(done >= 0 ? &us : nullptr, [&] { return d.mem_free(p); }); e != CUDA_SUCCESS) {
+      status = d.Error(absl::StrCat("cuMemFree(", SizeText(bytes), ") after queued work"), e);
+    } else if (queued != cudaSuccess) {
+      status = CudaError(absl::StrCat("cudaMemsetAsync(", SizeText(work_bytes), ", the default stream)"), queued);
+    }
+  }
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess && status.ok()) {
+    status = CudaError("cudaDeviceSynchronize after the queued work", e);
+  }
+  if (CUresult e = d.mem_free(work); e != CUDA_SUCCESS && status.ok()) {
+    status = d.Error(absl::StrCat("cuMemFree(", SizeText(work_bytes), ")"), e);
+  }
+  if (!status.ok()) return status;
+  const Point p = Summarize(bytes, std::move(us));
+  m->stderr_only.push_back(
+      Format("cuMemFree of %s after a cudaMemsetAsync of %s queued on the default stream: mean %.3f us, p99 %.3f us "
+             "(%d reps); the free waits for the device, so this stall depends on the work queued",
+             SizeText(bytes).c_str(), SizeText(work_bytes).c_str(), p.mean_us, p.p99_us, p.repetitions));
+  return absl::OkStatus();
+}
+
+// What backend:vmm creates and grants (cuda/vmm_backend.cc, MakeVmmBackend): pinned memory of the
+// device, GPUDirect RDMA capable where the device has it with VMM, requestedHandleTypes a POSIX file
+// descriptor unless the driver refused that type (then `plain`, as the backend falls back), and
+// read-write access for the device and each peer that can access it.
+struct VmmProps {
+  CUmemAllocationProp plain = {};
+  CUmemAllocationProp shareable = {};
+  bool use_shareable = true;
+  std::vector<CUmemAccessDesc> access;
+
+  const CUmemAllocationProp* Prop() const { return use_shareable ? &shareable : &plain; }
+};
+
+// Whether cuMemCreate's `error` with a handle type requested can be the refusal of that type
+// (cuda/vmm_backend.cc's MayRefuseHandleType).
+bool MayRefuseHandleType(CUresult error) {
+  return error == CUDA_ERROR_NOT_SUPPORTED || error == CUDA_ERROR_INVALID_VALUE || error == CUDA_ERROR_NOT_PERMITTED;
+}
+
+// cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap and cuMemRelease of `bytes` handles, in batches
+// of at most `batch` mapped side by side from `va` (a reservation of at least batch x bytes).
+absl::Status MeasureVmm(const DriverCalls& d, const VmmProps& props, CUdeviceptr va, std::size_t bytes,
+                        std::size_t batch, Budget& budget, Measurement* m) {
+  const std::string size = SizeText(bytes);
+  const int max = RepetitionsFor(bytes);
+  std::array<std::vector<double>, 5> us;  // create, map, set access (per handle), unmap, release
+  std::vector<double> run_us;             // set access over the whole first batch (stderr only)
+  std::size_t run_handles = 0;
+  std::vector<CUmemGenericAllocationHandle> handles;
+  std::size_t mapped = 0, unmapped = 0, released = 0;  // handles[unmapped, mapped) mapped, [released...) live
+  auto fail = [&](absl::Status s) {
+    for (std::size_t i = unmapped; i < mapped; ++i) d.mem_unmap(va + i * bytes, bytes);
+    for (std::size_t i = released; i < handles.size(); ++i) d.mem_release(handles[i]);
+    return s;
+  };
+  enum class Mode { kWarmUp, kRun, kPerHandle };
+  auto one_batch = [&](std::size_t n, Mode mode) -> absl::Status {
+    const bool timed = mode != Mode::kWarmUp;
+    auto into = [&](std::size_t i) { return timed ? &us[i] : nullptr; };
+    handles.clear();
+    mapped = unmapped = released = 0;
+    // Whether the batch may take another handle: n at most, and fewer once the budget share is spent.
+    auto another = [&] {
+      if (handles.size() >= n) return false;
+      if (mode == Mode::kPerHandle) return budget.Another(Count(us[2]) + static_cast<int>(handles.size()), max);
+      return mode == Mode::kWarmUp || budget.Another(static_cast<int>(handles.size()), static_cast<int>(n));
+    };
+    while (another()) {
+      CUmemGenericAllocationHandle h = 0;
+      if (CUresult e = Timed(into(0), [&] { return d.mem_create(&h, bytes, props.Prop(), 0); }); e != CUDA_SUCCESS) {
+        return fail(d.Error(absl::StrCat("cuMemCreate(", size, ")"), e));
+      }
+      handles.push_back(h);
+    }
+    const std::size_t count = handles.size();
+    for (; mapped < count; ++mapped) {
+      const CUdeviceptr at = va + mapped * bytes;
+      if (CUresult e = Timed(into(1), [&] { return d.mem_map(at, bytes, 0, handles[mapped], 0); }); e != CUDA_SUCCESS) {
+        return fail(d.Error(absl::StrCat("cuMemMap(", size, ")"), e));
+      }
+    }
+    if (mode == Mode::kRun) {
+      if (CUresult e = Timed(
+              &run_us, [&] { return d.mem_set_access(va, count * bytes, props.access.data(), props.access.size()); });
+          e != CUDA_SUCCESS) {
+        return fail(d.Error(absl::StrCat("cuMemSetAccess(", count, " x ", size, ")"), e));
+      }
+      run_handles = count;
+    } else {
+      for (std::size_t i = 0; i < count; ++i) {
+        const CUdeviceptr at = va + i * bytes;
+        if (CUresult e =
+                Timed(into(2), [&] { return d.mem_set_access(at, bytes, props.access.data(), props.access.size()); });
+            e != CUDA_SUCCESS) {
+          return fail(d.Error(absl::StrCat("cuMemSetAccess(", size, ")"), e));
+        }
+      }
+    }
+    // Touched, untimed: unmapping and releasing then free memory that was used.
+    if (cudaError_t e = cudaMemset(reinterpret_cast<void*>(va), 0, count * bytes); e != cudaSuccess) {
+      return fail(CudaError(absl::StrCat("cudaMemset(", count, " x ", size, ")"), e));
+    }
+    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+      return fail(CudaError(absl::StrCat("cudaDeviceSynchronize after cudaMemset(", count, " x ", size, ")"), e));
+    }
+    while (unmapped < count) {
+      const CUdeviceptr at = va + unmapped * bytes;
+      if (CUresult e = Timed(into(3), [&] { return d.mem_unmap(at, bytes); }); e != CUDA_SUCCESS) {
+        ++unmapped;  // not retried
+        return fail(d.Error(absl::StrCat("cuMemUnmap(", size, ")"), e));
+      }
+      ++unmapped;
+    }
+    while (released < count) {
+      const CUmemGenericAllocationHandle h = handles[released++];
+      if (CUresult e = Timed(into(4), [&] { return d.mem_release(h); }); e != CUDA_SUCCESS) {
+        return fail(d.Error(absl::StrCat("cuMemRelease(", size, ")"), e));
+      }
+    }
+    return absl::OkStatus();
+  };
+  budget.StartSeries();
+  if (absl::Status s = one_batch(1, Mode::kWarmUp); !s.ok()) return s;
+  if (absl::Status s = one_batch(batch, Mode::kRun); !s.ok()) return s;
+  while (budget.Another(Count(us[2]), max)) {
+    if (absl::Status s = one_batch(std::min(batch, static_cast<std::size_t>(max - Count(us[2]))), Mode::kPerHandle);
+        !s.ok()) {
+      return s;
+    }
+  }
+  const Point run = Summarize(bytes * run_handles, std::move(run_us));
+  const Point per_handle = Summarize(bytes, us[2]);
+  m->stderr_only.push_back(
+      Format("cuMemSetAccess over one run of %d x %s (as backend:vmm grants a run): %.3f us, %.3f us a handle; "
+             "one call per %s handle: mean %.3f us",
+             static_cast<int>(run_handles), size.c_str(), run.mean_us, run.mean_us / static_cast<double>(run_handles),
+             size.c_str(), per_handle.mean_us));
   const std::array<Call, 5> calls = {kCreate, kMap, kSetAccess, kUnmap, kRelease};
   for (std::size_t i = 0; i < calls.size(); ++i) m->points[calls[i]].push_back(Summarize(bytes, std::move(us[i])));
   return absl::OkStatus();
@@ -369,9 +561,12 @@ absl::StatusOr<Measurement> Measure(int device_index, double budget_s) {
   Measurement m;
   int devices = 0;
   if (cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess) return CudaError("cudaGetDeviceCount", e);
-  if (device_index >= devices) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device ", device_index, " is out of range: ", devices, " CUDA device(s) present"));
+  if (devices <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat("--device ", device_index, ": no CUDA device is present"));
+  }
+  if (device_index < 0 || device_index >= devices) {
+    return absl::InvalidArgumentError(absl::StrCat("--device ", device_index, " is out of range: accepted 0 to ",
+                                                   devices - 1, " (", devices, " CUDA device(s) present)"));
   }
   if (cudaError_t e = cudaSetDevice(device_index); e != cudaSuccess) {
     return CudaError(absl::StrCat("cudaSetDevice(", device_index, ")"), e);
@@ -403,26 +598,96 @@ absl::StatusOr<Measurement> Measure(int device_index, double budget_s) {
       m.gpu_name = name.data();
     }
   }
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  if (CUresult e = d.mem_get_allocation_granularity(&m.granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  auto attribute = [&](CUdevice_attribute attr, const char* name, int* value) -> absl::Status {
+    if (CUresult e = d.device_get_attribute(value, attr, device); e != CUDA_SUCCESS) {
+      return d.Error(absl::StrCat("cuDeviceGetAttribute(", name, ")"), e);
+    }
+    return absl::OkStatus();
+  };
+  int vmm = 0, rdma = 0;
+  if (absl::Status s = attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                 "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", &vmm);
+      !s.ok()) {
+    return s;
+  }
+  if (vmm == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", device_index,
+        " does not support virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)"));
+  }
+  if (absl::Status s = attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                 "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED", &rdma);
+      !s.ok()) {
+    return s;
+  }
+  // backend:vmm's allocation properties and access descriptors (cuda/vmm_backend.cc).
+  VmmProps props;
+  props.plain.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.plain.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.plain.location.id = device;
+  if (rdma != 0) props.plain.allocFlags.gpuDirectRDMACapable = 1;
+  props.shareable = props.plain;
+  props.shareable.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  auto grant = [&](CUdevice to) {
+    CUmemAccessDesc desc = {};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = to;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    props.access.push_back(desc);
+  };
+  grant(device);
+  for (int peer = 0; peer < devices; ++peer) {
+    if (peer == device_index) continue;
+    CUdevice other = 0;
+    if (CUresult e = d.device_get(&other, peer); e != CUDA_SUCCESS) {
+      return d.Error(absl::StrCat("cuDeviceGet(", peer, ")"), e);
+    }
+    int can = 0;
+    if (CUresult e = d.device_can_access_peer(&can, other, device); e != CUDA_SUCCESS) {
+      return d.Error(absl::StrCat("cuDeviceCanAccessPeer(", peer, ", ", device_index, ")"), e);
+    }
+    if (can != 0) grant(other);
+  }
+  if (CUresult e = d.mem_get_allocation_granularity(&m.granularity, &props.plain, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
       e != CUDA_SUCCESS || m.granularity == 0) {
     return d.Error("cuMemGetAllocationGranularity", e != CUDA_SUCCESS ? e : CUDA_ERROR_INVALID_VALUE);
   }
+  // The handle type, as backend:vmm's first cuMemCreate decides it (untimed): a POSIX file
+  // descriptor, unless the driver refuses that type and creates without it.
+  {
+    CUmemGenericAllocationHandle h = 0;
+    CUresult e = d.mem_create(&h, m.granularity, &props.shareable, 0);
+    if (e != CUDA_SUCCESS && MayRefuseHandleType(e) &&
+        d.mem_create(&h, m.granularity, &props.plain, 0) == CUDA_SUCCESS) {
+      props.use_shareable = false;
+      m.notes.push_back(absl::StrCat("cuMemCreate measured without requestedHandleTypes (",
+                                     d.Error("a POSIX file descriptor", e).message(), "), as backend:vmm falls back"));
+      e = CUDA_SUCCESS;
+    }
+    if (e != CUDA_SUCCESS) return d.Error(absl::StrCat("cuMemCreate(", SizeText(m.granularity), ")"), e);
+    if (CUresult r = d.mem_release(h); r != CUDA_SUCCESS) return d.Error("cuMemRelease", r);
+  }
+  m.notes.push_back(absl::StrCat("cuMemCreate: pinned", rdma != 0 ? ", GPUDirect RDMA capable" : "",
+                                 props.use_shareable ? ", requestedHandleTypes POSIX file descriptor" : "",
+                                 "; cuMemSetAccess read-write for ", props.access.size(), " device(s)"));
 
-  // The sizes that fit in half the free memory, and the VMM sizes rounded to the granularity.
+  // The sizes that fit in half the free memory, the VMM sizes rounded to the granularity, and the
+  // batch of each: its repetitions at most, and batch x size at most half the free memory.
+  const std::size_t half_free = m.free_bytes / 2;
+  auto batch_of = [&](std::size_t bytes) {
+    return std::max<std::size_t>(
+        1, std::min(static_cast<std::size_t>(RepetitionsFor(bytes)), half_free / std::max<std::size_t>(bytes, 1)));
+  };
   std::vector<std::size_t> malloc_sizes, vmm_sizes, reserve_sizes;
   for (std::size_t bytes : kAllocationSizes) {
-    if (bytes > m.free_bytes / 2) {
+    if (bytes > half_free) {
       m.notes.push_back(absl::StrCat(SizeText(bytes), " left out of cudaMalloc and cuMemCreate: more than half of the ",
                                      SizeText(m.free_bytes), " free"));
       continue;
     }
     malloc_sizes.push_back(bytes);
     const std::size_t rounded = RoundUp(bytes, m.granularity);
-    if (rounded <= m.free_bytes / 2 && (vmm_sizes.empty() || rounded > vmm_sizes.back())) vmm_sizes.push_back(rounded);
+    if (rounded <= half_free && (vmm_sizes.empty() || rounded > vmm_sizes.back())) vmm_sizes.push_back(rounded);
   }
   if (malloc_sizes.empty() || vmm_sizes.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat("device ", device_index, " has ", m.free_bytes,
@@ -434,23 +699,25 @@ absl::StatusOr<Measurement> Measure(int device_index, double budget_s) {
     if (reserve_sizes.empty() || rounded > reserve_sizes.back()) reserve_sizes.push_back(rounded);
   }
 
-  Budget budget(budget_s, static_cast<int>(malloc_sizes.size() + vmm_sizes.size() + reserve_sizes.size() + 1));
+  Budget budget(budget_s, static_cast<int>(malloc_sizes.size() + vmm_sizes.size() + reserve_sizes.size() + 2));
   if (absl::Status s = MeasureSynchronize(budget, &m); !s.ok()) return s;
   for (std::size_t bytes : malloc_sizes) {
-    if (absl::Status s = MeasureMalloc(bytes, budget, &m); !s.ok()) return s;
+    if (absl::Status s = MeasureMalloc(d, bytes, batch_of(bytes), budget, &m); !s.ok()) return s;
   }
-  // One address range for every VMM size, reserved outside the timed calls.
+  // One address range for every VMM batch, reserved outside the timed calls.
+  std::size_t range = 0;
+  for (std::size_t bytes : vmm_sizes) range = std::max(range, batch_of(bytes) * bytes);
   CUdeviceptr va = 0;
-  if (CUresult e = d.mem_address_reserve(&va, vmm_sizes.back(), 0, 0, 0); e != CUDA_SUCCESS) {
-    return d.Error(absl::StrCat("cuMemAddressReserve(", SizeText(vmm_sizes.back()), ")"), e);
+  if (CUresult e = d.mem_address_reserve(&va, range, 0, 0, 0); e != CUDA_SUCCESS) {
+    return d.Error(absl::StrCat("cuMemAddressReserve(", SizeText(range), ")"), e);
   }
   for (std::size_t bytes : vmm_sizes) {
-    if (absl::Status s = MeasureVmm(d, device, va, bytes, budget, &m); !s.ok()) {
-      d.mem_address_free(va, vmm_sizes.back());
+    if (absl::Status s = MeasureVmm(d, props, va, bytes, batch_of(bytes), budget, &m); !s.ok()) {
+      d.mem_address_free(va, range);
       return s;
     }
   }
-  if (CUresult e = d.mem_address_free(va, vmm_sizes.back()); e != CUDA_SUCCESS) {
+  if (CUresult e = d.mem_address_free(va, range); e != CUDA_SUCCESS) {
     return d.Error("cuMemAddressFree of the VMM range", e);
   }
   for (std::size_t bytes : reserve_sizes) {
@@ -459,6 +726,8 @@ absl::StatusOr<Measurement> Measure(int device_index, double budget_s) {
   if (m.points[kAddressReserve].empty()) {
     return absl::FailedPreconditionError("cuMemAddressReserve refused every size measured");
   }
+  // Last: its repetitions take as long as the work queued, whatever the budget.
+  if (absl::Status s = MeasureFreeAfterWork(d, malloc_sizes.back(), budget, &m); !s.ok()) return s;
   return m;
 }
 
@@ -512,7 +781,45 @@ void PrintTable(const Measurement& m, const std::string& profile) {
                    p.mean_us, p.p99_us);
     }
   }
+  std::fprintf(stderr,
+               "cudaMalloc, cudaFree: cuMemAlloc and cuMemFree (what backend:cuda calls), in batches\n"
+               "synchronize: an idle cudaDeviceSynchronize, the round trip only; not a wait on queued work (that "
+               "costs what the work costs)\n");
   for (const std::string& note : m.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
+  for (const std::string& line : m.stderr_only) std::fprintf(stderr, "not in the cost file: %s\n", line.c_str());
+}
+
+// Whether `path` can be opened for writing, checked before measuring: an existing file is opened
+// for appending (nothing written), a new one created and removed again.
+absl::Status CheckWritable(const std::string& path) {
+  auto error = [&](int errno_value) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write -o ", path, ": ", std::strerror(errno_value), " (checked before measuring)"));
+  };
+  if (int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC); fd >= 0) {
+    ::close(fd);
+    return absl::OkStatus();
+  }
+  if (errno != ENOENT) return error(errno);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) return error(errno);
+  ::close(fd);
+  if (::unlink(path.c_str()) != 0) return error(errno);
+  return absl::OkStatus();
+}
+
+// --budget-s's check: a finite number of seconds in [kMinBudgetSeconds, kMaxBudgetSeconds] (NaN and
+// infinity are refused: CLI::Range lets NaN through).
+std::string CheckBudget(std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v < kMinBudgetSeconds ||
+      v > kMaxBudgetSeconds) {
+    return absl::StrCat("accepted a positive finite number of seconds from ", kMinBudgetSeconds, " to ",
+                        kMaxBudgetSeconds, " (e.g. 1 to 3600), got \"", text, "\"");
+  }
+  return "";
 }
 
 int Run(int argc, char** argv) {
@@ -524,13 +831,20 @@ int Run(int argc, char** argv) {
   double budget_s = 60.0;
   std::string profile;
   app.add_option("-o,--output", output, "where the JSON cost file goes (default: stdout)");
-  app.add_option("--device", device, "the CUDA device to measure")->check(CLI::Range(0, 1023));
+  app.add_option("--device", device, "the CUDA device to measure (0 to the device count - 1)");
   app.add_option("--budget-s", budget_s, "seconds the whole measurement may take before it stops adding repetitions")
-      ->check(CLI::Range(kMinBudgetSeconds, kMaxBudgetSeconds));
+      ->check(CLI::Validator(CheckBudget, absl::StrCat("SECONDS in [", kMinBudgetSeconds, ", ", kMaxBudgetSeconds, "]"),
+                             "BUDGET"));
   app.add_option("--profile", profile,
                  "the profile's name (default: \"measured-\" and the GPU's name, lower-cased, spaces as '-')");
   CLI11_PARSE(app, argc, argv);
 
+  if (!output.empty()) {
+    if (absl::Status s = CheckWritable(output); !s.ok()) {
+      std::fprintf(stderr, "%s: %s\n", kProgram, std::string(s.message()).c_str());
+      return 1;
+    }
+  }
   absl::StatusOr<Measurement> m = Measure(device, budget_s);
   if (!m.ok()) {
     std::fprintf(stderr, "%s: %s\n", kProgram, std::string(m.status().message()).c_str());
@@ -543,11 +857,14 @@ int Run(int argc, char** argv) {
     std::cout << json << std::flush;
     return std::cout ? 0 : 1;
   }
+  errno = 0;
   std::ofstream out(output);
   out << json;
   out.close();
   if (!out) {
-    std::fprintf(stderr, "%s: cannot write %s\n", kProgram, output.c_str());
+    const int error = errno;
+    std::fprintf(stderr, "%s: cannot write %s%s%s\n", kProgram, output.c_str(), error != 0 ? ": " : "",
+                 error != 0 ? std::strerror(error) : "");
     return 1;
   }
   std::fprintf(stderr, "%s: wrote %s\n", kProgram, output.c_str());

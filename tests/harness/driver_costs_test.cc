@@ -101,7 +101,7 @@ TEST(DriverCostsTest, ABadFileIsRefusedNamingTheField) {
   };
   const Case cases[] = {
       {"[1, 2]", "not a JSON object"},
-      {"{", "not a JSON object"},
+      {"{", "not JSON ([json.exception.parse_error.101] parse error at line 1, column 2"},
       {replaced("\"profile\": \"measured\"", "\"profile\": 3"), "\"profile\""},
       {replaced("\"source\"", "\"origin\""), "unknown key \"origin\""},
       {replaced("\"cudaFree\"", "\"cudaFreeAsync\""), "unknown call \"cudaFreeAsync\""},
@@ -115,7 +115,8 @@ TEST(DriverCostsTest, ABadFileIsRefusedNamingTheField) {
        "calls.cuMemMap[1].bytes 23068672 is not above"},
       {replaced("\"cuMemUnmap\": [{\"bytes\": 2097152", "\"cuMemUnmap\": [{\"bytes\": -5"),
        "calls.cuMemUnmap[0].bytes is missing or not an integer"},
-      {replaced("\"cuMemCreate\": [{\"bytes\": 2097152, \"us\": 10,", "\"cuMemCreate\": [{\"bytes\": 2097152, \"ms\": 10,"),
+      {replaced("\"cuMemCreate\": [{\"bytes\": 2097152, \"us\": 10,",
+                "\"cuMemCreate\": [{\"bytes\": 2097152, \"ms\": 10,"),
        "calls.cuMemCreate[0] has unknown key \"ms\""},
       {replaced("\"cudaMalloc\": [", "\"cudaMalloc\": 5, \"cudaMallocAsync\": ["), "unknown call \"cudaMallocAsync\""},
   };
@@ -214,35 +215,48 @@ TEST(DriverMeterTest, TheMeteredBackendPricesEachCallBySizeAndPassesItThrough) {
   o.memory = SimMemoryMode::kUnbacked;
   absl::StatusOr<std::unique_ptr<SimBackend>> sim = MakeSimBackend(o);
   ASSERT_TRUE(sim.ok()) << sim.status();
-  DriverMeter meter(*CostProfile("a100-published"));
+  // Every call 10 us at 2 MiB and 30 us at 22 MiB: a price tells the size it was charged for.
+  absl::StatusOr<CostModel> costs = ParseCostModel(TwoPointFile(), "test");
+  ASSERT_TRUE(costs.ok()) << costs.status();
+  DriverMeter meter(*costs);
   std::unique_ptr<Backend> b = MeterBackend(std::move(*sim), &meter);
   meter.BeginRequest();
-  absl::StatusOr<std::uintptr_t> va = b->ReserveAddressRange(64 * kMiB, 0);
+  absl::StatusOr<std::uintptr_t> va = b->ReserveAddressRange(64 * kMiB, 0);  // 30 (above 22 MiB)
   ASSERT_TRUE(va.ok()) << va.status();
   std::vector<PhysicalPiece> pieces;
-  for (int i = 0; i < 3; ++i) {
-    absl::StatusOr<PhysicalHandle> h = b->CreatePhysical(2 * kMiB);
+  for (std::size_t mib : {2, 4, 6}) {  // 10, 12, 14
+    absl::StatusOr<PhysicalHandle> h = b->CreatePhysical(mib * kMiB);
     ASSERT_TRUE(h.ok()) << h.status();
-    pieces.push_back({*h, 2 * kMiB});
+    pieces.push_back({*h, mib * kMiB});
   }
   std::size_t mapped = 0;
-  ASSERT_TRUE(b->MapRun(*va, pieces, &mapped).ok());
+  ASSERT_TRUE(b->MapRun(*va, pieces, &mapped).ok());  // maps 10 + 12 + 14, one grant over 12 MiB: 20
   EXPECT_EQ(mapped, 3u);
-  ASSERT_TRUE(b->SynchronizeDevice().ok());
-  ASSERT_TRUE(b->Unmap(*va, 6 * kMiB).ok());
-  for (const PhysicalPiece& p : pieces) ASSERT_TRUE(b->ReleasePhysical(p.handle).ok());
-  absl::StatusOr<void*> p = b->Allocate(2 * kMiB);
+  ASSERT_TRUE(b->SynchronizeDevice().ok());    // 10 (size 0: the smallest's price)
+  ASSERT_TRUE(b->Unmap(*va, 12 * kMiB).ok());  // 20
+  for (const PhysicalPiece& p : pieces) ASSERT_TRUE(b->ReleasePhysical(p.handle).ok());  // 10 + 12 + 14
+  absl::StatusOr<void*> p = b->Allocate(12 * kMiB);                                      // 20
   ASSERT_TRUE(p.ok());
-  ASSERT_TRUE(b->Free(*p, 2 * kMiB).ok());
+  ASSERT_TRUE(b->Free(*p, 12 * kMiB).ok());  // 20
   ASSERT_TRUE(meter.EndRequest());
   const BackendCounters c = b->counters();
   EXPECT_EQ(c.physical_creates, 3);
   EXPECT_EQ(c.maps, 3);
   EXPECT_EQ(c.access_grants, 1) << "one grant for the run";
   const DriverTime t = meter.Summary();
-  const double expected_us = 19.0 + 3 * 193.32 + 3 * 1.45 + 35.99 + 10.0 /* sync */ + 25.63 + 3 * 25.63 + 50 + 10;
+  const double expected_us = 30 + 36 + 36 + 20 + 10 + 20 + 36 + 20 + 20;
   EXPECT_NEAR(t.request_path_ms, expected_us / 1000.0, 1e-9);
   EXPECT_EQ(t.synchronizations, 2u) << "the device synchronization and the cudaFree";
+}
+
+TEST(DriverMeterTest, ARequestWhoseCallsCostNothingStillCalledTheDriver) {
+  CostModel c = *CostProfile("flat");
+  ASSERT_TRUE(c.Override(DriverCall::kMalloc, 0.0, "malloc-us").ok());
+  DriverMeter meter(c);
+  meter.BeginRequest();
+  meter.Charge(DriverCall::kMalloc, 2 * kMiB);
+  EXPECT_TRUE(meter.EndRequest()) << "a call priced at 0 is still a call";
+  EXPECT_EQ(meter.Summary().requests_calling_driver, 1u);
 }
 
 ReplayResult ReplayOf(const Trace& t, const std::string& allocator, std::size_t capacity, const CostModel& costs) {
@@ -307,8 +321,8 @@ TEST(DriverMeterTest, ExpandableSegmentsSynchronizeBeforeGivingPagesBack) {
   // 40 MiB (two 20 MiB pages) and 20 MiB live on a 64 MiB card, the first freed, then 42 MiB: three
   // pages more do not fit, so the free block's two whole pages go back (PyTorch's unmapHandles
   // synchronizes the stream first) before the allocation is tried again.
-  const Trace t = Events({{kAlloc, 0x1, 40 * kMiB}, {kAlloc, 0x2, 20 * kMiB}, {kFree, 0x1, 40 * kMiB},
-                          {kAlloc, 0x3, 42 * kMiB}});
+  const Trace t =
+      Events({{kAlloc, 0x1, 40 * kMiB}, {kAlloc, 0x2, 20 * kMiB}, {kFree, 0x1, 40 * kMiB}, {kAlloc, 0x3, 42 * kMiB}});
   ReplayResult r = ReplayOf(t, "pytorch-expandable", 64 * kMiB, *CostProfile("a100-published"));
   EXPECT_EQ(r.backend_counters.unmaps, 2);
   EXPECT_EQ(r.driver_time.synchronizations, 1u) << "an unmap of memory a stream may still use waits for it";

@@ -3,12 +3,18 @@
 # (tools/measure_driver_costs.cc) without a GPU, on the CUDA double (tests/cuda_double) served as its
 # libcudart through LD_LIBRARY_PATH=DOUBLE_DIR (the driver's functions then come from the double's
 # cudaGetDriverEntryPointByVersion):
-#   - at CUDA driver versions 13.0 and 12.2 with a small --budget-s: exit 0, no rule of the double
-#     broken, and a cost file with every call the reader needs (src/harness/replay/driver_costs.h):
-#     the documented sizes, strictly increasing, bytes integers in [0, 2^50], us and p99_us in
-#     [0, 1e6], one synchronize point at 0 bytes, nothing else;
+#   - at CUDA driver version 13.0 with a small --budget-s: exit 0, no rule of the double broken, and
+#     a cost file with every call the reader needs (src/harness/replay/driver_costs.h): the
+#     documented sizes, strictly increasing, bytes integers in [0, 2^50], us and p99_us in [0, 1e6],
+#     one synchronize point at 0 bytes, nothing else; on stderr, the series kept out of the file (a
+#     free after queued work, cuMemSetAccess over a whole run) and synchronize called the idle round
+#     trip. Only 13.0: the program links libcudart.so.13, which refuses a CUDA 12.x driver; the
+#     double, served as that libcudart, does not model the refusal, so a 12.x run here would pass
+#     where the real program cannot run at all;
 #   - on a 64 MiB device: the sizes over half the free memory left out (2 and 20 MiB remain);
-#   - --profile and stdout output; --device out of range: exit 1 naming it;
+#   - --profile and stdout output; --device out of range: exit 1 naming it and the accepted range;
+#   - --budget-s nan and inf refused naming the flag; -o into a missing directory refused with the
+#     reason before anything is measured;
 #   - without the double (the real libcudart; no driver here): exit 1 with a message naming the CUDA
 #     error, never a crash (on a machine with a GPU it measures instead, and the file is checked);
 #   - with BENCH (bucketalloc-bench): `replay --costs FILE` reads the file and names its profile.
@@ -61,7 +67,7 @@ on_double() { CUDA_DOUBLE_REPORT=stderr LD_LIBRARY_PATH="$double_dir" timeout 12
 mib=$((1 << 20))
 all_sizes=$((2 * mib)),$((20 * mib)),$((128 * mib)),$((1024 * mib))
 
-for version in 13000 12020; do
+for version in 13000; do
   out=$(CUDA_DOUBLE_DRIVER_VERSION=$version CUDA_DOUBLE_DEVICE_MEMORY=$((4 << 30)) \
         on_double "$program" --budget-s 2 -o "$work/costs_$version.json" 2>&1)
   rc=$?
@@ -69,6 +75,12 @@ for version in 13000 12020; do
   echo "$out" | sed "s/^/[driver $version] /"
   grep -q "rule violation" <<<"$out" && fail "driver $version: the double recorded rule violations"
   grep -q "^cuMemCreate .* 1 GiB" <<<"$out" || fail "driver $version: no table row for cuMemCreate at 1 GiB"
+  grep -q "not in the cost file: cuMemFree of 2 MiB after a cudaMemsetAsync of 1 GiB" <<<"$out" ||
+    fail "driver $version: no free-after-queued-work series on stderr"
+  grep -q "not in the cost file: cuMemSetAccess over one run of [0-9]* x 1 GiB" <<<"$out" ||
+    fail "driver $version: no whole-run cuMemSetAccess on stderr"
+  grep -q "^synchronize: an idle cudaDeviceSynchronize, the round trip only" <<<"$out" ||
+    fail "driver $version: the table does not say synchronize is the idle round trip"
   check_json "$work/costs_$version.json" measured-cuda-device-0 "$all_sizes" || fail "driver $version: the cost file"
 done
 
@@ -83,7 +95,24 @@ out=$(on_double "$program" --budget-s 1 --device 7 -o "$work/none.json" 2>&1)
 rc=$?
 ((rc == 1)) || { echo "$out"; fail "--device 7 of 2: exit $rc, expected 1"; }
 grep -q "out of range" <<<"$out" || { echo "$out"; fail "--device 7: the message does not say it is out of range"; }
-[[ -e $work/none.json ]] && fail "--device 7 wrote a cost file"
+grep -q "accepted 0 to 1" <<<"$out" || { echo "$out"; fail "--device 7: the message does not give the range"; }
+[[ -e $work/none.json ]] && fail "--device 7 wrote a cost file (or its check before measuring left one)"
+
+for budget in nan inf; do
+  out=$(on_double "$program" --budget-s $budget -o "$work/budget.json" 2>&1)
+  rc=$?
+  ((rc != 0)) || { echo "$out"; fail "--budget-s $budget: exit 0"; }
+  grep -q -- "--budget-s.*positive finite number of seconds" <<<"$out" ||
+    { echo "$out"; fail "--budget-s $budget: the message names neither the flag nor the accepted range"; }
+  [[ -e $work/budget.json ]] && fail "--budget-s $budget wrote a cost file"
+done
+
+out=$(on_double "$program" --budget-s 1 -o "$work/missing/costs.json" 2>&1)
+rc=$?
+((rc == 1)) || { echo "$out"; fail "-o into a missing directory: exit $rc, expected 1"; }
+grep -q "cannot write -o .*: No such file or directory" <<<"$out" ||
+  { echo "$out"; fail "-o into a missing directory: the message gives no reason"; }
+grep -q "^call " <<<"$out" && { echo "$out"; fail "-o into a missing directory: measured before checking the path"; }
 
 # The real runtime: here no driver (cudaGetDeviceCount: error 35), a clear message and exit 1.
 out=$(timeout 120 "$program" --budget-s 1 -o "$work/real.json" 2>&1)

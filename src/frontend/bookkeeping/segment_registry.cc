@@ -63,12 +63,16 @@ absl::StatusOr<std::uintptr_t> SegmentRegistry::AllocateSegment(std::size_t byte
 
 absl::Status SegmentRegistry::CheckExternalSegment(SegmentAllocator& external, std::uintptr_t base,
                                                    std::size_t bytes) const {
-  const std::string what =
-      absl::StrCat("bucketalloc: a private pool's segment allocator (MemPool(allocator)) returned 0x", absl::Hex(base),
-                   " for a segment of ", bytes, " bytes");
-  if (base == 0) return absl::InternalError(absl::StrCat(what, " (NULL with success); accepted: memory, or no memory"));
+  // The refusal's subject, built only when there is one (this runs on every external segment).
+  auto what = [&] {
+    return absl::StrCat("bucketalloc: a private pool's segment allocator (MemPool(allocator)) returned 0x",
+                        absl::Hex(base), " for a segment of ", bytes, " bytes");
+  };
+  if (base == 0) {
+    return absl::InternalError(absl::StrCat(what(), " (NULL with success); accepted: memory, or no memory"));
+  }
   if (base > std::numeric_limits<std::uintptr_t>::max() - bytes) {
-    return absl::InternalError(absl::StrCat(what, ", which runs past the end of the address space; refused"));
+    return absl::InternalError(absl::StrCat(what(), ", which runs past the end of the address space; refused"));
   }
   // The registered range that starts last before the new one's end: the only one it can overlap.
   auto it = ranges_.lower_bound(base + bytes);
@@ -76,14 +80,14 @@ absl::Status SegmentRegistry::CheckExternalSegment(SegmentAllocator& external, s
     const Range& held = std::prev(it)->second;
     // Not given back: its free would release memory the live segment's blocks use.
     return absl::InternalError(absl::StrCat(
-        what, ", which overlaps the ", held.external ? "segment it gave before" : "device memory", " at [0x",
+        what(), ", which overlaps the ", held.external ? "segment it gave before" : "device memory", " at [0x",
         absl::Hex(held.base), ", 0x", absl::Hex(held.base + held.bytes),
         "); refused, and not given back to it (its free could release memory live blocks use); accepted: memory no "
         "segment holds"));
   }
   if (base % kSegmentAlignment != 0) {
     external.Free(reinterpret_cast<void*>(base), bytes);
-    return absl::InternalError(absl::StrCat(what, ", which is not ", kSegmentAlignment,
+    return absl::InternalError(absl::StrCat(what(), ", which is not ", kSegmentAlignment,
                                             "-byte aligned (every block is); refused and given back to it"));
   }
   return absl::OkStatus();

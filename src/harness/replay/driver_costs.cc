@@ -16,7 +16,7 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::array<const char*, kDriverCalls> kCallNames = {
-    "cudaMalloc", "cudaFree",          "cuMemCreate",         "cuMemRelease",      "cuMemMap",
+    "cudaMalloc",     "cudaFree",   "cuMemCreate",         "cuMemRelease",     "cuMemMap",
     "cuMemSetAccess", "cuMemUnmap", "cuMemAddressReserve", "cuMemAddressFree", "synchronize"};
 
 // The most bytes a priced call may name in a profile: 1 PiB.
@@ -138,17 +138,20 @@ absl::StatusOr<CostModel> CostProfile(absl::string_view name) {
   for (int i = 0; i < static_cast<int>(std::size(kBuiltIns)); ++i) {
     if (name == kBuiltIns[i].name) return BuiltInCostModel(i);
   }
-  return absl::InvalidArgumentError(absl::StrCat("cost profile \"", name, "\" is not built in; accepted: ",
-                                                 absl::StrJoin(CostProfileNames(), ", "),
-                                                 ", or the path of a JSON cost file (docs/harness.md)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("cost profile \"", name, "\" is not built in; accepted: ", absl::StrJoin(CostProfileNames(), ", "),
+                   ", or the path of a JSON cost file (docs/harness.md)"));
 }
 
 absl::StatusOr<CostModel> ParseCostModel(absl::string_view json, absl::string_view origin) {
-  auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", why));
-  };
-  const nlohmann::json j = nlohmann::json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object; accepted: {\"profile\": ..., \"calls\": {...}}");
+  auto bad = [&](absl::string_view why) { return absl::InvalidArgumentError(absl::StrCat(origin, ": ", why)); };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json.begin(), json.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    return bad(absl::StrCat("not JSON (", e.what(), "); accepted: {\"profile\": ..., \"calls\": {...}}"));
+  }
+  if (!j.is_object()) return bad("not a JSON object; accepted: {\"profile\": ..., \"calls\": {...}}");
   for (const auto& [key, value] : j.items()) {
     if (key != "profile" && key != "source" && key != "calls") {
       return bad(absl::StrCat("unknown key \"", key, "\"; accepted: profile, source, calls"));
@@ -160,7 +163,10 @@ absl::StatusOr<CostModel> ParseCostModel(absl::string_view json, absl::string_vi
   }
   c.profile_ = j["profile"].get<std::string>();
   if (j.contains("source") && !j["source"].is_string()) return bad("\"source\" is not a string");
-  if (!j.contains("calls") || !j["calls"].is_object()) return bad("\"calls\" is missing or not an object");
+  if (!j.contains("calls") || !j["calls"].is_object()) {
+    return bad(absl::StrCat("\"calls\" is missing or not an object; accepted: an object with a price list for each of ",
+                            absl::StrJoin(kCallNames, ", ")));
+  }
   const nlohmann::json& calls = j["calls"];
   for (const auto& [key, value] : calls.items()) {
     if (std::find_if(kCallNames.begin(), kCallNames.end(), [&](const char* n) { return key == n; }) ==
@@ -186,7 +192,8 @@ absl::StatusOr<CostModel> ParseCostModel(absl::string_view json, absl::string_vi
           return bad(absl::StrCat(at, " has unknown key \"", key, "\"; accepted: bytes, us, p99_us"));
         }
       }
-      if (!p.contains("bytes") || !p["bytes"].is_number_unsigned() || p["bytes"].get<std::uint64_t>() > kMaxProfileBytes) {
+      if (!p.contains("bytes") || !p["bytes"].is_number_unsigned() ||
+          p["bytes"].get<std::uint64_t>() > kMaxProfileBytes) {
         return bad(absl::StrCat(at, ".bytes is missing or not an integer from 0 to ", kMaxProfileBytes));
       }
       if (!p.contains("us") || !p["us"].is_number()) return bad(absl::StrCat(at, ".us is missing or not a number"));
@@ -207,10 +214,18 @@ absl::StatusOr<CostModel> LoadCostModel(absl::string_view spec) {
   for (const BuiltIn& b : kBuiltIns) {
     if (spec == b.name) return CostProfile(spec);
   }
+  // A name with no path separator and no extension is a profile's; anything else a file's.
   std::error_code error;
-  if (spec.empty() || !std::filesystem::exists(std::string(spec), error)) return CostProfile(spec);
-  absl::StatusOr<std::string> text = ReadTextFile(std::string(spec), "cost file");
-  if (!text.ok()) return text.status();
+  const bool looks_like_path = absl::StrContains(spec, '/') || absl::StrContains(spec, '.');
+  if (spec.empty() || (!looks_like_path && !std::filesystem::exists(std::string(spec), error))) {
+    return CostProfile(spec);
+  }
+  absl::StatusOr<std::string> text = ReadTextFile(std::string(spec), "the JSON cost file");
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat(text.status().message(), "; accepted: a built-in profile (",
+                                     absl::StrJoin(CostProfileNames(), ", "), ") or the path of a JSON cost file"));
+  }
   return ParseCostModel(*text, absl::StrCat("cost file ", spec));
 }
 

@@ -7,12 +7,13 @@
 // A price is microseconds per call. A call of a size between two measured sizes is priced on the
 // line between them; below the smallest, at the smallest's price; above the largest, at the
 // largest's (a call, not a byte: no profile says how a call scales past what it measured). A
-// synchronization (an explicit one; a cudaFree's own is part of cudaFree's price) is priced as the
-// stall it is, at its profile's `synchronize` entry.
+// synchronization (an explicit one; a cudaFree's own is part of cudaFree's price) is priced at its
+// profile's `synchronize` entry: the round trip of an idle device, the least it stalls a request (the
+// wait for queued work depends on the work; DriverTime counts synchronizations for that reason).
 //
 // Built-in profiles (docs/harness.md, "Driver time", gives the sources):
-//   a100-published   the A100 column of a public VMM benchmark (2 MiB pages, 4,096 pages, one thread)
-//   gpu2-published   the same benchmark's second GPU (the A100's figures where it gives none)
+//   a100-published   the A100 run of a public VMM benchmark (2 MiB pages, 4,096 pages, one thread)
+//   gpu2-published   the same benchmark's second, unnamed GPU
 //   flat             the harness's old model: every VMM call 10 us, cudaMalloc 50, cudaFree 10, no stall
 // Thread-safety: a CostModel is a value; Price is const.
 //

@@ -30,6 +30,7 @@ void DriverMeter::Charge(DriverCall call, std::size_t bytes, bool synchronizes) 
   if (synchronizes) ++totals_.synchronizations;
   if (in_request_ && std::this_thread::get_id() == request_thread_) {
     request_us_ += us;
+    ++request_calls_;
     totals_.request_us += us;
   } else {
     totals_.background_us += us;
@@ -41,13 +42,14 @@ void DriverMeter::BeginRequest() {
   in_request_ = true;
   request_thread_ = std::this_thread::get_id();
   request_us_ = 0.0;
+  request_calls_ = 0;
 }
 
 bool DriverMeter::EndRequest() {
   std::lock_guard<std::mutex> lock(mu_);
   in_request_ = false;
-  if (request_us_ <= 0.0) return false;
-  request_costs_.push_back(static_cast<float>(request_us_));
+  if (request_calls_ == 0) return false;
+  request_costs_.push_back(request_us_);
   return true;
 }
 
@@ -76,10 +78,9 @@ DriverTime DriverMeter::Summary() const {
   t.steady_synchronizations = totals_.synchronizations - at_peak_.synchronizations;
   t.requests_calling_driver = request_costs_.size();
   if (!request_costs_.empty()) {
-    std::vector<float> costs = request_costs_;
+    std::vector<double> costs = request_costs_;
     // The nearest rank: the smallest cost at least 99% of the requests do not exceed.
-    const std::size_t rank =
-        static_cast<std::size_t>(std::ceil(0.99 * static_cast<double>(costs.size()))) - 1;
+    const std::size_t rank = static_cast<std::size_t>(std::ceil(0.99 * static_cast<double>(costs.size()))) - 1;
     std::nth_element(costs.begin(), costs.begin() + static_cast<std::ptrdiff_t>(rank), costs.end());
     t.p99_request_us = costs[rank];
     t.max_request_us = *std::max_element(request_costs_.begin(), request_costs_.end());
@@ -148,20 +149,29 @@ class MeteredBackend final : public Backend {
     meter_->Charge(DriverCall::kSetAccess, bytes);
     return inner_->Map(va, bytes, handle);
   }
-  // The pieces mapped (and the one that failed), each a cuMemMap; the access grants the inner
-  // backend made (one per run for sim and vmm), each over the bytes mapped.
+  // What the inner backend did, from its counters: each cuMemMap (pieces in order), each access
+  // grant (one per run for sim and vmm) over the bytes mapped, and the unmaps of a rollback; a
+  // failed run also pays the call that failed (priced as a map: which call it was is not known).
   absl::Status MapRun(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) override {
-    const std::int64_t grants_before = inner_->counters().access_grants;
+    const BackendCounters before = inner_->counters();
     absl::Status s = inner_->MapRun(va, pieces, mapped);
-    const std::size_t tried = std::min(pieces.size(), *mapped + (s.ok() ? 0 : 1));
-    std::size_t run_bytes = 0;
-    for (std::size_t i = 0; i < tried; ++i) {
+    const BackendCounters after = inner_->counters();
+    const std::size_t maps = std::min(pieces.size(), static_cast<std::size_t>(after.maps - before.maps));
+    std::size_t mapped_bytes = 0;
+    for (std::size_t i = 0; i < maps; ++i) {
       meter_->Charge(DriverCall::kMap, pieces[i].bytes);
-      if (i < *mapped) run_bytes += pieces[i].bytes;
+      mapped_bytes += pieces[i].bytes;
     }
-    const std::int64_t grants = inner_->counters().access_grants - grants_before;
+    const std::int64_t grants = after.access_grants - before.access_grants;
     for (std::int64_t g = 0; g < grants; ++g) {
-      meter_->Charge(DriverCall::kSetAccess, run_bytes / static_cast<std::size_t>(grants));
+      meter_->Charge(DriverCall::kSetAccess, mapped_bytes / static_cast<std::size_t>(grants));
+    }
+    const std::int64_t unmaps = after.unmaps - before.unmaps;
+    for (std::int64_t u = 0; u < unmaps; ++u) {
+      meter_->Charge(DriverCall::kUnmap, mapped_bytes / static_cast<std::size_t>(unmaps));
+    }
+    if (!s.ok() && !absl::IsInvalidArgument(s) && maps < pieces.size()) {
+      meter_->Charge(DriverCall::kMap, pieces[maps].bytes);  // refused before the driver: no call
     }
     return s;
   }

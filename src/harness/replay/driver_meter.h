@@ -63,7 +63,7 @@ class DriverMeter {
   // One call of `bytes` (MeterBackend's); `synchronizes`: it waits for queued work.
   void Charge(DriverCall call, std::size_t bytes, bool synchronizes = false);
   // A request of the trace starts on this thread; EndRequest ends it and returns whether it called
-  // the driver.
+  // the driver (any call, a free one included).
   void BeginRequest();
   bool EndRequest();
   // The reserved bytes after an event (the replay tells it after every event that called the
@@ -84,15 +84,17 @@ class DriverMeter {
   bool stopped_ = false;
   bool in_request_ = false;
   std::thread::id request_thread_;
-  double request_us_ = 0.0;  // of the request now running
+  double request_us_ = 0.0;          // of the request now running
+  std::uint64_t request_calls_ = 0;  // of the request now running
   Totals totals_;
   Totals at_peak_;  // totals_ when reserved bytes last reached a new peak
   std::size_t peak_reserved_ = 0;
-  std::vector<float> request_costs_;  // one per request that called the driver, in microseconds
+  std::vector<double> request_costs_;  // one per request that called the driver, in microseconds
 };
 
 // `inner`, with every memory call and synchronization reported to `meter` (which must outlive it).
-// Events, queries and IPC are passed through unpriced.
+// Events, queries and IPC are passed through unpriced. As every Backend, it is called under its
+// device's lock (bucketalloc/backend.h): its handle sizes and MapRun's counter deltas rely on that.
 std::unique_ptr<Backend> MeterBackend(std::unique_ptr<Backend> inner, DriverMeter* meter);
 
 }  // namespace bucketalloc::harness
