@@ -73,6 +73,11 @@ struct Options {
   // Virtual-memory stitching of the large pool (docs/vmm.md). PyTorch's key: with backend:cuda it
   // selects the vmm backend; with backend:sim the simulated device's VMM twin. backend:vmm implies it.
   bool expandable_segments = false;
+  // With stitching, a grow that is not at the cap creates physical pieces of this many bytes (the
+  // last one of a grow smaller), one create, map and release each; at the cap, granules, which a
+  // stitch can move one by one (docs/vmm.md, "What a piece is"). The default, a granule, keeps every
+  // piece movable; larger pieces trade memory at the cap for driver calls on the request's path.
+  std::size_t grow_piece = 2 * kMiB;
 
   // Tiers for the large pool, in bytes (ascending, already multiplied out). Empty = off.
   std::vector<std::size_t> tiers;

@@ -81,6 +81,8 @@ struct LargePoolConfig {
   double tier_min_fill = 0.5;
   // The backend's granularity: a segment is a multiple of it.
   std::size_t granularity = 2 * kMiB;
+  // With virtual memory: the pieces a grow creates while not at the cap (a multiple of granularity).
+  std::size_t grow_piece = 2 * kMiB;
   // A split leaves a remainder larger than this; a smaller one stays inside the block. PyTorch keeps
   // up to 1 MiB (it could never serve a large request alone). Over virtual memory the front end
   // splits every remainder off (0): free, it joins its free neighbours' granules, which can then

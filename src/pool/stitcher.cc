@@ -370,7 +370,10 @@ absl::StatusOr<Block*> Stitcher::Extend(LargePool& pool, LargeStreamState& ss, S
   if (runs.has_value()) unmapped = UnmapRuns(pool, *backing_, *runs, keep, &moved);
   std::vector<PhysicalPiece> pieces;
   std::size_t stitched = 0;
-  if (absl::Status s = Gather(bytes, granule_, std::move(unmapped), std::move(moved), &pieces, &stitched); !s.ok()) {
+  // Away from the cap, what is created is the grow's pieces (fewer calls); at the cap, granules: what
+  // moves stays movable granule by granule.
+  const std::size_t piece = at_cap ? granule_ : backing_->grow_piece();
+  if (absl::Status s = Gather(bytes, piece, std::move(unmapped), std::move(moved), &pieces, &stitched); !s.ok()) {
     if (base.has_value()) ctx_.source->ReleaseRange(*base, range);
     return s;
   }

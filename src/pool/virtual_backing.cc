@@ -24,9 +24,10 @@ std::size_t BytesOf(absl::Span<const PhysicalPiece> pieces) {
 
 }  // namespace
 
-VirtualBacking::VirtualBacking(const PoolContext& ctx, std::size_t granule)
-    : ctx_(ctx), granule_(granule), shift_(std::countr_zero(granule)) {
+VirtualBacking::VirtualBacking(const PoolContext& ctx, std::size_t granule, std::size_t grow_piece)
+    : ctx_(ctx), granule_(granule), grow_piece_(grow_piece), shift_(std::countr_zero(granule)) {
   BA_CHECK(IsPowerOfTwo(granule), "a granule is a power of two");
+  BA_CHECK(grow_piece >= granule && grow_piece % granule == 0, "a grow's piece is whole granules");
   stitcher_ = std::make_unique<Stitcher>(ctx_, this);
 }
 
@@ -39,8 +40,9 @@ absl::StatusOr<Segment*> VirtualBacking::Grow(LargePool& pool, LargeStreamState&
   std::vector<PhysicalPiece> pieces;
   // A tier segment holds one block, never split: it is one piece (three driver calls), which moves
   // whole. Other segments are split, and a piece shared by a live block and free bytes keeps them
-  // from moving: granule pieces (spares too).
-  const std::size_t piece = tier >= 0 ? bytes : granule_;
+  // from moving; away from the cap (here: a grow) the pieces are grow_piece_, fewer driver calls on
+  // the request's path, and a stitch at the cap creates and moves granules (Stitcher).
+  const std::size_t piece = tier >= 0 ? bytes : grow_piece_;
   std::size_t rest = bytes;
   TakeSpares(&rest, piece, &pieces);
   absl::Status s = rest > 0 ? Create(rest, piece, &pieces) : absl::OkStatus();

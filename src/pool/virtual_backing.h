@@ -52,8 +52,10 @@ class Stitcher;
 
 class VirtualBacking final : public SegmentBacking {
  public:
-  // Segments of whole granules of `granule` bytes (a power of two: the pool's granularity).
-  VirtualBacking(const PoolContext& ctx, std::size_t granule);
+  // Segments of whole granules of `granule` bytes (a power of two: the pool's granularity); a grow
+  // that is not at the cap creates pieces of `grow_piece` bytes (a multiple of `granule`).
+  VirtualBacking(const PoolContext& ctx, std::size_t granule, std::size_t grow_piece);
+  VirtualBacking(const PoolContext& ctx, std::size_t granule) : VirtualBacking(ctx, granule, granule) {}
   ~VirtualBacking() override;
   VirtualBacking(const VirtualBacking&) = delete;
   VirtualBacking& operator=(const VirtualBacking&) = delete;
@@ -87,6 +89,7 @@ class VirtualBacking final : public SegmentBacking {
 
   // ---- The operations of a stitch (pool/stitcher.h) ----
   std::size_t granule() const { return granule_; }
+  std::size_t grow_piece() const { return grow_piece_; }
   // The whole granules inside `block`, as [*g0, *g1) of its segment.
   std::size_t WholeGranules(const Block* block, std::size_t* g0 = nullptr, std::size_t* g1 = nullptr) const;
   // The pieces of `seg`, by address (holes are the gaps).
@@ -139,6 +142,7 @@ class VirtualBacking final : public SegmentBacking {
 
   PoolContext ctx_;
   const std::size_t granule_;
+  const std::size_t grow_piece_;
   const int shift_;  // log2(granule_)
   // Each segment's pieces, by address, and the spare pieces.
   absl::flat_hash_map<const Segment*, std::unique_ptr<std::vector<Piece>>> pieces_;

@@ -36,6 +36,42 @@ TEST_F(StitchingPoolTest, GrowMapsOneGranulePerGranuleOfThePlainSegment) {
   Check(0);
 }
 
+// Away from the cap a grow creates pieces of grow_piece (the last one what is left); at the cap a
+// stitch moves and creates granules, so the stitched block's memory is granule pieces whatever it
+// was before (a larger free piece goes back to the device and is created anew in granules).
+TEST_F(StitchingPoolTest, AGrowAwayFromTheCapCreatesGrowPiecesAndAStitchGranules) {
+  LargePoolConfig config;
+  config.grow_piece = 8 * kMiB;
+  InitStitching(40 * kMiB, config);
+  Served served = Served::kFromCache;
+  absl::StatusOr<LargePool::Handle> a = pool_->Serve(*ss_, nullptr, pool_->RequestFor(12 * kMiB), &served);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(served, Served::kFromNewMemory);
+  EXPECT_EQ(source_->creates, 2) << "12 MiB: a piece of 8 MiB and one of 4";
+  absl::StatusOr<LargePool::Handle> b = pool_->Serve(*ss_, nullptr, pool_->RequestFor(12 * kMiB), &served);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(source_->creates, 4);
+  std::set<std::size_t> sizes;
+  for (const Piece& p : *a->block->segment->pieces) sizes.insert(p.n * kG);
+  EXPECT_EQ(sizes, (std::set<std::size_t>{4 * kMiB, 8 * kMiB}));
+  Check(2);
+  // 24 MiB of the 40 used; the first block freed, then 20 MiB: the grow fails at the cap, and the
+  // stitch takes the free block's pieces.
+  Return(a->block);
+  absl::StatusOr<LargePool::Handle> c = pool_->Serve(*ss_, nullptr, pool_->RequestFor(20 * kMiB), &served);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Stats().num_stitches, 1);
+  Check(2);
+  const Segment* seg = c->block->segment;
+  for (const Piece& p : *seg->pieces) {
+    const std::uintptr_t lo = seg->base + p.g0 * kG;
+    if (lo >= c->block->ptr && lo < c->block->ptr + c->block->size) {
+      EXPECT_EQ(p.n, 1u) << "a piece of the stitched block at +" << (lo - c->block->ptr) << " is not a granule";
+    }
+  }
+  EXPECT_LE(source_->used(), 40 * kMiB);
+}
+
 TEST_F(StitchingPoolTest, ATierSegmentIsOnePiece) {
   LargePoolConfig config;
   config.tiers = {8 * kMiB};

@@ -89,7 +89,7 @@ class Pools {
         small_limit_(config.small_limit),
         small_(ctx),
         packed_(ctx, config.large.roundup_power2_divisions, config.no_split),
-        large_(ctx, config.large, LargeBacking(ctx, config.large.granularity, config.stitching)) {}
+        large_(ctx, config.large, LargeBacking(ctx, config.large, config.stitching)) {}
   // The number of pools, and the place of pool type P among them (ForEach's order).
   static constexpr int kNumPools = 3;
   template <typename P>
@@ -196,9 +196,11 @@ class Pools {
     }
   }
 
-  // The large pool's segment backing: virtual memory in granules of `granularity` bytes, or plain.
-  static std::unique_ptr<SegmentBacking> LargeBacking(const PoolContext& ctx, std::size_t granularity, bool stitching) {
-    if (stitching) return std::make_unique<VirtualBacking>(ctx, granularity);
+  // The large pool's segment backing: virtual memory in granules (grown in pieces of grow_piece
+  // away from the cap), or plain.
+  static std::unique_ptr<SegmentBacking> LargeBacking(const PoolContext& ctx, const LargePoolConfig& config,
+                                                      bool stitching) {
+    if (stitching) return std::make_unique<VirtualBacking>(ctx, config.granularity, config.grow_piece);
     return std::make_unique<PlainBacking>(ctx.source);
   }
 

@@ -28,6 +28,7 @@ LargePoolConfig MakeLargeConfig(const Options& o, std::size_t granularity) {
   c.tiers = o.ResolvedTiers(granularity);
   c.tier_min_fill = o.tier_min_fill;
   c.granularity = granularity;
+  c.grow_piece = std::max(granularity, o.grow_piece / granularity * granularity);
   if (o.Stitching()) c.keep_remainder = 0;
   return c;
 }

@@ -311,6 +311,14 @@ std::vector<OptionRow> MakeTable() {
                   "stitch large blocks from physical granules (PyTorch's key): on cuda it selects the vmm backend, on "
                   "sim the simulated device's virtual memory; implied by backend:vmm",
                   false, BoolField<&Options::expandable_segments>, FormatBoolField<&Options::expandable_segments>));
+  t.push_back(Row("grow_piece_mb", "an even whole number of MiB from 2 to 1024",
+                  "with stitching, the physical pieces a grow creates while it is not at the cap (granules at the "
+                  "cap): larger pieces, fewer driver calls on the request's path and more memory at the cap (free "
+                  "bytes beside a live block in a piece cannot move); 2 (the default) creates granules always "
+                  "(docs/vmm.md, \"What a piece is\")",
+                  false, MiBField<&Options::grow_piece>, FormatMiBField<&Options::grow_piece>,
+                  Require<std::size_t, &Options::grow_piece>(
+                      [](std::size_t p) { return p >= 2 * kMiB && p <= 1024 * kMiB && p % (2 * kMiB) == 0; })));
   t.push_back(Row("capacity", "0 (the device's memory) or a size of at least 2MiB (bytes, KiB, MiB, GiB)",
                   "per-device cap on reserved memory", true, SizeField<&Options::capacity>,
                   FormatSizeField<&Options::capacity>,
