@@ -168,7 +168,8 @@ absl::StatusOr<CostModel> ParseCostModel(absl::string_view json, absl::string_vi
                             absl::StrJoin(kCallNames, ", ")));
   }
   const nlohmann::json& calls = j["calls"];
-  for (const auto& [key, value] : calls.items()) {
+  for (const auto& item : calls.items()) {
+    const std::string& key = item.key();  // not a structured binding: clang before 16 cannot capture one
     if (std::find_if(kCallNames.begin(), kCallNames.end(), [&](const char* n) { return key == n; }) ==
         kCallNames.end()) {
       return bad(absl::StrCat("unknown call \"", key, "\"; accepted: ", absl::StrJoin(kCallNames, ", ")));
