@@ -277,7 +277,9 @@ TEST_F(CAbiStructuredTest, AUseOnOomPoolLendsItsCachedBlockInsteadOfAnOom) {
   EXPECT_EQ(StatsStruct().num_ooms, 1);
   const std::vector<Segment> segments = Segments();
   for (const Segment& s : segments) {
-    if (BlockAt({s}, y) != nullptr) EXPECT_EQ(s.info.pool.second, 6u);  // the lender's block
+    if (BlockAt({s}, y) != nullptr) {
+      EXPECT_EQ(s.info.pool.second, 6u);  // the lender's block
+    }
   }
   bucketalloc_free(y, -1, 0, StreamOf(0));  // back to the lender
   EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error();

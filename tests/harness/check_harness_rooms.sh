@@ -8,7 +8,7 @@
 # harness source reaches around them with "../", and none includes an internal header but that one.
 #
 # Usage: check_harness_rooms.sh CXX LAYER_ROOT SOURCE_DIR
-# Each probe compiles a one-line file (#include "<header>") with -fsyntax-only.
+# Each probe preprocesses a one-line file (#include "<header>"): tests/layers/include_probes.sh.
 set -uo pipefail
 cxx=$1
 root=$2

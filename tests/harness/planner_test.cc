@@ -22,7 +22,7 @@
 namespace bucketalloc::harness {
 namespace {
 
-std::string Data(const std::string& path) { return std::string(BUCKETALLOC_SOURCE_DIR) + "/data/" + path; }
+std::string Data(const std::string& path) { return absl::StrCat(BUCKETALLOC_SOURCE_DIR, "/data/", path); }
 
 ModelSpec Llama8B() {
   absl::StatusOr<ModelSpec> m = ReadModelConfig(Data("models/Llama-3.1-8B-Instruct.config.json"));

@@ -143,7 +143,7 @@ TEST(RequestsTest, ErrorsNameTheLineAndWhatIsAccepted) {
 
 TEST(RequestsTest, TheVendoredAzureTraceReadsWhole) {
   absl::StatusOr<RequestSet> s = ReadRequestsFile(
-      std::string(BUCKETALLOC_SOURCE_DIR) + "/data/requests/azure_llm_inference_trace_2023_conv.csv", {});
+      absl::StrCat(BUCKETALLOC_SOURCE_DIR, "/data/requests/azure_llm_inference_trace_2023_conv.csv"), {});
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->rows, 19366);                               // data/SOURCES.md
   EXPECT_NEAR(s->requests.back().arrival_s, 3501.0, 2.0);  // 18:15:46 to 19:14:08

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace bucketalloc::harness {
 namespace {
@@ -11,10 +12,10 @@ namespace {
 constexpr char kHeader[] = "Thread,Time,Action,Pointer,Size,Stream\n";
 
 TEST(TraceTest, ParsesRmmLogs) {
-  absl::StatusOr<Trace> t = ParseTrace(std::string(kHeader) +
-                                       "140202,13:45:01.123456,allocate,0x7f5e40000000,1048576,0x0\n"
-                                       "140202,13:45:01.123460,allocate failure,(nil),99999999999,0x1a\n"
-                                       "7,13:45:01.123470,free,139920404381696,1048576,3\n");
+  absl::StatusOr<Trace> t = ParseTrace(absl::StrCat(kHeader,
+                                                    "140202,13:45:01.123456,allocate,0x7f5e40000000,1048576,0x0\n"
+                                                    "140202,13:45:01.123460,allocate failure,(nil),99999999999,0x1a\n"
+                                                    "7,13:45:01.123470,free,139920404381696,1048576,3\n"));
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_EQ(t->events.size(), 3u);
   EXPECT_EQ(t->events[0].action, TraceAction::kAllocate);
@@ -54,12 +55,12 @@ TEST(TraceTest, BadLinesAreNamedByNumberWithWhatIsAccepted) {
   };
   const Case cases[] = {
       {"Pointer,Size\n", "trace:1: expected the header"},
-      {std::string(kHeader) + "1,t,allocate,0x10,16\n", "trace:2: has 5 fields; accepted: 6"},
-      {std::string(kHeader) + "1,t,allocate,0x10,16,0\n1,t,realloc,0x10,16,0\n",
+      {absl::StrCat(kHeader, "1,t,allocate,0x10,16\n"), "trace:2: has 5 fields; accepted: 6"},
+      {absl::StrCat(kHeader, "1,t,allocate,0x10,16,0\n1,t,realloc,0x10,16,0\n"),
        "trace:3: Action \"realloc\" is unknown; accepted: allocate, free, allocate failure"},
-      {std::string(kHeader) + "1,t,allocate,0xZZ,16,0\n", "trace:2: Pointer \"0xZZ\" is not an address"},
-      {std::string(kHeader) + "1,t,allocate,0x10,-16,0\n", "trace:2: Size \"-16\" is not a non-negative integer"},
-      {std::string(kHeader) + "1,t,free,(nil),16,0\n", "trace:2: Pointer is null"},
+      {absl::StrCat(kHeader, "1,t,allocate,0xZZ,16,0\n"), "trace:2: Pointer \"0xZZ\" is not an address"},
+      {absl::StrCat(kHeader, "1,t,allocate,0x10,-16,0\n"), "trace:2: Size \"-16\" is not a non-negative integer"},
+      {absl::StrCat(kHeader, "1,t,free,(nil),16,0\n"), "trace:2: Pointer is null"},
       {"", "trace: empty"},
   };
   for (const Case& c : cases) {

@@ -8,7 +8,7 @@
 #   CXX         the C++ compiler of the build
 #   LAYER_ROOT  the build's include roots, one folder per layer (build/<type>/layers)
 #   SOURCE_DIR  the repository (its src/ and cuda/ are searched for "../" includes)
-# Each probe compiles a one-line file (#include "<header>") with -fsyntax-only.
+# Each probe preprocesses a one-line file (#include "<header>"): tests/layers/include_probes.sh.
 set -uo pipefail
 cxx=$1
 root=$2
