@@ -268,6 +268,17 @@ BUCKETALLOC_API int bucketalloc_cache_info(int device, size_t* largest_block);
 /* The memory fraction of `device` (bucketalloc_set_memory_fraction, else memory_fraction), or -1. */
 BUCKETALLOC_API double bucketalloc_memory_fraction(int device);
 
+/* Creates physical memory on `device` ahead of need, off any request's path (Allocator::Prefetch):
+ * spare pieces that the large pool's grows and stitches map before they create any. Brings the
+ * spares up to `spare_target` bytes, creating at most `max_create` bytes (0: no limit) in this call,
+ * in whole granules; call it again as requests use them. Counted as reserved and cached, never past
+ * the cap (it stops there), given back by bucketalloc_empty_cache and release-and-retry. Holds the
+ * device's lock while it creates (`max_create` bounds how long): call it where no request waits
+ * (start-up, between steps). *created (may be NULL) becomes the bytes created (0 when the spares were
+ * enough). Returns 0, or -1 (bucketalloc_last_error) when the large pool's segments are not virtual
+ * memory (backend:vmm or expandable_segments:true needed) or it needed to create and could not. */
+BUCKETALLOC_API int bucketalloc_prefetch(int device, size_t spare_target, size_t max_create, size_t* created);
+
 /* Private pools beyond CUDA graph captures (PyTorch's MemPool): */
 /* One more use of private pool `pool` without routing anything to it (createOrIncrefPool: a MemPool
  * is created); the pool is created when it does not exist. bucketalloc_torch_release_pool drops it. */

@@ -595,6 +595,17 @@ int bucketalloc_cache_info(int device, size_t* largest_block) {
   });
 }
 
+int bucketalloc_prefetch(int device, size_t spare_target, size_t max_create, size_t* created) {
+  if (created != nullptr) *created = 0;
+  return bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {
+    absl::StatusOr<std::size_t> made =
+        a.Prefetch(device, spare_target, max_create == 0 ? bucketalloc::kUnlimited : max_create);
+    if (!made.ok()) return made.status();
+    if (created != nullptr) *created = *made;
+    return absl::OkStatus();
+  });
+}
+
 double bucketalloc_memory_fraction(int device) {
   double fraction = -1.0;
   const int rc = bucketalloc::StatusCall([&](Allocator& a) -> absl::Status {

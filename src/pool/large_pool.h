@@ -233,6 +233,10 @@ class LargePool final : private StatDebtor {
   std::size_t largest_free_block() const;
   // Bytes of reserved memory in no segment (the backing's spares).
   std::size_t spare_bytes() const;
+  // Physical memory created ahead of need as the backing's spares (SegmentBacking::Prefetch).
+  absl::StatusOr<std::size_t> Prefetch(std::size_t spare_target, std::size_t max_create) {
+    return backing_->Prefetch(spare_target, max_create);
+  }
   // Bytes the backing could move out of free blocks (SegmentBacking::MovableBytes; a walk).
   std::size_t movable_bytes() const;
   // Bytes of `seg` backed by memory: its size, less its holes.

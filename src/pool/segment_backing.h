@@ -76,6 +76,16 @@ class SegmentBacking {
   virtual void ReleaseFreeMemory(LargePool& pool) {}
   // Bytes that ServeAtCap or ReleaseFreeMemory could move out of free blocks (a walk; 0: none).
   virtual std::size_t MovableBytes(const LargePool& pool) const { return 0; }
+  // Creates physical memory ahead of need, kept as spare pieces that grows and stitches take before
+  // they create any (Allocator::Prefetch): brings the spares up to `spare_target` bytes, creating at
+  // most `max_create` (whole granules; less at the cap). The bytes created (0 when the spares were
+  // enough), or the source's error when it needed to create and could not. FailedPrecondition when
+  // segments are not virtual memory.
+  virtual absl::StatusOr<std::size_t> Prefetch(std::size_t spare_target, std::size_t max_create) {
+    return absl::FailedPreconditionError(
+        "bucketalloc: prefetch creates physical memory for virtual-memory segments; this device's large pool "
+        "makes plain ones (accepted: backend:vmm, or expandable_segments:true with a vmm-capable backend)");
+  }
   // CUDA IPC of allocated `block`: appends the physical pieces mapped under it (each whole, in
   // address order) to `out` and sets `*first_va` to the first one's address. FailedPrecondition
   // when its segment is not virtual memory.

@@ -285,6 +285,21 @@ void VirtualBacking::AttachPieces(Segment* seg, std::vector<Piece> table) {
   pieces_[seg] = std::move(owned);
 }
 
+absl::StatusOr<std::size_t> VirtualBacking::Prefetch(std::size_t spare_target, std::size_t max_create) {
+  // Whole granules, never more than asked.
+  const std::size_t bytes =
+      std::min(spare_target > spare_bytes_ ? spare_target - spare_bytes_ : 0, max_create) & ~(granule_ - 1);
+  if (bytes == 0) return 0;
+  // Granules: a spare of any larger size would serve fewer requests (TakeSpares takes a spare only
+  // whole, and a stitch at the cap takes granules).
+  std::vector<PhysicalPiece> pieces;
+  absl::Status s = Create(bytes, granule_, &pieces);
+  const std::size_t created = BytesOf(pieces);
+  for (const PhysicalPiece& p : pieces) AddSpare(p);
+  if (!s.ok() && created == 0) return s;
+  return created;
+}
+
 void VirtualBacking::AddSpare(const PhysicalPiece& piece) {
   spare_.push_back(piece);
   spare_bytes_ += piece.bytes;

@@ -81,6 +81,8 @@ class VirtualBacking final : public SegmentBacking {
                                                std::size_t rounded) override;
   // Bytes of the pieces wholly inside free blocks: what a stitch or a release can move (a walk).
   std::size_t MovableBytes(const LargePool& pool) const override;
+  // Granule pieces, created now and kept as spares (taken first by grows and stitches).
+  absl::StatusOr<std::size_t> Prefetch(std::size_t spare_target, std::size_t max_create) override;
   absl::Status PiecesUnder(const LargePool& pool, const Block* block, std::uintptr_t* first_va,
                            std::vector<PhysicalPiece>* out) const override;
 

@@ -18,6 +18,7 @@
 namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::size_t kGiB = std::size_t{1} << 30;
 
 cudaStream_t StreamOf(int i) { return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(0x1000 + i)); }
 
@@ -234,6 +235,45 @@ TEST_F(CAbiStructuredTest, CacheInfoIsTheLargestFreeBlockAndWithZeroAlsoTheHeadr
   EXPECT_EQ(largest, 200 * kMiB);
   EXPECT_EQ(bucketalloc_cache_info(0, nullptr), -1);
   bucketalloc_free(b, 50 * kMiB, 0, StreamOf(0));
+}
+
+// bucketalloc_prefetch: spares created ahead of need serve a later grow (reserved does not rise),
+// the cap stops it, a release gives them back; refused by name without virtual memory.
+TEST(CAbiPrefetchTest, SparesServeAGrowTheCapStopsItAndErrorsAreClear) {
+  ASSERT_EQ(bucketalloc_is_initialized(), 0) << "each test runs in a fresh process";
+  ASSERT_EQ(bucketalloc_configure("backend:sim,capacity:64MiB,sim_total_memory:256MiB,expandable_segments:true,"
+                                  "debug_check_invariants:true"),
+            0)
+      << bucketalloc_last_error();
+  std::size_t created = 1;
+  ASSERT_EQ(bucketalloc_prefetch(0, 16 * kMiB, 0, &created), 0) << bucketalloc_last_error();
+  EXPECT_EQ(created, 16 * kMiB);
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, static_cast<std::int64_t>(16 * kMiB));
+  void* p = bucketalloc_malloc(16 * kMiB, 0, StreamOf(0));
+  ASSERT_NE(p, nullptr) << bucketalloc_last_error();
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, static_cast<std::int64_t>(16 * kMiB)) << "the spares, mapped";
+  ASSERT_EQ(bucketalloc_prefetch(0, 32 * kMiB, 8 * kMiB, &created), 0) << bucketalloc_last_error();
+  EXPECT_EQ(created, 8 * kMiB) << "at most max_create";
+  ASSERT_EQ(bucketalloc_prefetch(0, kGiB, 0, nullptr), 0) << bucketalloc_last_error();
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, static_cast<std::int64_t>(64 * kMiB)) << "stopped at the cap";
+  EXPECT_EQ(bucketalloc_prefetch(0, 48 * kMiB, 0, &created), 0) << "the spares are enough";
+  EXPECT_EQ(created, 0u);
+  EXPECT_EQ(bucketalloc_prefetch(0, 50 * kMiB, 0, &created), -1);
+  EXPECT_EQ(created, 0u);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "prefetch to 50.00 MiB of spare memory on device 0"))
+      << bucketalloc_last_error();
+  bucketalloc_free(p, 16 * kMiB, 0, StreamOf(0));
+  bucketalloc_empty_cache();
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, 0);
+  EXPECT_EQ(bucketalloc_check_invariants(0), 0) << bucketalloc_last_error();
+}
+
+TEST_F(CAbiStructuredTest, PrefetchWithoutVirtualMemoryIsRefusedByName) {
+  std::size_t created = 1;
+  EXPECT_EQ(bucketalloc_prefetch(0, 8 * kMiB, 0, &created), -1);
+  EXPECT_EQ(created, 0u);
+  EXPECT_TRUE(absl::StrContains(bucketalloc_last_error(), "accepted: backend:vmm")) << bucketalloc_last_error();
+  EXPECT_EQ(StatsStruct().reserved_bytes[0].current, 0);
 }
 
 TEST_F(CAbiStructuredTest, AMemPoolsUseCountAndItsCacheGoBackOnlyOnceFreeable) {

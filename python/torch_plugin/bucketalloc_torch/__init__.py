@@ -48,6 +48,7 @@ from ._stats import (
     memory_reserved,
     memory_stats,
     memory_summary,
+    prefetch,
     reset_peak_memory_stats,
 )
 from ._tenants import bind_stream, set_tenant_cap, tenant, tenant_stats
@@ -76,6 +77,7 @@ __all__ = [
     "memory_summary",
     "metrics_port",
     "metrics_text",
+    "prefetch",
     "record_memory_history",
     "register_metrics",
     "reset_peak_memory_stats",

@@ -98,6 +98,9 @@ _SIGNATURES = {
     "bucketalloc_set_trace_hook": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
     "bucketalloc_cache_info": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]),
     "bucketalloc_memory_fraction": (ctypes.c_double, [ctypes.c_int]),
+    "bucketalloc_prefetch": (
+        ctypes.c_int, [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+    ),
     "bucketalloc_pool_incref": (ctypes.c_int, [ctypes.c_int, PoolId]),
     "bucketalloc_pool_set_use_on_oom": (ctypes.c_int, [ctypes.c_int, PoolId, ctypes.c_int]),
     "bucketalloc_pool_set_no_split": (ctypes.c_int, [ctypes.c_int, PoolId]),

@@ -1,10 +1,11 @@
 """Stats, in torch.cuda.memory's names and layouts: memory_stats() and the counters read from it,
-the readable summary, the fragmentation and out-of-memory reports, the invariant check, and
-empty_cache()."""
+the readable summary, the fragmentation and out-of-memory reports, the invariant check,
+empty_cache() and prefetch()."""
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 from typing import Any, Dict, Union
 
@@ -112,3 +113,25 @@ def empty_cache() -> None:
     CUDA stream capture; the library prints a failure on stderr (this hook has no error return).
     """
     _lib.lib().bucketalloc_empty_cache()
+
+
+def prefetch(spare_target: int, max_create: int = 0, device: Device = None) -> int:
+    """Creates physical memory on `device` ahead of need, off any request's path; returns the bytes created.
+
+    Brings the spare pieces of the device's large pool up to `spare_target` bytes, creating at most
+    `max_create` bytes (0: no limit) in whole granules; later grows and stitches map spares instead
+    of creating (no cuMemCreate on a request's path). Spares count as reserved, never pass the cap
+    (it stops there), and empty_cache() gives them back. It holds the device's lock while it creates
+    (about 0.2 ms per 2 MiB on an A100): call it where no request waits (start-up, between steps),
+    again as requests use the spares.
+
+    Raises:
+        BucketallocError: the device's segments are not virtual memory (backend:vmm or
+            expandable_segments:true needed), or it had to create and the cap let it create nothing.
+    """
+    target = _lib.checked_int("spare_target", spare_target, 0, _lib.C_SIZE_MAX)
+    limit = _lib.checked_int("max_create", max_create, 0, _lib.C_SIZE_MAX)
+    index = _device_index(device)
+    created = ctypes.c_size_t(0)
+    _lib.check(_lib.lib().bucketalloc_prefetch(index, target, limit, ctypes.byref(created)), "bucketalloc_prefetch")
+    return created.value

@@ -432,3 +432,34 @@ assert "max_split_size_mb:512" in config and "capacity:96MiB" in config and "bac
         PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:512",
         PYTORCH_ALLOC_CONF="max_split_size_mb:1024",
     )
+
+
+# ---- prefetch ---------------------------------------------------------------------------------
+
+
+@fresh_process("backend:sim,capacity:64MiB,sim_total_memory:256MiB,expandable_segments:true")
+def test_prefetch_creates_spares_a_grow_maps_and_stops_at_the_cap():
+    assert ba.prefetch(16 * MiB) == 16 * MiB
+    assert ba.memory_reserved() == 16 * MiB
+    assert ba.prefetch(16 * MiB) == 0  # the spares are enough
+    p = malloc(16 * MiB)
+    assert ba.memory_reserved() == 16 * MiB  # the spares, mapped
+    assert ba.prefetch(32 * MiB, max_create=4 * MiB, device="cuda:0") == 4 * MiB
+    assert ba.prefetch(2**30) == 44 * MiB  # stopped at the cap
+    with pytest.raises(ba.BucketallocError, match="prefetch to 50.00 MiB of spare memory on device 0"):
+        ba.prefetch(50 * MiB)
+    free(p, 16 * MiB)
+    ba.empty_cache()
+    assert ba.memory_reserved() == 0
+    ba.check_invariants()
+
+
+@fresh_process(SIM)
+def test_prefetch_needs_virtual_memory_and_checks_its_arguments():
+    with pytest.raises(ba.BucketallocError, match="accepted: backend:vmm"):
+        ba.prefetch(8 * MiB)
+    with pytest.raises(ValueError, match="spare_target=-1 is out of range"):
+        ba.prefetch(-1)
+    with pytest.raises(TypeError, match="max_create=1.5 has type float"):
+        ba.prefetch(8 * MiB, max_create=1.5)
+    assert ba.memory_reserved() == 0

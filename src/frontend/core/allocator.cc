@@ -431,6 +431,12 @@ absl::Status Allocator::ReleasePool(int device, GraphPoolId pool) {
   return (*d)->ReleasePool(pool);
 }
 
+absl::StatusOr<std::size_t> Allocator::Prefetch(int device, std::size_t spare_target, std::size_t max_create) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->Prefetch(spare_target, max_create);
+}
+
 absl::Status Allocator::SetMemoryFraction(double fraction, int device) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();

@@ -626,6 +626,20 @@ absl::Status DeviceAllocator::EmptyCache() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::size_t> DeviceAllocator::Prefetch(std::size_t spare_target, std::size_t max_create) {
+  MutexLock lock(mu_);
+  if (!fork_child_error_.ok()) [[unlikely]]
+    return fork_child_error_;
+  absl::StatusOr<std::size_t> created = pools_.large().Prefetch(spare_target, max_create);
+  MaybeCheckInvariants();
+  if (!created.ok()) {
+    return absl::Status(created.status().code(),
+                        absl::StrCat("bucketalloc: prefetch to ", FormatBytes(spare_target),
+                                     " of spare memory on device ", device_, ": ", created.status().message()));
+  }
+  return created;
+}
+
 absl::Status DeviceAllocator::RetireStream(Stream stream) {
   MutexLock lock(mu_);
   if (!fork_child_error_.ok()) [[unlikely]]

@@ -100,6 +100,8 @@ class DeviceAllocator final {
   bool InReservedMemory(void* ptr) const;
   absl::Status RecordStream(void* ptr, Stream stream);
   absl::Status EmptyCache();
+  // See Allocator::Prefetch: spares of the device's own large pool.
+  absl::StatusOr<std::size_t> Prefetch(std::size_t spare_target, std::size_t max_create);
   // Before the host destroys `stream`: waits for its work if this device keeps memory for it (see
   // Allocator::RetireStream).
   absl::Status RetireStream(Stream stream);

@@ -9,25 +9,42 @@
 // With tenants (tenants:[...] in the CONF), requests are routed by the trace's stream as generate
 // serving --tenant-split writes it: stream 2 (its long requests) to the last tenant listed; with
 // two or more tenants every other stream to the first, else to the default tenant.
+//
+// reserve_ahead_mb:N (the harness's key, with stitching; not a BUCKETALLOC_CONF key): spare
+// physical memory kept ahead of need, topped up to N MiB with Allocator::Prefetch in the time
+// between the trace's events, as many granules as that time pays for at the cost profile's price of
+// a create (its Time column gives the gaps): the work of a host's loop between steps, or of a thread
+// of the allocator's own that creates without holding the device's lock, off every request's path.
+// A grow then maps spares instead of creating.
+#include <cmath>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/options.h"
 #include "bucketalloc/snapshot.h"
 #include "bucketalloc/units.h"
+#include "harness/replay/driver_meter.h"
+#include "harness/replay/policies.h"
 #include "harness/replay/replay_allocator.h"
 #include "harness/replay/trace.h"
 
 namespace bucketalloc::harness {
 namespace {
 
+// The most reserve_ahead_mb may ask: the simulated device's largest capacity.
+constexpr std::size_t kMaxReserveAheadBytes = kMaxSimReplayCapacity;
+
 class BucketallocReplay final : public ReplayAllocator {
  public:
-  explicit BucketallocReplay(std::unique_ptr<Allocator> a) : a_(std::move(a)) {
+  // `reserve_ahead` bytes of spares topped up when idle on a device of `capacity` bytes, a create of
+  // a granule priced `create_us`.
+  BucketallocReplay(std::unique_ptr<Allocator> a, std::size_t capacity, std::size_t reserve_ahead, double create_us)
+      : a_(std::move(a)), capacity_(capacity), reserve_ahead_(reserve_ahead), create_us_(create_us) {
     const std::vector<TenantSpec>& t = a_->options().tenants;
     if (!t.empty()) {
       long_tenant_ = t.back().name;
@@ -42,6 +59,21 @@ class BucketallocReplay final : public ReplayAllocator {
     a_->SetThreadTenant(tenant).IgnoreError();  // a tenant of the allocator's own options
   }
   absl::StatusOr<void*> Allocate(std::size_t size, Stream stream) override { return a_->Allocate(size, 0, stream); }
+  bool WorksWhenIdle() const override { return reserve_ahead_ > 0; }
+  bool Idle(double seconds) override {
+    if (reserve_ahead_ == 0 || !(seconds > 0.0)) return false;
+    // Within the reserve of the cap the top-up stops: there requests stitch (moving free granules,
+    // no create), and a spare would be given back by the next release-and-retry, then made again.
+    if (reserved_bytes() + reserve_ahead_ > capacity_) return false;
+    // The granules this gap pays for (all it needs when a create costs nothing).
+    const double affordable = create_us_ > 0.0 ? std::floor(seconds * 1e6 / create_us_) : 1e18;
+    if (affordable < 1.0) return false;
+    const std::size_t granules = affordable >= static_cast<double>(reserve_ahead_ / kReplayGranularity)
+                                     ? reserve_ahead_ / kReplayGranularity
+                                     : static_cast<std::size_t>(affordable);
+    absl::StatusOr<std::size_t> created = a_->Prefetch(0, reserve_ahead_, granules * kReplayGranularity);
+    return created.ok() && *created > 0;  // at the cap it makes none: requests stitch then
+  }
   absl::Status Free(void* ptr, std::size_t size) override { return a_->Free(ptr, 0, size); }
   std::optional<TenantCapOom> LastOomAtTenantCap() const override {
     if (long_tenant_.empty()) return std::nullopt;
@@ -105,6 +137,9 @@ class BucketallocReplay final : public ReplayAllocator {
     return {static_cast<std::size_t>(s.current), static_cast<std::size_t>(s.peak)};
   }
   std::unique_ptr<Allocator> a_;
+  const std::size_t capacity_;
+  const std::size_t reserve_ahead_;  // 0: none
+  const double create_us_;
   std::string long_tenant_, other_tenant_;  // empty without tenants
   const std::string* current_ = nullptr;    // the tenant this thread is set to
 };
@@ -120,10 +155,21 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::str
   absl::StatusOr<std::vector<OptionSetting>> settings = SplitOptions(conf);
   if (!settings.ok()) return bad(settings.status().message());
   bool stitching = false;
+  std::size_t reserve_ahead = 0;
   std::vector<std::string> policy;
   for (const OptionSetting& s : *settings) {
     if (s.key == "backend" && s.value == "vmm") {
       stitching = true;
+      continue;
+    }
+    if (s.key == "reserve_ahead_mb") {
+      std::uint64_t mb = 0;
+      if (!absl::SimpleAtoi(s.value, &mb) || mb == 0 || mb > (kMaxReserveAheadBytes >> 20)) {
+        return bad(absl::StrCat("reserve_ahead_mb:", s.value,
+                                " is not a size; accepted: a whole number of MiB from 1 to ",
+                                kMaxReserveAheadBytes >> 20));
+      }
+      reserve_ahead = static_cast<std::size_t>(mb) << 20;
       continue;
     }
     if (IsDeviceOption(s.key)) {
@@ -147,6 +193,11 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::str
   keys.insert(keys.end(), policy.begin(), policy.end());
   absl::StatusOr<Options> options = ParseOptions(absl::StrJoin(keys, ","));
   if (!options.ok()) return bad(options.status().message());
+  if (reserve_ahead > 0 && !options->Stitching()) {
+    return bad(
+        "reserve_ahead_mb keeps spare memory for virtual-memory segments; accepted with backend:vmm (or "
+        "expandable_segments:true)");
+  }
   // Its device 0 is the replay device's backend (metered when asked), made as the CONF names it.
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeReplayBackend(capacity, kind, stitching, meter);
   if (!backend.ok()) return backend.status();
@@ -160,7 +211,10 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::str
   if (absl::StatusOr<Backend*> device = (*a)->backend(0); !device.ok()) {
     return ReplayDeviceError(device.status(), capacity, kind);
   }
-  return std::unique_ptr<ReplayAllocator>(std::make_unique<BucketallocReplay>(std::move(*a)));
+  const double create_us =
+      (meter != nullptr ? meter->costs() : CostModel()).Price(DriverCall::kCreate, kReplayGranularity);
+  return std::unique_ptr<ReplayAllocator>(
+      std::make_unique<BucketallocReplay>(std::move(*a), capacity, reserve_ahead, create_us));
 }
 
 }  // namespace bucketalloc::harness

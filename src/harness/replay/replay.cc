@@ -56,11 +56,13 @@ struct PassCounts {
 // false to end the pass there. The blocks still held at the end (the trace never freed them, or
 // the pass ended early) go back to the allocator, untimed, so that it ends clean. With a `meter`
 // (the allocator's device's), each allocate or free is a request of it, and it is stopped before
-// those last frees (a service never makes them). A template so that the plain replay's no-op
-// observer costs nothing.
+// those last frees (a service never makes them). With `times` (the trace's, EventTimes), the gap
+// after each event but a round's last goes to the policy's Idle, outside every request. A template
+// so that the plain replay's no-op observer costs nothing.
 template <typename AfterEvent>
 absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size_t capacity, ReplayAllocator& a,
-                     PassCounts& counts, DriverMeter* meter, AfterEvent&& after_event) {
+                     PassCounts& counts, DriverMeter* meter, const std::vector<double>* times,
+                     AfterEvent&& after_event) {
   const int repeat = options.repeat;
   // A trace's streams are another process's handles: on a GPU every event uses the default stream.
   const bool default_stream = options.device == ReplayDeviceKind::kCuda;
@@ -85,7 +87,8 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
   absl::Status status;
   for (int round = 0; round < repeat && !stopped && status.ok(); ++round) {
     a.ResetPeak();
-    for (const TraceEvent& e : trace.events) {
+    for (std::size_t i = 0; i < trace.events.size(); ++i) {
+      const TraceEvent& e = trace.events[i];
       bool oom = false;
       called_driver = false;
       if (e.action == TraceAction::kAllocate) {
@@ -147,6 +150,9 @@ absl::Status RunPass(const Trace& trace, const ReplayOptions& options, std::size
       if (!after_event(index++, live_bytes, oom)) {
         stopped = true;
         break;
+      }
+      if (times != nullptr && i + 1 < times->size() && a.Idle((*times)[i + 1] - (*times)[i]) && meter != nullptr) {
+        meter->NoteReserved(a.reserved_bytes());
       }
     }
     counts.per_round_peak_reserved_bytes.push_back(a.peak_reserved_bytes());
@@ -239,6 +245,20 @@ absl::StatusOr<std::vector<double>> EventTimes(const Trace& trace) {
   const double first = times.empty() ? 0.0 : times.front();
   for (double& t : times) t -= first;
   return times;
+}
+
+// The trace's times when policy `a` works between events (ReplayAllocator::WorksWhenIdle), else
+// nullopt; a trace whose times cannot place its events is refused naming the policy.
+absl::StatusOr<std::optional<std::vector<double>>> IdleTimes(const Trace& trace, const ReplayAllocator& a) {
+  if (!a.WorksWhenIdle()) return std::nullopt;
+  absl::StatusOr<std::vector<double>> times = EventTimes(trace);
+  if (!times.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the allocator works between the trace's events (reserve_ahead_mb), "
+                     "which needs their times: ",
+                     times.status().message()));
+  }
+  return std::optional<std::vector<double>>(*std::move(times));
 }
 
 // The memory timeline of a replay (ReplayOptions::sample_interval_s): a sample at every multiple of
@@ -364,10 +384,13 @@ class Sampler {
 absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, const ReplayOptions& options,
                                                          std::size_t capacity, std::uint64_t event,
                                                          std::optional<std::size_t> expected_reserved) {
+  DriverMeter meter(options.cost);  // the first replay's prices: a policy's idle work follows them
   absl::StatusOr<std::unique_ptr<ReplayAllocator>> made =
-      MakeReplayAllocator(options.allocator, options.capacity, options.device);
+      MakeReplayAllocator(options.allocator, options.capacity, options.device, &meter);
   if (!made.ok()) return made.status();
   ReplayAllocator& a = **made;
+  absl::StatusOr<std::optional<std::vector<double>>> times = IdleTimes(trace, a);
+  if (!times.ok()) return times.status();
   PeakFragmentation f;
   std::size_t reserved = 0;
   bool reached = false;
@@ -382,7 +405,8 @@ absl::StatusOr<PeakFragmentation> CaptureFragmentationAt(const Trace& trace, con
     f.breakdown = a.Breakdown();
     return false;
   };
-  absl::Status s = RunPass(trace, options, capacity, a, counts, /*meter=*/nullptr, snapshot_at_event);
+  absl::Status s = RunPass(trace, options, capacity, a, counts, /*meter=*/nullptr,
+                           times->has_value() ? &**times : nullptr, snapshot_at_event);
   if (!s.ok()) return s;
   if (!reached || (expected_reserved.has_value() && reserved != *expected_reserved)) {
     return absl::InternalError(absl::StrCat(
@@ -444,6 +468,9 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
       MakeReplayAllocator(options.allocator, options.capacity, options.device, &meter);
   if (!made.ok()) return made.status();
   ReplayAllocator& a = **made;
+  absl::StatusOr<std::optional<std::vector<double>>> idle_times = IdleTimes(trace, a);
+  if (!idle_times.ok()) return idle_times.status();
+  const std::vector<double>* idle = idle_times->has_value() ? &**idle_times : nullptr;
   ReplayResult r;
   r.allocator = options.allocator;
   r.device = std::string(ReplayDeviceName(options.device));
@@ -483,7 +510,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
       return sample(index, live, oom) &&
              !(oom && options.stop_at_first_oom && !counts.last_oom_at_tenant_cap.has_value());
     };
-    absl::Status s = RunPass(trace, options, r.capacity, a, counts, &meter, until_oom);
+    absl::Status s = RunPass(trace, options, r.capacity, a, counts, &meter, idle, until_oom);
     if (!s.ok()) return s;
   } else {
     TimelineBuilder timeline(events, options.timeline_points);
@@ -496,7 +523,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const ReplayOptions& opt
       }
       return sample(index, live, oom);
     };
-    absl::Status s = RunPass(trace, options, r.capacity, a, counts, &meter, record);
+    absl::Status s = RunPass(trace, options, r.capacity, a, counts, &meter, idle, record);
     if (!s.ok()) return s;
     r.timeline = timeline.Take();
   }

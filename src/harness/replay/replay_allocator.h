@@ -47,6 +47,13 @@ class ReplayAllocator {
   };
   virtual std::optional<TenantCapOom> LastOomAtTenantCap() const { return std::nullopt; }
   virtual absl::Status Free(void* ptr, std::size_t size) = 0;
+  // True when the policy works in the time between the trace's events (Idle): the replay then reads
+  // the trace's times (its Time column) and gives each gap to Idle.
+  virtual bool WorksWhenIdle() const { return false; }
+  // The `seconds` between two events of the trace, outside every request: the policy's background
+  // work that time pays for at its device's prices (bucketalloc's reserve_ahead_mb: creates of spare
+  // memory). True when it called the driver.
+  virtual bool Idle(double seconds) { return false; }
   // Reserved from the device now, and the peak since the last ResetPeak().
   virtual std::size_t reserved_bytes() const = 0;
   virtual std::size_t peak_reserved_bytes() const = 0;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "bucketalloc/allocator.h"
 #include "bucketalloc/testing/sim_backend.h"
 #include "test_util.h"
@@ -285,6 +286,85 @@ TEST_F(StitchingTest, TheSmallPoolAndCacheHitsAreUnchanged) {
   EXPECT_EQ(sim_->counters().allocs, 1) << "the small pool's slab is a plain backend allocation";
   ASSERT_TRUE(allocator_->Free(small, 0).ok());
   ASSERT_TRUE(allocator_->Free(again, 0).ok());
+}
+
+// Prefetch: physical memory created ahead of need as spares, which a later grow maps instead of
+// creating (no create on the request's path), counted as reserved and cached, stopped by the cap,
+// given back by a release; refused without virtual memory.
+TEST_F(StitchingTest, PrefetchedMemoryServesLaterGrowsWithoutACreate) {
+  Make("expandable_segments:true");
+  const BackendCounters before = sim_->counters();
+  // At most 4 MiB per call, then up to the target: whole granules, never more than asked.
+  absl::StatusOr<std::size_t> created = allocator_->Prefetch(0, 24 * kMiB + 12345, 4 * kMiB + 1);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(*created, 4 * kMiB);
+  created = allocator_->Prefetch(0, 24 * kMiB + 12345);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(*created, 20 * kMiB);
+  created = allocator_->Prefetch(0, 24 * kMiB);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(*created, 0u) << "the spares are enough";
+  EXPECT_EQ(sim_->counters().physical_creates - before.physical_creates, 12);
+  DeviceStats s = Stats();
+  EXPECT_EQ(s.reserved_bytes[kAllPools].current, static_cast<std::int64_t>(24 * kMiB));
+  EXPECT_EQ(s.cached_bytes[kAllPools].current, static_cast<std::int64_t>(24 * kMiB));
+  ExpectConsistent();
+
+  // Three 8 MiB requests grow the pool from the spares: maps and access grants, no create.
+  const BackendCounters spares = sim_->counters();
+  std::vector<Filled> blocks;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<void*> p = allocator_->Allocate(8 * kMiB, 0, TestStream(1));
+    ASSERT_TRUE(p.ok()) << p.status();
+    blocks.push_back({static_cast<unsigned char*>(*p), 8 * kMiB, static_cast<unsigned char>(31 * i + 5)});
+    Fill(blocks.back());
+  }
+  const BackendCounters grown = sim_->counters();
+  EXPECT_EQ(grown.physical_creates, spares.physical_creates) << "a grow took the spares";
+  EXPECT_EQ(grown.maps - spares.maps, 12);
+  s = Stats();
+  EXPECT_EQ(s.reserved_bytes[kAllPools].current, static_cast<std::int64_t>(24 * kMiB)) << "taken, not added";
+  EXPECT_EQ(s.allocated_bytes[kAllPools].current, static_cast<std::int64_t>(24 * kMiB));
+  for (const Filled& b : blocks) EXPECT_TRUE(Intact(b));
+  ExpectConsistent();
+
+  // The cap stops it: 16 MiB are left under the 40 MiB cap of the 64 asked; then nothing can be made.
+  created = allocator_->Prefetch(0, 64 * kMiB);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(*created, 16 * kMiB);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, static_cast<std::int64_t>(40 * kMiB));
+  created = allocator_->Prefetch(0, 18 * kMiB);
+  ASSERT_FALSE(created.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(created.status())) << created.status();
+  EXPECT_TRUE(absl::StrContains(created.status().message(), "prefetch to 18.00 MiB of spare memory on device 0"))
+      << created.status();
+  ExpectConsistent();
+
+  // A release gives the spares back with the free memory.
+  for (const Filled& b : blocks) ASSERT_TRUE(allocator_->Free(b.p, 0).ok());
+  ASSERT_TRUE(allocator_->EmptyCache().ok());
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
+  EXPECT_EQ(sim_->used_bytes(), 0u);
+  const BackendCounters end = sim_->counters();
+  EXPECT_EQ(end.physical_creates, end.physical_releases);
+  ExpectConsistent();
+}
+
+TEST_F(StitchingTest, PrefetchNeedsVirtualMemoryAndNothingChangesWithoutIt) {
+  Make("");
+  absl::StatusOr<std::size_t> created = allocator_->Prefetch(0, 8 * kMiB);
+  ASSERT_FALSE(created.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(created.status())) << created.status();
+  EXPECT_TRUE(absl::StrContains(created.status().message(), "accepted: backend:vmm")) << created.status();
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
+  EXPECT_EQ(sim_->counters().physical_creates, 0);
+  EXPECT_FALSE(allocator_->Prefetch(7, 8 * kMiB).ok()) << "no such device";
+  // Zero bytes (or less than a granule) is nothing to do.
+  Make("expandable_segments:true");
+  created = allocator_->Prefetch(0, kMiB);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(*created, 0u);
+  ExpectConsistent();
 }
 
 }  // namespace
