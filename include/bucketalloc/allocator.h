@@ -138,7 +138,8 @@ class Allocator {
   absl::Status RetireStream(Stream stream);
 
   // Creates physical memory on `device` ahead of need, off any request's path: spare pieces of the
-  // device's large pool, which its grows and stitches map before they create any (a grow then makes
+  // device's own large pool (not tenants', MemPools' or graph pools'), which its grows and stitches
+  // map before they create any (a grow then makes
   // no cuMemCreate on the request's path, only its map and access). Brings the spares up to
   // `spare_target` bytes, creating at most `max_create` bytes in this call (whole granules), and
   // returns the bytes created (0 when the spares were enough): a host or a thread calls it again as

@@ -316,7 +316,9 @@ absl::Status Stitcher::Gather(std::size_t bytes, std::size_t max_piece, absl::St
   // what is needed of it is created anew with the rest, in granules for a plain segment.
   std::vector<PhysicalPiece> surplus;
   std::size_t rest = bytes;
+  const std::size_t first = pieces->size();
   backing_->TakeSpares(&rest, max_piece, pieces);
+  const std::size_t spares = pieces->size() - first;  // (*pieces)[first, first + spares) were spares
   for (const PhysicalPiece& p : moved) {
     if (p.bytes <= std::min(rest, max_piece)) {
       pieces->push_back(p);
@@ -329,7 +331,13 @@ absl::Status Stitcher::Gather(std::size_t bytes, std::size_t max_piece, absl::St
   backing_->ReleasePieces(&surplus);
   absl::Status s = std::move(unmapped);
   if (s.ok() && rest > 0) s = backing_->Create(rest, max_piece, pieces);
-  if (!s.ok()) backing_->ReleasePieces(pieces);
+  if (!s.ok()) {
+    // The spares stay spares; what moved or was created goes back to the device.
+    backing_->ReturnSpares(absl::MakeConstSpan(*pieces).subspan(first, spares));
+    pieces->erase(pieces->begin() + static_cast<std::ptrdiff_t>(first),
+                  pieces->begin() + static_cast<std::ptrdiff_t>(first + spares));
+    backing_->ReleasePieces(pieces);
+  }
   return s;
 }
 

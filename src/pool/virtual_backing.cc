@@ -45,8 +45,11 @@ absl::StatusOr<Segment*> VirtualBacking::Grow(LargePool& pool, LargeStreamState&
   const std::size_t piece = tier >= 0 ? bytes : grow_piece_;
   std::size_t rest = bytes;
   TakeSpares(&rest, piece, &pieces);
+  const std::size_t spares = pieces.size();  // pieces [0, spares) were spares
   absl::Status s = rest > 0 ? Create(rest, piece, &pieces) : absl::OkStatus();
   if (!s.ok()) {
+    ReturnSpares(absl::MakeConstSpan(pieces).first(spares));
+    pieces.erase(pieces.begin(), pieces.begin() + static_cast<std::ptrdiff_t>(spares));
     ReleasePieces(&pieces);
     ctx_.source->ReleaseRange(*base, bytes);
     return s;
@@ -298,6 +301,10 @@ absl::StatusOr<std::size_t> VirtualBacking::Prefetch(std::size_t spare_target, s
   for (const PhysicalPiece& p : pieces) AddSpare(p);
   if (!s.ok() && created == 0) return s;
   return created;
+}
+
+void VirtualBacking::ReturnSpares(absl::Span<const PhysicalPiece> taken) {
+  for (const PhysicalPiece& p : taken) AddSpare(p);
 }
 
 void VirtualBacking::AddSpare(const PhysicalPiece& piece) {

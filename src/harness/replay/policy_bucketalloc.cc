@@ -193,6 +193,11 @@ absl::StatusOr<std::unique_ptr<ReplayAllocator>> MakeBucketallocPolicy(absl::str
   keys.insert(keys.end(), policy.begin(), policy.end());
   absl::StatusOr<Options> options = ParseOptions(absl::StrJoin(keys, ","));
   if (!options.ok()) return bad(options.status().message());
+  if (reserve_ahead > 0 && !options->tenants.empty()) {
+    return bad(
+        "reserve_ahead_mb keeps spares in the device's own pool, which tenants' pools do not take; accepted "
+        "without tenants");
+  }
   if (reserve_ahead > 0 && !options->Stitching()) {
     return bad(
         "reserve_ahead_mb keeps spare memory for virtual-memory segments; accepted with backend:vmm (or "

@@ -350,6 +350,37 @@ TEST_F(StitchingTest, PrefetchedMemoryServesLaterGrowsWithoutACreate) {
   ExpectConsistent();
 }
 
+// A grow that takes spares and then cannot create the rest (the cap) keeps them as spares: the
+// stitch after it maps them, moves what it must and creates only within the headroom, instead of
+// giving the spares back and creating them again on the request's path.
+TEST_F(StitchingTest, AGrowThatFailsAtTheCapKeepsItsSpares) {
+  Make("expandable_segments:true");
+  // 16 MiB live, 8 MiB free between live blocks, 4 MiB live; 8 MiB of spares: 36 of the 40 MiB cap.
+  void* a = *allocator_->Allocate(16 * kMiB, 0, TestStream(1));
+  void* b = *allocator_->Allocate(8 * kMiB, 0, TestStream(1));
+  void* d = *allocator_->Allocate(4 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(allocator_->Free(b, 0).ok());
+  ASSERT_EQ(*allocator_->Prefetch(0, 8 * kMiB), 8 * kMiB);
+  const BackendCounters before = sim_->counters();
+  // 20 MiB: the grow takes the 8 MiB of spares, creates 4 of the 12 it lacks and fails at the cap;
+  // the stitch then maps the spares, moves the free block's 8 MiB and creates 4 in the headroom.
+  absl::StatusOr<void*> c = allocator_->Allocate(20 * kMiB, 0, TestStream(1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const BackendCounters after = sim_->counters();
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, static_cast<std::int64_t>(40 * kMiB));
+  EXPECT_EQ(after.physical_creates - before.physical_creates, 4) << "the failed grow's 2 granules, the stitch's 2";
+  EXPECT_EQ(after.physical_releases - before.physical_releases, 2)
+      << "only what the failed grow created went back; its spares stayed spares";
+  Filled big{static_cast<unsigned char*>(*c), 20 * kMiB, 77};
+  Fill(big);
+  EXPECT_TRUE(Intact(big));
+  ExpectConsistent();
+  for (void* p : {*c, a, d}) ASSERT_TRUE(allocator_->Free(p, 0).ok());
+  ASSERT_TRUE(allocator_->EmptyCache().ok());
+  EXPECT_EQ(sim_->used_bytes(), 0u);
+  ExpectConsistent();
+}
+
 TEST_F(StitchingTest, PrefetchNeedsVirtualMemoryAndNothingChangesWithoutIt) {
   Make("");
   absl::StatusOr<std::size_t> created = allocator_->Prefetch(0, 8 * kMiB);
