@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # scripts/test.sh — set up, build and run every test:
-#   1. the whole suite (RelWithDebInfo);
-#   2. the suite again under AddressSanitizer + UndefinedBehaviorSanitizer, built without NDEBUG so
-#      that invariants are checked after every slow-path event: all but the benchmark harness's tests
-#      (BUCKETALLOC_BUILD_HARNESS=OFF; the fuzzers of step 3 run its readers and replays under the
-#      same sanitizers);
+#   1. RelWithDebInfo, as the wheel and the benchmarks are built: the benchmark harness's tests, the
+#      command-line checks, the checks of the sources (layers, rooms) and of the built products
+#      (exports, the C host, Prometheus, the LD_PRELOAD shim, the CUDA double's programs), not the
+#      library's own suites (BUCKETALLOC_BUILD_LIBRARY_TESTS=OFF), which step 2 runs;
+#   2. the library's suites under AddressSanitizer + UndefinedBehaviorSanitizer, built without NDEBUG
+#      so that invariants are checked after every slow-path event: every test but the benchmark
+#      harness's (BUCKETALLOC_BUILD_HARNESS=OFF; the fuzzers of step 3 run its readers and replays
+#      under the same sanitizers);
 #   3. the libFuzzer targets of fuzz/ (clang, ASan+UBSan), each for FUZZ_SECONDS (default 20) from its
 #      seed corpus (scripts/fuzz.sh);
 #   4. the concurrency stress test under ThreadSanitizer;
@@ -38,17 +41,19 @@ step() {  # step NAME COMMAND...
 # need, not the variables' (-g), whose generation took about a third of each build's compile time.
 build_release() {
   cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cuda[@]}" \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null &&
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+    -DBUCKETALLOC_BUILD_LIBRARY_TESTS=OFF >/dev/null &&
     ninja -C build/release -j"$jobs"
 }
 test_release() { ctest --test-dir build/release -j"$jobs" --output-on-failure; }
 
 # ASan+UBSan at -O1, as the fuzzers (AddressSanitizer's own advice for reasonable speed): a test file
-# compiles in about 40% of its -O2 -g time, and the suite runs a little slower.
+# compiles in about 40% of its -O2 -g time, and the suite runs a little slower. The tests' own code
+# at -O0 (but the few whose own code does the work: tests/CMakeLists.txt), half the compile time.
 build_asan() {
   cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cuda[@]}" \
     -DBUCKETALLOC_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
-    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" -DBUCKETALLOC_TEST_OPTIMIZATION=0 \
     -DBUCKETALLOC_BUILD_BENCH=OFF -DBUCKETALLOC_BUILD_TOOLS=OFF -DBUCKETALLOC_BUILD_HARNESS=OFF >/dev/null &&
     ninja -C build/asan -j"$jobs"
 }
