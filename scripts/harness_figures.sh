@@ -11,7 +11,8 @@
 # Usage: scripts/harness_figures.sh [EXTRA_ALLOCATOR ...]
 # Environment: BENCH (default build/release/tools/bucketalloc-bench), DATA (the request traces and
 # configs not vendored into data/: default ../shared/data), WORK (default /tmp/harness_figures),
-# AZURE_LIMIT (2000), MOONCAKE_LIMIT (300). Mooncake's long contexts are admitted while the running
+# AZURE_LIMIT (2000), MOONCAKE_LIMIT (300), COSTS (the driver's prices: a profile or a cost file,
+# passed to every run as --costs; default the tool's, docs/harness.md "Driver time"). Mooncake's long contexts are admitted while the running
 # requests hold at most 400,000 tokens (--max-kv-tokens), so its traces fit an 80 GiB card.
 # TRACES_ONLY=1: writes the 13 traces to $WORK and prints their paths, one per line, and nothing
 # else (scripts/tune_figures.sh tunes the same traces).
@@ -22,6 +23,8 @@ DATA=${DATA:-../shared/data}
 WORK=${WORK:-/tmp/harness_figures}
 mkdir -p "$WORK"
 ALLOCATORS="bucketalloc,pytorch-policy,pytorch-expandable,pytorch-expandable:large_page_mb=2"
+COST_FLAGS=()
+if [[ -n "${COSTS:-}" ]]; then COST_FLAGS=(--costs "$COSTS"); fi
 for extra in "$@"; do ALLOCATORS+=",$extra"; done
 
 declare -A REQUESTS=(
@@ -54,9 +57,10 @@ fi
 for trace in "${TRACES[@]}"; do
   base=${trace%.csv}
   echo "== $(basename "$base")" >&2
-  "$BENCH" min-capacity "$trace" --allocator pytorch-policy --json "$base.pt_min.json" >/dev/null 2>&1
+  "$BENCH" min-capacity "$trace" --allocator pytorch-policy "${COST_FLAGS[@]}" --json "$base.pt_min.json" >/dev/null 2>&1
   capacity=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["min_capacity_bytes"])' "$base.pt_min.json")
-  "$BENCH" compare "$trace" --allocators "$ALLOCATORS" --capacity "$capacity" --json "$base.compare.json" >&2
+  "$BENCH" compare "$trace" --allocators "$ALLOCATORS" --capacity "$capacity" "${COST_FLAGS[@]}" \
+    --json "$base.compare.json" >&2
 done
 
 python3 - "$WORK" "${TRACES[@]}" <<'EOF'
@@ -75,4 +79,17 @@ for t in traces:
         print(f"| {name} | {at['allocator']} | {gib(m['min_capacity_bytes'])} | {m['min_capacity_over_live']:.3f} | "
               f"{'' if need is None else f'{need:.3f}'} | {at['fragmentation_ooms']} | {at['backend_calls']} | "
               f"{at['simulated_backend_ms']:.1f} |")
+# The driver's time at C, under the prices of the runs (its profile named in each row).
+print()
+print("| trace | allocator | profile | request-path ms | p99 us | background ms | synchronizations (after the peak) |")
+print("|---|---|---|---|---|---|---|")
+for t in traces:
+    name = t.rsplit("/", 1)[-1][:-4]
+    rows = json.load(open(t[:-4] + ".compare.json"))
+    rows = rows["results"] if isinstance(rows, dict) else rows
+    for r in rows:
+        d = r["at_capacity"]["driver_time"]
+        print(f"| {name} | {r['at_capacity']['allocator']} | {d['profile']} | {d['request_path_ms']:,.0f} | "
+              f"{d['p99_request_us']:,.0f} | {d['background_ms']:,.0f} | {d['synchronizations']:,} "
+              f"({d['steady_synchronizations']:,}) |")
 EOF
