@@ -67,29 +67,26 @@ python3 - "$WORK" "${TRACES[@]}" <<'EOF'
 import json, sys
 work, traces = sys.argv[1], sys.argv[2:]
 gib = lambda b: f"{b / 2**30:.2f}"
+def results():  # (trace name, one allocator's compare result), trace by trace
+    for t in traces:
+        rows = json.load(open(t[:-4] + ".compare.json"))
+        for r in rows["results"] if isinstance(rows, dict) else rows:
+            yield t.rsplit("/", 1)[-1][:-4], r
 print("| trace | allocator | min capacity GiB | min / live | min / true need | frag. OOMs at C | backend calls at C | simulated backend ms at C |")
 print("|---|---|---|---|---|---|---|---|")
-for t in traces:
-    name = t.rsplit("/", 1)[-1][:-4]
-    rows = json.load(open(t[:-4] + ".compare.json"))
-    rows = rows["results"] if isinstance(rows, dict) else rows
-    for r in rows:
-        at, m = r["at_capacity"], r["min_capacity"]
-        need = m.get("min_capacity_over_true_need")
-        print(f"| {name} | {at['allocator']} | {gib(m['min_capacity_bytes'])} | {m['min_capacity_over_live']:.3f} | "
-              f"{'' if need is None else f'{need:.3f}'} | {at['fragmentation_ooms']} | {at['backend_calls']} | "
-              f"{at['simulated_backend_ms']:.1f} |")
+for name, r in results():
+    at, m = r["at_capacity"], r["min_capacity"]
+    need = m.get("min_capacity_over_true_need")
+    print(f"| {name} | {at['allocator']} | {gib(m['min_capacity_bytes'])} | {m['min_capacity_over_live']:.3f} | "
+          f"{'' if need is None else f'{need:.3f}'} | {at['fragmentation_ooms']} | {at['backend_calls']} | "
+          f"{at['simulated_backend_ms']:.1f} |")
 # The driver's time at C, under the prices of the runs (its profile named in each row).
 print()
 print("| trace | allocator | profile | request-path ms | p99 us | background ms | synchronizations (after the peak) |")
 print("|---|---|---|---|---|---|---|")
-for t in traces:
-    name = t.rsplit("/", 1)[-1][:-4]
-    rows = json.load(open(t[:-4] + ".compare.json"))
-    rows = rows["results"] if isinstance(rows, dict) else rows
-    for r in rows:
-        d = r["at_capacity"]["driver_time"]
-        print(f"| {name} | {r['at_capacity']['allocator']} | {d['profile']} | {d['request_path_ms']:,.0f} | "
-              f"{d['p99_request_us']:,.0f} | {d['background_ms']:,.0f} | {d['synchronizations']:,} "
-              f"({d['steady_synchronizations']:,}) |")
+for name, r in results():
+    d = r["at_capacity"]["driver_time"]
+    print(f"| {name} | {r['at_capacity']['allocator']} | {d['profile']} | {d['request_path_ms']:,.0f} | "
+          f"{d['p99_request_us']:,.0f} | {d['background_ms']:,.0f} | {d['synchronizations']:,} "
+          f"({d['steady_synchronizations']:,}) |")
 EOF

@@ -331,13 +331,7 @@ absl::Status Stitcher::Gather(std::size_t bytes, std::size_t max_piece, absl::St
   backing_->ReleasePieces(&surplus);
   absl::Status s = std::move(unmapped);
   if (s.ok() && rest > 0) s = backing_->Create(rest, max_piece, pieces);
-  if (!s.ok()) {
-    // The spares stay spares; what moved or was created goes back to the device.
-    backing_->ReturnSpares(absl::MakeConstSpan(*pieces).subspan(first, spares));
-    pieces->erase(pieces->begin() + static_cast<std::ptrdiff_t>(first),
-                  pieces->begin() + static_cast<std::ptrdiff_t>(first + spares));
-    backing_->ReleasePieces(pieces);
-  }
+  if (!s.ok()) backing_->GiveBackAfterFailure(pieces, first, spares);
   return s;
 }
 

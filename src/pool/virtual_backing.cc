@@ -48,9 +48,7 @@ absl::StatusOr<Segment*> VirtualBacking::Grow(LargePool& pool, LargeStreamState&
   const std::size_t spares = pieces.size();  // pieces [0, spares) were spares
   absl::Status s = rest > 0 ? Create(rest, piece, &pieces) : absl::OkStatus();
   if (!s.ok()) {
-    ReturnSpares(absl::MakeConstSpan(pieces).first(spares));
-    pieces.erase(pieces.begin(), pieces.begin() + static_cast<std::ptrdiff_t>(spares));
-    ReleasePieces(&pieces);
+    GiveBackAfterFailure(&pieces, 0, spares);
     ctx_.source->ReleaseRange(*base, bytes);
     return s;
   }
@@ -303,8 +301,12 @@ absl::StatusOr<std::size_t> VirtualBacking::Prefetch(std::size_t spare_target, s
   return created;
 }
 
-void VirtualBacking::ReturnSpares(absl::Span<const PhysicalPiece> taken) {
-  for (const PhysicalPiece& p : taken) AddSpare(p);
+void VirtualBacking::GiveBackAfterFailure(std::vector<PhysicalPiece>* pieces, std::size_t first, std::size_t spares) {
+  const auto begin = pieces->begin() + static_cast<std::ptrdiff_t>(first);
+  const auto end = begin + static_cast<std::ptrdiff_t>(spares);
+  for (auto it = begin; it != end; ++it) AddSpare(*it);
+  pieces->erase(begin, end);
+  ReleasePieces(pieces);
 }
 
 void VirtualBacking::AddSpare(const PhysicalPiece& piece) {

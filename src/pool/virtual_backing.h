@@ -104,9 +104,11 @@ class VirtualBacking final : public SegmentBacking {
   // Appends the spares of at most `max_piece` bytes to `out` while they fit in `*bytes` (which
   // shrinks by theirs), the newest first.
   void TakeSpares(std::size_t* bytes, std::size_t max_piece, std::vector<PhysicalPiece>* out);
-  // Puts back what TakeSpares took, after the grow or stitch that took them failed: spares stay
-  // spares (a prefetch's memory is not given back and made again on the next request's path).
-  void ReturnSpares(absl::Span<const PhysicalPiece> taken);
+  // After a grow or stitch that gathered `*pieces` failed: the `spares` pieces from index `first`
+  // on (what TakeSpares appended) stay spares (a prefetch's memory is not given back and made again
+  // on the next request's path); every other piece (moved or created) goes back to the device, and
+  // `*pieces` is left empty.
+  void GiveBackAfterFailure(std::vector<PhysicalPiece>* pieces, std::size_t first, std::size_t spares);
   // Creates the physical memory of `bytes` (within the cap) in pieces of `piece` bytes (the last
   // may be smaller) and appends them to `out`; on failure `out` keeps what was created.
   absl::Status Create(std::size_t bytes, std::size_t piece, std::vector<PhysicalPiece>* out);
