@@ -124,7 +124,7 @@ class FakeSource : public internal::MemorySource {
     return true;
   }
   // Virtual memory: 2 MiB granules; ranges and mappings are bookkeeping only.
-  absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t) override {
+  absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t, PoolIndex) override {
     const std::uintptr_t base = next_;
     next_ += bytes + (2 << 20);
     ranges_[base] = bytes;
@@ -140,22 +140,22 @@ class FakeSource : public internal::MemorySource {
     ranges_.erase(va);
     ++abandoned_ranges;
   }
-  absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes) override {
+  absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes, PoolIndex pool) override {
     EXPECT_TRUE(bytes > 0 && bytes % kGranule == 0) << "a physical allocation of " << bytes << " bytes";
     if (used_ + bytes > limit_) return absl::ResourceExhaustedError("fake source: limit");
     used_ += bytes;
-    stats_->Increase(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(bytes));
+    stats_->Increase(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(bytes));
     handles_.emplace(next_handle_, bytes);
     ++creates;
     return next_handle_++;
   }
-  bool ReleasePhysical(const PhysicalPiece& piece) override {
+  bool ReleasePhysical(const PhysicalPiece& piece, PoolIndex pool) override {
     if (fail_release_in > 0 && --fail_release_in == 0) return false;
     auto it = handles_.find(piece.handle);
     EXPECT_TRUE(it != handles_.end() && it->second == piece.bytes) << "releasing an unknown handle or a wrong size";
     if (it != handles_.end()) handles_.erase(it);
     used_ -= piece.bytes;
-    stats_->Decrease(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(piece.bytes));
+    stats_->Decrease(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(piece.bytes));
     return true;
   }
   absl::Status MapPieces(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) override {

@@ -22,7 +22,6 @@ LargePool::StreamState& StateOf(const Segment* seg) { return *static_cast<LargeP
 LargePool::LargePool(const PoolContext& ctx, LargePoolConfig config, std::unique_ptr<SegmentBacking> backing)
     : ctx_(ctx), config_(std::move(config)), backing_(std::move(backing)) {
   BA_CHECK(backing_ != nullptr, "a large pool without a segment backing");
-  BA_CHECK(!backing_->virtual_memory() || config_.index == kLargePool, "only the large pool maps virtual memory");
   const auto& d = config_.roundup_power2_divisions;
   if (std::any_of(d.begin(), d.end(), [](std::uint32_t div) { return div > 1; })) divisions_ = d;
   tier_use_.resize(config_.tiers.size());

@@ -32,7 +32,8 @@ class MemorySource {
   // caller keeps the memory cached and stops releasing.
   virtual bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) = 0;
 
-  // Virtual memory: the large pool's segments when stitching is on. A segment is an address range
+  // Virtual memory: the pools' segments when stitching is on (`pool` names whose memory it is, for
+  // the per-pool stats; a range's pool is the one it was reserved for). A segment is an address range
   // mapped by pieces, each one physical allocation of whole granules (Granularity() bytes) mapped
   // whole, or by none (a hole). reserved_bytes counts the physical memory that exists (mapped or
   // spare), so moving a piece from one range to another changes no stat.
@@ -40,7 +41,7 @@ class MemorySource {
   // Runs garbage collection for `to_map` bytes about to be mapped (none when 0: a stitch reserves
   // its range with its free blocks already chosen, which a collection must not release), then
   // reserves and registers an address range of `bytes` (FailedPrecondition during a capture).
-  virtual absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t to_map) = 0;
+  virtual absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t to_map, PoolIndex pool) = 0;
   // Runs garbage collection for `to_map` bytes about to be mapped into a range reserved before (a
   // plain segment growing into its hole), as ReserveRange does for a new range.
   virtual void CollectFor(std::size_t to_map) {}
@@ -54,9 +55,9 @@ class MemorySource {
   virtual void AbandonRange(std::uintptr_t va, std::size_t bytes) = 0;
   // Creates a physical allocation of `bytes` (whole granules) within the cap (ResourceExhausted
   // past it or when the device refuses).
-  virtual absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes) = 0;
+  virtual absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes, PoolIndex pool) = 0;
   // Releases an unmapped physical allocation; false (it still exists) when the backend refused.
-  virtual bool ReleasePhysical(const PhysicalPiece& piece) = 0;
+  virtual bool ReleasePhysical(const PhysicalPiece& piece, PoolIndex pool) = 0;
   // Maps `pieces` one after another from `va`, inside a registered range (Backend::MapRun: on a
   // failure `*mapped` pieces, a prefix, stay mapped; DataLoss: the rest of the range is unusable).
   virtual absl::Status MapPieces(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) = 0;

@@ -32,6 +32,7 @@
 #include "pool/large_pool.h"
 #include "pool/plain_backing.h"
 #include "pool/pool.h"
+#include "pool/virtual_backing.h"
 
 namespace bucketalloc::internal {
 
@@ -49,8 +50,12 @@ class PackedPool {
 
   // `divisions`: roundup_power2_divisions, which PyTorch applies to small sizes too. `no_split`:
   // a block is handed out whole, never split (a private pool's setting).
-  PackedPool(const PoolContext& ctx, std::vector<std::uint32_t> divisions, bool no_split = false)
-      : pool_(ctx, Config(std::move(divisions), no_split), std::make_unique<PlainBacking>(ctx.source)) {}
+  // `virtual_memory`: its segments are granule ranges (pool/virtual_backing.h), as expandable
+  // segments' small pages, so that release-and-retry gives their free granules back with an unmap
+  // after one wait per stream rather than a cudaFree (a device synchronization) per segment.
+  PackedPool(const PoolContext& ctx, std::vector<std::uint32_t> divisions, bool no_split = false,
+             bool virtual_memory = false)
+      : pool_(ctx, Config(std::move(divisions), no_split), Backing(ctx, virtual_memory)) {}
 
   Request RequestFor(std::size_t size) const { return pool_.RequestFor(size); }
   std::optional<Handle> TryAllocate(StreamState& ss, const Request& r) {
@@ -89,7 +94,11 @@ class PackedPool {
   void WalkFragmentation(FragmentationReport* report) const { pool_.WalkFragmentation(report); }
   void Describe(std::vector<SpanView>* spans) const { pool_.Describe(spans); }
   InactiveSplit inactive_split() const { return pool_.inactive_split(); }
-  std::size_t spare_bytes() const { return 0; }
+  std::size_t spare_bytes() const { return pool_.spare_bytes(); }
+  std::size_t movable_bytes() const { return pool_.movable_bytes(); }
+  absl::Status PiecesUnder(Handle h, std::uintptr_t* first_va, std::vector<PhysicalPiece>* out) const {
+    return pool_.PiecesUnder(h.block, first_va, out);
+  }
   void ForEachUnit(UnitFn f) const { pool_.ForEachUnit(std::move(f)); }
   absl::Status CheckInvariants(std::int64_t active_blocks) const { return pool_.CheckInvariants(active_blocks); }
   absl::Status CheckStreamState(const StreamState& ss) const { return pool_.CheckStreamState(ss.lists); }
@@ -97,6 +106,10 @@ class PackedPool {
 
  private:
   static LargePool::Handle Of(Handle h) { return LargePool::Handle{h.block}; }
+  static std::unique_ptr<SegmentBacking> Backing(const PoolContext& ctx, bool virtual_memory) {
+    if (virtual_memory) return std::make_unique<VirtualBacking>(ctx, kSmallPool, kSlabBytes);
+    return std::make_unique<PlainBacking>(ctx.source);
+  }
   // PyTorch's small pool: 2 MiB segments (kSmallBuffer), a split whenever kMinBlockSize remains.
   static LargePoolConfig Config(std::vector<std::uint32_t> divisions, bool no_split) {
     LargePoolConfig c;

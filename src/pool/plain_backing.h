@@ -1,7 +1,7 @@
 // src/pool/plain_backing.h — plain segments: one backend allocation each (layer L3).
 //
-// Owns: `PlainBacking`, the SegmentBacking (pool/segment_backing.h) of the packed small pool and of
-// a large pool without virtual memory: a segment is one backend allocation (cudaMalloc), made by a
+// Owns: `PlainBacking`, the SegmentBacking (pool/segment_backing.h) of the packed small pool and
+// the large pool without virtual memory (stitching off): a segment is one backend allocation (cudaMalloc), made by a
 // grow and given back whole by a release (a release the source refuses leaves it cached). It has
 // no other way to serve at the cap, nothing to give back inside segments, no pieces.
 // Invariants (CheckInvariants): no segment holds a hole.

@@ -277,7 +277,7 @@ absl::StatusOr<Block*> Stitcher::Stitch(LargePool& pool, LargeStreamState& ss, S
   absl::StatusOr<std::vector<Unit>> runs =
       ChooseRuns(pool, *backing_, ctx_.source, bytes, BytesToMove(bytes, max_piece), max_piece, Keep{});
   if (!runs.ok()) return runs.status();
-  absl::StatusOr<std::uintptr_t> base = ctx_.source->ReserveRange(bytes, 0);
+  absl::StatusOr<std::uintptr_t> base = ctx_.source->ReserveRange(bytes, 0, backing_->pool_index());
   if (!base.ok()) return base.status();
   std::vector<PhysicalPiece> moved;
   absl::Status s = UnmapRuns(pool, *backing_, *runs, Keep{}, &moved);
@@ -359,10 +359,10 @@ absl::StatusOr<Block*> Stitcher::Extend(LargePool& pool, LargeStreamState& ss, S
   std::size_t range = bytes;
   if (!to.has_value()) {
     range = std::max(bytes, ctx_.source->GrowableRangeBytes() & ~(granule_ - 1));
-    absl::StatusOr<std::uintptr_t> reserved = ctx_.source->ReserveRange(range, 0);
+    absl::StatusOr<std::uintptr_t> reserved = ctx_.source->ReserveRange(range, 0, backing_->pool_index());
     if (!reserved.ok() && range > bytes) {
       range = bytes;
-      reserved = ctx_.source->ReserveRange(range, 0);
+      reserved = ctx_.source->ReserveRange(range, 0, backing_->pool_index());
     }
     if (!reserved.ok()) return reserved.status();
     base = *reserved;

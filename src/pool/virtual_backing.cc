@@ -24,8 +24,8 @@ std::size_t BytesOf(absl::Span<const PhysicalPiece> pieces) {
 
 }  // namespace
 
-VirtualBacking::VirtualBacking(const PoolContext& ctx, std::size_t granule, std::size_t grow_piece)
-    : ctx_(ctx), granule_(granule), grow_piece_(grow_piece), shift_(std::countr_zero(granule)) {
+VirtualBacking::VirtualBacking(const PoolContext& ctx, PoolIndex pool, std::size_t granule, std::size_t grow_piece)
+    : ctx_(ctx), pool_(pool), granule_(granule), grow_piece_(grow_piece), shift_(std::countr_zero(granule)) {
   BA_CHECK(IsPowerOfTwo(granule), "a granule is a power of two");
   BA_CHECK(grow_piece >= granule && grow_piece % granule == 0, "a grow's piece is whole granules");
   stitcher_ = std::make_unique<Stitcher>(ctx_, this);
@@ -35,7 +35,7 @@ VirtualBacking::~VirtualBacking() = default;
 
 absl::StatusOr<Segment*> VirtualBacking::Grow(LargePool& pool, LargeStreamState& ss, Stream stream, std::size_t bytes,
                                               int tier) {
-  absl::StatusOr<std::uintptr_t> base = ctx_.source->ReserveRange(bytes, bytes);
+  absl::StatusOr<std::uintptr_t> base = ctx_.source->ReserveRange(bytes, bytes, pool_);
   if (!base.ok()) return base.status();
   std::vector<PhysicalPiece> pieces;
   // A tier segment holds one block, never split: it is one piece (three driver calls), which moves
@@ -183,7 +183,7 @@ void VirtualBacking::TakeSpares(std::size_t* bytes, std::size_t max_piece, std::
     if (spare_[i].bytes > std::min(max_piece, *bytes)) continue;
     *bytes -= spare_[i].bytes;
     spare_bytes_ -= spare_[i].bytes;
-    ctx_.stats->Decrease(&DeviceStats::cached_bytes, kLargePool, static_cast<std::int64_t>(spare_[i].bytes));
+    ctx_.stats->Decrease(&DeviceStats::cached_bytes, pool_, static_cast<std::int64_t>(spare_[i].bytes));
     out->push_back(spare_[i]);
     spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
   }
@@ -194,7 +194,7 @@ absl::Status VirtualBacking::Create(std::size_t bytes, std::size_t piece, std::v
             "creating memory that is not whole granules");
   for (std::size_t done = 0; done < bytes;) {
     const std::size_t n = std::min(piece, bytes - done);
-    absl::StatusOr<PhysicalHandle> h = ctx_.source->CreatePhysical(n);
+    absl::StatusOr<PhysicalHandle> h = ctx_.source->CreatePhysical(n, pool_);
     if (!h.ok()) return h.status();
     out->push_back({*h, n});
     done += n;
@@ -312,12 +312,12 @@ void VirtualBacking::GiveBackAfterFailure(std::vector<PhysicalPiece>* pieces, st
 void VirtualBacking::AddSpare(const PhysicalPiece& piece) {
   spare_.push_back(piece);
   spare_bytes_ += piece.bytes;
-  ctx_.stats->Increase(&DeviceStats::cached_bytes, kLargePool, static_cast<std::int64_t>(piece.bytes));
+  ctx_.stats->Increase(&DeviceStats::cached_bytes, pool_, static_cast<std::int64_t>(piece.bytes));
 }
 
 void VirtualBacking::ReleasePieces(std::vector<PhysicalPiece>* pieces) {
   for (const PhysicalPiece& p : *pieces) {
-    if (ctx_.source->ReleasePhysical(p)) {
+    if (ctx_.source->ReleasePhysical(p, pool_)) {
       ctx_.stats->Count(&DeviceStats::num_granules_released, static_cast<std::int64_t>(p.bytes >> shift_));
     } else {
       AddSpare(p);
@@ -329,7 +329,7 @@ void VirtualBacking::ReleasePieces(std::vector<PhysicalPiece>* pieces) {
 std::vector<PhysicalPiece> VirtualBacking::TakeAllSpares() {
   std::vector<PhysicalPiece> taken;
   taken.swap(spare_);
-  ctx_.stats->Decrease(&DeviceStats::cached_bytes, kLargePool, static_cast<std::int64_t>(spare_bytes_));
+  ctx_.stats->Decrease(&DeviceStats::cached_bytes, pool_, static_cast<std::int64_t>(spare_bytes_));
   spare_bytes_ = 0;
   return taken;
 }

@@ -1,8 +1,9 @@
 // src/pool/virtual_backing.h — virtual-memory segments: address ranges mapped by physical pieces
 // (layer L3; docs/vmm.md).
 //
-// Owns: `VirtualBacking`, the SegmentBacking (pool/segment_backing.h) of the large pool with the
-// vmm backends (stitching): a segment is an address range mapped by pieces, each piece one physical
+// Owns: `VirtualBacking`, the SegmentBacking (pool/segment_backing.h) of the large pool and of the
+// packed small pool with the vmm backends (stitching; the small pool's granule is 2 MiB, as
+// expandable segments' small pages): a segment is an address range mapped by pieces, each piece one physical
 // allocation (cuMemCreate) of whole granules mapped whole (cuda.h's cuMemMap maps a handle from
 // offset 0 only, and cuMemUnmap takes whole mappings, so a piece is what moves). It keeps each
 // segment's piece table (holes are gaps in it) and the spare pieces (unmapped, not released: a
@@ -23,7 +24,7 @@
 // Thread-safety: none; the device lock guards it.
 //
 // Example:
-//   LargePool pool(ctx, config, std::make_unique<VirtualBacking>(ctx, config.granularity));
+//   LargePool pool(ctx, config, std::make_unique<VirtualBacking>(ctx, kLargePool, config.granularity));
 //   // at the cap, inside the pool's Serve:
 //   std::optional<absl::StatusOr<Block*>> b = backing_->ServeAtCap(*this, ss, stream, 12 << 20, -1);
 #ifndef BUCKETALLOC_POOL_VIRTUAL_BACKING_H_
@@ -52,10 +53,12 @@ class Stitcher;
 
 class VirtualBacking final : public SegmentBacking {
  public:
-  // Segments of whole granules of `granule` bytes (a power of two: the pool's granularity); a grow
-  // that is not at the cap creates pieces of `grow_piece` bytes (a multiple of `granule`).
-  VirtualBacking(const PoolContext& ctx, std::size_t granule, std::size_t grow_piece);
-  VirtualBacking(const PoolContext& ctx, std::size_t granule) : VirtualBacking(ctx, granule, granule) {}
+  // The segments of pool `pool` (its memory is counted there), of whole granules of `granule` bytes
+  // (a power of two: the pool's granularity); a grow that is not at the cap creates pieces of
+  // `grow_piece` bytes (a multiple of `granule`).
+  VirtualBacking(const PoolContext& ctx, PoolIndex pool, std::size_t granule, std::size_t grow_piece);
+  VirtualBacking(const PoolContext& ctx, PoolIndex pool, std::size_t granule)
+      : VirtualBacking(ctx, pool, granule, granule) {}
   ~VirtualBacking() override;
   VirtualBacking(const VirtualBacking&) = delete;
   VirtualBacking& operator=(const VirtualBacking&) = delete;
@@ -90,6 +93,7 @@ class VirtualBacking final : public SegmentBacking {
   Stitcher* stitcher() { return stitcher_.get(); }
 
   // ---- The operations of a stitch (pool/stitcher.h) ----
+  PoolIndex pool_index() const { return pool_; }
   std::size_t granule() const { return granule_; }
   std::size_t grow_piece() const { return grow_piece_; }
   // The whole granules inside `block`, as [*g0, *g1) of its segment.
@@ -148,6 +152,7 @@ class VirtualBacking final : public SegmentBacking {
   void AddSpare(const PhysicalPiece& piece);
 
   PoolContext ctx_;
+  const PoolIndex pool_;
   const std::size_t granule_;
   const std::size_t grow_piece_;
   const int shift_;  // log2(granule_)

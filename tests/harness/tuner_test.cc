@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -80,6 +81,23 @@ void ExpectUsableAndNoWorse(const TuneResult& r) {
   EXPECT_EQ(j["recommended"]["bucketalloc"], r.points[r.bucketalloc.point].allocator);
   EXPECT_EQ(j["recommended"]["pytorch"], r.points[r.pytorch.point].allocator);
   EXPECT_FALSE(j["front"].empty());
+  // The front: exactly the measured points that no other beats in memory, driver time on requests'
+  // path and synchronizations at once.
+  auto axes = [](const TuneFigures& f) {
+    return std::array<double, 3>{static_cast<double>(f.min_capacity_bytes), f.driver_time.request_path_ms,
+                                 static_cast<double>(f.driver_time.synchronizations)};
+  };
+  for (const TunePoint& p : r.points) {
+    if (!p.tune.has_value()) continue;
+    bool dominated = false;
+    for (const TunePoint& q : r.points) {
+      if (&q == &p || !q.tune.has_value()) continue;
+      const auto a = axes(*q.tune), b = axes(*p.tune);
+      dominated =
+          dominated || (a[0] <= b[0] && a[1] <= b[1] && a[2] <= b[2] && (a[0] < b[0] || a[1] < b[1] || a[2] < b[2]));
+    }
+    EXPECT_EQ(p.on_front, !dominated) << p.allocator << ": " << TuneFiguresText(p.tune);
+  }
 }
 
 TEST(TunerSearchTest, ATieredTraceGetsItsOwnTiers) {

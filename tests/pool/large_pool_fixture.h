@@ -44,7 +44,7 @@ class LargePoolTest : public ::testing::Test {
     std::unique_ptr<SegmentBacking> segments;
     virtual_ = nullptr;
     if (backing == Backing::kVirtual) {
-      auto v = std::make_unique<VirtualBacking>(ctx, config.granularity, config.grow_piece);
+      auto v = std::make_unique<VirtualBacking>(ctx, config.index, config.granularity, config.grow_piece);
       virtual_ = v.get();
       segments = std::move(v);
     } else {

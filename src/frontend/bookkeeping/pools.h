@@ -88,7 +88,7 @@ class Pools {
       : slab_limit_(std::min(config.slab_limit, config.small_limit)),
         small_limit_(config.small_limit),
         small_(ctx),
-        packed_(ctx, config.large.roundup_power2_divisions, config.no_split),
+        packed_(ctx, config.large.roundup_power2_divisions, config.no_split, config.stitching),
         large_(ctx, config.large, LargeBacking(ctx, config.large, config.stitching)) {}
   // The number of pools, and the place of pool type P among them (ForEach's order).
   static constexpr int kNumPools = 3;
@@ -200,7 +200,7 @@ class Pools {
   // away from the cap), or plain.
   static std::unique_ptr<SegmentBacking> LargeBacking(const PoolContext& ctx, const LargePoolConfig& config,
                                                       bool stitching) {
-    if (stitching) return std::make_unique<VirtualBacking>(ctx, config.granularity, config.grow_piece);
+    if (stitching) return std::make_unique<VirtualBacking>(ctx, kLargePool, config.granularity, config.grow_piece);
     return std::make_unique<PlainBacking>(ctx.source);
   }
 

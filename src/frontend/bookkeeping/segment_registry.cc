@@ -114,14 +114,14 @@ bool SegmentRegistry::ReleaseSegment(std::uintptr_t base, std::size_t bytes, Poo
   return true;
 }
 
-absl::StatusOr<std::uintptr_t> SegmentRegistry::ReserveRange(std::size_t bytes, std::size_t to_map) {
+absl::StatusOr<std::uintptr_t> SegmentRegistry::ReserveRange(std::size_t bytes, std::size_t to_map, PoolIndex pool) {
   CollectFor(to_map);
   // Reservations of 1 1/4 x the cap: a plain segment's range of the cap's size (GrowableRangeBytes)
   // leaves room for the tier segments and stitches beside it, and most grows make no address call.
   absl::StatusOr<std::uintptr_t> va = arena_.Carve(bytes, cap_ + cap_ / 4);
   if (!va.ok()) return va.status();
-  ranges_.emplace(*va, Range{*va, bytes, kLargePool, /*virtual_memory=*/true, /*mapped=*/0, owner_});
-  stats_->Increase(&DeviceStats::segment, kLargePool, 1);
+  ranges_.emplace(*va, Range{*va, bytes, pool, /*virtual_memory=*/true, /*mapped=*/0, owner_});
+  stats_->Increase(&DeviceStats::segment, pool, 1);
   history_->Record(TraceAction::kSegmentAlloc, *va, bytes, slow_path_stream_, 0, owner_);
   return *va;
 }
@@ -131,17 +131,19 @@ void SegmentRegistry::ReleaseRange(std::uintptr_t va, std::size_t bytes) {
   BA_CHECK(it != ranges_.end() && it->second.virtual_memory && it->second.mapped == 0,
            "releasing a range still mapped");
   const std::uint16_t owner = it->second.owner;
+  const PoolIndex pool = it->second.pool;
   arena_.Return(va, bytes);
   ranges_.erase(it);
-  stats_->Decrease(&DeviceStats::segment, kLargePool, 1);
+  stats_->Decrease(&DeviceStats::segment, pool, 1);
   history_->Record(TraceAction::kSegmentFree, va, bytes, nullptr, 0, owner);
 }
 
 void SegmentRegistry::AbandonRange(std::uintptr_t va, std::size_t bytes) {
   auto it = ranges_.find(va);
   BA_CHECK(it != ranges_.end() && it->second.virtual_memory, "abandoning a range that is not registered");
+  const PoolIndex pool = it->second.pool;
   ranges_.erase(it);  // it stays carved from its reservation, which is then never freed
-  stats_->Decrease(&DeviceStats::segment, kLargePool, 1);
+  stats_->Decrease(&DeviceStats::segment, pool, 1);
   stats_->Count(&DeviceStats::num_device_free_failures);
   history_->Record(TraceAction::kSegmentFree, va, bytes, nullptr);
 }
@@ -150,26 +152,26 @@ void SegmentRegistry::TrimAddressSpace() {
   if (!arena_.Trim()) stats_->Count(&DeviceStats::num_device_free_failures);  // only address space
 }
 
-absl::StatusOr<PhysicalHandle> SegmentRegistry::CreatePhysical(std::size_t bytes) {
+absl::StatusOr<PhysicalHandle> SegmentRegistry::CreatePhysical(std::size_t bytes, PoolIndex pool) {
   if (absl::Status s = CheckHeadroom(bytes); !s.ok()) return s;
   absl::StatusOr<PhysicalHandle> h = backend_->CreatePhysical(bytes);
   if (!h.ok()) return h.status();
   ++physical_handles_;
   physical_bytes_ += bytes;
-  stats_->Increase(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(bytes));
-  CountOwned(owner_, kLargePool, static_cast<std::int64_t>(bytes));
+  stats_->Increase(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(bytes));
+  CountOwned(owner_, pool, static_cast<std::int64_t>(bytes));
   return *h;
 }
 
-bool SegmentRegistry::ReleasePhysical(const PhysicalPiece& piece) {
+bool SegmentRegistry::ReleasePhysical(const PhysicalPiece& piece, PoolIndex pool) {
   if (!backend_->ReleasePhysical(piece.handle).ok()) {
     stats_->Count(&DeviceStats::num_device_free_failures);
     return false;
   }
   --physical_handles_;
   physical_bytes_ -= piece.bytes;
-  stats_->Decrease(&DeviceStats::reserved_bytes, kLargePool, static_cast<std::int64_t>(piece.bytes));
-  CountOwned(owner_, kLargePool, -static_cast<std::int64_t>(piece.bytes));
+  stats_->Decrease(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(piece.bytes));
+  CountOwned(owner_, pool, -static_cast<std::int64_t>(piece.bytes));
   return true;
 }
 

@@ -126,11 +126,11 @@ class SegmentRegistry final : public MemorySource {
   // MemorySource.
   absl::StatusOr<std::uintptr_t> AllocateSegment(std::size_t bytes, PoolIndex pool) override;
   bool ReleaseSegment(std::uintptr_t base, std::size_t bytes, PoolIndex pool) override;
-  absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t to_map) override;
+  absl::StatusOr<std::uintptr_t> ReserveRange(std::size_t bytes, std::size_t to_map, PoolIndex pool) override;
   void ReleaseRange(std::uintptr_t va, std::size_t bytes) override;
   void AbandonRange(std::uintptr_t va, std::size_t bytes) override;
-  absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes) override;
-  bool ReleasePhysical(const PhysicalPiece& piece) override;
+  absl::StatusOr<PhysicalHandle> CreatePhysical(std::size_t bytes, PoolIndex pool) override;
+  bool ReleasePhysical(const PhysicalPiece& piece, PoolIndex pool) override;
   absl::Status MapPieces(std::uintptr_t va, absl::Span<const PhysicalPiece> pieces, std::size_t* mapped) override;
   absl::Status Unmap(std::uintptr_t va, std::size_t bytes) override;
   // Gives back the address reservations no range uses (empty_cache, the allocator's end).

@@ -404,8 +404,13 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   s.device_total = device_total_;
   if (absl::StatusOr<DeviceMemInfo> info = backend_->GetMemInfo(); info.ok()) s.device_free = info->free_bytes;
   s.failure = std::string(cause.message());
-  s.stitching = options_.Stitching() && pool == kLargePool;
-  s.movable = PoolsOf(private_pool).large().movable_bytes();
+  // Stitching serves the packed and large pools (their segments are granule ranges), not the slabs.
+  PoolsOf(private_pool).Route(size, [&](const auto& p) {
+    if constexpr (!std::is_same_v<PoolType<decltype(p)>, SmallPool>) {
+      s.stitching = options_.Stitching();
+      s.movable = p.movable_bytes();
+    }
+  });
   const bool at_tenant_cap = tenants_.NarrowOom(private_pool, segment, &s);
   OomReport r = DiagnoseOom(s);
   tenants_.AccountOom(private_pool, at_tenant_cap, &r);

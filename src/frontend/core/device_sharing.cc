@@ -24,6 +24,8 @@ absl::StatusOr<SharedMemory> DeviceAllocator::ShareBlock(void* ptr) {
         return PoolsOf(entry->private_pool).Visit(entry->handle, [&](auto& pool, auto h) -> absl::Status {
           if constexpr (std::is_same_v<PoolType<decltype(pool)>, LargePool>) {
             return pool.PiecesUnder(h.block, base, pieces);
+          } else if constexpr (std::is_same_v<PoolType<decltype(pool)>, PackedPool>) {
+            return pool.PiecesUnder(h, base, pieces);
           } else {
             return absl::InternalError("bucketalloc: a slab block in a virtual-memory range");
           }

@@ -3,6 +3,7 @@
 #include "harness/planning/tuner.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -77,6 +78,9 @@ std::vector<Candidate> FirstRound(const TraceShape& shape) {
   c.push_back({"bucketalloc", {}, "the default"});
   c.push_back({"pytorch-policy", {}, "the default"});
   c.push_back({"bucketalloc", {{"backend", "vmm"}}, "stitching"});
+  // Fewer creates on requests' path (a 20 MiB piece per call, as expandable segments' pages) for
+  // memory a stitch cannot move while a live block shares its piece.
+  c.push_back({"bucketalloc", {{"backend", "vmm"}, {"grow_piece_mb", "20"}}, "stitching, grow pieces of 20 MiB"});
   if (!shape.tier_sizes.empty()) {
     c.push_back({"bucketalloc",
                  {{"tiers", SizeList(shape.tier_sizes)}},
@@ -261,6 +265,7 @@ class Search {
     }
     if (r->card_ooms() == 0) p.screen_peak_reserved_bytes = r->peak_reserved_bytes;
     p.screen_backend_ms = r->simulated_backend_ms;
+    p.screen_driver_time = r->driver_time;
   }
 
   void Evaluate(TunePoint& p, const std::optional<std::pair<std::size_t, double>>& best, Prune prune,
@@ -291,7 +296,8 @@ class Search {
         }
         for (const TunePoint& q : measured) {
           if (q.pytorch == p.pytorch && q.tune.has_value() && q.tune->min_capacity_bytes <= best->first &&
-              q.tune->backend_ms <= p.screen_backend_ms) {
+              q.tune->driver_time.request_path_ms <= p.screen_driver_time.request_path_ms &&
+              q.tune->driver_time.synchronizations <= p.screen_driver_time.synchronizations) {
             p.state = "pruned";
             return;
           }
@@ -358,15 +364,24 @@ void Combine(Search& s, const std::string& family, int default_point) {
   }
 }
 
+// A point is on the front when no other is no worse in memory, driver time on requests' path and
+// synchronizations, and better in one: what a service pays for the memory it saves.
 void MarkFront(std::vector<TunePoint>& points) {
+  auto axes = [](const TuneFigures& f) {
+    return std::array<double, 3>{static_cast<double>(f.min_capacity_bytes), f.driver_time.request_path_ms,
+                                 static_cast<double>(f.driver_time.synchronizations)};
+  };
   for (TunePoint& p : points) {
     if (!p.tune.has_value()) continue;
+    const std::array<double, 3> mine = axes(*p.tune);
     p.on_front = std::none_of(points.begin(), points.end(), [&](const TunePoint& q) {
       if (!q.tune.has_value() || &q == &p) return false;
-      const bool no_worse =
-          q.tune->min_capacity_bytes <= p.tune->min_capacity_bytes && q.tune->backend_ms <= p.tune->backend_ms;
-      const bool better =
-          q.tune->min_capacity_bytes < p.tune->min_capacity_bytes || q.tune->backend_ms < p.tune->backend_ms;
+      const std::array<double, 3> theirs = axes(*q.tune);
+      bool no_worse = true, better = false;
+      for (int k = 0; k < 3; ++k) {
+        no_worse = no_worse && theirs[k] <= mine[k];
+        better = better || theirs[k] < mine[k];
+      }
       return no_worse && better;
     });
   }
@@ -736,7 +751,7 @@ std::string TuneResult::ToJson() const {
 namespace {
 
 // The front as an SVG plot: x the min capacity over the tuning part's peak live bytes, y the
-// simulated backend time at it (log scale: the candidates span orders of magnitude).
+// driver time on requests' path at it (log scale: the candidates span orders of magnitude).
 std::string FrontSvg(const TuneResult& r) {
   constexpr double kW = 760, kH = 380, kLeft = 70, kRight = 20, kTop = 20, kBottom = 50;
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
@@ -744,7 +759,7 @@ std::string FrontSvg(const TuneResult& r) {
     if (!p.tune.has_value()) continue;
     x0 = std::min(x0, p.tune->over_live);
     x1 = std::max(x1, p.tune->over_live);
-    const double y = std::log10(std::max(p.tune->backend_ms, 0.01));
+    const double y = std::log10(std::max(p.tune->driver_time.request_path_ms, 0.01));
     y0 = std::min(y0, y);
     y1 = std::max(y1, y);
   }
@@ -757,8 +772,8 @@ std::string FrontSvg(const TuneResult& r) {
   auto X = [&](double v) { return kLeft + (v - x0) / (x1 - x0) * (kW - kLeft - kRight); };
   auto Y = [&](double ms) { return kTop + (y1 - std::log10(std::max(ms, 0.01))) / (y1 - y0) * (kH - kTop - kBottom); };
   std::string svg = absl::StrFormat(
-      "<svg class=\"chart front\" viewBox=\"0 0 %.0f %.0f\" role=\"img\" aria-label=\"min capacity against backend "
-      "time\">",
+      "<svg class=\"chart front\" viewBox=\"0 0 %.0f %.0f\" role=\"img\" aria-label=\"min capacity against driver "
+      "time on requests' path\">",
       kW, kH);
   for (int k = 0; k <= 4; ++k) {  // the axes' ticks
     const double xv = x0 + (x1 - x0) * k / 4, yv = y0 + (y1 - y0) * k / 4;
@@ -775,7 +790,7 @@ std::string FrontSvg(const TuneResult& r) {
   absl::StrAppendFormat(&svg,
                         "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">min capacity / peak live (tuning "
                         "part)</text><text x=\"14\" y=\"%.1f\" transform=\"rotate(-90 14 %.1f)\" "
-                        "text-anchor=\"middle\">simulated backend ms at min capacity</text>",
+                        "text-anchor=\"middle\">driver ms on requests' path at min capacity</text>",
                         (kLeft + kW - kRight) / 2, kH - 8, (kTop + kH - kBottom) / 2, (kTop + kH - kBottom) / 2);
   // The front, in order of memory.
   std::vector<const TunePoint*> front;
@@ -786,15 +801,15 @@ std::string FrontSvg(const TuneResult& r) {
             [](const TunePoint* a, const TunePoint* b) { return a->tune->over_live < b->tune->over_live; });
   std::string line;
   for (const TunePoint* p : front)
-    absl::StrAppendFormat(&line, "%.1f,%.1f ", X(p->tune->over_live), Y(p->tune->backend_ms));
+    absl::StrAppendFormat(&line, "%.1f,%.1f ", X(p->tune->over_live), Y(p->tune->driver_time.request_path_ms));
   if (front.size() > 1) absl::StrAppend(&svg, "<polyline class=\"front-line\" points=\"", line, "\"/>");
   for (std::size_t i = 0; i < r.points.size(); ++i) {
     const TunePoint& p = r.points[i];
     if (!p.tune.has_value()) continue;
-    absl::StrAppendFormat(&svg,
-                          "<circle class=\"point %s%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"5\"><title>%s: %s</title></circle>",
-                          p.pytorch ? "pytorch" : "bucketalloc", p.on_front ? " on-front" : "", X(p.tune->over_live),
-                          Y(p.tune->backend_ms), EscapeHtml(p.allocator), EscapeHtml(TuneFiguresText(p.tune)));
+    absl::StrAppendFormat(
+        &svg, "<circle class=\"point %s%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"5\"><title>%s: %s</title></circle>",
+        p.pytorch ? "pytorch" : "bucketalloc", p.on_front ? " on-front" : "", X(p.tune->over_live),
+        Y(p.tune->driver_time.request_path_ms), EscapeHtml(p.allocator), EscapeHtml(TuneFiguresText(p.tune)));
   }
   for (const auto& [choice, label] :
        {std::pair{&r.bucketalloc, "recommended bucketalloc"}, std::pair{&r.pytorch, "recommended PyTorch"}}) {
@@ -803,8 +818,8 @@ std::string FrontSvg(const TuneResult& r) {
     absl::StrAppendFormat(&svg,
                           "<circle class=\"chosen\" cx=\"%.1f\" cy=\"%.1f\" r=\"10\"/>"
                           "<text class=\"chosen-label\" x=\"%.1f\" y=\"%.1f\">%s</text>",
-                          X(p.tune->over_live), Y(p.tune->backend_ms), X(p.tune->over_live) + 13,
-                          Y(p.tune->backend_ms) - 8, label);
+                          X(p.tune->over_live), Y(p.tune->driver_time.request_path_ms), X(p.tune->over_live) + 13,
+                          Y(p.tune->driver_time.request_path_ms) - 8, label);
   }
   absl::StrAppend(&svg, "</svg>");
   return svg;
@@ -842,8 +857,9 @@ std::string TuneResult::ToHtml(const std::string& recording) const {
   }
   absl::StrAppend(&h,
                   "<h2>The front</h2><figure><figcaption>Each measured setting: its min capacity on the tuning "
-                  "part and the backend time at it (blue: bucketalloc, orange: PyTorch; filled: on the front, no "
-                  "point better on both; ringed: recommended)</figcaption>",
+                  "part and the driver time on requests' path at it (blue: bucketalloc, orange: PyTorch; filled: on "
+                  "the front, no point better in memory, request-path time and synchronizations at once; ringed: "
+                  "recommended)</figcaption>",
                   FrontSvg(*this),
                   "</figure><h2>Every candidate</h2><div class=\"table-wrap\"><table><tr>"
                   "<th>allocator</th><th>change</th><th>state</th><th>tuning part</th><th>",

@@ -28,7 +28,8 @@
 //      every baseline of its family (bucketalloc: the default and stitching, within 0.002 x that
 //      part's peak live bytes; PyTorch: pytorch-policy's default); failing that, the best baseline
 //      there.
-// The front: the measured points not dominated in (min capacity, backend time at it).
+// The front: the measured points not dominated in (min capacity, driver time on requests' path at
+// it, synchronizations at it).
 // Every figure is from the simulated device (deterministic): the same trace and options give the same
 // answer, whatever the number of threads (candidates are measured two at a time against the best
 // before them; more threads speed the screens and the held-out check) — without a budget, whose
@@ -98,7 +99,8 @@ struct TuneOptions {
 };
 
 // One allocator's figures on one part: its min capacity, and its backend calls and driver time
-// there under the cost profile (backend_ms: the total, which the front weighs against memory).
+// there under the cost profile (backend_ms: the total; the front weighs driver_time's request path
+// and synchronizations against memory).
 struct TuneFigures {
   std::size_t min_capacity_bytes = 0;
   double over_live = 0.0;  // min capacity / the part's peak of live bytes
@@ -112,11 +114,13 @@ struct TunePoint {
   bool pytorch = false;   // PyTorch's allocator (pytorch-policy[:CONF], pytorch-expandable)
   std::string policy;     // the policy it configures: bucketalloc, pytorch-policy, pytorch-expandable
   std::string change;     // what it changes from its family's default
-  // The screen: peak reserved with no cap (the upper bound) and the backend time then.
+  // The screen: peak reserved with no cap (the upper bound), the backend time and who waited then.
   std::size_t screen_peak_reserved_bytes = 0;
   double screen_backend_ms = 0.0;
-  // "measured", "pruned" (fails at `fails_at`, 2 MiB under the family's best, and costs at least a
-  // measured point's backend time, or is a combination no better than the one before it),
+  DriverTime screen_driver_time;
+  // "measured", "pruned" (fails at `fails_at`, 2 MiB under the family's best, and its screen costs
+  // at least a measured point's request-path time and synchronizations, or is a combination no
+  // better than the one before it),
   // "budget" (the budget ran out first) or "failed" (its replay failed: `error`).
   std::string state;
   std::size_t fails_at = 0;

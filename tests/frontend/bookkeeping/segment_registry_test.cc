@@ -100,7 +100,7 @@ TEST_F(SegmentRegistryTest, DuringACaptureItGrowsWithoutCollectingAndTheCollecto
   EXPECT_TRUE(registry_->Capturing());
   absl::StatusOr<std::uintptr_t> a = registry_->AllocateSegment(2 * kMiB, kLargePool);
   ASSERT_TRUE(a.ok()) << a.status();
-  absl::StatusOr<std::uintptr_t> va = registry_->ReserveRange(2 * kMiB, 2 * kMiB);
+  absl::StatusOr<std::uintptr_t> va = registry_->ReserveRange(2 * kMiB, 2 * kMiB, kLargePool);
   ASSERT_TRUE(va.ok()) << va.status();
   EXPECT_EQ(collected, 0u) << "no release during a capture";
   EXPECT_EQ(sim_->counters().allocs, 1);
@@ -111,13 +111,13 @@ TEST_F(SegmentRegistryTest, DuringACaptureItGrowsWithoutCollectingAndTheCollecto
 }
 
 TEST_F(SegmentRegistryTest, RangesCountTheirMappedPieces) {
-  absl::StatusOr<std::uintptr_t> va = registry_->ReserveRange(8 * kMiB, 8 * kMiB);
+  absl::StatusOr<std::uintptr_t> va = registry_->ReserveRange(8 * kMiB, 8 * kMiB, kLargePool);
   ASSERT_TRUE(va.ok()) << va.status();
-  absl::StatusOr<PhysicalHandle> g = registry_->CreatePhysical(2 * kMiB);
-  absl::StatusOr<PhysicalHandle> h = registry_->CreatePhysical(4 * kMiB);
+  absl::StatusOr<PhysicalHandle> g = registry_->CreatePhysical(2 * kMiB, kLargePool);
+  absl::StatusOr<PhysicalHandle> h = registry_->CreatePhysical(4 * kMiB, kLargePool);
   ASSERT_TRUE(g.ok() && h.ok());
   EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, static_cast<std::int64_t>(6 * kMiB));
-  EXPECT_TRUE(absl::IsResourceExhausted(registry_->CreatePhysical(16 * kMiB).status())) << "past the cap";
+  EXPECT_TRUE(absl::IsResourceExhausted(registry_->CreatePhysical(16 * kMiB, kLargePool).status())) << "past the cap";
   std::size_t mapped = 0;
   const PhysicalPiece pieces[] = {{*g, 2 * kMiB}, {*h, 4 * kMiB}};
   ASSERT_TRUE(registry_->MapPieces(*va, pieces, &mapped).ok());
@@ -130,9 +130,9 @@ TEST_F(SegmentRegistryTest, RangesCountTheirMappedPieces) {
   EXPECT_EQ(sim_->counters().unmaps, 1) << "one unmap for both pieces";
   EXPECT_FALSE(registry_->CheckInvariants(0).ok()) << "unmapped pieces that are not counted as spares";
   EXPECT_TRUE(registry_->CheckInvariants(6 * kMiB).ok());
-  EXPECT_TRUE(registry_->ReleasePhysical(pieces[0]));
+  EXPECT_TRUE(registry_->ReleasePhysical(pieces[0], kLargePool));
   EXPECT_TRUE(registry_->CheckInvariants(4 * kMiB).ok());
-  EXPECT_TRUE(registry_->ReleasePhysical(pieces[1]));
+  EXPECT_TRUE(registry_->ReleasePhysical(pieces[1], kLargePool));
   registry_->ReleaseRange(*va, 8 * kMiB);
   EXPECT_EQ(Stats().segment[kLargePool].current, 0);
   EXPECT_EQ(Stats().reserved_bytes[kLargePool].current, 0);
@@ -144,7 +144,7 @@ TEST_F(SegmentRegistryTest, RangesCountTheirMappedPieces) {
 TEST_F(SegmentRegistryTest, RangesAreCarvedFromFewReservations) {
   std::vector<std::uintptr_t> ranges;
   for (int i = 0; i < 5; ++i) {
-    absl::StatusOr<std::uintptr_t> va = registry_->ReserveRange(4 * kMiB, 0);
+    absl::StatusOr<std::uintptr_t> va = registry_->ReserveRange(4 * kMiB, 0, kLargePool);
     ASSERT_TRUE(va.ok()) << va.status();
     if (!ranges.empty()) {
       EXPECT_EQ(*va + 4 * kMiB, ranges.back()) << "each below the one before";
@@ -152,14 +152,14 @@ TEST_F(SegmentRegistryTest, RangesAreCarvedFromFewReservations) {
     ranges.push_back(*va);
   }
   EXPECT_EQ(sim_->counters().address_reserves, 1) << "five 4 MiB ranges from one 25 MiB reservation";
-  absl::StatusOr<std::uintptr_t> big = registry_->ReserveRange(24 * kMiB, 0);
+  absl::StatusOr<std::uintptr_t> big = registry_->ReserveRange(24 * kMiB, 0, kLargePool);
   ASSERT_TRUE(big.ok());
   EXPECT_EQ(sim_->counters().address_reserves, 2);
   EXPECT_EQ(Stats().segment[kLargePool].current, 6);
   EXPECT_TRUE(registry_->CheckInvariants(0).ok());
   // A range given back is carved again; a wholly free reservation goes back at a trim only.
   registry_->ReleaseRange(ranges[2], 4 * kMiB);
-  absl::StatusOr<std::uintptr_t> again = registry_->ReserveRange(4 * kMiB, 0);
+  absl::StatusOr<std::uintptr_t> again = registry_->ReserveRange(4 * kMiB, 0, kLargePool);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, ranges[2]);
   EXPECT_EQ(sim_->counters().address_reserves, 2);

@@ -271,9 +271,18 @@ TEST_F(StitchingTest, CreateMapAndUnmapFaultsLoseNothing) {
   }
 }
 
-TEST_F(StitchingTest, TheSmallPoolAndCacheHitsAreUnchanged) {
+TEST_F(StitchingTest, TheSmallPoolMapsGranulesAndACacheHitCallsNothing) {
   Make("expandable_segments:true");
   void* small = *allocator_->Allocate(1000, 0, TestStream(1));
+  DeviceStats s = Stats();
+  EXPECT_EQ(sim_->counters().allocs, 0) << "no plain allocation: the small pool maps granules too";
+  EXPECT_EQ(s.reserved_bytes[kSmallPool].current, static_cast<std::int64_t>(2 * kMiB)) << "one 2 MiB granule";
+  EXPECT_EQ(s.reserved_bytes[kLargePool].current, 0);
+  std::vector<void*> more;  // small requests (at most 1 MiB) past the first granule
+  for (int i = 0; i < 3; ++i) more.push_back(*allocator_->Allocate(900 * 1024, 0, TestStream(1)));
+  EXPECT_EQ(Stats().reserved_bytes[kSmallPool].current, static_cast<std::int64_t>(4 * kMiB))
+      << "the small segment grew in place by a granule";
+  EXPECT_EQ(Stats().segment[kSmallPool].current, 1);
   void* large = *allocator_->Allocate(4 * kMiB, 0, TestStream(1));
   ASSERT_TRUE(allocator_->Free(large, 0).ok());
   const BackendCounters before = sim_->counters();
@@ -283,9 +292,15 @@ TEST_F(StitchingTest, TheSmallPoolAndCacheHitsAreUnchanged) {
   EXPECT_EQ(after.maps + after.unmaps + after.physical_creates + after.allocs,
             before.maps + before.unmaps + before.physical_creates + before.allocs)
       << "a cache hit makes no backend call";
-  EXPECT_EQ(sim_->counters().allocs, 1) << "the small pool's slab is a plain backend allocation";
+  ExpectConsistent();
   ASSERT_TRUE(allocator_->Free(small, 0).ok());
+  for (void* p : more) ASSERT_TRUE(allocator_->Free(p, 0).ok());
   ASSERT_TRUE(allocator_->Free(again, 0).ok());
+  ASSERT_TRUE(allocator_->EmptyCache().ok());
+  s = Stats();
+  EXPECT_EQ(s.reserved_bytes[kAllPools].current, 0) << "an empty cache unmaps and releases both pools' granules";
+  EXPECT_EQ(sim_->counters().frees, 0) << "no cudaFree (a device synchronization): unmaps after stream waits";
+  ExpectConsistent();
 }
 
 // Prefetch: physical memory created ahead of need as spares, which a later grow maps instead of
