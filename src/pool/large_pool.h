@@ -239,6 +239,8 @@ class LargePool final : private StatDebtor {
   }
   // Bytes the backing could move out of free blocks (SegmentBacking::MovableBytes; a walk).
   std::size_t movable_bytes() const;
+  // Its segments are virtual memory, stitched at the cap (SegmentBacking::virtual_memory).
+  bool virtual_memory() const { return backing_->virtual_memory(); }
   // Bytes of `seg` backed by memory: its size, less its holes.
   std::size_t MappedBytes(const Segment& seg) const;
   // CUDA IPC: the physical pieces under allocated `block` (SegmentBacking::PiecesUnder).

@@ -4,14 +4,13 @@
 // Owns: nothing of its own but a LargePool configured as PyTorch's small pool (reference/pytorch.md
 // §1.3-§1.7): sizes rounded to 512 B, 2 MiB segments, best fit by stream, size and address, a block
 // split whenever 512 B or more remain, free neighbours coalesced, wholly free segments released
-// oldest first; no tiers, plain segments (a PlainBacking, pool/plain_backing.h), never virtual
-// memory. Its stats and segments count in the small pool (with the slabs: PyTorch's small pool is
-// every request up to 1 MiB), and its handles are a type of their own, so the front end tells its
-// blocks from the large pool's.
-// Why both: a slab holds one size class, so a partly used slab per class stays reserved, where
-// shared split segments hold any mix of sizes; slabs are exact for sizes that divide 2 MiB and
-// serve a hit with a pop. slab_limit chooses (docs/configuration.md).
-// Thread-safety: none; the device lock guards it.
+// oldest first; no tiers; plain segments (pool/plain_backing.h), or under stitching granule ranges
+// that grow in place (pool/virtual_backing.h, as expandable segments' 2 MiB small pages). Its stats and segments count
+// in the small pool (with the slabs: PyTorch's small pool is every request up to 1 MiB), and its handles are a type of
+// their own, so the front end tells its blocks from the large pool's. Why both: a slab holds one size class, so a
+// partly used slab per class stays reserved, where shared split segments hold any mix of sizes; slabs are exact for
+// sizes that divide 2 MiB and serve a hit with a pop. slab_limit chooses (docs/configuration.md). Thread-safety: none;
+// the device lock guards it.
 //
 // Example:
 //   PackedPool pool(ctx, divisions);
@@ -30,7 +29,6 @@
 #include "absl/status/statusor.h"
 #include "memory/size_classes.h"
 #include "pool/large_pool.h"
-#include "pool/plain_backing.h"
 #include "pool/pool.h"
 #include "pool/virtual_backing.h"
 
@@ -55,7 +53,7 @@ class PackedPool {
   // after one wait per stream rather than a cudaFree (a device synchronization) per segment.
   PackedPool(const PoolContext& ctx, std::vector<std::uint32_t> divisions, bool no_split = false,
              bool virtual_memory = false)
-      : pool_(ctx, Config(std::move(divisions), no_split), Backing(ctx, virtual_memory)) {}
+      : PackedPool(ctx, Config(std::move(divisions), no_split), virtual_memory) {}
 
   Request RequestFor(std::size_t size) const { return pool_.RequestFor(size); }
   std::optional<Handle> TryAllocate(StreamState& ss, const Request& r) {
@@ -96,6 +94,7 @@ class PackedPool {
   InactiveSplit inactive_split() const { return pool_.inactive_split(); }
   std::size_t spare_bytes() const { return pool_.spare_bytes(); }
   std::size_t movable_bytes() const { return pool_.movable_bytes(); }
+  bool virtual_memory() const { return pool_.virtual_memory(); }
   absl::Status PiecesUnder(Handle h, std::uintptr_t* first_va, std::vector<PhysicalPiece>* out) const {
     return pool_.PiecesUnder(h.block, first_va, out);
   }
@@ -106,16 +105,15 @@ class PackedPool {
 
  private:
   static LargePool::Handle Of(Handle h) { return LargePool::Handle{h.block}; }
-  static std::unique_ptr<SegmentBacking> Backing(const PoolContext& ctx, bool virtual_memory) {
-    if (virtual_memory) return std::make_unique<VirtualBacking>(ctx, kSmallPool, kSlabBytes);
-    return std::make_unique<PlainBacking>(ctx.source);
-  }
+  PackedPool(const PoolContext& ctx, const LargePoolConfig& config, bool virtual_memory)
+      : pool_(ctx, config, MakeSegmentBacking(ctx, config, virtual_memory)) {}
   // PyTorch's small pool: 2 MiB segments (kSmallBuffer), a split whenever kMinBlockSize remains.
   static LargePoolConfig Config(std::vector<std::uint32_t> divisions, bool no_split) {
     LargePoolConfig c;
     c.index = kSmallPool;
     c.large_segment_size = kSlabBytes;
     c.granularity = kSlabBytes;
+    c.grow_piece = kSlabBytes;
     c.roundup_power2_divisions = std::move(divisions);
     c.keep_remainder = no_split ? kUnlimited : kMinBlockSize - 1;
     return c;

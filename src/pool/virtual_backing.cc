@@ -10,6 +10,7 @@
 #include "internal/bits.h"
 #include "internal/check.h"
 #include "pool/large_pool.h"
+#include "pool/plain_backing.h"
 #include "pool/stitcher.h"
 
 namespace bucketalloc::internal {
@@ -382,6 +383,12 @@ absl::Status VirtualBacking::CheckInvariants(const LargePool& pool) const {
   }
   if (spare != spare_bytes_) return absl::InternalError("large pool: the spare pieces' bytes are miscounted");
   return absl::OkStatus();
+}
+
+std::unique_ptr<SegmentBacking> MakeSegmentBacking(const PoolContext& ctx, const LargePoolConfig& config,
+                                                   bool virtual_memory) {
+  if (virtual_memory) return std::make_unique<VirtualBacking>(ctx, config.index, config.granularity, config.grow_piece);
+  return std::make_unique<PlainBacking>(ctx.source);
 }
 
 }  // namespace bucketalloc::internal

@@ -50,6 +50,7 @@
 namespace bucketalloc::internal {
 
 class Stitcher;
+struct LargePoolConfig;
 
 class VirtualBacking final : public SegmentBacking {
  public:
@@ -164,6 +165,13 @@ class VirtualBacking final : public SegmentBacking {
   absl::flat_hash_set<const Segment*> unusable_;
   std::unique_ptr<Stitcher> stitcher_;
 };
+
+// What backs the segments of a pool configured by `config` (the large pool's, or the packed small
+// pool's): granule ranges of config.granularity grown in pieces of config.grow_piece, their memory
+// counted in config.index's stats, when `virtual_memory` (stitching); else one backend allocation
+// per segment (PlainBacking).
+std::unique_ptr<SegmentBacking> MakeSegmentBacking(const PoolContext& ctx, const LargePoolConfig& config,
+                                                   bool virtual_memory);
 
 }  // namespace bucketalloc::internal
 

@@ -5,8 +5,8 @@
 // request goes to the first pool whose limit it is within) and the means to run one piece of code
 // over every pool (ForEach) or over the pool of a handle (Visit); `StreamPools`, every pool's free lists of one
 // stream; `PoolHandle`, a block of any pool (typed: the pool it came from is its type);
-// `LiveEntry`, one live or pending allocation. It chooses what backs the large pool's segments
-// (pool/segment_backing.h): virtual memory with stitching, else plain.
+// `LiveEntry`, one live or pending allocation. It chooses whether the packed and large pools'
+// segments are virtual memory (stitching) or plain (MakeSegmentBacking, pool/virtual_backing.h).
 // Adding a pool: its files (pool/); here its member, its routing rule, its place in ForEach and
 // PoolHandle and StreamPools; and its index and names in bucketalloc/stat_types.h.
 // Thread-safety: none; the device lock guards it.
@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -28,7 +29,6 @@
 
 #include "pool/large_pool.h"
 #include "pool/packed_pool.h"
-#include "pool/plain_backing.h"
 #include "pool/pool.h"
 #include "pool/segment_backing.h"
 #include "pool/small_pool.h"
@@ -75,8 +75,8 @@ struct PoolsConfig {
   std::size_t slab_limit = 0;
   std::size_t small_limit = kMaxSmallSize;
   LargePoolConfig large;  // the large pool's (its divisions are the packed pool's too)
-  // The large pool's segments are virtual memory (pool/virtual_backing.h: stitched at the cap),
-  // else plain allocations (pool/plain_backing.h); the packed pool's are always plain.
+  // The packed and large pools' segments are virtual memory (pool/virtual_backing.h: stitched at the
+  // cap), else plain allocations (pool/plain_backing.h).
   bool stitching = false;
   // The packed pool never splits a block (the large pool's rule is `large.keep_remainder`).
   bool no_split = false;
@@ -89,7 +89,7 @@ class Pools {
         small_limit_(config.small_limit),
         small_(ctx),
         packed_(ctx, config.large.roundup_power2_divisions, config.no_split, config.stitching),
-        large_(ctx, config.large, LargeBacking(ctx, config.large, config.stitching)) {}
+        large_(ctx, config.large, MakeSegmentBacking(ctx, config.large, config.stitching)) {}
   // The number of pools, and the place of pool type P among them (ForEach's order).
   static constexpr int kNumPools = 3;
   template <typename P>
@@ -113,6 +113,18 @@ class Pools {
     if (size <= slab_limit_) return f(small());
     if (size <= small_limit_) return f(packed_);
     return f(large());
+  }
+  // For an OOM report: the bytes a stitch could move in the pool a request of `size` goes to, when
+  // that pool's segments are virtual memory (nullopt: it does not stitch; slabs never do).
+  std::optional<std::size_t> MovableFor(std::size_t size) {
+    return Route(size, [](const auto& pool) -> std::optional<std::size_t> {
+      if constexpr (std::is_same_v<std::decay_t<decltype(pool)>, SmallPool>) {
+        return std::nullopt;
+      } else {
+        if (!pool.virtual_memory()) return std::nullopt;
+        return pool.movable_bytes();
+      }
+    });
   }
   // Runs f(pool) for every pool, in PoolIndex order.
   template <typename F>
@@ -194,14 +206,6 @@ class Pools {
     } else {
       return large();
     }
-  }
-
-  // The large pool's segment backing: virtual memory in granules (grown in pieces of grow_piece
-  // away from the cap), or plain.
-  static std::unique_ptr<SegmentBacking> LargeBacking(const PoolContext& ctx, const LargePoolConfig& config,
-                                                      bool stitching) {
-    if (stitching) return std::make_unique<VirtualBacking>(ctx, kLargePool, config.granularity, config.grow_piece);
-    return std::make_unique<PlainBacking>(ctx.source);
   }
 
   const std::size_t slab_limit_;

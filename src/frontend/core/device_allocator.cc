@@ -404,13 +404,10 @@ absl::Status DeviceAllocator::OutOfMemory(PoolIndex pool, std::size_t size, std:
   s.device_total = device_total_;
   if (absl::StatusOr<DeviceMemInfo> info = backend_->GetMemInfo(); info.ok()) s.device_free = info->free_bytes;
   s.failure = std::string(cause.message());
-  // Stitching serves the packed and large pools (their segments are granule ranges), not the slabs.
-  PoolsOf(private_pool).Route(size, [&](const auto& p) {
-    if constexpr (!std::is_same_v<PoolType<decltype(p)>, SmallPool>) {
-      s.stitching = options_.Stitching();
-      s.movable = p.movable_bytes();
-    }
-  });
+  if (std::optional<std::size_t> movable = PoolsOf(private_pool).MovableFor(size)) {
+    s.stitching = true;
+    s.movable = *movable;
+  }
   const bool at_tenant_cap = tenants_.NarrowOom(private_pool, segment, &s);
   OomReport r = DiagnoseOom(s);
   tenants_.AccountOom(private_pool, at_tenant_cap, &r);

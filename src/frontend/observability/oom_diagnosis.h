@@ -51,7 +51,8 @@ struct OomSituation {
   std::size_t device_free = 0;  // as the backend reported it
   std::size_t device_total = 0;
   std::string failure;  // the failed call's message
-  // With stitching (large pool): the bytes of whole free pieces a stitch could move.
+  // When the request's pool stitches (its segments are virtual memory): the bytes of whole free pieces
+  // a stitch could move there.
   bool stitching = false;
   std::size_t movable = 0;
   FragmentationReport fragmentation;
